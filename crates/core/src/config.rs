@@ -1,0 +1,222 @@
+//! A node's settings: TOML through the `config` crate, with `STREAMBATCH_*`
+//! environment variables overriding the file (`STREAMBATCH_CPUS=4`).
+
+use std::path::{Path, PathBuf};
+
+use config::{Config, Environment, File, FileFormat, Value, ValueKind};
+
+use crate::parse_size;
+
+/// Why a node's configuration could not be loaded. Each variant names the key
+/// and where its value came from (a file, or the environment).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or parsed as TOML.
+    #[error("cannot read config file {file}: {message}")]
+    File {
+        /// The file.
+        file: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A key holds a value of the wrong kind or out of range.
+    #[error("bad value for `{key}` in {origin}: {message}")]
+    BadValue {
+        /// The key, as written in TOML.
+        key: String,
+        /// The file or environment variable the value came from.
+        origin: String,
+        /// What was wrong with it.
+        message: String,
+    },
+    /// A key that no setting has (often a typo).
+    #[error("unknown key `{key}` in {origin}; known keys: {known}")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// The file or environment variable.
+        origin: String,
+        /// The keys a node config accepts.
+        known: String,
+    },
+}
+
+/// One node's settings.
+///
+/// `configs/local.toml` documents every key; [`NodeConfig::default`] gives the
+/// same values as that file.
+///
+/// ```
+/// use streambatch_core::NodeConfig;
+/// let c = NodeConfig::from_toml_str("cpus = 8\nstore_capacity = \"300MiB\"", "inline").unwrap();
+/// assert_eq!((c.cpus, c.store_capacity), (8.0, 300 << 20));
+/// let e = NodeConfig::from_toml_str("cpus = \"many\"", "inline").unwrap_err();
+/// assert!(e.to_string().contains("`cpus`"));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeConfig {
+    /// Logical CPU slots. Default: the cores detected.
+    pub cpus: f64,
+    /// Logical GPU slots. Default: none.
+    pub gpus: f64,
+    /// Bytes the object store may hold in memory. Default: 30% of RAM.
+    pub store_capacity: u64,
+    /// A task yields a partition each time it has this many bytes. Default: 64 MiB.
+    pub target_partition_bytes: u64,
+    /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill`.
+    pub spill_dir: PathBuf,
+    /// How often a task whose worker panicked is retried before the job fails.
+    pub max_task_retries: u32,
+}
+
+const KNOWN_KEYS: [&str; 6] = [
+    "cpus",
+    "gpus",
+    "store_capacity",
+    "target_partition_bytes",
+    "spill_dir",
+    "max_task_retries",
+];
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            cpus: cores as f64,
+            gpus: 0.0,
+            store_capacity: default_store_capacity(),
+            target_partition_bytes: 64 << 20,
+            spill_dir: std::env::temp_dir().join("streambatch-spill"),
+            max_task_retries: 3,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Loads `file` (when given) over the defaults, then applies `STREAMBATCH_*`
+    /// environment overrides.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut builder = Config::builder();
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::File {
+                    file: path.to_path_buf(),
+                    message: "no such file".into(),
+                });
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
+        }
+        let origin = file.map_or_else(|| "defaults".to_string(), |p| p.display().to_string());
+        let cfg = builder
+            .add_source(Environment::with_prefix("STREAMBATCH").try_parsing(true))
+            .build()
+            .map_err(|e| ConfigError::File { file: origin.clone().into(), message: e.to_string() })?;
+        Self::from_config(&cfg, &origin)
+    }
+
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let cfg = Config::builder()
+            .add_source(File::from_str(text, FileFormat::Toml))
+            .build()
+            .map_err(|e| ConfigError::File { file: origin.into(), message: e.to_string() })?;
+        Self::from_config(&cfg, origin)
+    }
+
+    fn from_config(cfg: &Config, origin: &str) -> Result<Self, ConfigError> {
+        use config::Source;
+        let table = cfg
+            .collect()
+            .map_err(|e| ConfigError::File { file: origin.into(), message: e.to_string() })?;
+        if let Some((key, value)) = table.iter().find(|(k, _)| !KNOWN_KEYS.contains(&k.as_str())) {
+            return Err(ConfigError::UnknownKey {
+                key: key.clone(),
+                origin: value_origin(value, origin),
+                known: KNOWN_KEYS.join(", "),
+            });
+        }
+        let defaults = Self::default();
+        let reader = Reader { table: &table, origin };
+        let config = Self {
+            cpus: reader.number("cpus", defaults.cpus)?,
+            gpus: reader.number("gpus", defaults.gpus)?,
+            store_capacity: reader.size("store_capacity", defaults.store_capacity)?,
+            target_partition_bytes: reader
+                .size("target_partition_bytes", defaults.target_partition_bytes)?,
+            spill_dir: reader.path("spill_dir", defaults.spill_dir)?,
+            max_task_retries: reader.number("max_task_retries", defaults.max_task_retries as f64)?
+                as u32,
+        };
+        if config.store_capacity == 0 || config.target_partition_bytes == 0 {
+            let key = if config.store_capacity == 0 { "store_capacity" } else { "target_partition_bytes" };
+            return Err(reader.bad(key, "must be greater than zero".into()));
+        }
+        Ok(config)
+    }
+}
+
+struct Reader<'a> {
+    table: &'a config::Map<String, Value>,
+    origin: &'a str,
+}
+
+impl Reader<'_> {
+    fn bad(&self, key: &str, message: String) -> ConfigError {
+        let origin = self.table.get(key).map_or(self.origin.to_string(), |v| value_origin(v, self.origin));
+        ConfigError::BadValue { key: key.into(), origin, message }
+    }
+
+    fn number(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
+        let Some(value) = self.table.get(key) else { return Ok(default) };
+        let n = match &value.kind {
+            ValueKind::I64(n) => *n as f64,
+            ValueKind::U64(n) => *n as f64,
+            ValueKind::Float(n) => *n,
+            ValueKind::String(s) => s
+                .trim()
+                .parse::<f64>()
+                .map_err(|_| self.bad(key, format!("expected a number, found `{s}`")))?,
+            other => return Err(self.bad(key, format!("expected a number, found {other}"))),
+        };
+        if !n.is_finite() || n < 0.0 {
+            return Err(self.bad(key, format!("expected a non-negative number, found {n}")));
+        }
+        Ok(n)
+    }
+
+    fn size(&self, key: &str, default: u64) -> Result<u64, ConfigError> {
+        let Some(value) = self.table.get(key) else { return Ok(default) };
+        match &value.kind {
+            ValueKind::I64(n) if *n >= 0 => Ok(*n as u64),
+            ValueKind::U64(n) => Ok(*n),
+            ValueKind::String(s) => parse_size(s).map_err(|m| self.bad(key, m)),
+            other => Err(self.bad(key, format!("expected a size like \"300MiB\", found {other}"))),
+        }
+    }
+
+    fn path(&self, key: &str, default: PathBuf) -> Result<PathBuf, ConfigError> {
+        let Some(value) = self.table.get(key) else { return Ok(default) };
+        match &value.kind {
+            ValueKind::String(s) if !s.is_empty() => Ok(PathBuf::from(s)),
+            other => Err(self.bad(key, format!("expected a directory path, found {other}"))),
+        }
+    }
+}
+
+fn value_origin(value: &Value, fallback: &str) -> String {
+    match value.origin() {
+        Some(o) => o.to_string(),
+        None if fallback == "defaults" => "the environment (STREAMBATCH_*)".into(),
+        None => fallback.to_string(),
+    }
+}
+
+/// 30% of physical memory, as Ray sizes its object store; 2 GiB when unknown.
+fn default_store_capacity() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    });
+    total.map_or(2 << 30, |t| t / 10 * 3)
+}

@@ -1,0 +1,17 @@
+//! Types shared by every streambatch crate: ids, [`Resources`], [`PartitionMeta`],
+//! node configuration ([`NodeConfig`]) and its error type.
+//!
+//! This crate knows nothing of actors, sockets or GPUs, so that each of the
+//! store, the planner and the scheduler can be embedded on its own.
+
+mod config;
+mod ids;
+mod meta;
+mod resources;
+mod size;
+
+pub use config::{ConfigError, NodeConfig};
+pub use ids::{NodeId, OperatorId, PartitionId, TaskId};
+pub use meta::PartitionMeta;
+pub use resources::{PoolSize, Resources, StageOptions};
+pub use size::{format_bytes, parse_size};

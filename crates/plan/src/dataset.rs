@@ -1,0 +1,349 @@
+//! The lazy [`Dataset`]: transforms build a plan; consuming calls hand it to a
+//! [`Runner`] (the executor) and read the results as they stream out.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use streambatch_core::{NodeConfig, StageOptions};
+
+use crate::ops::{OpKind, OpSpec};
+use crate::plan::{ExecPlan, Node, PlanNode};
+use crate::row::{Row, batch_to_rows};
+use crate::sink::{abort_staging, commit_staging, create_staging};
+use crate::source::{binary_files_schema, csv_schema, expand_paths, parquet_schema};
+use crate::udf::{BatchUdf, Predicate, UdfError};
+use crate::{Error, Expr, JobStats, Result, SourceSplit};
+
+/// The stream of a running job's output batches.
+pub trait JobStream: Iterator<Item = Result<RecordBatch>> + Send {
+    /// Live counters, updated while the job runs and final once it ended.
+    fn live_stats(&self) -> Arc<Mutex<JobStats>>;
+}
+
+/// Runs physical plans: implemented by the executor (`streambatch-sched`).
+pub trait Runner: Send + Sync + 'static {
+    /// Starts the job; its output streams out of the returned iterator.
+    /// Dropping the iterator cancels the job.
+    fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>>;
+    /// The settings of the node that runs the job.
+    fn config(&self) -> &NodeConfig;
+}
+
+/// A lazy, distributed collection of rows, held as Arrow partitions.
+///
+/// Transforms return a new `Dataset` and compute nothing; consuming calls
+/// (`iter_batches`, `count`, `write_parquet`, ...) run the plan.
+#[derive(Clone)]
+pub struct Dataset {
+    runner: Arc<dyn Runner>,
+    plan: Arc<PlanNode>,
+    last_stats: Arc<Mutex<Option<JobStats>>>,
+}
+
+impl Dataset {
+    fn from_source(runner: Arc<dyn Runner>, name: &str, splits: Vec<SourceSplit>, schema: Option<SchemaRef>) -> Self {
+        let node = Node::Source { name: name.to_string(), splits, schema };
+        Self { runner, plan: Arc::new(PlanNode { input: None, node }), last_stats: Default::default() }
+    }
+
+    /// Integers `0..n` in a column `id`, in `partitions` partitions.
+    pub fn range(runner: Arc<dyn Runner>, n: u64, partitions: usize) -> Self {
+        let partitions = partitions.max(1) as u64;
+        let splits = (0..partitions)
+            .map(|i| SourceSplit::Range { start: (i * n / partitions) as i64, end: ((i + 1) * n / partitions) as i64 })
+            .collect();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        Self::from_source(runner, "range", splits, Some(schema))
+    }
+
+    /// The given batches, one partition each.
+    pub fn from_batches(runner: Arc<dyn Runner>, batches: Vec<RecordBatch>) -> Self {
+        let schema = batches.first().map(|b| b.schema());
+        Self::from_source(runner, "from_batches", batches.into_iter().map(SourceSplit::Batch).collect(), schema)
+    }
+
+    /// Parquet files (a file, a directory or a glob), reading only `columns`
+    /// when given. Every file's footer is read now: a missing path, a corrupt
+    /// file or schemas that disagree are errors naming the file.
+    pub fn read_parquet(runner: Arc<dyn Runner>, path: &str, columns: Option<&[&str]>) -> Result<Self> {
+        let files = expand_paths(path)?;
+        let columns: Option<Vec<String>> = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
+        let schema = parquet_schema(&files, columns.as_deref())?;
+        let columns = columns.map(Arc::new);
+        let splits = files.into_iter().map(|path| SourceSplit::Parquet { path, columns: columns.clone() }).collect();
+        Ok(Self::from_source(runner, "read_parquet", splits, Some(schema)))
+    }
+
+    /// CSV files with a header row; the schema is inferred from the first file.
+    pub fn read_csv(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        let files = expand_paths(path)?;
+        let schema = csv_schema(&files)?;
+        let splits = files.into_iter().map(|path| SourceSplit::Csv { path, schema: schema.clone() }).collect();
+        Ok(Self::from_source(runner, "read_csv", splits, Some(schema)))
+    }
+
+    /// Files read whole: one row per file with its `path` and `bytes`.
+    pub fn read_binary_files(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        let files = expand_paths(path)?;
+        let per_split = files.len().div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4).max(1);
+        let splits = files.chunks(per_split).map(|c| SourceSplit::BinaryFiles(Arc::new(c.to_vec()))).collect();
+        Ok(Self::from_source(runner, "read_binary_files", splits, Some(binary_files_schema())))
+    }
+
+    fn then(&self, node: Node) -> Self {
+        Self {
+            runner: self.runner.clone(),
+            plan: Arc::new(PlanNode { input: Some(self.plan.clone()), node }),
+            last_stats: Default::default(),
+        }
+    }
+
+    fn op(&self, name: &str, kind: OpKind, options: StageOptions) -> Self {
+        self.then(Node::Op(OpSpec { name: name.to_string(), kind, options }))
+    }
+
+    /// Applies `f` to each row.
+    pub fn map<F, E>(&self, f: F) -> Self
+    where
+        F: Fn(Row) -> std::result::Result<Row, E> + Send + Sync + 'static,
+        E: Into<UdfError>,
+    {
+        self.op("map", OpKind::Map(Arc::new(move |r| f(r).map_err(Into::into))), StageOptions::default())
+    }
+
+    /// Applies `f` to each row, keeping all the rows it returns.
+    pub fn flat_map<F, E>(&self, f: F) -> Self
+    where
+        F: Fn(Row) -> std::result::Result<Vec<Row>, E> + Send + Sync + 'static,
+        E: Into<UdfError>,
+    {
+        self.op("flat_map", OpKind::FlatMap(Arc::new(move |r| f(r).map_err(Into::into))), StageOptions::default())
+    }
+
+    /// Applies a batch function: a closure, or a [`crate::Stateful`]
+    /// operator whose set-up runs once per worker.
+    pub fn map_batches(&self, udf: impl BatchUdf, options: impl Into<StageOptions>) -> Self {
+        let options = options.into();
+        let options = if udf.is_stateful() && options.pool.is_none() { options.pool(1, 1) } else { options };
+        self.op(&udf.name(), OpKind::MapBatches(Arc::new(udf)), options)
+    }
+
+    /// Keeps the rows where `predicate` holds: an expression such as
+    /// `col("x").gt(lit(5))`, or a closure over rows.
+    pub fn filter(&self, predicate: impl Into<Predicate>) -> Self {
+        self.op("filter", OpKind::Filter(predicate.into()), StageOptions::default())
+    }
+
+    /// Keeps only these columns (or expressions).
+    pub fn select(&self, exprs: impl IntoIterator<Item = Expr>) -> Self {
+        self.op("select", OpKind::Select(exprs.into_iter().collect()), StageOptions::default())
+    }
+
+    /// Adds (or replaces) column `name` with the value of `expr`.
+    pub fn with_column(&self, name: &str, expr: Expr) -> Self {
+        self.op("with_column", OpKind::WithColumn(name.to_string(), expr), StageOptions::default())
+    }
+
+    /// The first `n` rows. Upstream work stops once they are produced.
+    pub fn limit(&self, n: usize) -> Self {
+        self.then(Node::Limit(n))
+    }
+
+    /// Regroups the rows into `n` partitions of (nearly) equal rows.
+    pub fn repartition(&self, n: usize) -> Self {
+        self.then(Node::Repartition(n))
+    }
+
+    /// Sets the resources (and batch size, pool) of the last transform.
+    pub fn options(&self, options: impl Into<StageOptions>) -> Self {
+        self.edit_last_op(|op| op.options = options.into())
+    }
+
+    /// Names the last transform in stats and errors.
+    pub fn named(&self, name: &str) -> Self {
+        self.edit_last_op(|op| op.name = name.to_string())
+    }
+
+    fn edit_last_op(&self, edit: impl FnOnce(&mut OpSpec)) -> Self {
+        match &self.plan.node {
+            Node::Op(op) => {
+                let mut op = op.clone();
+                edit(&mut op);
+                Self {
+                    runner: self.runner.clone(),
+                    plan: Arc::new(PlanNode { input: self.plan.input.clone(), node: Node::Op(op) }),
+                    last_stats: Default::default(),
+                }
+            }
+            _ => self.clone(),
+        }
+    }
+
+    fn start(&self, plan: Arc<PlanNode>) -> Result<BatchStream> {
+        let plan = ExecPlan::from_nodes(plan.chain())?;
+        let job = self.runner.run(plan)?;
+        Ok(BatchStream { job, last_stats: self.last_stats.clone(), done: false })
+    }
+
+    /// Runs the plan and streams its output batches as they are produced.
+    pub fn iter_batches(&self) -> Result<BatchStream> {
+        self.start(self.plan.clone())
+    }
+
+    /// Runs the plan and streams its rows.
+    pub fn iter_rows(&self) -> Result<impl Iterator<Item = Result<Row>>> {
+        let batches = self.iter_batches()?;
+        Ok(batches.flat_map(|b| match b.and_then(|b| batch_to_rows(&b).map_err(Error::Invalid)) {
+            Ok(rows) => rows.into_iter().map(Ok).collect::<Vec<_>>(),
+            Err(e) => vec![Err(e)],
+        }))
+    }
+
+    /// The first `n` rows.
+    pub fn take(&self, n: usize) -> Result<Vec<Row>> {
+        self.limit(n).iter_rows()?.collect()
+    }
+
+    /// All output batches, in the order they were produced.
+    pub fn collect(&self) -> Result<Vec<RecordBatch>> {
+        self.iter_batches()?.collect()
+    }
+
+    /// The number of rows.
+    pub fn count(&self) -> Result<usize> {
+        let mut n = 0;
+        for batch in self.iter_batches()? {
+            n += batch?.num_rows();
+        }
+        Ok(n)
+    }
+
+    /// The schema of the rows. Known without running for sources and
+    /// expression transforms; otherwise the first output batch is computed.
+    pub fn schema(&self) -> Result<SchemaRef> {
+        if let Some(schema) = static_schema(&self.plan)? {
+            return Ok(schema);
+        }
+        match self.limit(1).iter_batches()?.next() {
+            Some(batch) => Ok(batch?.schema()),
+            None => Err(Error::Invalid("the schema is unknown: the dataset produced no rows".into())),
+        }
+    }
+
+    /// Writes the rows as Parquet files `part-*.parquet` in `dir`, one per
+    /// task, replacing an earlier write's part files. All or nothing: files
+    /// appear only when the whole job has succeeded.
+    pub fn write_parquet(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
+        let dir = dir.as_ref();
+        let staging = create_staging(dir)?;
+        let node = Node::Op(OpSpec {
+            name: "write_parquet".into(),
+            kind: OpKind::WriteParquet(staging.clone()),
+            options: StageOptions::default(),
+        });
+        let plan = Arc::new(PlanNode { input: Some(self.plan.clone()), node });
+        let result = self.start(plan).and_then(|stream| stream.collect::<Result<Vec<_>>>());
+        match result {
+            Ok(_) => commit_staging(&staging, dir),
+            Err(e) => {
+                abort_staging(&staging);
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the plan and keeps its output in memory as a new dataset.
+    pub fn materialize(&self) -> Result<Dataset> {
+        let batches = self.collect()?;
+        let ds = Dataset::from_batches(self.runner.clone(), batches);
+        *ds.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = self.stats();
+        Ok(ds)
+    }
+
+    /// The stats of the last job this dataset ran (`None` before any).
+    pub fn stats(&self) -> Option<JobStats> {
+        self.last_stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The physical plan: stage names in order.
+    pub fn explain(&self) -> Result<Vec<String>> {
+        Ok(ExecPlan::from_nodes(self.plan.chain())?.stages.into_iter().map(|s| s.name).collect())
+    }
+}
+
+fn static_schema(plan: &Arc<PlanNode>) -> Result<Option<SchemaRef>> {
+    let input = match &plan.input {
+        Some(input) => match static_schema(input)? {
+            Some(s) => s,
+            None => return Ok(None),
+        },
+        None => {
+            return Ok(match &plan.node {
+                Node::Source { schema, .. } => schema.clone(),
+                _ => None,
+            });
+        }
+    };
+    let probe = |kind: &OpKind| -> Result<Option<SchemaRef>> {
+        let empty = RecordBatch::new_empty(input.clone());
+        let evaluate = |e: &Expr| e.evaluate(&empty).map_err(|e| Error::Invalid(e.to_string()));
+        Ok(Some(match kind {
+            OpKind::Filter(_) => input.clone(),
+            OpKind::Select(exprs) => {
+                let fields = exprs
+                    .iter()
+                    .map(|e| Ok(Field::new(e.output_name(), evaluate(e)?.data_type().clone(), true)))
+                    .collect::<Result<Vec<_>>>()?;
+                Arc::new(Schema::new(fields))
+            }
+            OpKind::WithColumn(name, e) => {
+                let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+                let field = Field::new(name, evaluate(e)?.data_type().clone(), true);
+                match input.index_of(name) {
+                    Ok(i) => fields[i] = field,
+                    Err(_) => fields.push(field),
+                }
+                Arc::new(Schema::new(fields))
+            }
+            _ => return Ok(None),
+        }))
+    };
+    match &plan.node {
+        Node::Limit(_) | Node::Repartition(_) => Ok(Some(input)),
+        Node::Op(op) => probe(&op.kind),
+        Node::Source { .. } => Ok(None),
+    }
+}
+
+/// The output batches of a running job. Dropping it cancels the job.
+pub struct BatchStream {
+    job: Box<dyn JobStream>,
+    last_stats: Arc<Mutex<Option<JobStats>>>,
+    done: bool,
+}
+
+impl BatchStream {
+    /// Live counters of the running job.
+    pub fn live_stats(&self) -> Arc<Mutex<JobStats>> {
+        self.job.live_stats()
+    }
+}
+
+impl Iterator for BatchStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let next = self.job.next();
+        if !matches!(next, Some(Ok(_))) {
+            self.done = true;
+            let stats = self.job.live_stats().lock().unwrap_or_else(|p| p.into_inner()).clone();
+            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
+        }
+        next
+    }
+}

@@ -1,0 +1,31 @@
+//! The plan side of streambatch: the lazy [`Dataset`] builder, the logical
+//! plan, the user-function traits ([`BatchFn`], [`BatchUdf`], rows),
+//! expressions ([`col`], [`lit`]), the fusion of consecutive operators with
+//! equal resources into stages, and the sources and sinks.
+//!
+//! This crate decides *what* runs; it knows nothing of scheduling or of where
+//! data lives. Consuming calls hand an [`ExecPlan`] to a [`Runner`].
+
+mod dataset;
+mod error;
+mod expr;
+pub mod ops;
+mod plan;
+mod row;
+pub mod sink;
+mod source;
+mod stats;
+mod udf;
+
+pub use dataset::{BatchStream, Dataset, JobStream, Runner};
+pub use error::{Error, Result};
+pub use expr::{BinaryOp, Expr, Literal, col, lit};
+pub use ops::{OpKind, OpSpec, SharedInstance, TaskEnv};
+pub use plan::{ExecPlan, Node, PlanNode, Stage, StageKind, TaskInput};
+pub use row::{Row, Value, batch_to_rows, rows_to_batch};
+pub use source::SourceSplit;
+pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OperatorStats};
+pub use udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError};
+
+/// A stream of batches: what sources yield and operators transform.
+pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

@@ -1,0 +1,291 @@
+//! Operators as batch-stream adapters. A task chains them over its input, so
+//! a fused stage is one pull loop with no copies between operators.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{Field, Schema};
+use streambatch_core::{StageOptions, TaskId};
+
+use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
+use crate::sink::write_parquet_part;
+use crate::udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
+use crate::{BatchIter, Error, Expr, Result};
+
+/// A batch function instance shared by the tasks a worker runs.
+pub type SharedInstance = Arc<Mutex<Box<dyn BatchFn>>>;
+
+/// What an operator does.
+#[derive(Clone)]
+pub enum OpKind {
+    /// Row to row.
+    Map(RowMapFn),
+    /// Row to any number of rows.
+    FlatMap(RowFlatMapFn),
+    /// Keep matching rows.
+    Filter(Predicate),
+    /// Compute these columns only.
+    Select(Vec<Expr>),
+    /// Add or replace one column.
+    WithColumn(String, Expr),
+    /// A batch function.
+    MapBatches(Arc<dyn BatchUdf>),
+    /// Write each task's rows to a Parquet file in a staging directory.
+    WriteParquet(PathBuf),
+}
+
+/// One operator of a plan: what it does, its name and how it runs.
+#[derive(Clone)]
+pub struct OpSpec {
+    /// The name shown in stats and errors.
+    pub name: String,
+    /// What it does.
+    pub kind: OpKind,
+    /// Resources, batch size, pool.
+    pub options: StageOptions,
+}
+
+impl OpSpec {
+    /// True when the operator keeps per-worker state.
+    pub fn is_stateful(&self) -> bool {
+        matches!(&self.kind, OpKind::MapBatches(udf) if udf.is_stateful())
+    }
+}
+
+/// What a task tells its operators about itself, and how it obtains the
+/// per-worker instances of stateful operators.
+pub struct TaskEnv<'a> {
+    /// The task.
+    pub task: TaskId,
+    /// Returns the worker's instance of a stateful operator (by its position
+    /// in the plan), setting it up on first use.
+    pub instance: &'a mut dyn FnMut(usize, &Arc<dyn BatchUdf>) -> Result<SharedInstance, crate::UdfError>,
+}
+
+/// Chains `op` (the `index`-th operator of the plan) over `input`.
+pub fn apply(op: &OpSpec, index: usize, input: BatchIter, env: &mut TaskEnv<'_>) -> Result<BatchIter> {
+    let name = op.name.clone();
+    let udf_error = move |e: crate::UdfError| Error::Udf { operator: name.clone(), message: e.to_string() };
+    let name = op.name.clone();
+    let arrow_error = move |e| Error::arrow(&name, e);
+    Ok(match &op.kind {
+        OpKind::Map(f) => {
+            let f = f.clone();
+            let on_err = udf_error.clone();
+            Box::new(non_empty(input).map(move |b| {
+                let rows = batch_to_rows(&b?).map_err(|m| on_err(m.into()))?;
+                let rows = rows.into_iter().map(|r| f(r)).collect::<Result<Vec<_>, _>>().map_err(&on_err)?;
+                rows_to_batch(&rows).map_err(|m| on_err(m.into()))
+            }))
+        }
+        OpKind::FlatMap(f) => Box::new(FlatMap { input, f: f.clone(), pending: Vec::new(), next: 0, on_err: Box::new(udf_error) }),
+        OpKind::Filter(Predicate::Expr(e)) => {
+            let e = e.clone();
+            Box::new(non_empty(input).map(move |b| {
+                let b = b?;
+                let mask = e.evaluate_predicate(&b).map_err(&arrow_error)?;
+                arrow_select::filter::filter_record_batch(&b, &mask).map_err(&arrow_error)
+            }))
+        }
+        OpKind::Filter(Predicate::Rows(f)) => {
+            let f = f.clone();
+            Box::new(non_empty(input).map(move |b| {
+                let b = b?;
+                let rows = batch_to_rows(&b).map_err(|m| udf_error(m.into()))?;
+                let mask: BooleanArray = rows.iter().map(|r| Some(f(r))).collect();
+                arrow_select::filter::filter_record_batch(&b, &mask).map_err(&arrow_error)
+            }))
+        }
+        OpKind::Select(exprs) => {
+            let exprs = exprs.clone();
+            Box::new(input.map(move |b| {
+                let b = b?;
+                let columns = exprs.iter().map(|e| e.evaluate(&b)).collect::<Result<Vec<_>, _>>().map_err(&arrow_error)?;
+                let fields: Vec<Field> =
+                    exprs.iter().zip(&columns).map(|(e, c)| Field::new(e.output_name(), c.data_type().clone(), true)).collect();
+                RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(&arrow_error)
+            }))
+        }
+        OpKind::WithColumn(name, expr) => {
+            let (name, expr) = (name.clone(), expr.clone());
+            Box::new(input.map(move |b| {
+                let b = b?;
+                let column = expr.evaluate(&b).map_err(&arrow_error)?;
+                with_column(&b, &name, column).map_err(&arrow_error)
+            }))
+        }
+        OpKind::MapBatches(udf) => {
+            let instance = if udf.is_stateful() {
+                (env.instance)(index, udf).map_err(&udf_error)?
+            } else {
+                Arc::new(Mutex::new(udf.instantiate().map_err(&udf_error)?))
+            };
+            let input = match op.options.batch_rows {
+                Some(rows) => Box::new(Rebatch::new(input, rows, arrow_error.clone())),
+                None => non_empty(input),
+            };
+            Box::new(input.map(move |b| {
+                let mut f = instance.lock().unwrap_or_else(|p| p.into_inner());
+                f.call(b?).map_err(&udf_error)
+            }))
+        }
+        OpKind::WriteParquet(dir) => {
+            let dir = dir.clone();
+            let task = env.task;
+            let mut input = Some(input);
+            Box::new(std::iter::from_fn(move || {
+                let input = input.take()?;
+                Some(write_parquet_part(&dir, task, input).map(|written| {
+                    let (paths, rows): (Vec<String>, Vec<i64>) =
+                        written.into_iter().map(|(p, r)| (p.display().to_string(), r as i64)).unzip();
+                    let paths: ArrayRef = Arc::new(StringArray::from(paths));
+                    let rows: ArrayRef = Arc::new(Int64Array::from(rows));
+                    RecordBatch::try_from_iter([("path", paths), ("rows", rows)]).expect("two equal columns")
+                }))
+            }))
+        }
+    })
+}
+
+fn non_empty(input: BatchIter) -> BatchIter {
+    Box::new(input.filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0)))
+}
+
+fn with_column(batch: &RecordBatch, name: &str, column: ArrayRef) -> Result<RecordBatch, arrow_schema::ArrowError> {
+    let schema = batch.schema();
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns = batch.columns().to_vec();
+    let field = Field::new(name, column.data_type().clone(), true);
+    match schema.index_of(name) {
+        Ok(i) => {
+            fields[i] = field;
+            columns[i] = column;
+        }
+        Err(_) => {
+            fields.push(field);
+            columns.push(column);
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// Emits a batch of `flat_map` output once this many bytes (or rows) gather,
+/// so that a large expansion streams instead of building up in memory.
+const FLAT_MAP_CHUNK_BYTES: usize = 1 << 20;
+const FLAT_MAP_CHUNK_ROWS: usize = 4096;
+
+struct FlatMap {
+    input: BatchIter,
+    f: RowFlatMapFn,
+    pending: Vec<Row>,
+    next: usize,
+    on_err: Box<dyn Fn(crate::UdfError) -> Error + Send>,
+}
+
+impl Iterator for FlatMap {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        loop {
+            if self.next == self.pending.len() {
+                if !out.is_empty() {
+                    break;
+                }
+                match self.input.next()? {
+                    Ok(b) => match batch_to_rows(&b) {
+                        Ok(rows) => (self.pending, self.next) = (rows, 0),
+                        Err(m) => return Some(Err((self.on_err)(m.into()))),
+                    },
+                    Err(e) => return Some(Err(e)),
+                }
+                continue;
+            }
+            let row = self.pending[self.next].clone();
+            self.next += 1;
+            match (self.f)(row) {
+                Ok(rows) => {
+                    bytes += rows.iter().map(row_bytes).sum::<usize>();
+                    out.extend(rows);
+                }
+                Err(e) => return Some(Err((self.on_err)(e))),
+            }
+            if bytes >= FLAT_MAP_CHUNK_BYTES || out.len() >= FLAT_MAP_CHUNK_ROWS {
+                break;
+            }
+        }
+        Some(rows_to_batch(&out).map_err(|m| (self.on_err)(m.into())))
+    }
+}
+
+fn row_bytes(row: &Row) -> usize {
+    row.values()
+        .iter()
+        .map(|v| match v {
+            Value::Str(s) => s.len() + 8,
+            Value::Bytes(b) => b.len() + 8,
+            _ => 8,
+        })
+        .sum()
+}
+
+/// Cuts and joins batches into batches of exactly `rows` rows (the last may
+/// be shorter), for operators that declare `batch_rows`.
+struct Rebatch<E> {
+    input: BatchIter,
+    rows: usize,
+    buffer: Vec<RecordBatch>,
+    buffered: usize,
+    done: bool,
+    on_err: E,
+}
+
+impl<E> Rebatch<E> {
+    fn new(input: BatchIter, rows: usize, on_err: E) -> Self {
+        Self { input, rows, buffer: Vec::new(), buffered: 0, done: false, on_err }
+    }
+}
+
+impl<E: Fn(arrow_schema::ArrowError) -> Error> Iterator for Rebatch<E> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while self.buffered < self.rows && !self.done {
+            match self.input.next() {
+                Some(Ok(b)) if b.num_rows() > 0 => {
+                    self.buffered += b.num_rows();
+                    self.buffer.push(b);
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(Err(e)),
+                None => self.done = true,
+            }
+        }
+        if self.buffered == 0 {
+            return None;
+        }
+        let take = self.rows.min(self.buffered);
+        let schema = self.buffer[0].schema();
+        // Take whole batches while they fit, then a slice of the next one.
+        let mut parts = Vec::new();
+        let mut need = take;
+        while need > 0 {
+            let b = self.buffer.remove(0);
+            if b.num_rows() <= need {
+                need -= b.num_rows();
+                parts.push(b);
+            } else {
+                parts.push(b.slice(0, need));
+                self.buffer.insert(0, b.slice(need, b.num_rows() - need));
+                need = 0;
+            }
+        }
+        self.buffered -= take;
+        if parts.len() == 1 {
+            return parts.pop().map(Ok);
+        }
+        Some(arrow_select::concat::concat_batches(&schema, &parts).map_err(&self.on_err))
+    }
+}

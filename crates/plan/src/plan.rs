@@ -1,0 +1,199 @@
+//! The logical plan (a chain of nodes built by `Dataset`) and its physical
+//! form: stages of fused operators that the executor schedules.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use streambatch_core::{Resources, StageOptions};
+
+use crate::ops::{OpKind, OpSpec, TaskEnv, apply};
+use crate::{BatchIter, Error, Result, SourceSplit};
+
+/// One node of the logical plan.
+#[derive(Clone)]
+pub enum Node {
+    /// The source: its splits and, where known before running, its schema.
+    Source {
+        /// `read_parquet`, `range`, ...
+        name: String,
+        /// The splits, one per task.
+        splits: Vec<SourceSplit>,
+        /// The schema, when known.
+        schema: Option<SchemaRef>,
+    },
+    /// An operator.
+    Op(OpSpec),
+    /// The first n rows.
+    Limit(usize),
+    /// Rows regrouped into n partitions of equal rows.
+    Repartition(usize),
+}
+
+/// A logical plan: a chain of nodes ending here.
+pub struct PlanNode {
+    /// The node this one reads from; `None` for the source.
+    pub input: Option<Arc<PlanNode>>,
+    /// What this node does.
+    pub node: Node,
+}
+
+impl PlanNode {
+    /// The chain from the source to this node.
+    pub fn chain(self: &Arc<Self>) -> Vec<Node> {
+        let mut nodes = Vec::new();
+        let mut cur = Some(self.clone());
+        while let Some(n) = cur {
+            nodes.push(n.node.clone());
+            cur = n.input.clone();
+        }
+        nodes.reverse();
+        nodes
+    }
+}
+
+/// A stage of the physical plan: what one task of it does.
+#[derive(Clone)]
+pub enum StageKind {
+    /// Reads a split and runs the fused operators over it.
+    Source {
+        /// The source's splits.
+        splits: Vec<SourceSplit>,
+        /// Operators fused after the read, with their positions in the plan.
+        ops: Vec<(usize, OpSpec)>,
+    },
+    /// Runs fused operators over one input partition.
+    Map {
+        /// The operators, with their positions in the plan.
+        ops: Vec<(usize, OpSpec)>,
+    },
+    /// Passes on the first n rows and ends every stage before it.
+    Limit(usize),
+    /// Waits for all input, then regroups it into n equal partitions.
+    Repartition(usize),
+}
+
+/// A stage: one or more fused operators with equal resources.
+#[derive(Clone)]
+pub struct Stage {
+    /// Operator names joined by `->`.
+    pub name: String,
+    /// What its tasks do.
+    pub kind: StageKind,
+    /// Resources each task holds; the pool of a stateful operator.
+    pub options: StageOptions,
+}
+
+/// The input of one task.
+pub enum TaskInput {
+    /// The i-th split of a source stage.
+    Split(usize),
+    /// Batches read from the store (slices of upstream partitions).
+    Batches(Vec<RecordBatch>),
+}
+
+impl Stage {
+    /// Opens a task of this stage over `input`: the returned stream yields the
+    /// task's output as it is computed.
+    pub fn open(&self, input: TaskInput, env: &mut TaskEnv<'_>) -> Result<BatchIter> {
+        let (mut stream, ops): (BatchIter, &[(usize, OpSpec)]) = match (&self.kind, input) {
+            (StageKind::Source { splits, ops }, TaskInput::Split(i)) => {
+                let split = splits.get(i).ok_or_else(|| Error::Invalid(format!("no split {i} in {}", self.name)))?;
+                (split.open()?, ops)
+            }
+            (StageKind::Map { ops }, TaskInput::Batches(batches)) => (Box::new(batches.into_iter().map(Ok)), ops),
+            _ => return Err(Error::Invalid(format!("stage {} cannot run this input", self.name))),
+        };
+        for (index, op) in ops {
+            stream = apply(op, *index, stream, env)?;
+        }
+        Ok(stream)
+    }
+
+    /// The stateful operators of this stage.
+    pub fn stateful_ops(&self) -> Vec<(usize, OpSpec)> {
+        match &self.kind {
+            StageKind::Source { ops, .. } | StageKind::Map { ops } => {
+                ops.iter().filter(|(_, op)| op.is_stateful()).cloned().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// True when tasks of this stage run on workers (limit and repartition
+    /// run inside the executor).
+    pub fn runs_tasks(&self) -> bool {
+        matches!(self.kind, StageKind::Source { .. } | StageKind::Map { .. })
+    }
+}
+
+/// A physical plan: stages from source to sink.
+#[derive(Clone)]
+pub struct ExecPlan {
+    /// The stages in order; stage 0 is the source.
+    pub stages: Vec<Stage>,
+}
+
+impl ExecPlan {
+    /// Fuses the logical chain into stages: consecutive operators with equal
+    /// resources run in one task (a stage has at most one worker pool).
+    pub fn from_nodes(nodes: Vec<Node>) -> Result<Self> {
+        let mut stages: Vec<Stage> = Vec::new();
+        for (index, node) in nodes.into_iter().enumerate() {
+            match node {
+                Node::Source { name, splits, .. } => stages.push(Stage {
+                    name,
+                    kind: StageKind::Source { splits, ops: Vec::new() },
+                    options: Resources::cpu(1.0).into(),
+                }),
+                Node::Op(op) => {
+                    let fusable = stages.last().is_some_and(|s| {
+                        s.runs_tasks()
+                            && s.options.resources == op.options.resources
+                            && !(s.options.pool.is_some() && op.options.pool.is_some())
+                    });
+                    if fusable {
+                        let stage = stages.last_mut().expect("checked above");
+                        stage.name = format!("{}->{}", stage.name, op.name);
+                        stage.options.pool = stage.options.pool.or(op.options.pool);
+                        match &mut stage.kind {
+                            StageKind::Source { ops, .. } | StageKind::Map { ops } => ops.push((index, op)),
+                            _ => unreachable!("runs_tasks() checked"),
+                        }
+                    } else {
+                        let options = StageOptions { batch_rows: None, ..op.options };
+                        stages.push(Stage { name: op.name.clone(), kind: StageKind::Map { ops: vec![(index, op)] }, options });
+                    }
+                }
+                Node::Limit(n) => stages.push(Stage {
+                    name: format!("limit({n})"),
+                    kind: StageKind::Limit(n),
+                    options: Resources::cpu(0.0).into(),
+                }),
+                Node::Repartition(n) => stages.push(Stage {
+                    name: format!("repartition({n})"),
+                    kind: StageKind::Repartition(n.max(1)),
+                    options: Resources::cpu(0.0).into(),
+                }),
+            }
+        }
+        if stages.first().is_none_or(|s| !matches!(s.kind, StageKind::Source { .. })) {
+            return Err(Error::Invalid("a plan must start with a source".into()));
+        }
+        // A repartition's groups are joined into partitions by a task.
+        if matches!(stages.last().map(|s| &s.kind), Some(StageKind::Repartition(_))) {
+            stages.push(Stage { name: "concat".into(), kind: StageKind::Map { ops: Vec::new() }, options: Resources::cpu(1.0).into() });
+        }
+        Ok(Self { stages })
+    }
+
+    /// True when some stage writes files.
+    pub fn writes(&self) -> bool {
+        self.stages.iter().any(|s| match &s.kind {
+            StageKind::Source { ops, .. } | StageKind::Map { ops } => {
+                ops.iter().any(|(_, op)| matches!(op.kind, OpKind::WriteParquet(_)))
+            }
+            _ => false,
+        })
+    }
+}

@@ -1,0 +1,232 @@
+//! Sources: where a job's first partitions come from. A source is split
+//! before the job runs (one split per file or row range); each split is read
+//! by one task, which yields partitions as it reads.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::{BatchIter, Error, Result};
+
+/// Rows per batch that readers produce; partitions are cut from these.
+const READ_BATCH_ROWS: usize = 8192;
+
+/// One unit of source input, read by one task.
+#[derive(Clone, Debug)]
+pub enum SourceSplit {
+    /// Integers `start..end` in a column `id`.
+    Range {
+        /// First value.
+        start: i64,
+        /// One past the last value.
+        end: i64,
+    },
+    /// A batch given by the user.
+    Batch(RecordBatch),
+    /// One Parquet file, with the columns to read.
+    Parquet {
+        /// The file.
+        path: PathBuf,
+        /// Columns to read; `None` reads all.
+        columns: Option<Arc<Vec<String>>>,
+    },
+    /// One CSV file with a header row.
+    Csv {
+        /// The file.
+        path: PathBuf,
+        /// The schema every CSV file of the source is read with.
+        schema: SchemaRef,
+    },
+    /// Files read whole, one row each (`path`, `bytes`).
+    BinaryFiles(Arc<Vec<PathBuf>>),
+}
+
+impl SourceSplit {
+    /// Opens the split as a stream of batches.
+    pub fn open(&self) -> Result<BatchIter> {
+        match self {
+            SourceSplit::Range { start, end } => {
+                let (start, end) = (*start, *end);
+                let step = READ_BATCH_ROWS as i64;
+                Ok(Box::new((start..end).step_by(READ_BATCH_ROWS).map(move |lo| {
+                    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(lo..(lo + step).min(end)));
+                    Ok(RecordBatch::try_from_iter([("id", ids)]).expect("one non-null column"))
+                })))
+            }
+            SourceSplit::Batch(batch) => Ok(Box::new(std::iter::once(Ok(batch.clone())))),
+            SourceSplit::Parquet { path, columns } => open_parquet(path, columns.as_deref()),
+            SourceSplit::Csv { path, schema } => {
+                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let reader = arrow_csv::ReaderBuilder::new(schema.clone())
+                    .with_header(true)
+                    .with_batch_size(READ_BATCH_ROWS)
+                    .build(BufReader::new(file))
+                    .map_err(|e| bad_file(path, e))?;
+                let path = path.clone();
+                Ok(Box::new(reader.map(move |b| b.map_err(|e| bad_file(&path, e)))))
+            }
+            SourceSplit::BinaryFiles(paths) => {
+                let paths = paths.clone();
+                Ok(Box::new((0..paths.len()).map(move |i| read_binary_file(&paths[i]))))
+            }
+        }
+    }
+
+    /// A short description for errors and stats.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceSplit::Range { start, end } => format!("range {start}..{end}"),
+            SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
+            SourceSplit::Parquet { path, .. } | SourceSplit::Csv { path, .. } => path.display().to_string(),
+            SourceSplit::BinaryFiles(paths) => format!("{} files from {}", paths.len(), paths[0].display()),
+        }
+    }
+}
+
+fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::BadFile { path: path.to_path_buf(), message: e.to_string() }
+}
+
+fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter> {
+    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
+    let builder = match columns {
+        Some(columns) => {
+            let indices = columns
+                .iter()
+                .map(|c| builder.schema().index_of(c).map_err(|_| bad_file(path, format!("no column `{c}`"))))
+                .collect::<Result<Vec<_>>>()?;
+            let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
+            builder.with_projection(mask)
+        }
+        None => builder,
+    };
+    let reader = builder.with_batch_size(READ_BATCH_ROWS).build().map_err(|e| bad_file(path, e))?;
+    let path = path.to_path_buf();
+    let columns = columns.cloned();
+    Ok(Box::new(reader.map(move |b| {
+        let batch = b.map_err(|e| bad_file(&path, e))?;
+        // A projection reads columns in file order; give them in the order asked.
+        match &columns {
+            Some(columns) => {
+                let schema = batch.schema();
+                let order = columns.iter().map(|c| schema.index_of(c)).collect::<Result<Vec<_>, _>>();
+                order.and_then(|o| batch.project(&o)).map_err(|e| bad_file(&path, e))
+            }
+            None => Ok(batch),
+        }
+    })))
+}
+
+fn read_binary_file(path: &Path) -> Result<RecordBatch> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, e))?;
+    let paths: ArrayRef = Arc::new(StringArray::from(vec![path.display().to_string()]));
+    let data: ArrayRef = Arc::new(BinaryArray::from(vec![bytes.as_slice()]));
+    Ok(RecordBatch::try_new(binary_files_schema(), vec![paths, data]).expect("matches the schema"))
+}
+
+/// The schema of `read_binary_files`: `path` (utf8) and `bytes` (binary).
+pub fn binary_files_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("path", DataType::Utf8, false),
+        Field::new("bytes", DataType::Binary, false),
+    ]))
+}
+
+/// Expands a path, a directory (its files, sorted) or a glob into files.
+pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
+    let path = Path::new(pattern);
+    let mut files = if path.is_dir() {
+        let entries = std::fs::read_dir(path).map_err(|e| Error::io("listing", path, e))?;
+        entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && !is_hidden(p))
+            .collect::<Vec<_>>()
+    } else if path.is_file() {
+        vec![path.to_path_buf()]
+    } else {
+        let paths = glob::glob(pattern).map_err(|e| Error::Invalid(format!("bad glob {pattern}: {e}")))?;
+        paths.filter_map(|p| p.ok()).filter(|p| p.is_file()).collect()
+    };
+    if files.is_empty() {
+        return Err(Error::NoFiles { pattern: pattern.to_string() });
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
+}
+
+/// Reads every file's footer and checks that all schemas agree; returns the
+/// (projected) schema.
+pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
+    let mut first: Option<(SchemaRef, &PathBuf)> = None;
+    for path in files {
+        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
+        let schema = builder.schema().clone();
+        match &first {
+            None => first = Some((schema, path)),
+            Some((expected, first_path)) => {
+                if expected.fields() != schema.fields() {
+                    return Err(Error::SchemaMismatch {
+                        path: path.clone(),
+                        first: (*first_path).clone(),
+                        expected: describe_schema(expected),
+                        found: describe_schema(&schema),
+                    });
+                }
+            }
+        }
+    }
+    let (schema, path) = first.ok_or_else(|| Error::Invalid("no Parquet files".into()))?;
+    project(&schema, columns).map_err(|m| bad_file(path, m))
+}
+
+/// Infers a CSV schema from the first file and checks every file's header.
+pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
+    let format = arrow_csv::reader::Format::default().with_header(true);
+    let mut first: Option<(SchemaRef, &PathBuf)> = None;
+    for path in files {
+        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let (schema, _) = format.infer_schema(BufReader::new(file), Some(1000)).map_err(|e| bad_file(path, e))?;
+        let schema = Arc::new(schema);
+        match &first {
+            None => first = Some((schema, path)),
+            Some((expected, first_path)) => {
+                let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+                if names(expected) != names(&schema) {
+                    return Err(Error::SchemaMismatch {
+                        path: path.clone(),
+                        first: (*first_path).clone(),
+                        expected: names(expected).join(", "),
+                        found: names(&schema).join(", "),
+                    });
+                }
+            }
+        }
+    }
+    Ok(first.expect("expand_paths never returns no files").0)
+}
+
+fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, String> {
+    let Some(columns) = columns else { return Ok(schema.clone()) };
+    let fields = columns
+        .iter()
+        .map(|c| schema.field_with_name(c).cloned().map_err(|_| format!("no column `{c}`")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+fn describe_schema(schema: &Schema) -> String {
+    let fields: Vec<_> = schema.fields().iter().map(|f| format!("{}: {}", f.name(), f.data_type())).collect();
+    format!("[{}]", fields.join(", "))
+}

@@ -1,0 +1,128 @@
+//! What a job did: per-operator counters, store memory and recorded events.
+
+use std::fmt;
+use std::time::Duration;
+
+use streambatch_core::{TaskId, format_bytes};
+
+/// Counters of one stage (one or more fused operators).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OperatorStats {
+    /// The stage's operator names joined by `->`.
+    pub name: String,
+    /// Tasks finished.
+    pub tasks: u64,
+    /// Tasks running now (live view only).
+    pub running: u64,
+    /// Rows output.
+    pub rows: u64,
+    /// Bytes output.
+    pub bytes: u64,
+    /// From the first task's start to the last task's end.
+    pub wall: Duration,
+    /// Sum of the time its tasks ran.
+    pub busy: Duration,
+    /// Tasks retried after a worker panic.
+    pub retries: u64,
+}
+
+impl OperatorStats {
+    /// Output rows per second of wall time.
+    pub fn rows_per_s(&self) -> f64 {
+        let s = self.wall.as_secs_f64();
+        if s > 0.0 { self.rows as f64 / s } else { 0.0 }
+    }
+}
+
+/// One step of a task's life, recorded in order by the executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A task was handed its input and dispatched.
+    TaskStarted,
+    /// A task yielded an output partition.
+    PartitionYielded,
+    /// A task paused because its output did not fit in memory.
+    TaskSuspended,
+    /// A paused task was dispatched again.
+    TaskResumed,
+    /// A task whose worker panicked was queued again.
+    TaskRetried,
+    /// A task finished.
+    TaskFinished,
+}
+
+/// A recorded event: which task of which stage did what.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The stage's index in the plan.
+    pub stage: usize,
+    /// The task.
+    pub task: TaskId,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// The stats of one job.
+#[derive(Clone, Debug, Default)]
+pub struct JobStats {
+    /// One entry per stage, source first.
+    pub operators: Vec<OperatorStats>,
+    /// The job's wall time.
+    pub wall: Duration,
+    /// The store's capacity.
+    pub store_capacity: u64,
+    /// The most bytes the store held at once during the job.
+    pub peak_store_bytes: u64,
+    /// Bytes spilled to disk.
+    pub spilled_bytes: u64,
+    /// Bytes restored from disk.
+    pub restored_bytes: u64,
+    /// The most tasks of each stage that ran at once.
+    pub peak_running: Vec<u64>,
+    /// Task events in the order the executor saw them (the first
+    /// [`MAX_EVENTS`] only).
+    pub events: Vec<Event>,
+}
+
+/// Events kept per job; later ones are counted in stats but not recorded.
+pub const MAX_EVENTS: usize = 200_000;
+
+impl JobStats {
+    /// The total rows out of the last stage.
+    pub fn output_rows(&self) -> u64 {
+        self.operators.last().map_or(0, |o| o.rows)
+    }
+
+    /// The position of the first event matching `f`.
+    pub fn position(&self, f: impl Fn(&Event) -> bool) -> Option<usize> {
+        self.events.iter().position(f)
+    }
+}
+
+impl fmt::Display for JobStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let width = self.operators.iter().map(|o| o.name.len()).max().unwrap_or(8).clamp(8, 60);
+        writeln!(f, "{:<width$} {:>7} {:>10} {:>11} {:>9} {:>12}", "operator", "tasks", "rows", "bytes", "wall s", "rows/s")?;
+        for o in &self.operators {
+            let name: String = o.name.chars().take(width).collect();
+            writeln!(
+                f,
+                "{name:<width$} {:>7} {:>10} {:>11} {:>9.2} {:>12.0}",
+                o.tasks,
+                o.rows,
+                format_bytes(o.bytes),
+                o.wall.as_secs_f64(),
+                o.rows_per_s()
+            )?;
+        }
+        write!(
+            f,
+            "wall {:.2} s; peak store {} of {}; spilled {}, restored {}",
+            self.wall.as_secs_f64(),
+            format_bytes(self.peak_store_bytes),
+            format_bytes(self.store_capacity),
+            format_bytes(self.spilled_bytes),
+            format_bytes(self.restored_bytes)
+        )
+    }
+}

@@ -1,0 +1,135 @@
+//! The user-function traits: batch functions (`map_batches`), row functions
+//! (`map`, `flat_map`) and predicates (`filter`).
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+
+use crate::{Expr, Row};
+
+/// The error a user function returns; any error type converts into it.
+pub type UdfError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One instance of a batch operator, owned by one worker at a time. A
+/// stateful operator keeps what its set-up loaded (a model) in `self`.
+pub trait BatchFn: Send {
+    /// Transforms one batch.
+    fn call(&mut self, batch: RecordBatch) -> Result<RecordBatch, UdfError>;
+}
+
+impl<F> BatchFn for F
+where
+    F: FnMut(RecordBatch) -> Result<RecordBatch, UdfError> + Send,
+{
+    fn call(&mut self, batch: RecordBatch) -> Result<RecordBatch, UdfError> {
+        self(batch)
+    }
+}
+
+/// What `map_batches` accepts: a recipe for [`BatchFn`] instances.
+///
+/// A plain closure is stateless: each task gets its own copy. A [`Stateful`]
+/// operator runs its set-up once per worker, and its instances live in a pool
+/// of long-lived workers.
+pub trait BatchUdf: Send + Sync + 'static {
+    /// The name shown in stats and errors.
+    fn name(&self) -> String {
+        "map_batches".into()
+    }
+    /// True when instances are expensive to make and are kept per worker.
+    fn is_stateful(&self) -> bool {
+        false
+    }
+    /// Makes one instance (for a stateful operator: runs its set-up).
+    fn instantiate(&self) -> Result<Box<dyn BatchFn>, UdfError>;
+}
+
+impl<F, E> BatchUdf for F
+where
+    F: Fn(RecordBatch) -> Result<RecordBatch, E> + Clone + Send + Sync + 'static,
+    E: Into<UdfError>,
+{
+    fn instantiate(&self) -> Result<Box<dyn BatchFn>, UdfError> {
+        let f = self.clone();
+        Ok(Box::new(move |batch| f(batch).map_err(Into::into)))
+    }
+}
+
+/// A stateful batch operator: `setup` runs once per worker (to load a model,
+/// open a device), and the instance it returns handles every batch that
+/// worker receives.
+///
+/// ```
+/// use arrow_array::RecordBatch;
+/// use streambatch_plan::{BatchFn, BatchUdf, Stateful, UdfError};
+///
+/// struct AddBias { bias: f64 }
+/// impl BatchFn for AddBias {
+///     fn call(&mut self, batch: RecordBatch) -> Result<RecordBatch, UdfError> { Ok(batch) }
+/// }
+/// let op = Stateful::new("add_bias", || Ok::<_, UdfError>(AddBias { bias: 0.5 }));
+/// assert!(op.is_stateful());
+/// ```
+pub struct Stateful<S> {
+    name: String,
+    setup: Arc<S>,
+}
+
+impl<S, T, E> Stateful<S>
+where
+    S: Fn() -> Result<T, E> + Send + Sync + 'static,
+    T: BatchFn + 'static,
+    E: Into<UdfError>,
+{
+    /// An operator named `name` whose workers each run `setup` once.
+    pub fn new(name: &str, setup: S) -> Self {
+        Self { name: name.to_string(), setup: Arc::new(setup) }
+    }
+}
+
+impl<S, T, E> BatchUdf for Stateful<S>
+where
+    S: Fn() -> Result<T, E> + Send + Sync + 'static,
+    T: BatchFn + 'static,
+    E: Into<UdfError>,
+{
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn is_stateful(&self) -> bool {
+        true
+    }
+    fn instantiate(&self) -> Result<Box<dyn BatchFn>, UdfError> {
+        Ok(Box::new((self.setup)().map_err(Into::into)?))
+    }
+}
+
+/// A row-to-row function (`map`).
+pub type RowMapFn = Arc<dyn Fn(Row) -> Result<Row, UdfError> + Send + Sync>;
+/// A row-to-rows function (`flat_map`).
+pub type RowFlatMapFn = Arc<dyn Fn(Row) -> Result<Vec<Row>, UdfError> + Send + Sync>;
+
+/// A `filter` condition: an Arrow expression (evaluated per batch) or a
+/// closure over rows.
+#[derive(Clone)]
+pub enum Predicate {
+    /// Rows where the expression is true.
+    Expr(Expr),
+    /// Rows for which the closure returns true.
+    Rows(Arc<dyn Fn(&Row) -> bool + Send + Sync>),
+}
+
+impl From<Expr> for Predicate {
+    fn from(e: Expr) -> Self {
+        Predicate::Expr(e)
+    }
+}
+
+impl<F> From<F> for Predicate
+where
+    F: Fn(&Row) -> bool + Send + Sync + 'static,
+{
+    fn from(f: F) -> Self {
+        Predicate::Rows(Arc::new(f))
+    }
+}

@@ -1,0 +1,138 @@
+//! An embedded one-node cluster: a tokio runtime, a NodeManager with its
+//! workers, and a store, all in this process. It runs jobs for `Dataset`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use ractor::{Actor, ActorRef};
+use streambatch_core::NodeConfig;
+use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
+use streambatch_store::{MemoryStore, ObjectStore};
+
+use crate::executor::{Executor, ExecutorArgs, JobItem};
+use crate::node::{NodeManager, NodeMsg};
+
+/// One node running in this process.
+///
+/// ```
+/// use std::sync::Arc;
+/// use streambatch_core::NodeConfig;
+/// use streambatch_plan::Dataset;
+/// use streambatch_sched::LocalCluster;
+///
+/// let cluster = Arc::new(LocalCluster::start(NodeConfig::default()).unwrap());
+/// let n = Dataset::range(cluster, 1000, 10).count().unwrap();
+/// assert_eq!(n, 1000);
+/// ```
+pub struct LocalCluster {
+    runtime: Option<tokio::runtime::Runtime>,
+    node: ActorRef<NodeMsg>,
+    store: Arc<dyn ObjectStore>,
+    config: NodeConfig,
+    next_job: AtomicU64,
+}
+
+impl LocalCluster {
+    /// Starts a node with `config` and an in-memory store of its capacity.
+    pub fn start(config: NodeConfig) -> Result<Self> {
+        let store = Arc::new(MemoryStore::new(config.store_capacity));
+        Self::with_store(config, store)
+    }
+
+    /// Starts a node with `config` over the given store.
+    pub fn with_store(config: NodeConfig, store: Arc<dyn ObjectStore>) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("streambatch-rt")
+            .enable_time()
+            .build()
+            .map_err(|e| Error::Execution(format!("cannot start the runtime: {e}")))?;
+        // Spawn from a plain thread so that starting works inside an async context too.
+        let node = std::thread::scope(|s| {
+            s.spawn(|| runtime.block_on(Actor::spawn(Some(format!("node-{}", std::process::id())), NodeManager, ())))
+                .join()
+        })
+        .map_err(|_| Error::Execution("the node manager panicked at start".into()))?
+        .map_err(|e| Error::Execution(format!("cannot start the node manager: {e}")))?
+        .0;
+        Ok(Self { runtime: Some(runtime), node, store, config, next_job: AtomicU64::new(1) })
+    }
+
+    /// The node's store.
+    pub fn store(&self) -> Arc<dyn ObjectStore> {
+        self.store.clone()
+    }
+}
+
+impl Runner for LocalCluster {
+    fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>> {
+        let (output, rx) = mpsc::channel();
+        let live = Arc::new(Mutex::new(JobStats::default()));
+        let args = ExecutorArgs {
+            job: self.next_job.fetch_add(1, Ordering::Relaxed),
+            plan: Arc::new(plan),
+            node: self.node.clone(),
+            config: self.config.clone(),
+            store: self.store.clone(),
+            output: output.clone(),
+            live: live.clone(),
+        };
+        let runtime = self.runtime.as_ref().expect("present until drop");
+        runtime.spawn(async move {
+            if let Err(e) = Actor::spawn(None, Executor, args).await {
+                let _ = output.send(JobItem::End(Err(Error::Execution(format!("cannot start the executor: {e}")))));
+            }
+        });
+        Ok(Box::new(LocalJob { rx, live, ended: false }))
+    }
+
+    fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.node.stop(None);
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+/// The driver's end of a job: output partitions as the executor sends them.
+struct LocalJob {
+    rx: Receiver<JobItem>,
+    live: Arc<Mutex<JobStats>>,
+    ended: bool,
+}
+
+impl Iterator for LocalJob {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.ended {
+            return None;
+        }
+        let item = self.rx.recv();
+        match item {
+            Ok(JobItem::Output(slice)) => Some(slice.read()),
+            Ok(JobItem::End(result)) => {
+                self.ended = true;
+                result.err().map(Err)
+            }
+            Err(_) => {
+                self.ended = true;
+                Some(Err(Error::Execution("the executor stopped without finishing the job".into())))
+            }
+        }
+    }
+}
+
+impl JobStream for LocalJob {
+    fn live_stats(&self) -> Arc<Mutex<JobStats>> {
+        self.live.clone()
+    }
+}

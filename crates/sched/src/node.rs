@@ -1,0 +1,175 @@
+//! The NodeManager: one per node. It owns the node's Workers, hands each task
+//! to an idle one (spawning a worker when none is idle), keeps a stateful
+//! stage's tasks on the workers that host its instances, and supervises:
+//! a worker that fails is restarted and its task reported lost, so the
+//! executor retries it.
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use streambatch_core::TaskId;
+
+use crate::executor::ExecutorMsg;
+use crate::task::TaskRun;
+use crate::worker::{Worker, WorkerArgs, WorkerMsg};
+
+/// Worker restarts allowed within [`RESTART_WINDOW`] before the node gives up
+/// (escalates to its own supervisor): a worker that fails that often is
+/// broken, not unlucky.
+const MAX_RESTARTS: usize = 100;
+const RESTART_WINDOW: Duration = Duration::from_secs(10);
+
+/// Messages of the NodeManager.
+pub enum NodeMsg {
+    /// Run a task. `pool` is the most workers its stage may use.
+    Run {
+        /// The task.
+        run: Box<TaskRun>,
+        /// The stage's pool size, for stages with stateful operators.
+        pool: Option<usize>,
+    },
+    /// A worker finished its task.
+    WorkerIdle {
+        /// The worker.
+        index: usize,
+    },
+    /// A job ended: its pools are gone.
+    JobEnded {
+        /// The job.
+        job: u64,
+    },
+}
+
+/// The NodeManager actor.
+pub struct NodeManager;
+
+struct Slot {
+    actor: ActorRef<WorkerMsg>,
+    busy: Option<(TaskId, ActorRef<ExecutorMsg>)>,
+    /// Stateful stages, by (job, stage), whose instances this worker holds.
+    hosts: HashSet<(u64, usize)>,
+}
+
+/// The NodeManager's state.
+pub struct NodeState {
+    workers: Vec<Slot>,
+    waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
+    restarts: VecDeque<Instant>,
+}
+
+impl Actor for NodeManager {
+    type Msg = NodeMsg;
+    type State = NodeState;
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<NodeMsg>, _: ()) -> Result<NodeState, ActorProcessingErr> {
+        Ok(NodeState { workers: Vec::new(), waiting: VecDeque::new(), restarts: VecDeque::new() })
+    }
+
+    async fn post_stop(&self, _: ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
+        for w in &state.workers {
+            w.actor.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, myself: ActorRef<NodeMsg>, msg: NodeMsg, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            NodeMsg::Run { run, pool } => state.waiting.push_back((run, pool)),
+            NodeMsg::WorkerIdle { index } => state.workers[index].busy = None,
+            NodeMsg::JobEnded { job } => {
+                for w in &mut state.workers {
+                    w.hosts.retain(|(j, _)| *j != job);
+                }
+            }
+        }
+        state.assign(&myself).await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        event: SupervisionEvent,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_else(|| "worker stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let Some(index) = state.workers.iter().position(|w| w.actor.get_id() == cell.get_id()) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        state.restarts.push_back(now);
+        while state.restarts.front().is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW) {
+            state.restarts.pop_front();
+        }
+        if state.restarts.len() > MAX_RESTARTS {
+            return Err(format!("workers failed {MAX_RESTARTS} times in {RESTART_WINDOW:?}; last: {reason}").into());
+        }
+        tracing::warn!(worker = index, %reason, "worker failed; restarting it");
+        let (actor, _) = spawn_worker(&myself, index).await?;
+        let slot = std::mem::replace(&mut state.workers[index], Slot { actor, busy: None, hosts: HashSet::new() });
+        if let Some((task, executor)) = slot.busy {
+            let _ = executor.cast(ExecutorMsg::WorkerLost { task, message: reason });
+        }
+        state.assign(&myself).await
+    }
+}
+
+async fn spawn_worker(node: &ActorRef<NodeMsg>, index: usize) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
+    let args = WorkerArgs { index, node: node.clone() };
+    Ok(Actor::spawn_linked(None, Worker, args, node.get_cell()).await?)
+}
+
+impl NodeState {
+    /// Hands waiting tasks to workers, in order, as far as workers allow.
+    async fn assign(&mut self, myself: &ActorRef<NodeMsg>) -> Result<(), ActorProcessingErr> {
+        let mut still_waiting = VecDeque::new();
+        while let Some((run, pool)) = self.waiting.pop_front() {
+            let key = (run.job.job, run.stage);
+            match self.pick(key, pool, myself).await? {
+                Some(index) => {
+                    let slot = &mut self.workers[index];
+                    slot.busy = Some((run.task, run.job.executor.clone()));
+                    if pool.is_some() {
+                        slot.hosts.insert((run.job.job, run.stage));
+                    }
+                    slot.actor.cast(WorkerMsg::Run(run)).map_err(|_| "worker mailbox closed")?;
+                }
+                None => still_waiting.push_back((run, pool)),
+            }
+        }
+        self.waiting = still_waiting;
+        Ok(())
+    }
+
+    /// The worker for `run`: for a pooled stage, an idle worker already
+    /// hosting it, or a new host while the pool has room; otherwise any idle
+    /// worker, preferring ones that host no pool. Spawns a worker when needed.
+    async fn pick(&mut self, key: (u64, usize), pool: Option<usize>, myself: &ActorRef<NodeMsg>) -> Result<Option<usize>, ActorProcessingErr> {
+        let idle = |w: &Slot| w.busy.is_none();
+        if let Some(max) = pool {
+            if let Some(i) = self.workers.iter().position(|w| idle(w) && w.hosts.contains(&key)) {
+                return Ok(Some(i));
+            }
+            if self.workers.iter().filter(|w| w.hosts.contains(&key)).count() >= max {
+                return Ok(None);
+            }
+        }
+        if let Some(i) = self.workers.iter().position(|w| idle(w) && w.hosts.is_empty()) {
+            return Ok(Some(i));
+        }
+        if let Some(i) = self.workers.iter().position(|w| idle(w) && !w.hosts.contains(&key)) {
+            return Ok(Some(i));
+        }
+        let index = self.workers.len();
+        let (actor, _) = spawn_worker(myself, index).await?;
+        self.workers.push(Slot { actor, busy: None, hosts: HashSet::new() });
+        Ok(Some(index))
+    }
+}

@@ -1,0 +1,169 @@
+//! Output partitions: slices of stored partitions, and the partitioner that
+//! cuts a task's output into partitions of at most `target` bytes.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use streambatch_plan::{Error, Result};
+use streambatch_store::{PartitionRef, batch_bytes};
+
+use crate::budget::Reservation;
+
+/// A stored output partition and the budget it holds. Fields drop in order:
+/// the store frees the bytes before the budget reports them free.
+pub struct Output {
+    part: PartitionRef,
+    _reservation: Option<Reservation>,
+}
+
+impl Output {
+    /// Wraps a stored partition and its reservation.
+    pub fn new(part: PartitionRef, reservation: Option<Reservation>) -> Arc<Self> {
+        Arc::new(Self { part, _reservation: reservation })
+    }
+}
+
+/// Rows `offset..offset + len` of an output partition. The unit the executor
+/// queues: limit and repartition cut partitions by slicing references, not
+/// data.
+#[derive(Clone)]
+pub struct Slice {
+    output: Arc<Output>,
+    /// First row.
+    pub offset: usize,
+    /// Rows.
+    pub len: usize,
+}
+
+impl Slice {
+    /// The whole partition.
+    pub fn whole(output: Arc<Output>) -> Self {
+        let len = output.part.rows();
+        Self { output, offset: 0, len }
+    }
+
+    /// Rows `offset..offset + len` of this slice.
+    pub fn sub(&self, offset: usize, len: usize) -> Self {
+        Self { output: self.output.clone(), offset: self.offset + offset, len }
+    }
+
+    /// Bytes of the partition behind this slice.
+    pub fn partition_bytes(&self) -> u64 {
+        self.output.part.bytes()
+    }
+
+    /// Reads the rows.
+    pub fn read(&self) -> Result<RecordBatch> {
+        let batch = self.output.part.get().map_err(|e| Error::Execution(e.to_string()))?;
+        if self.offset == 0 && self.len == batch.num_rows() {
+            return Ok(batch);
+        }
+        Ok(batch.slice(self.offset, self.len))
+    }
+}
+
+/// Gathers a task's output batches and cuts them into partitions of at most
+/// `target` bytes; a single row larger than that becomes a partition alone.
+pub struct Partitioner {
+    target: u64,
+    buffer: Vec<RecordBatch>,
+    buffered: u64,
+}
+
+impl Partitioner {
+    /// A partitioner cutting at `target` bytes.
+    pub fn new(target: u64) -> Self {
+        Self { target: target.max(1), buffer: Vec::new(), buffered: 0 }
+    }
+
+    /// Adds a batch; returns the partitions it completed.
+    pub fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        let mut ready = Vec::new();
+        while batch.num_rows() > 0 {
+            let room = self.target - self.buffered;
+            let bytes = batch_bytes(&batch);
+            if bytes <= room {
+                self.buffered += bytes;
+                self.buffer.push(batch);
+                if self.buffered == self.target {
+                    ready.extend(self.flush()?);
+                }
+                break;
+            }
+            let rows = rows_within(&batch, room);
+            if rows == 0 && !self.buffer.is_empty() {
+                ready.extend(self.flush()?);
+                continue;
+            }
+            let rows = rows.max(1);
+            self.buffer.push(batch.slice(0, rows));
+            ready.extend(self.flush()?);
+            batch = batch.slice(rows, batch.num_rows() - rows);
+        }
+        Ok(ready)
+    }
+
+    /// The rows gathered but not yet cut, as a last partition.
+    pub fn flush(&mut self) -> Result<Option<RecordBatch>> {
+        self.buffered = 0;
+        match self.buffer.len() {
+            0 => Ok(None),
+            1 => Ok(self.buffer.pop()),
+            _ => {
+                let parts = std::mem::take(&mut self.buffer);
+                arrow_select::concat::concat_batches(&parts[0].schema(), &parts)
+                    .map(Some)
+                    .map_err(|e| Error::Execution(format!("joining output batches: {e}")))
+            }
+        }
+    }
+}
+
+/// The most leading rows of `batch` whose bytes fit in `room`.
+fn rows_within(batch: &RecordBatch, room: u64) -> usize {
+    let (mut lo, mut hi) = (0, batch.num_rows());
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if batch_bytes(&batch.slice(0, mid)) <= room {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+
+    fn ints(n: i64) -> RecordBatch {
+        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..n)) as _)]).unwrap()
+    }
+
+    #[test]
+    fn cuts_at_target_and_keeps_every_row_in_order() {
+        let mut p = Partitioner::new(800); // 100 rows of i64
+        let mut parts = Vec::new();
+        for _ in 0..7 {
+            parts.extend(p.push(ints(45)).unwrap());
+        }
+        parts.extend(p.flush().unwrap());
+        assert!(parts.iter().all(|b| batch_bytes(b) <= 800));
+        let rows: Vec<i64> = parts
+            .iter()
+            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
+            .collect();
+        let expected: Vec<i64> = (0..7).flat_map(|_| 0..45).collect();
+        assert_eq!(rows, expected);
+        assert_eq!(parts.len(), 4);
+    }
+
+    #[test]
+    fn a_row_larger_than_target_is_a_partition_alone() {
+        let mut p = Partitioner::new(4);
+        let parts = p.push(ints(3)).unwrap();
+        assert_eq!(parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![1, 1, 1]);
+    }
+}

@@ -1,0 +1,180 @@
+//! The scheduling policy: a pure function of a snapshot of the job, tested
+//! without actors, threads or clocks. The executor feeds it state and carries
+//! out its decision, then asks again until it says nothing can run.
+//!
+//! The rule (DESIGN.md, "dynamic task placement"): among stages whose task
+//! fits the free resources, whose worker pool has room and whose outputs are
+//! under budget, prefer the stage nearest the sink, since running it drains
+//! memory; a paused task of a stage resumes before a new one starts, since
+//! its output is already computed.
+
+use streambatch_core::Resources;
+
+/// What the policy sees of one stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageView {
+    /// Inputs waiting for a task (queued partitions, or unread source splits).
+    pub waiting_inputs: usize,
+    /// Output bytes each paused task of this stage holds, oldest first.
+    pub paused: Vec<u64>,
+    /// Tasks running now.
+    pub running: usize,
+    /// What one task holds.
+    pub resources: Resources,
+    /// The most tasks at once (a stateful operator's pool size).
+    pub max_running: Option<usize>,
+    /// Whether a new output of `bytes` (the stage's typical partition) fits
+    /// its memory budget now.
+    pub budget_fits_typical: bool,
+    /// Whether each paused task's output fits the budget now (same order as
+    /// `paused`).
+    pub paused_fits: Vec<bool>,
+}
+
+/// A snapshot of the job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// Stages from source to sink.
+    pub stages: Vec<StageView>,
+    /// Resources free on the node.
+    pub free: Resources,
+}
+
+/// What to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Resume the `index`-th paused task of `stage`.
+    Resume {
+        /// The stage.
+        stage: usize,
+        /// Which paused task.
+        index: usize,
+    },
+    /// Start a new task of `stage`.
+    Dispatch {
+        /// The stage.
+        stage: usize,
+    },
+}
+
+/// The next task to run, or `None` when nothing can run now.
+pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
+    for (stage, view) in snapshot.stages.iter().enumerate().rev() {
+        if !view.resources.fits_in(&snapshot.free) || view.max_running.is_some_and(|m| view.running >= m) {
+            continue;
+        }
+        if let Some(index) = view.paused_fits.iter().position(|fits| *fits) {
+            return Some(Decision::Resume { stage, index });
+        }
+        if view.waiting_inputs > 0 && view.budget_fits_typical {
+            return Some(Decision::Dispatch { stage });
+        }
+    }
+    None
+}
+
+/// Applies a decision to a snapshot, as the executor will to its state, so
+/// that the next call sees its effect.
+pub fn apply(snapshot: &mut Snapshot, decision: Decision) {
+    let stage = match decision {
+        Decision::Resume { stage, index } => {
+            let view = &mut snapshot.stages[stage];
+            view.paused.remove(index);
+            view.paused_fits.remove(index);
+            stage
+        }
+        Decision::Dispatch { stage } => {
+            snapshot.stages[stage].waiting_inputs -= 1;
+            stage
+        }
+    };
+    let view = &mut snapshot.stages[stage];
+    view.running += 1;
+    snapshot.free.cpus -= view.resources.cpus;
+    snapshot.free.gpus -= view.resources.gpus;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(waiting: usize, resources: Resources) -> StageView {
+        StageView {
+            waiting_inputs: waiting,
+            paused: vec![],
+            running: 0,
+            resources,
+            max_running: None,
+            budget_fits_typical: true,
+            paused_fits: vec![],
+        }
+    }
+
+    fn drain(mut s: Snapshot) -> Vec<Decision> {
+        let mut out = Vec::new();
+        while let Some(d) = next_decision(&s) {
+            apply(&mut s, d);
+            out.push(d);
+        }
+        out
+    }
+
+    #[test]
+    fn prefers_the_stage_nearest_the_sink() {
+        let s = Snapshot { stages: vec![stage(5, Resources::cpu(1.0)), stage(5, Resources::cpu(1.0))], free: Resources::cpu(2.0) };
+        assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }, Decision::Dispatch { stage: 1 }]);
+    }
+
+    #[test]
+    fn never_exceeds_gpu_slots() {
+        let mut s = Snapshot { stages: vec![stage(0, Resources::cpu(1.0)), stage(10, Resources::gpu(1.0))], free: Resources { cpus: 8.0, gpus: 2.0, memory_bytes: 0 } };
+        s.stages[1].running = 0;
+        assert_eq!(drain(s).len(), 2);
+    }
+
+    #[test]
+    fn pool_size_caps_running_tasks() {
+        let mut st = stage(10, Resources::cpu(1.0));
+        st.max_running = Some(3);
+        let s = Snapshot { stages: vec![st], free: Resources::cpu(8.0) };
+        assert_eq!(drain(s).len(), 3);
+    }
+
+    #[test]
+    fn over_budget_stage_waits_but_downstream_runs() {
+        let mut up = stage(10, Resources::cpu(1.0));
+        up.budget_fits_typical = false;
+        let s = Snapshot { stages: vec![up, stage(1, Resources::cpu(1.0))], free: Resources::cpu(4.0) };
+        assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }]);
+    }
+
+    #[test]
+    fn paused_task_resumes_first_when_its_output_fits() {
+        let mut st = stage(3, Resources::cpu(1.0));
+        st.paused = vec![10, 20];
+        st.paused_fits = vec![false, true];
+        let s = Snapshot { stages: vec![st], free: Resources::cpu(1.0) };
+        assert_eq!(drain(s), vec![Decision::Resume { stage: 0, index: 1 }]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decisions_never_oversubscribe(
+            stages in proptest::collection::vec((0usize..20, 0u8..3, proptest::option::of(1usize..4)), 1..5),
+            cpus in 0u8..9, gpus in 0u8..3,
+        ) {
+            let views: Vec<StageView> = stages.iter().map(|(w, kind, max)| {
+                let r = match kind { 0 => Resources::cpu(1.0), 1 => Resources::cpu(0.5), _ => Resources::gpu(1.0) };
+                StageView { max_running: *max, ..stage(*w, r) }
+            }).collect();
+            let mut s = Snapshot { stages: views, free: Resources { cpus: cpus as f64, gpus: gpus as f64, memory_bytes: 0 } };
+            while let Some(d) = next_decision(&s) {
+                apply(&mut s, d);
+                proptest::prop_assert!(s.free.cpus >= -1e-9 && s.free.gpus >= -1e-9);
+                for v in &s.stages {
+                    proptest::prop_assert!(v.max_running.is_none_or(|m| v.running <= m));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! A task in flight: a fused stage's stream over one input, cut into
+//! partitions and stored as they come. A task whose next partition does not
+//! fit in memory pauses: it returns itself, holding that partition, so its
+//! slot is freed; the executor resumes it once memory is returned.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use ractor::ActorRef;
+use streambatch_core::TaskId;
+use streambatch_plan::{BatchIter, Error, ExecPlan, SharedInstance, TaskEnv, TaskInput};
+use streambatch_store::{ObjectStore, PutError, batch_bytes};
+
+use crate::budget::Budgets;
+use crate::executor::ExecutorMsg;
+use crate::partition::{Output, Partitioner, Slice};
+
+/// What every task of one job shares.
+pub struct JobCtx {
+    /// The job's id (unique per process).
+    pub job: u64,
+    /// The physical plan.
+    pub plan: Arc<ExecPlan>,
+    /// Where outputs go.
+    pub store: Arc<dyn ObjectStore>,
+    /// The stages' memory budgets.
+    pub budgets: Budgets,
+    /// The job's executor, told of every output.
+    pub executor: ActorRef<ExecutorMsg>,
+    /// Partition size target.
+    pub target_bytes: u64,
+    /// Per stage: set when the stage's remaining work is no longer needed.
+    pub cancelled: Vec<AtomicBool>,
+}
+
+/// The input of a task: a source split or slices of upstream partitions.
+#[derive(Clone)]
+pub enum RunInput {
+    /// The i-th split of the source.
+    Split(usize),
+    /// Upstream rows.
+    Slices(Vec<Slice>),
+}
+
+/// A task, from dispatch to its last output.
+pub struct TaskRun {
+    /// The job it belongs to.
+    pub job: Arc<JobCtx>,
+    /// Its id.
+    pub task: TaskId,
+    /// Its stage.
+    pub stage: usize,
+    input: Option<RunInput>,
+    stream: Option<BatchIter>,
+    exhausted: bool,
+    partitioner: Partitioner,
+    pending: VecDeque<RecordBatch>,
+    /// Outputs produced so far, in order.
+    next_seq: u32,
+    /// Outputs an earlier attempt already delivered: recomputed, not stored.
+    skip: u32,
+    busy: Duration,
+}
+
+/// How a drive of a task ended.
+pub enum Outcome {
+    /// All outputs are stored and reported.
+    Finished {
+        /// Time spent computing.
+        busy: Duration,
+    },
+    /// The next output does not fit; the task waits with it.
+    Paused(Box<TaskRun>),
+    /// An operator failed; the job ends.
+    Failed(Error),
+}
+
+/// Per-worker instances of stateful operators, by (job, operator position);
+/// an instance goes when its job does.
+pub type InstanceCache = HashMap<(u64, usize), (Weak<JobCtx>, SharedInstance)>;
+
+impl TaskRun {
+    /// A new task over `input`, skipping the first `skip` outputs.
+    pub fn new(job: Arc<JobCtx>, task: TaskId, stage: usize, input: RunInput, skip: u32) -> Self {
+        let target = job.target_bytes;
+        Self {
+            job,
+            task,
+            stage,
+            input: Some(input),
+            stream: None,
+            exhausted: false,
+            partitioner: Partitioner::new(target),
+            pending: VecDeque::new(),
+            next_seq: 0,
+            skip,
+            busy: Duration::ZERO,
+        }
+    }
+
+    /// Bytes of the output the task waits to store (0 when none).
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending.front().map_or(0, batch_bytes)
+    }
+
+    /// Runs the task until it finishes, fails or must pause.
+    pub fn drive(mut self, instances: &mut InstanceCache) -> Outcome {
+        let started = Instant::now();
+        let outcome = self.drive_inner(instances);
+        self.busy += started.elapsed();
+        match outcome {
+            Ok(true) => Outcome::Finished { busy: self.busy },
+            Ok(false) => Outcome::Paused(Box::new(self)),
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// Ok(true): finished; Ok(false): must pause.
+    fn drive_inner(&mut self, instances: &mut InstanceCache) -> Result<bool, Error> {
+        if self.stream.is_none() {
+            self.open(instances)?;
+        }
+        loop {
+            while let Some(batch) = self.pending.pop_front() {
+                if let Some(batch) = self.store(batch)? {
+                    self.pending.push_front(batch);
+                    return Ok(false);
+                }
+            }
+            if self.exhausted || self.job.cancelled[self.stage].load(Ordering::Relaxed) {
+                return Ok(true);
+            }
+            match self.stream.as_mut().expect("opened above").next() {
+                Some(batch) => self.pending.extend(self.partitioner.push(batch?)?),
+                None => {
+                    self.exhausted = true;
+                    self.pending.extend(self.partitioner.flush()?);
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
+        let input = match self.input.take().expect("a task is opened once") {
+            RunInput::Split(i) => TaskInput::Split(i),
+            RunInput::Slices(slices) => TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?),
+        };
+        let job = Arc::downgrade(&self.job);
+        let id = self.job.job;
+        let mut instance = |op: usize, udf: &Arc<dyn streambatch_plan::BatchUdf>| {
+            if let Some((_, i)) = instances.get(&(id, op)) {
+                return Ok(i.clone());
+            }
+            let i: SharedInstance = Arc::new(std::sync::Mutex::new(udf.instantiate()?));
+            instances.insert((id, op), (job.clone(), i.clone()));
+            Ok(i)
+        };
+        let mut env = TaskEnv { task: self.task, instance: &mut instance };
+        self.stream = Some(self.job.plan.stages[self.stage].open(input, &mut env)?);
+        Ok(())
+    }
+
+    /// Stores one output and reports it; hands the batch back when it does
+    /// not fit.
+    fn store(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>, Error> {
+        let seq = self.next_seq;
+        if seq < self.skip {
+            self.next_seq += 1;
+            return Ok(None);
+        }
+        let bytes = batch_bytes(&batch);
+        let Some(reservation) = self.job.budgets.try_admit(self.stage, bytes) else {
+            return Ok(Some(batch));
+        };
+        match self.job.store.try_put(batch) {
+            Ok(part) => {
+                self.next_seq += 1;
+                let slice = Slice::whole(Output::new(part, Some(reservation)));
+                // A send fails only when the job has ended; the output is then unwanted.
+                let _ = self.job.executor.cast(ExecutorMsg::Output { task: self.task, seq, slice });
+                Ok(None)
+            }
+            Err(PutError::Full { batch, .. }) => {
+                reservation.cancel();
+                Ok(Some(batch))
+            }
+            Err(e @ PutError::TooLarge { .. }) => Err(Error::Execution(format!(
+                "stage `{}`: {e}",
+                self.job.plan.stages[self.stage].name
+            ))),
+        }
+    }
+}

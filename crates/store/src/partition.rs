@@ -1,0 +1,60 @@
+use std::fmt;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use streambatch_core::PartitionId;
+
+use crate::{Release, StoreError};
+
+/// A counted reference to a stored partition. Cloning is cheap; the partition
+/// is freed when the last clone is dropped.
+#[derive(Clone)]
+pub struct PartitionRef {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: PartitionId,
+    rows: usize,
+    bytes: u64,
+    store: Arc<dyn Release>,
+}
+
+impl PartitionRef {
+    /// Made by a store when it has stored a partition.
+    pub fn new(id: PartitionId, rows: usize, bytes: u64, store: Arc<dyn Release>) -> Self {
+        Self { inner: Arc::new(Inner { id, rows, bytes, store }) }
+    }
+
+    /// The partition's id.
+    pub fn id(&self) -> PartitionId {
+        self.inner.id
+    }
+
+    /// Its rows.
+    pub fn rows(&self) -> usize {
+        self.inner.rows
+    }
+
+    /// Its bytes in the store.
+    pub fn bytes(&self) -> u64 {
+        self.inner.bytes
+    }
+
+    /// Reads it.
+    pub fn get(&self) -> Result<RecordBatch, StoreError> {
+        self.inner.store.read(self.inner.id)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.store.release(self.id, self.bytes);
+    }
+}
+
+impl fmt::Debug for PartitionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PartitionRef({}, {} rows, {} bytes)", self.inner.id, self.inner.rows, self.inner.bytes)
+    }
+}
