@@ -64,6 +64,11 @@ impl Slice {
 
 /// Gathers a task's output batches and cuts them into partitions of at most
 /// `target` bytes; a single row larger than that becomes a partition alone.
+///
+/// Joining batches copies them into fresh memory, which costs page faults
+/// (several µs per 4 KiB page here); so only small batches are joined, and a
+/// batch of at least [`Partitioner::alone_bytes`] becomes a partition by itself,
+/// with no copy.
 pub struct Partitioner {
     target: u64,
     buffer: Vec<RecordBatch>,
@@ -82,6 +87,11 @@ impl Partitioner {
         while batch.num_rows() > 0 {
             let room = self.target - self.buffered;
             let bytes = batch_bytes(&batch);
+            if bytes >= self.alone_bytes() && bytes <= self.target {
+                ready.extend(self.flush()?);
+                ready.push(batch);
+                break;
+            }
             if bytes <= room {
                 self.buffered += bytes;
                 self.buffer.push(batch);
@@ -101,6 +111,12 @@ impl Partitioner {
             batch = batch.slice(rows, batch.num_rows() - rows);
         }
         Ok(ready)
+    }
+
+    /// Batches this large are partitions by themselves: 1 MiB, or an eighth
+    /// of the target when that is smaller.
+    pub fn alone_bytes(&self) -> u64 {
+        (self.target / 8).clamp(1, 1 << 20)
     }
 
     /// The rows gathered but not yet cut, as a last partition.
@@ -142,22 +158,32 @@ mod tests {
         RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..n)) as _)]).unwrap()
     }
 
+    fn values(parts: &[RecordBatch]) -> Vec<i64> {
+        parts.iter().flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect()
+    }
+
     #[test]
-    fn cuts_at_target_and_keeps_every_row_in_order() {
-        let mut p = Partitioner::new(800); // 100 rows of i64
+    fn joins_small_batches_up_to_target_keeping_rows_in_order() {
+        let mut p = Partitioner::new(800); // 100 rows of i64; alone from 100 bytes
         let mut parts = Vec::new();
-        for _ in 0..7 {
-            parts.extend(p.push(ints(45)).unwrap());
+        for _ in 0..45 {
+            parts.extend(p.push(ints(5)).unwrap());
+            parts.extend(p.push(ints(10).slice(0, 0)).unwrap());
         }
         parts.extend(p.flush().unwrap());
-        assert!(parts.iter().all(|b| batch_bytes(b) <= 800));
-        let rows: Vec<i64> = parts
-            .iter()
-            .flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec())
-            .collect();
-        let expected: Vec<i64> = (0..7).flat_map(|_| 0..45).collect();
-        assert_eq!(rows, expected);
-        assert_eq!(parts.len(), 4);
+        assert_eq!(parts.iter().map(batch_bytes).collect::<Vec<_>>(), vec![800, 800, 200]);
+        assert_eq!(values(&parts), (0..45).flat_map(|_| 0..5).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn large_batches_pass_alone_without_copy() {
+        let mut p = Partitioner::new(800);
+        let mut parts = p.push(ints(5)).unwrap();
+        let big = ints(45);
+        parts.extend(p.push(big.clone()).unwrap());
+        parts.extend(p.flush().unwrap());
+        assert_eq!(parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![5, 45]);
+        assert_eq!(parts[1].column(0).to_data().buffers()[0].as_ptr(), big.column(0).to_data().buffers()[0].as_ptr());
     }
 
     #[test]

@@ -1,1 +1,39 @@
-pub fn x(){}
+//! streambatch runs heterogeneous data pipelines (CPU preprocessing feeding
+//! GPU inference) with the streaming batch model: partitions are made while
+//! the job runs and stream between operators, a scheduler places each task
+//! where resources and memory allow, and producers slow down before memory
+//! runs out.
+//!
+//! ```
+//! use streambatch::prelude::*;
+//!
+//! let ctx = Context::local().unwrap();
+//! let evens = ctx
+//!     .range(1_000, 8)
+//!     .with_column("double", col("id").mul(lit(2)))
+//!     .filter(col("id").rem(lit(2)).eq(lit(0)))
+//!     .count()
+//!     .unwrap();
+//! assert_eq!(evens, 500);
+//! ```
+
+mod context;
+mod progress;
+pub mod workloads;
+
+pub use context::Context;
+pub use streambatch_core::{NodeConfig, PoolSize, Resources, StageOptions, format_bytes, parse_size};
+pub use streambatch_plan::{
+    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OperatorStats, Result, Row,
+    Stateful, UdfError, Value, col, lit,
+};
+pub use streambatch_sched::LocalCluster;
+pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats};
+
+/// What most programs need: `use streambatch::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        BatchFn, Context, Dataset, Expr, Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col, lit,
+    };
+    pub use arrow_array::RecordBatch;
+}

@@ -1,0 +1,85 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use streambatch_core::NodeConfig;
+use streambatch_plan::{Dataset, Result, Runner};
+use streambatch_sched::LocalCluster;
+use streambatch_store::StoreStats;
+
+use crate::progress::ProgressRunner;
+
+/// Where datasets run: for now an embedded one-node cluster in this process.
+///
+/// `Context::local()` reads no file: it uses the defaults of
+/// `configs/local.toml` (cores detected, no GPU, 30% of RAM for the store)
+/// with `STREAMBATCH_*` environment overrides.
+#[derive(Clone)]
+pub struct Context {
+    cluster: Arc<LocalCluster>,
+    runner: Arc<dyn Runner>,
+}
+
+impl Context {
+    /// An embedded node with default settings (and `STREAMBATCH_*` overrides).
+    pub fn local() -> Result<Self> {
+        Self::with_config(NodeConfig::load(None)?)
+    }
+
+    /// An embedded node configured by a TOML file (and `STREAMBATCH_*` overrides).
+    pub fn from_config_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::with_config(NodeConfig::load(Some(path.as_ref()))?)
+    }
+
+    /// An embedded node with these settings.
+    pub fn with_config(config: NodeConfig) -> Result<Self> {
+        let cluster = Arc::new(LocalCluster::start(config)?);
+        Ok(Self { runner: cluster.clone(), cluster })
+    }
+
+    /// This context, drawing live progress bars per operator (on stderr,
+    /// when it is a terminal) while jobs run.
+    pub fn with_progress(&self) -> Self {
+        Self { cluster: self.cluster.clone(), runner: Arc::new(ProgressRunner::new(self.cluster.clone())) }
+    }
+
+    /// The node's settings.
+    pub fn config(&self) -> &NodeConfig {
+        self.runner.config()
+    }
+
+    /// The store's counters.
+    pub fn store_stats(&self) -> StoreStats {
+        self.cluster.store().stats()
+    }
+
+    /// Integers `0..n` in a column `id`, in `partitions` partitions.
+    pub fn range(&self, n: u64, partitions: usize) -> Dataset {
+        Dataset::range(self.runner.clone(), n, partitions)
+    }
+
+    /// The given batches, one partition each.
+    pub fn from_batches(&self, batches: Vec<RecordBatch>) -> Dataset {
+        Dataset::from_batches(self.runner.clone(), batches)
+    }
+
+    /// Parquet files: a file, a directory or a glob.
+    pub fn read_parquet(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_parquet(self.runner.clone(), path, None)
+    }
+
+    /// Parquet files, reading only `columns`.
+    pub fn read_parquet_columns(&self, path: &str, columns: &[&str]) -> Result<Dataset> {
+        Dataset::read_parquet(self.runner.clone(), path, Some(columns))
+    }
+
+    /// CSV files with a header row.
+    pub fn read_csv(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_csv(self.runner.clone(), path)
+    }
+
+    /// Files read whole: one row per file (`path`, `bytes`).
+    pub fn read_binary_files(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_binary_files(self.runner.clone(), path)
+    }
+}
