@@ -149,7 +149,10 @@ impl Expr {
         let mask = array.as_boolean_opt().ok_or_else(|| {
             ArrowError::InvalidArgumentError(format!("filter `{self}` is of type {}, not boolean", array.data_type()))
         })?;
-        Ok(arrow_select::filter::prep_null_mask_filter(mask))
+        Ok(match mask.nulls() {
+            Some(_) => arrow_select::filter::prep_null_mask_filter(mask),
+            None => mask.clone(),
+        })
     }
 
     fn eval(&self, batch: &RecordBatch) -> Result<Operand, ArrowError> {

@@ -194,6 +194,11 @@ impl Actor for Executor {
     }
 
     async fn post_start(&self, myself: ActorRef<ExecutorMsg>, state: &mut ExecState) -> Result<(), ActorProcessingErr> {
+        if let Err(e) = state.check_resources() {
+            state.end(Err(e));
+            myself.stop(None);
+            return Ok(());
+        }
         state.check_limits();
         state.advance(&myself);
         Ok(())
@@ -226,6 +231,21 @@ impl ExecState {
         if stats.events.len() < MAX_EVENTS {
             stats.events.push(Event { stage, task, kind });
         }
+    }
+
+    /// A stage whose task needs more than the node has would never run:
+    /// fail at once, naming it, instead of waiting forever.
+    fn check_resources(&self) -> Result<(), Error> {
+        for stage in self.ctx.plan.stages.iter().filter(|s| s.runs_tasks()) {
+            let need = stage.options.resources;
+            if !need.fits_in(&self.free) {
+                return Err(Error::Invalid(format!(
+                    "operator `{}` needs {} CPU and {} GPU slots per task, but the node has {} CPU and {} GPU slots",
+                    stage.name, need.cpus, need.gpus, self.free.cpus, self.free.gpus
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn resources(&self, stage: usize) -> Resources {

@@ -51,7 +51,7 @@ impl LocalCluster {
             .map_err(|e| Error::Execution(format!("cannot start the runtime: {e}")))?;
         // Spawn from a plain thread so that starting works inside an async context too.
         let node = std::thread::scope(|s| {
-            s.spawn(|| runtime.block_on(Actor::spawn(Some(format!("node-{}", std::process::id())), NodeManager, ())))
+            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, ())))
                 .join()
         })
         .map_err(|_| Error::Execution("the node manager panicked at start".into()))?

@@ -28,7 +28,7 @@ pub use streambatch_plan::{
     Stateful, UdfError, Value, col, lit,
 };
 pub use streambatch_sched::LocalCluster;
-pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats};
+pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats, batch_bytes};
 
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {

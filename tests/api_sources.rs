@@ -1,0 +1,100 @@
+//! Each source against a direct computation on the same data.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use common::{ctx, people, sorted_i64, write_parquet_file};
+
+#[test]
+fn range_yields_each_integer_once() {
+    let batches = ctx().range(10_007, 13).collect().unwrap();
+    assert_eq!(sorted_i64(&batches, "id"), (0..10_007).collect::<Vec<_>>());
+}
+
+#[test]
+fn from_batches_returns_the_given_rows() {
+    let input = vec![people(0..5), people(5..9), people(9..20)];
+    let out = ctx().from_batches(input.clone()).collect().unwrap();
+    let mut names: Vec<String> = out.iter().flat_map(|b| b.column(1).as_string::<i32>().iter().map(|s| s.unwrap().to_string()).collect::<Vec<_>>()).collect();
+    names.sort();
+    let mut expected: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert_eq!(sorted_i64(&out, "id"), (0..20).collect::<Vec<_>>());
+}
+
+fn measurements(ids: std::ops::Range<i64>) -> RecordBatch {
+    let x: Vec<f64> = ids.clone().map(|i| i as f64 * 0.5).collect();
+    RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef),
+        ("x", Arc::new(Float64Array::from(x)) as ArrayRef),
+        ("tag", Arc::new(StringArray::from_iter_values(ids.map(|i| format!("t{}", i % 3))))),
+    ])
+    .unwrap()
+}
+
+#[test]
+fn read_parquet_reads_many_files_by_glob_and_directory_with_projection() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in 0..5 {
+        write_parquet_file(&dir.path().join(format!("m-{f}.parquet")), &measurements(f * 100..(f + 1) * 100));
+    }
+    let ctx = ctx();
+    let by_glob = ctx.read_parquet(&format!("{}/m-*.parquet", dir.path().display())).unwrap().collect().unwrap();
+    let by_dir = ctx.read_parquet(dir.path().to_str().unwrap()).unwrap().collect().unwrap();
+    for out in [&by_glob, &by_dir] {
+        assert_eq!(sorted_i64(out, "id"), (0..500).collect::<Vec<_>>());
+        let x_sum: f64 = out.iter().map(|b| b.column_by_name("x").unwrap().as_primitive::<Float64Type>().values().iter().sum::<f64>()).sum();
+        assert_eq!(x_sum, (0..500).map(|i| i as f64 * 0.5).sum::<f64>());
+    }
+    // Projection, in the order asked.
+    let ds = ctx.read_parquet_columns(dir.path().to_str().unwrap(), &["x", "id"]).unwrap();
+    let out = ds.collect().unwrap();
+    let names: Vec<_> = out[0].schema().fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["x", "id"]);
+    for b in &out {
+        let ids = b.column(1).as_primitive::<Int64Type>();
+        let xs = b.column(0).as_primitive::<Float64Type>();
+        for (i, x) in ids.values().iter().zip(xs.values()) {
+            assert_eq!(*x, *i as f64 * 0.5);
+        }
+    }
+}
+
+#[test]
+fn read_csv_reads_values_and_infers_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    for f in 0..3 {
+        let mut text = String::from("id,score,label\n");
+        for i in f * 10..(f + 1) * 10 {
+            text.push_str(&format!("{i},{}.25,l{}\n", i * 2, i % 4));
+            expected.push((i, i as f64 * 2.0 + 0.25, format!("l{}", i % 4)));
+        }
+        std::fs::write(dir.path().join(format!("part{f}.csv")), text).unwrap();
+    }
+    let rows = ctx().read_csv(dir.path().to_str().unwrap()).unwrap().iter_rows().unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+    let mut got: Vec<(i64, f64, String)> = rows.iter().map(|r| (r.int("id").unwrap(), r.float("score").unwrap(), r.str("label").unwrap().to_string())).collect();
+    got.sort_by_key(|r| r.0);
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn read_binary_files_gives_path_and_bytes_per_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut expected = Vec::new();
+    for f in 0..20u8 {
+        let path = dir.path().join(format!("blob-{f:02}.bin"));
+        let bytes: Vec<u8> = (0..f as usize * 7).map(|i| (i as u8).wrapping_mul(f)).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        expected.push((path.display().to_string(), bytes));
+    }
+    let rows = ctx().read_binary_files(dir.path().to_str().unwrap()).unwrap().iter_rows().unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+    let mut got: Vec<(String, Vec<u8>)> = rows.iter().map(|r| (r.str("path").unwrap().to_string(), r.bytes("bytes").unwrap().to_vec())).collect();
+    got.sort();
+    assert_eq!(got, expected);
+}

@@ -1,0 +1,55 @@
+//! Node settings from TOML and `STREAMBATCH_*` variables; bad values name the
+//! key and the file.
+
+use std::io::Write;
+
+use streambatch::{Context, NodeConfig};
+
+fn toml_file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+// One test: it sets environment variables, which the other checks must not see.
+#[test]
+fn node_config_from_toml_and_environment() {
+    // The shipped file loads, and a file sets every key.
+    let shipped = NodeConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/local.toml")))).unwrap();
+    assert_eq!(shipped.gpus, 0.0);
+    assert_eq!(shipped.target_partition_bytes, 64 << 20);
+    let f = toml_file("cpus = 3\ngpus = 1\nstore_capacity = \"300MiB\"\ntarget_partition_bytes = 1048576\nspill_dir = \"/tmp/sb\"\nmax_task_retries = 5\n");
+    let c = NodeConfig::load(Some(f.path())).unwrap();
+    assert_eq!((c.cpus, c.gpus, c.store_capacity, c.target_partition_bytes), (3.0, 1.0, 300 << 20, 1 << 20));
+    assert_eq!((c.spill_dir.to_str().unwrap(), c.max_task_retries), ("/tmp/sb", 5));
+
+    // A bad value names the key and the file.
+    let f = toml_file("store_capacity = \"lots\"\n");
+    let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
+    assert!(err.contains("store_capacity") && err.contains(f.path().file_name().unwrap().to_str().unwrap()), "{err}");
+    let f = toml_file("cpus = -2\n");
+    let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
+    assert!(err.contains("`cpus`"), "{err}");
+    let f = toml_file("cpu = 2\n");
+    let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
+    assert!(err.contains("unknown key `cpu`") && err.contains(f.path().file_name().unwrap().to_str().unwrap()), "{err}");
+    let err = Context::from_config_file("/nonexistent/node.toml").err().unwrap().to_string();
+    assert!(err.contains("/nonexistent/node.toml"), "{err}");
+
+    // Environment variables override the file.
+    let f = toml_file("cpus = 3\n");
+    // SAFETY: no other test in this binary reads or writes the environment.
+    unsafe { std::env::set_var("STREAMBATCH_CPUS", "6") };
+    let c = NodeConfig::load(Some(f.path())).unwrap();
+    assert_eq!(c.cpus, 6.0);
+    unsafe { std::env::set_var("STREAMBATCH_GPUS", "many") };
+    let err = NodeConfig::load(None).unwrap_err().to_string();
+    assert!(err.contains("gpus"), "{err}");
+    unsafe {
+        std::env::remove_var("STREAMBATCH_CPUS");
+        std::env::remove_var("STREAMBATCH_GPUS");
+    }
+    // With no file, Context::local() uses the defaults.
+    let ctx = Context::local().unwrap();
+    assert_eq!(ctx.config(), &NodeConfig::default());
+}
