@@ -19,7 +19,16 @@ fn range_yields_each_integer_once() {
 fn from_batches_returns_the_given_rows() {
     let input = vec![people(0..5), people(5..9), people(9..20)];
     let out = ctx().from_batches(input.clone()).collect().unwrap();
-    let mut names: Vec<String> = out.iter().flat_map(|b| b.column(1).as_string::<i32>().iter().map(|s| s.unwrap().to_string()).collect::<Vec<_>>()).collect();
+    let mut names: Vec<String> = out
+        .iter()
+        .flat_map(|b| {
+            b.column(1)
+                .as_string::<i32>()
+                .iter()
+                .map(|s| s.unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
     names.sort();
     let mut expected: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
     expected.sort();
@@ -30,9 +39,17 @@ fn from_batches_returns_the_given_rows() {
 fn measurements(ids: std::ops::Range<i64>) -> RecordBatch {
     let x: Vec<f64> = ids.clone().map(|i| i as f64 * 0.5).collect();
     RecordBatch::try_from_iter([
-        ("id", Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef),
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef,
+        ),
         ("x", Arc::new(Float64Array::from(x)) as ArrayRef),
-        ("tag", Arc::new(StringArray::from_iter_values(ids.map(|i| format!("t{}", i % 3))))),
+        (
+            "tag",
+            Arc::new(StringArray::from_iter_values(
+                ids.map(|i| format!("t{}", i % 3)),
+            )),
+        ),
     ])
     .unwrap()
 }
@@ -41,20 +58,48 @@ fn measurements(ids: std::ops::Range<i64>) -> RecordBatch {
 fn read_parquet_reads_many_files_by_glob_and_directory_with_projection() {
     let dir = tempfile::tempdir().unwrap();
     for f in 0..5 {
-        write_parquet_file(&dir.path().join(format!("m-{f}.parquet")), &measurements(f * 100..(f + 1) * 100));
+        write_parquet_file(
+            &dir.path().join(format!("m-{f}.parquet")),
+            &measurements(f * 100..(f + 1) * 100),
+        );
     }
     let ctx = ctx();
-    let by_glob = ctx.read_parquet(&format!("{}/m-*.parquet", dir.path().display())).unwrap().collect().unwrap();
-    let by_dir = ctx.read_parquet(dir.path().to_str().unwrap()).unwrap().collect().unwrap();
+    let by_glob = ctx
+        .read_parquet(&format!("{}/m-*.parquet", dir.path().display()))
+        .unwrap()
+        .collect()
+        .unwrap();
+    let by_dir = ctx
+        .read_parquet(dir.path().to_str().unwrap())
+        .unwrap()
+        .collect()
+        .unwrap();
     for out in [&by_glob, &by_dir] {
         assert_eq!(sorted_i64(out, "id"), (0..500).collect::<Vec<_>>());
-        let x_sum: f64 = out.iter().map(|b| b.column_by_name("x").unwrap().as_primitive::<Float64Type>().values().iter().sum::<f64>()).sum();
+        let x_sum: f64 = out
+            .iter()
+            .map(|b| {
+                b.column_by_name("x")
+                    .unwrap()
+                    .as_primitive::<Float64Type>()
+                    .values()
+                    .iter()
+                    .sum::<f64>()
+            })
+            .sum();
         assert_eq!(x_sum, (0..500).map(|i| i as f64 * 0.5).sum::<f64>());
     }
     // Projection, in the order asked.
-    let ds = ctx.read_parquet_columns(dir.path().to_str().unwrap(), &["x", "id"]).unwrap();
+    let ds = ctx
+        .read_parquet_columns(dir.path().to_str().unwrap(), &["x", "id"])
+        .unwrap();
     let out = ds.collect().unwrap();
-    let names: Vec<_> = out[0].schema().fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<_> = out[0]
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     assert_eq!(names, ["x", "id"]);
     for b in &out {
         let ids = b.column(1).as_primitive::<Int64Type>();
@@ -77,8 +122,23 @@ fn read_csv_reads_values_and_infers_types() {
         }
         std::fs::write(dir.path().join(format!("part{f}.csv")), text).unwrap();
     }
-    let rows = ctx().read_csv(dir.path().to_str().unwrap()).unwrap().iter_rows().unwrap().collect::<Result<Vec<_>, _>>().unwrap();
-    let mut got: Vec<(i64, f64, String)> = rows.iter().map(|r| (r.int("id").unwrap(), r.float("score").unwrap(), r.str("label").unwrap().to_string())).collect();
+    let rows = ctx()
+        .read_csv(dir.path().to_str().unwrap())
+        .unwrap()
+        .iter_rows()
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let mut got: Vec<(i64, f64, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.int("id").unwrap(),
+                r.float("score").unwrap(),
+                r.str("label").unwrap().to_string(),
+            )
+        })
+        .collect();
     got.sort_by_key(|r| r.0);
     assert_eq!(got, expected);
 }
@@ -89,12 +149,28 @@ fn read_binary_files_gives_path_and_bytes_per_file() {
     let mut expected = Vec::new();
     for f in 0..20u8 {
         let path = dir.path().join(format!("blob-{f:02}.bin"));
-        let bytes: Vec<u8> = (0..f as usize * 7).map(|i| (i as u8).wrapping_mul(f)).collect();
+        let bytes: Vec<u8> = (0..f as usize * 7)
+            .map(|i| (i as u8).wrapping_mul(f))
+            .collect();
         std::fs::write(&path, &bytes).unwrap();
         expected.push((path.display().to_string(), bytes));
     }
-    let rows = ctx().read_binary_files(dir.path().to_str().unwrap()).unwrap().iter_rows().unwrap().collect::<Result<Vec<_>, _>>().unwrap();
-    let mut got: Vec<(String, Vec<u8>)> = rows.iter().map(|r| (r.str("path").unwrap().to_string(), r.bytes("bytes").unwrap().to_vec())).collect();
+    let rows = ctx()
+        .read_binary_files(dir.path().to_str().unwrap())
+        .unwrap()
+        .iter_rows()
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let mut got: Vec<(String, Vec<u8>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.str("path").unwrap().to_string(),
+                r.bytes("bytes").unwrap().to_vec(),
+            )
+        })
+        .collect();
     got.sort();
     assert_eq!(got, expected);
 }

@@ -14,12 +14,21 @@ use streambatch::prelude::*;
 fn map_applies_a_row_function() {
     let rows = ctx()
         .range(1000, 7)
-        .map(|r: Row| Ok::<_, UdfError>(Row::new().with("id", r.int("id").unwrap()).with("sq", r.int("id").unwrap() * r.int("id").unwrap())))
+        .map(|r: Row| {
+            Ok::<_, UdfError>(
+                Row::new()
+                    .with("id", r.int("id").unwrap())
+                    .with("sq", r.int("id").unwrap() * r.int("id").unwrap()),
+            )
+        })
         .iter_rows()
         .unwrap()
         .collect::<Result<Vec<_>>>()
         .unwrap();
-    let mut got: Vec<(i64, i64)> = rows.iter().map(|r| (r.int("id").unwrap(), r.int("sq").unwrap())).collect();
+    let mut got: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| (r.int("id").unwrap(), r.int("sq").unwrap()))
+        .collect();
     got.sort();
     assert_eq!(got, (0..1000).map(|i| (i, i * i)).collect::<Vec<_>>());
 }
@@ -34,14 +43,22 @@ fn map_batches_closure_and_batch_rows() {
             move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
                 sizes.lock().unwrap().push(b.num_rows());
                 let ids = b.column(0).as_primitive::<Int64Type>();
-                let tripled: ArrayRef = Arc::new(Int64Array::from_iter_values(ids.values().iter().map(|v| v * 3)));
-                Ok(RecordBatch::try_from_iter([("id", b.column(0).clone()), ("t", tripled)])?)
+                let tripled: ArrayRef = Arc::new(Int64Array::from_iter_values(
+                    ids.values().iter().map(|v| v * 3),
+                ));
+                Ok(RecordBatch::try_from_iter([
+                    ("id", b.column(0).clone()),
+                    ("t", tripled),
+                ])?)
             },
             Resources::cpu(1.0).batch_rows(64),
         )
         .collect()
         .unwrap();
-    assert_eq!(sorted_i64(&out, "t"), (0..1000).map(|i| i * 3).collect::<Vec<_>>());
+    assert_eq!(
+        sorted_i64(&out, "t"),
+        (0..1000).map(|i| i * 3).collect::<Vec<_>>()
+    );
     // 4 partitions of 250 rows: 3 full batches of 64 and one of 58 each.
     let mut sizes = seen.lock().unwrap().clone();
     sizes.sort();
@@ -55,7 +72,9 @@ struct Offset {
 impl BatchFn for Offset {
     fn call(&mut self, b: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
         let ids = b.column(0).as_primitive::<Int64Type>();
-        let shifted: ArrayRef = Arc::new(Int64Array::from_iter_values(ids.values().iter().map(|v| v + self.by)));
+        let shifted: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            ids.values().iter().map(|v| v + self.by),
+        ));
         Ok(RecordBatch::try_from_iter([("shifted", shifted)])?)
     }
 }
@@ -63,8 +82,15 @@ impl BatchFn for Offset {
 #[test]
 fn map_batches_stateful_operator() {
     let op = Stateful::new("offset", || Ok::<_, UdfError>(Offset { by: 1_000_000 }));
-    let out = ctx().range(500, 5).map_batches(op, Resources::cpu(1.0).pool(1, 2)).collect().unwrap();
-    assert_eq!(sorted_i64(&out, "shifted"), (1_000_000..1_000_500).collect::<Vec<_>>());
+    let out = ctx()
+        .range(500, 5)
+        .map_batches(op, Resources::cpu(1.0).pool(1, 2))
+        .collect()
+        .unwrap();
+    assert_eq!(
+        sorted_i64(&out, "shifted"),
+        (1_000_000..1_000_500).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -73,25 +99,42 @@ fn flat_map_expands_rows() {
         .range(100, 3)
         .flat_map(|r: Row| {
             let id = r.int("id").unwrap();
-            Ok::<_, UdfError>((0..id % 4).map(|k| Row::new().with("id", id).with("k", k)).collect())
+            Ok::<_, UdfError>(
+                (0..id % 4)
+                    .map(|k| Row::new().with("id", id).with("k", k))
+                    .collect(),
+            )
         })
         .iter_rows()
         .unwrap()
         .collect::<Result<Vec<_>>>()
         .unwrap();
-    let mut got: Vec<(i64, i64)> = rows.iter().map(|r| (r.int("id").unwrap(), r.int("k").unwrap())).collect();
+    let mut got: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| (r.int("id").unwrap(), r.int("k").unwrap()))
+        .collect();
     got.sort();
-    let expected: Vec<(i64, i64)> = (0..100).flat_map(|i| (0..i % 4).map(move |k| (i, k))).collect();
+    let expected: Vec<(i64, i64)> = (0..100)
+        .flat_map(|i| (0..i % 4).map(move |k| (i, k)))
+        .collect();
     assert_eq!(got, expected);
 }
 
 #[test]
 fn filter_by_expression_and_by_closure() {
     let ctx = ctx();
-    let by_expr = ctx.range(1000, 8).filter(col("id").rem(lit(7)).eq(lit(3)).and(col("id").gt(lit(100)))).collect().unwrap();
+    let by_expr = ctx
+        .range(1000, 8)
+        .filter((col("id") % lit(7)).eq(lit(3)).and(col("id").gt(lit(100))))
+        .collect()
+        .unwrap();
     let expected: Vec<i64> = (0..1000).filter(|i| i % 7 == 3 && *i > 100).collect();
     assert_eq!(sorted_i64(&by_expr, "id"), expected);
-    let by_closure = ctx.range(1000, 8).filter(|r: &Row| r.int("id").unwrap() % 7 == 3 && r.int("id").unwrap() > 100).collect().unwrap();
+    let by_closure = ctx
+        .range(1000, 8)
+        .filter(|r: &Row| r.int("id").unwrap() % 7 == 3 && r.int("id").unwrap() > 100)
+        .collect()
+        .unwrap();
     assert_eq!(sorted_i64(&by_closure, "id"), expected);
     // A closure filter keeps the column types.
     assert_eq!(by_closure[0].schema(), by_expr[0].schema());
@@ -101,9 +144,9 @@ fn filter_by_expression_and_by_closure() {
 fn select_and_with_column_compute_expressions() {
     let out = ctx()
         .range(300, 3)
-        .with_column("half", col("id").div(lit(2.0)))
+        .with_column("half", col("id") / lit(2.0))
         .with_column("big", col("id").gt_eq(lit(150)))
-        .select([col("id"), col("half"), col("big"), col("id").mul(lit(10))])
+        .select([col("id"), col("half"), col("big"), (col("id") * lit(10))])
         .collect()
         .unwrap();
     let schema = out[0].schema();
@@ -153,5 +196,8 @@ fn consecutive_operators_with_equal_resources_fuse() {
         .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::gpu(1.0))
         .named("gpu_op")
         .with_column("x", col("id"));
-    assert_eq!(ds.explain().unwrap(), vec!["range->filter", "gpu_op", "with_column"]);
+    assert_eq!(
+        ds.explain().unwrap(),
+        vec!["range->filter", "gpu_op", "with_column"]
+    );
 }

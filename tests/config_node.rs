@@ -15,25 +15,48 @@ fn toml_file(text: &str) -> tempfile::NamedTempFile {
 #[test]
 fn node_config_from_toml_and_environment() {
     // The shipped file loads, and a file sets every key.
-    let shipped = NodeConfig::load(Some(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../configs/local.toml")))).unwrap();
+    let shipped = NodeConfig::load(Some(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../configs/local.toml"
+    ))))
+    .unwrap();
     assert_eq!(shipped.gpus, 0.0);
     assert_eq!(shipped.target_partition_bytes, 64 << 20);
-    let f = toml_file("cpus = 3\ngpus = 1\nstore_capacity = \"300MiB\"\ntarget_partition_bytes = 1048576\nspill_dir = \"/tmp/sb\"\nmax_task_retries = 5\n");
+    let f = toml_file(
+        "cpus = 3\ngpus = 1\nstore_capacity = \"300MiB\"\ntarget_partition_bytes = 1048576\nspill_dir = \"/tmp/sb\"\nmax_task_retries = 5\n",
+    );
     let c = NodeConfig::load(Some(f.path())).unwrap();
-    assert_eq!((c.cpus, c.gpus, c.store_capacity, c.target_partition_bytes), (3.0, 1.0, 300 << 20, 1 << 20));
-    assert_eq!((c.spill_dir.to_str().unwrap(), c.max_task_retries), ("/tmp/sb", 5));
+    assert_eq!(
+        (c.cpus, c.gpus, c.store_capacity, c.target_partition_bytes),
+        (3.0, 1.0, 300 << 20, 1 << 20)
+    );
+    assert_eq!(
+        (c.spill_dir.to_str().unwrap(), c.max_task_retries),
+        ("/tmp/sb", 5)
+    );
 
     // A bad value names the key and the file.
     let f = toml_file("store_capacity = \"lots\"\n");
     let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
-    assert!(err.contains("store_capacity") && err.contains(f.path().file_name().unwrap().to_str().unwrap()), "{err}");
+    assert!(
+        err.contains("store_capacity")
+            && err.contains(f.path().file_name().unwrap().to_str().unwrap()),
+        "{err}"
+    );
     let f = toml_file("cpus = -2\n");
     let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
     assert!(err.contains("`cpus`"), "{err}");
     let f = toml_file("cpu = 2\n");
     let err = NodeConfig::load(Some(f.path())).unwrap_err().to_string();
-    assert!(err.contains("unknown key `cpu`") && err.contains(f.path().file_name().unwrap().to_str().unwrap()), "{err}");
-    let err = Context::from_config_file("/nonexistent/node.toml").err().unwrap().to_string();
+    assert!(
+        err.contains("unknown key `cpu`")
+            && err.contains(f.path().file_name().unwrap().to_str().unwrap()),
+        "{err}"
+    );
+    let err = Context::from_config_file("/nonexistent/node.toml")
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("/nonexistent/node.toml"), "{err}");
 
     // Environment variables override the file.

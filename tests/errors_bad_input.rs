@@ -4,14 +4,21 @@
 mod common;
 
 use common::{ctx, people, visible_files, write_parquet_file};
-use streambatch::prelude::*;
 use streambatch::Error;
+use streambatch::prelude::*;
 
 #[test]
 fn a_missing_path_names_the_path() {
-    let err = ctx().read_parquet("/nonexistent/streambatch/*.parquet").err().unwrap();
+    let err = ctx()
+        .read_parquet("/nonexistent/streambatch/*.parquet")
+        .err()
+        .unwrap();
     assert!(matches!(err, Error::NoFiles { .. }));
-    assert!(err.to_string().contains("/nonexistent/streambatch/*.parquet"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("/nonexistent/streambatch/*.parquet"),
+        "{err}"
+    );
     let err = ctx().read_csv("/nonexistent/data.csv").err().unwrap();
     assert!(err.to_string().contains("/nonexistent/data.csv"), "{err}");
 }
@@ -20,8 +27,15 @@ fn a_missing_path_names_the_path() {
 fn a_corrupt_parquet_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
     write_parquet_file(&dir.path().join("a.parquet"), &people(0..10));
-    std::fs::write(dir.path().join("b.parquet"), b"PAR1 this is not parquet at all").unwrap();
-    let err = ctx().read_parquet(dir.path().to_str().unwrap()).err().unwrap();
+    std::fs::write(
+        dir.path().join("b.parquet"),
+        b"PAR1 this is not parquet at all",
+    )
+    .unwrap();
+    let err = ctx()
+        .read_parquet(dir.path().to_str().unwrap())
+        .err()
+        .unwrap();
     assert!(matches!(err, Error::BadFile { .. }), "{err:?}");
     assert!(err.to_string().contains("b.parquet"), "{err}");
 }
@@ -30,11 +44,21 @@ fn a_corrupt_parquet_file_is_named() {
 fn files_whose_schemas_disagree_are_named() {
     let dir = tempfile::tempdir().unwrap();
     write_parquet_file(&dir.path().join("a.parquet"), &people(0..10));
-    let other = RecordBatch::try_from_iter([("id", std::sync::Arc::new(arrow_array::Float64Array::from(vec![1.0])) as _)]).unwrap();
+    let other = RecordBatch::try_from_iter([(
+        "id",
+        std::sync::Arc::new(arrow_array::Float64Array::from(vec![1.0])) as _,
+    )])
+    .unwrap();
     write_parquet_file(&dir.path().join("b.parquet"), &other);
-    let err = ctx().read_parquet(dir.path().to_str().unwrap()).err().unwrap();
+    let err = ctx()
+        .read_parquet(dir.path().to_str().unwrap())
+        .err()
+        .unwrap();
     assert!(matches!(err, Error::SchemaMismatch { .. }), "{err:?}");
-    assert!(err.to_string().contains("b.parquet") && err.to_string().contains("a.parquet"), "{err}");
+    assert!(
+        err.to_string().contains("b.parquet") && err.to_string().contains("a.parquet"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -45,8 +69,17 @@ fn a_udf_error_names_the_operator_and_leaves_no_file() {
         .range(1000, 10)
         .map_batches(
             |b: RecordBatch| {
-                let first = b.column(0).as_any().downcast_ref::<arrow_array::Int64Array>().unwrap().value(0);
-                if first >= 500 { Err(format!("cannot handle id {first}")) } else { Ok(b) }
+                let first = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>()
+                    .unwrap()
+                    .value(0);
+                if first >= 500 {
+                    Err(format!("cannot handle id {first}"))
+                } else {
+                    Ok(b)
+                }
             },
             Resources::cpu(1.0),
         )
@@ -54,8 +87,15 @@ fn a_udf_error_names_the_operator_and_leaves_no_file() {
         .write_parquet(&out)
         .unwrap_err();
     assert!(matches!(err, Error::Udf { .. }), "{err:?}");
-    assert!(err.to_string().contains("picky") && err.to_string().contains("cannot handle id"), "{err}");
-    assert_eq!(visible_files(&out), Vec::<String>::new(), "the output holds no file");
+    assert!(
+        err.to_string().contains("picky") && err.to_string().contains("cannot handle id"),
+        "{err}"
+    );
+    assert_eq!(
+        visible_files(&out),
+        Vec::<String>::new(),
+        "the output holds no file"
+    );
 }
 
 #[test]
@@ -66,7 +106,13 @@ fn a_panicking_udf_names_the_operator_and_leaves_no_file() {
         .range(1000, 10)
         .map_batches(
             |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
-                if b.column(0).as_any().downcast_ref::<arrow_array::Int64Array>().unwrap().value(0) == 700 {
+                if b.column(0)
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>()
+                    .unwrap()
+                    .value(0)
+                    == 700
+                {
                     panic!("bad row")
                 }
                 Ok(b)
@@ -77,12 +123,26 @@ fn a_panicking_udf_names_the_operator_and_leaves_no_file() {
         .write_parquet(&out)
         .unwrap_err();
     assert!(matches!(err, Error::Panicked { .. }), "{err:?}");
-    assert!(err.to_string().contains("fragile") && err.to_string().contains("bad row"), "{err}");
-    assert_eq!(visible_files(&out), Vec::<String>::new(), "the output holds no file");
+    assert!(
+        err.to_string().contains("fragile") && err.to_string().contains("bad row"),
+        "{err}"
+    );
+    assert_eq!(
+        visible_files(&out),
+        Vec::<String>::new(),
+        "the output holds no file"
+    );
 }
 
 #[test]
 fn a_missing_column_in_an_expression_names_the_operator_and_column() {
-    let err = ctx().range(10, 1).filter(col("nope").gt(lit(1))).count().unwrap_err();
-    assert!(err.to_string().contains("filter") && err.to_string().contains("nope"), "{err}");
+    let err = ctx()
+        .range(10, 1)
+        .filter(col("nope").gt(lit(1)))
+        .count()
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("filter") && err.to_string().contains("nope"),
+        "{err}"
+    );
 }

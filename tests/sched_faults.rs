@@ -11,16 +11,24 @@ use arrow_array::types::Int64Type;
 use common::{ctx, sorted_i64};
 use streambatch::prelude::*;
 
-fn doubled(ctx: &Context, panic_once: Option<Arc<AtomicBool>>) -> (Vec<i64>, streambatch::JobStats) {
+fn doubled(
+    ctx: &Context,
+    panic_once: Option<Arc<AtomicBool>>,
+) -> (Vec<i64>, streambatch::JobStats) {
     let ds = ctx
         .range(1000, 20)
         .map_batches(
             move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
                 let ids = b.column(0).as_primitive::<Int64Type>();
-                if ids.values().contains(&500) && panic_once.as_ref().is_some_and(|f| !f.swap(true, Ordering::SeqCst)) {
+                if ids.values().contains(&500)
+                    && panic_once
+                        .as_ref()
+                        .is_some_and(|f| !f.swap(true, Ordering::SeqCst))
+                {
                     panic!("injected panic on the partition holding 500");
                 }
-                let doubled = arrow_array::Int64Array::from_iter_values(ids.values().iter().map(|v| v * 2));
+                let doubled =
+                    arrow_array::Int64Array::from_iter_values(ids.values().iter().map(|v| v * 2));
                 Ok(RecordBatch::try_from_iter([("d", Arc::new(doubled) as _)])?)
             },
             Resources::cpu(0.5),
@@ -59,6 +67,13 @@ fn a_task_that_always_panics_fails_the_job_naming_the_operator() {
         .count()
         .unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("always_panics") && text.contains("panicked"), "{text}");
-    assert_eq!(attempts.load(Ordering::SeqCst), 4, "one try and three retries");
+    assert!(
+        text.contains("always_panics") && text.contains("panicked"),
+        "{text}"
+    );
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        4,
+        "one try and three retries"
+    );
 }

@@ -26,7 +26,12 @@ impl Flag {
     }
     fn wait(&self, timeout: Duration) -> bool {
         let guard = self.0.0.lock().unwrap();
-        *self.0.1.wait_timeout_while(guard, timeout, |raised| !*raised).unwrap().0
+        *self
+            .0
+            .1
+            .wait_timeout_while(guard, timeout, |raised| !*raised)
+            .unwrap()
+            .0
     }
 }
 
@@ -43,9 +48,21 @@ fn expansion_is_split_into_partitions_and_streams_downstream_before_the_task_end
             if id == 99 {
                 // The last input row waits for the downstream stage: with no
                 // streaming, this would time out.
-                assert!(waiter.wait(Duration::from_secs(60)), "downstream never started while flat_map ran");
+                assert!(
+                    waiter.wait(Duration::from_secs(60)),
+                    "downstream never started while flat_map ran"
+                );
             }
-            Ok::<_, UdfError>((0..100).map(|k| Row::new().with("id", id).with("k", k).with("pad", vec![k as u8; 100])).collect())
+            Ok::<_, UdfError>(
+                (0..100)
+                    .map(|k| {
+                        Row::new()
+                            .with("id", id)
+                            .with("k", k)
+                            .with("pad", vec![k as u8; 100])
+                    })
+                    .collect(),
+            )
         })
         .map_batches(
             move |b: RecordBatch| {
@@ -60,24 +77,51 @@ fn expansion_is_split_into_partitions_and_streams_downstream_before_the_task_end
     let row_bytes = 8 + 8 + 100 + 4;
     assert!(out.len() >= 15, "only {} partitions", out.len());
     for b in &out {
-        assert!(batch_bytes(b) <= target + row_bytes, "a partition of {} bytes", batch_bytes(b));
+        assert!(
+            batch_bytes(b) <= target + row_bytes,
+            "a partition of {} bytes",
+            batch_bytes(b)
+        );
     }
     let mut pairs: Vec<(i64, i64)> = out
         .iter()
         .flat_map(|b| {
-            let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>().values().to_vec();
-            let ks = b.column_by_name("k").unwrap().as_primitive::<Int64Type>().values().to_vec();
+            let ids = b
+                .column_by_name("id")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec();
+            let ks = b
+                .column_by_name("k")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec();
             ids.into_iter().zip(ks)
         })
         .collect();
     pairs.sort();
-    assert_eq!(pairs, (0..100).flat_map(|i| (0..100).map(move |k| (i, k))).collect::<Vec<_>>());
+    assert_eq!(
+        pairs,
+        (0..100)
+            .flat_map(|i| (0..100).map(move |k| (i, k)))
+            .collect::<Vec<_>>()
+    );
 
     // From the recorded events: stage 1 got its first task before stage 0's only task ended.
     let stats = ds.stats().unwrap();
-    let first_downstream = stats.position(|e| e.stage == 1 && e.kind == EventKind::TaskStarted).unwrap();
-    let expander_done = stats.position(|e| e.stage == 0 && e.kind == EventKind::TaskFinished).unwrap();
-    assert!(first_downstream < expander_done, "events: {:?}", &stats.events[..stats.events.len().min(40)]);
+    let first_downstream = stats
+        .position(|e| e.stage == 1 && e.kind == EventKind::TaskStarted)
+        .unwrap();
+    let expander_done = stats
+        .position(|e| e.stage == 0 && e.kind == EventKind::TaskFinished)
+        .unwrap();
+    assert!(
+        first_downstream < expander_done,
+        "events: {:?}",
+        &stats.events[..stats.events.len().min(40)]
+    );
     assert_eq!(stats.operators[0].tasks, 1);
 }
 
@@ -102,9 +146,10 @@ fn expand_and_reduce(ctx: &Context) -> (Vec<(i64, i64, i64)>, streambatch::JobSt
         .map_batches(
             |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
                 let data = b.column_by_name("data").unwrap().as_binary::<i32>();
-                let sums: ArrayRef = Arc::new(Int64Array::from_iter_values(
-                    data.iter().map(|d| d.unwrap().iter().map(|&x| x as i64).sum::<i64>() % 256),
-                ));
+                let sums: ArrayRef =
+                    Arc::new(Int64Array::from_iter_values(data.iter().map(|d| {
+                        d.unwrap().iter().map(|&x| x as i64).sum::<i64>() % 256
+                    })));
                 Ok(RecordBatch::try_from_iter([
                     ("id", b.column_by_name("id").unwrap().clone()),
                     ("k", b.column_by_name("k").unwrap().clone()),
@@ -117,7 +162,13 @@ fn expand_and_reduce(ctx: &Context) -> (Vec<(i64, i64, i64)>, streambatch::JobSt
     let mut rows: Vec<(i64, i64, i64)> = out
         .iter()
         .flat_map(|b| {
-            let col = |n: &str| b.column_by_name(n).unwrap().as_primitive::<Int64Type>().values().to_vec();
+            let col = |n: &str| {
+                b.column_by_name(n)
+                    .unwrap()
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .to_vec()
+            };
             let (i, k, s) = (col("id"), col("k"), col("sum"));
             (0..b.num_rows()).map(move |r| (i[r], k[r], s[r]))
         })
@@ -131,11 +182,29 @@ fn memory_pressure_stays_within_a_small_store_and_matches_an_uncapped_run() {
     let cap: u64 = 16 << 20;
     let capped = ctx_with(|c| c.store_capacity = cap);
     let (rows, stats) = expand_and_reduce(&capped);
-    assert!(stats.operators[0].bytes >= 200 << 20, "produced only {} bytes", stats.operators[0].bytes);
-    assert!(stats.peak_store_bytes <= cap, "job peak {} > cap {cap}", stats.peak_store_bytes);
-    assert!(capped.store_stats().peak_bytes <= cap, "store peak {} > cap {cap}", capped.store_stats().peak_bytes);
+    assert!(
+        stats.operators[0].bytes >= 200 << 20,
+        "produced only {} bytes",
+        stats.operators[0].bytes
+    );
+    assert!(
+        stats.peak_store_bytes <= cap,
+        "job peak {} > cap {cap}",
+        stats.peak_store_bytes
+    );
+    assert!(
+        capped.store_stats().peak_bytes <= cap,
+        "store peak {} > cap {cap}",
+        capped.store_stats().peak_bytes
+    );
     // The cap bit: tasks paused with their output until memory was returned.
-    assert!(stats.events.iter().any(|e| e.kind == EventKind::TaskSuspended), "no task ever waited for memory");
+    assert!(
+        stats
+            .events
+            .iter()
+            .any(|e| e.kind == EventKind::TaskSuspended),
+        "no task ever waited for memory"
+    );
 
     let uncapped = ctx_with(|c| c.store_capacity = 4 << 30);
     let (expected, _) = expand_and_reduce(&uncapped);
@@ -167,8 +236,15 @@ fn a_gpu_stage_never_runs_more_tasks_than_gpu_slots() {
         },
         Resources::gpu(1.0),
     );
-    assert_eq!(sorted_i64(&ds.collect().unwrap(), "id"), (0..40).collect::<Vec<_>>());
-    assert!(most.load(Ordering::SeqCst) <= 2, "{} GPU tasks at once", most.load(Ordering::SeqCst));
+    assert_eq!(
+        sorted_i64(&ds.collect().unwrap(), "id"),
+        (0..40).collect::<Vec<_>>()
+    );
+    assert!(
+        most.load(Ordering::SeqCst) <= 2,
+        "{} GPU tasks at once",
+        most.load(Ordering::SeqCst)
+    );
     let stats = ds.stats().unwrap();
     assert!(stats.peak_running[1] <= 2 && stats.peak_running[1] >= 1);
 }
@@ -182,7 +258,10 @@ fn a_gpu_stage_on_a_node_without_gpus_fails_naming_the_operator() {
         .named("embed_on_gpu")
         .count()
         .unwrap_err();
-    assert!(err.to_string().contains("embed_on_gpu") && err.to_string().contains("GPU"), "{err}");
+    assert!(
+        err.to_string().contains("embed_on_gpu") && err.to_string().contains("GPU"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -191,7 +270,11 @@ fn limit_stops_the_source_early() {
     let ds = ctx.range(100_000, 1000).limit(10);
     assert_eq!(ds.count().unwrap(), 10);
     let stats = ds.stats().unwrap();
-    let started = stats.events.iter().filter(|e| e.stage == 0 && e.kind == EventKind::TaskStarted).count();
+    let started = stats
+        .events
+        .iter()
+        .filter(|e| e.stage == 0 && e.kind == EventKind::TaskStarted)
+        .count();
     assert!(started < 100, "{started} source tasks started for 10 rows");
 }
 
@@ -203,7 +286,10 @@ fn stateful_setup_runs_once_per_worker() {
     }
     impl BatchFn for Tagger {
         fn call(&mut self, b: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
-            self.calls.lock().unwrap().push((self.setup_thread, std::thread::current().id()));
+            self.calls
+                .lock()
+                .unwrap()
+                .push((self.setup_thread, std::thread::current().id()));
             std::thread::sleep(Duration::from_millis(5));
             Ok(b)
         }
@@ -213,18 +299,34 @@ fn stateful_setup_runs_once_per_worker() {
     let (s, c) = (setups.clone(), calls.clone());
     let op = Stateful::new("tagger", move || {
         s.lock().unwrap().push(std::thread::current().id());
-        Ok::<_, UdfError>(Tagger { setup_thread: std::thread::current().id(), calls: c.clone() })
+        Ok::<_, UdfError>(Tagger {
+            setup_thread: std::thread::current().id(),
+            calls: c.clone(),
+        })
     });
     let ctx = ctx_with(|c| c.cpus = 4.0);
-    let ds = ctx.range(2000, 50).map_batches(op, Resources::cpu(0.5).pool(1, 3));
-    assert_eq!(sorted_i64(&ds.collect().unwrap(), "id"), (0..2000).collect::<Vec<_>>());
+    let ds = ctx
+        .range(2000, 50)
+        .map_batches(op, Resources::cpu(0.5).pool(1, 3));
+    assert_eq!(
+        sorted_i64(&ds.collect().unwrap(), "id"),
+        (0..2000).collect::<Vec<_>>()
+    );
 
     let setups = setups.lock().unwrap().clone();
     let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.len(), 50);
     let distinct: HashSet<_> = setups.iter().collect();
-    assert_eq!(distinct.len(), setups.len(), "a worker ran set-up twice: {setups:?}");
-    assert!((1..=3).contains(&setups.len()), "{} set-ups for a pool of at most 3", setups.len());
+    assert_eq!(
+        distinct.len(),
+        setups.len(),
+        "a worker ran set-up twice: {setups:?}"
+    );
+    assert!(
+        (1..=3).contains(&setups.len()),
+        "{} set-ups for a pool of at most 3",
+        setups.len()
+    );
     // Every call ran on the worker whose set-up made its instance.
     assert!(calls.iter().all(|(setup, call)| setup == call));
     let per_worker: HashMap<_, usize> = calls.iter().fold(HashMap::new(), |mut m, (w, _)| {

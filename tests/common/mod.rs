@@ -30,7 +30,13 @@ pub fn ctx_with(edit: impl FnOnce(&mut NodeConfig)) -> Context {
 pub fn sorted_i64(batches: &[RecordBatch], column: &str) -> Vec<i64> {
     let mut v: Vec<i64> = batches
         .iter()
-        .flat_map(|b| b.column_by_name(column).expect("column present").as_primitive::<Int64Type>().values().to_vec())
+        .flat_map(|b| {
+            b.column_by_name(column)
+                .expect("column present")
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        })
         .collect();
     v.sort_unstable();
     v
@@ -40,7 +46,10 @@ pub fn sorted_i64(batches: &[RecordBatch], column: &str) -> Vec<i64> {
 pub fn people(ids: std::ops::Range<i64>) -> RecordBatch {
     let names: Vec<String> = ids.clone().map(|i| format!("n{i}")).collect();
     RecordBatch::try_from_iter([
-        ("id", Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef),
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef,
+        ),
         ("name", Arc::new(StringArray::from(names)) as ArrayRef),
     ])
     .unwrap()
@@ -56,8 +65,13 @@ pub fn write_parquet_file(path: &std::path::Path, batch: &RecordBatch) {
 
 /// Part files in `dir` (anything not hidden).
 pub fn visible_files(dir: &std::path::Path) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     names
 }

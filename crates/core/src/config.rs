@@ -110,7 +110,10 @@ impl NodeConfig {
         let cfg = builder
             .add_source(Environment::with_prefix("STREAMBATCH").try_parsing(true))
             .build()
-            .map_err(|e| ConfigError::File { file: origin.clone().into(), message: e.to_string() })?;
+            .map_err(|e| ConfigError::File {
+                file: origin.clone().into(),
+                message: e.to_string(),
+            })?;
         Self::from_config(&cfg, &origin)
     }
 
@@ -119,16 +122,23 @@ impl NodeConfig {
         let cfg = Config::builder()
             .add_source(File::from_str(text, FileFormat::Toml))
             .build()
-            .map_err(|e| ConfigError::File { file: origin.into(), message: e.to_string() })?;
+            .map_err(|e| ConfigError::File {
+                file: origin.into(),
+                message: e.to_string(),
+            })?;
         Self::from_config(&cfg, origin)
     }
 
     fn from_config(cfg: &Config, origin: &str) -> Result<Self, ConfigError> {
         use config::Source;
-        let table = cfg
-            .collect()
-            .map_err(|e| ConfigError::File { file: origin.into(), message: e.to_string() })?;
-        if let Some((key, value)) = table.iter().find(|(k, _)| !KNOWN_KEYS.contains(&k.as_str())) {
+        let table = cfg.collect().map_err(|e| ConfigError::File {
+            file: origin.into(),
+            message: e.to_string(),
+        })?;
+        if let Some((key, value)) = table
+            .iter()
+            .find(|(k, _)| !KNOWN_KEYS.contains(&k.as_str()))
+        {
             return Err(ConfigError::UnknownKey {
                 key: key.clone(),
                 origin: value_origin(value, origin),
@@ -136,7 +146,10 @@ impl NodeConfig {
             });
         }
         let defaults = Self::default();
-        let reader = Reader { table: &table, origin };
+        let reader = Reader {
+            table: &table,
+            origin,
+        };
         let config = Self {
             cpus: reader.number("cpus", defaults.cpus)?,
             gpus: reader.number("gpus", defaults.gpus)?,
@@ -148,7 +161,11 @@ impl NodeConfig {
                 as u32,
         };
         if config.store_capacity == 0 || config.target_partition_bytes == 0 {
-            let key = if config.store_capacity == 0 { "store_capacity" } else { "target_partition_bytes" };
+            let key = if config.store_capacity == 0 {
+                "store_capacity"
+            } else {
+                "target_partition_bytes"
+            };
             return Err(reader.bad(key, "must be greater than zero".into()));
         }
         Ok(config)
@@ -162,12 +179,21 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn bad(&self, key: &str, message: String) -> ConfigError {
-        let origin = self.table.get(key).map_or(self.origin.to_string(), |v| value_origin(v, self.origin));
-        ConfigError::BadValue { key: key.into(), origin, message }
+        let origin = self
+            .table
+            .get(key)
+            .map_or(self.origin.to_string(), |v| value_origin(v, self.origin));
+        ConfigError::BadValue {
+            key: key.into(),
+            origin,
+            message,
+        }
     }
 
     fn number(&self, key: &str, default: f64) -> Result<f64, ConfigError> {
-        let Some(value) = self.table.get(key) else { return Ok(default) };
+        let Some(value) = self.table.get(key) else {
+            return Ok(default);
+        };
         let n = match &value.kind {
             ValueKind::I64(n) => *n as f64,
             ValueKind::U64(n) => *n as f64,
@@ -185,17 +211,24 @@ impl Reader<'_> {
     }
 
     fn size(&self, key: &str, default: u64) -> Result<u64, ConfigError> {
-        let Some(value) = self.table.get(key) else { return Ok(default) };
+        let Some(value) = self.table.get(key) else {
+            return Ok(default);
+        };
         match &value.kind {
             ValueKind::I64(n) if *n >= 0 => Ok(*n as u64),
             ValueKind::U64(n) => Ok(*n),
             ValueKind::String(s) => parse_size(s).map_err(|m| self.bad(key, m)),
-            other => Err(self.bad(key, format!("expected a size like \"300MiB\", found {other}"))),
+            other => Err(self.bad(
+                key,
+                format!("expected a size like \"300MiB\", found {other}"),
+            )),
         }
     }
 
     fn path(&self, key: &str, default: PathBuf) -> Result<PathBuf, ConfigError> {
-        let Some(value) = self.table.get(key) else { return Ok(default) };
+        let Some(value) = self.table.get(key) else {
+            return Ok(default);
+        };
         match &value.kind {
             ValueKind::String(s) if !s.is_empty() => Ok(PathBuf::from(s)),
             other => Err(self.bad(key, format!("expected a directory path, found {other}"))),
@@ -213,10 +246,12 @@ fn value_origin(value: &Value, fallback: &str) -> String {
 
 /// 30% of physical memory, as Ray sizes its object store; 2 GiB when unknown.
 fn default_store_capacity() -> u64 {
-    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
-        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    });
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        });
     total.map_or(2 << 30, |t| t / 10 * 3)
 }

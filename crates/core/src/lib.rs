@@ -14,4 +14,4 @@ pub use config::{ConfigError, NodeConfig};
 pub use ids::{NodeId, OperatorId, PartitionId, TaskId};
 pub use meta::PartitionMeta;
 pub use resources::{PoolSize, Resources, StageOptions};
-pub use size::{format_bytes, parse_size};
+pub use size::{batch_bytes, format_bytes, parse_size};

@@ -27,18 +27,29 @@ impl Default for Resources {
 impl Resources {
     /// A task holding `n` CPU slots and no GPU.
     pub fn cpu(n: f64) -> Self {
-        Self { cpus: n, gpus: 0.0, memory_bytes: 0 }
+        Self {
+            cpus: n,
+            gpus: 0.0,
+            memory_bytes: 0,
+        }
     }
 
     /// A task holding `n` GPU slots and no CPU slot (the GPU stage's host
     /// thread is not counted, as in Ray's `num_gpus` actors).
     pub fn gpu(n: f64) -> Self {
-        Self { cpus: 0.0, gpus: n, memory_bytes: 0 }
+        Self {
+            cpus: 0.0,
+            gpus: n,
+            memory_bytes: 0,
+        }
     }
 
     /// The same resources with a memory estimate per task.
     pub fn with_memory(self, bytes: u64) -> Self {
-        Self { memory_bytes: bytes, ..self }
+        Self {
+            memory_bytes: bytes,
+            ..self
+        }
     }
 
     /// Stage options with these resources and batches of `rows` rows.
@@ -98,13 +109,20 @@ impl StageOptions {
     /// A pool of `min..=max` workers.
     pub fn pool(mut self, min: usize, max: usize) -> Self {
         let max = max.max(1);
-        self.pool = Some(PoolSize { min: min.min(max), max });
+        self.pool = Some(PoolSize {
+            min: min.min(max),
+            max,
+        });
         self
     }
 }
 
 impl From<Resources> for StageOptions {
     fn from(resources: Resources) -> Self {
-        Self { resources, batch_rows: None, pool: None }
+        Self {
+            resources,
+            batch_rows: None,
+            pool: None,
+        }
     }
 }

@@ -43,16 +43,32 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    fn from_source(runner: Arc<dyn Runner>, name: &str, splits: Vec<SourceSplit>, schema: Option<SchemaRef>) -> Self {
-        let node = Node::Source { name: name.to_string(), splits, schema };
-        Self { runner, plan: Arc::new(PlanNode { input: None, node }), last_stats: Default::default() }
+    fn from_source(
+        runner: Arc<dyn Runner>,
+        name: &str,
+        splits: Vec<SourceSplit>,
+        schema: Option<SchemaRef>,
+    ) -> Self {
+        let node = Node::Source {
+            name: name.to_string(),
+            splits,
+            schema,
+        };
+        Self {
+            runner,
+            plan: Arc::new(PlanNode { input: None, node }),
+            last_stats: Default::default(),
+        }
     }
 
     /// Integers `0..n` in a column `id`, in `partitions` partitions.
     pub fn range(runner: Arc<dyn Runner>, n: u64, partitions: usize) -> Self {
         let partitions = partitions.max(1) as u64;
         let splits = (0..partitions)
-            .map(|i| SourceSplit::Range { start: (i * n / partitions) as i64, end: ((i + 1) * n / partitions) as i64 })
+            .map(|i| SourceSplit::Range {
+                start: (i * n / partitions) as i64,
+                end: ((i + 1) * n / partitions) as i64,
+            })
             .collect();
         let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
         Self::from_source(runner, "range", splits, Some(schema))
@@ -61,47 +77,92 @@ impl Dataset {
     /// The given batches, one partition each.
     pub fn from_batches(runner: Arc<dyn Runner>, batches: Vec<RecordBatch>) -> Self {
         let schema = batches.first().map(|b| b.schema());
-        Self::from_source(runner, "from_batches", batches.into_iter().map(SourceSplit::Batch).collect(), schema)
+        Self::from_source(
+            runner,
+            "from_batches",
+            batches.into_iter().map(SourceSplit::Batch).collect(),
+            schema,
+        )
     }
 
     /// Parquet files (a file, a directory or a glob), reading only `columns`
     /// when given. Every file's footer is read now: a missing path, a corrupt
     /// file or schemas that disagree are errors naming the file.
-    pub fn read_parquet(runner: Arc<dyn Runner>, path: &str, columns: Option<&[&str]>) -> Result<Self> {
+    pub fn read_parquet(
+        runner: Arc<dyn Runner>,
+        path: &str,
+        columns: Option<&[&str]>,
+    ) -> Result<Self> {
         let files = expand_paths(path)?;
-        let columns: Option<Vec<String>> = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
+        let columns: Option<Vec<String>> =
+            columns.map(|c| c.iter().map(|s| s.to_string()).collect());
         let schema = parquet_schema(&files, columns.as_deref())?;
         let columns = columns.map(Arc::new);
-        let splits = files.into_iter().map(|path| SourceSplit::Parquet { path, columns: columns.clone() }).collect();
-        Ok(Self::from_source(runner, "read_parquet", splits, Some(schema)))
+        let splits = files
+            .into_iter()
+            .map(|path| SourceSplit::Parquet {
+                path,
+                columns: columns.clone(),
+            })
+            .collect();
+        Ok(Self::from_source(
+            runner,
+            "read_parquet",
+            splits,
+            Some(schema),
+        ))
     }
 
     /// CSV files with a header row; the schema is inferred from the first file.
     pub fn read_csv(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
         let files = expand_paths(path)?;
         let schema = csv_schema(&files)?;
-        let splits = files.into_iter().map(|path| SourceSplit::Csv { path, schema: schema.clone() }).collect();
+        let splits = files
+            .into_iter()
+            .map(|path| SourceSplit::Csv {
+                path,
+                schema: schema.clone(),
+            })
+            .collect();
         Ok(Self::from_source(runner, "read_csv", splits, Some(schema)))
     }
 
     /// Files read whole: one row per file with its `path` and `bytes`.
     pub fn read_binary_files(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
         let files = expand_paths(path)?;
-        let per_split = files.len().div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4).max(1);
-        let splits = files.chunks(per_split).map(|c| SourceSplit::BinaryFiles(Arc::new(c.to_vec()))).collect();
-        Ok(Self::from_source(runner, "read_binary_files", splits, Some(binary_files_schema())))
+        let per_split = files
+            .len()
+            .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
+            .max(1);
+        let splits = files
+            .chunks(per_split)
+            .map(|c| SourceSplit::BinaryFiles(Arc::new(c.to_vec())))
+            .collect();
+        Ok(Self::from_source(
+            runner,
+            "read_binary_files",
+            splits,
+            Some(binary_files_schema()),
+        ))
     }
 
     fn then(&self, node: Node) -> Self {
         Self {
             runner: self.runner.clone(),
-            plan: Arc::new(PlanNode { input: Some(self.plan.clone()), node }),
+            plan: Arc::new(PlanNode {
+                input: Some(self.plan.clone()),
+                node,
+            }),
             last_stats: Default::default(),
         }
     }
 
     fn op(&self, name: &str, kind: OpKind, options: StageOptions) -> Self {
-        self.then(Node::Op(OpSpec { name: name.to_string(), kind, options }))
+        self.then(Node::Op(OpSpec {
+            name: name.to_string(),
+            kind,
+            options,
+        }))
     }
 
     /// Applies `f` to each row.
@@ -110,7 +171,11 @@ impl Dataset {
         F: Fn(Row) -> std::result::Result<Row, E> + Send + Sync + 'static,
         E: Into<UdfError>,
     {
-        self.op("map", OpKind::Map(Arc::new(move |r| f(r).map_err(Into::into))), StageOptions::default())
+        self.op(
+            "map",
+            OpKind::Map(Arc::new(move |r| f(r).map_err(Into::into))),
+            StageOptions::default(),
+        )
     }
 
     /// Applies `f` to each row, keeping all the rows it returns.
@@ -119,31 +184,51 @@ impl Dataset {
         F: Fn(Row) -> std::result::Result<Vec<Row>, E> + Send + Sync + 'static,
         E: Into<UdfError>,
     {
-        self.op("flat_map", OpKind::FlatMap(Arc::new(move |r| f(r).map_err(Into::into))), StageOptions::default())
+        self.op(
+            "flat_map",
+            OpKind::FlatMap(Arc::new(move |r| f(r).map_err(Into::into))),
+            StageOptions::default(),
+        )
     }
 
     /// Applies a batch function: a closure, or a [`crate::Stateful`]
     /// operator whose set-up runs once per worker.
     pub fn map_batches(&self, udf: impl BatchUdf, options: impl Into<StageOptions>) -> Self {
         let options = options.into();
-        let options = if udf.is_stateful() && options.pool.is_none() { options.pool(1, 1) } else { options };
+        let options = if udf.is_stateful() && options.pool.is_none() {
+            options.pool(1, 1)
+        } else {
+            options
+        };
         self.op(&udf.name(), OpKind::MapBatches(Arc::new(udf)), options)
     }
 
     /// Keeps the rows where `predicate` holds: an expression such as
     /// `col("x").gt(lit(5))`, or a closure over rows.
     pub fn filter(&self, predicate: impl Into<Predicate>) -> Self {
-        self.op("filter", OpKind::Filter(predicate.into()), StageOptions::default())
+        self.op(
+            "filter",
+            OpKind::Filter(predicate.into()),
+            StageOptions::default(),
+        )
     }
 
     /// Keeps only these columns (or expressions).
     pub fn select(&self, exprs: impl IntoIterator<Item = Expr>) -> Self {
-        self.op("select", OpKind::Select(exprs.into_iter().collect()), StageOptions::default())
+        self.op(
+            "select",
+            OpKind::Select(exprs.into_iter().collect()),
+            StageOptions::default(),
+        )
     }
 
     /// Adds (or replaces) column `name` with the value of `expr`.
     pub fn with_column(&self, name: &str, expr: Expr) -> Self {
-        self.op("with_column", OpKind::WithColumn(name.to_string(), expr), StageOptions::default())
+        self.op(
+            "with_column",
+            OpKind::WithColumn(name.to_string(), expr),
+            StageOptions::default(),
+        )
     }
 
     /// The first `n` rows. Upstream work stops once they are produced.
@@ -173,7 +258,10 @@ impl Dataset {
                 edit(&mut op);
                 Self {
                     runner: self.runner.clone(),
-                    plan: Arc::new(PlanNode { input: self.plan.input.clone(), node: Node::Op(op) }),
+                    plan: Arc::new(PlanNode {
+                        input: self.plan.input.clone(),
+                        node: Node::Op(op),
+                    }),
                     last_stats: Default::default(),
                 }
             }
@@ -184,7 +272,11 @@ impl Dataset {
     fn start(&self, plan: Arc<PlanNode>) -> Result<BatchStream> {
         let plan = ExecPlan::from_nodes(plan.chain())?;
         let job = self.runner.run(plan)?;
-        Ok(BatchStream { job, last_stats: self.last_stats.clone(), done: false })
+        Ok(BatchStream {
+            job,
+            last_stats: self.last_stats.clone(),
+            done: false,
+        })
     }
 
     /// Runs the plan and streams its output batches as they are produced.
@@ -195,10 +287,12 @@ impl Dataset {
     /// Runs the plan and streams its rows.
     pub fn iter_rows(&self) -> Result<impl Iterator<Item = Result<Row>>> {
         let batches = self.iter_batches()?;
-        Ok(batches.flat_map(|b| match b.and_then(|b| batch_to_rows(&b).map_err(Error::Invalid)) {
-            Ok(rows) => rows.into_iter().map(Ok).collect::<Vec<_>>(),
-            Err(e) => vec![Err(e)],
-        }))
+        Ok(batches.flat_map(
+            |b| match b.and_then(|b| batch_to_rows(&b).map_err(Error::Invalid)) {
+                Ok(rows) => rows.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
+            },
+        ))
     }
 
     /// The first `n` rows.
@@ -228,7 +322,9 @@ impl Dataset {
         }
         match self.limit(1).iter_batches()?.next() {
             Some(batch) => Ok(batch?.schema()),
-            None => Err(Error::Invalid("the schema is unknown: the dataset produced no rows".into())),
+            None => Err(Error::Invalid(
+                "the schema is unknown: the dataset produced no rows".into(),
+            )),
         }
     }
 
@@ -243,8 +339,13 @@ impl Dataset {
             kind: OpKind::WriteParquet(staging.clone()),
             options: StageOptions::default(),
         });
-        let plan = Arc::new(PlanNode { input: Some(self.plan.clone()), node });
-        let result = self.start(plan).and_then(|stream| stream.collect::<Result<Vec<_>>>());
+        let plan = Arc::new(PlanNode {
+            input: Some(self.plan.clone()),
+            node,
+        });
+        let result = self
+            .start(plan)
+            .and_then(|stream| stream.collect::<Result<Vec<_>>>());
         match result {
             Ok(_) => commit_staging(&staging, dir),
             Err(e) => {
@@ -264,12 +365,19 @@ impl Dataset {
 
     /// The stats of the last job this dataset ran (`None` before any).
     pub fn stats(&self) -> Option<JobStats> {
-        self.last_stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last_stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The physical plan: stage names in order.
     pub fn explain(&self) -> Result<Vec<String>> {
-        Ok(ExecPlan::from_nodes(self.plan.chain())?.stages.into_iter().map(|s| s.name).collect())
+        Ok(ExecPlan::from_nodes(self.plan.chain())?
+            .stages
+            .into_iter()
+            .map(|s| s.name)
+            .collect())
     }
 }
 
@@ -288,18 +396,28 @@ fn static_schema(plan: &Arc<PlanNode>) -> Result<Option<SchemaRef>> {
     };
     let probe = |kind: &OpKind| -> Result<Option<SchemaRef>> {
         let empty = RecordBatch::new_empty(input.clone());
-        let evaluate = |e: &Expr| e.evaluate(&empty).map_err(|e| Error::Invalid(e.to_string()));
+        let evaluate = |e: &Expr| {
+            e.evaluate(&empty)
+                .map_err(|e| Error::Invalid(e.to_string()))
+        };
         Ok(Some(match kind {
             OpKind::Filter(_) => input.clone(),
             OpKind::Select(exprs) => {
                 let fields = exprs
                     .iter()
-                    .map(|e| Ok(Field::new(e.output_name(), evaluate(e)?.data_type().clone(), true)))
+                    .map(|e| {
+                        Ok(Field::new(
+                            e.output_name(),
+                            evaluate(e)?.data_type().clone(),
+                            true,
+                        ))
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 Arc::new(Schema::new(fields))
             }
             OpKind::WithColumn(name, e) => {
-                let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+                let mut fields: Vec<Field> =
+                    input.fields().iter().map(|f| f.as_ref().clone()).collect();
                 let field = Field::new(name, evaluate(e)?.data_type().clone(), true);
                 match input.index_of(name) {
                     Ok(i) => fields[i] = field,
@@ -341,7 +459,12 @@ impl Iterator for BatchStream {
         let next = self.job.next();
         if !matches!(next, Some(Ok(_))) {
             self.done = true;
-            let stats = self.job.live_stats().lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let stats = self
+                .job
+                .live_stats()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
         }
         next

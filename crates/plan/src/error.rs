@@ -86,11 +86,18 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Wraps an Arrow error raised while running `operator`.
     pub fn arrow(operator: &str, source: ArrowError) -> Self {
-        Self::Arrow { operator: operator.to_string(), source }
+        Self::Arrow {
+            operator: operator.to_string(),
+            source,
+        }
     }
 
     /// An I/O error on `path`.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { action, path: path.into(), source }
+        Self::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{
-    Array, ArrayRef, BooleanArray, Datum, Float64Array, Int64Array, RecordBatch, Scalar, StringArray,
+    Array, ArrayRef, BooleanArray, Datum, Float64Array, Int64Array, RecordBatch, Scalar,
+    StringArray,
 };
 use arrow_schema::{ArrowError, DataType};
 
@@ -14,8 +15,8 @@ use arrow_schema::{ArrowError, DataType};
 ///
 /// ```
 /// use streambatch_plan::{col, lit};
-/// let e = col("score").gt(lit(0.5)).and(col("id").lt_eq(lit(10)));
-/// assert_eq!(e.to_string(), "((score > 0.5) AND (id <= 10))");
+/// let e = col("score").gt(lit(0.5)).and((col("id") % lit(7)).lt_eq(lit(3)));
+/// assert_eq!(e.to_string(), "((score > 0.5) AND ((id % 7) <= 3))");
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
@@ -110,7 +111,7 @@ macro_rules! binary_methods {
 
 impl Expr {
     binary_methods!(eq => Eq, not_eq => NotEq, lt => Lt, lt_eq => LtEq, gt => Gt, gt_eq => GtEq,
-        and => And, or => Or, add => Add, sub => Sub, mul => Mul, div => Div, rem => Rem);
+        and => And, or => Or);
 
     /// Logical negation.
     #[allow(clippy::should_implement_trait)]
@@ -147,7 +148,10 @@ impl Expr {
     pub fn evaluate_predicate(&self, batch: &RecordBatch) -> Result<BooleanArray, ArrowError> {
         let array = self.evaluate(batch)?;
         let mask = array.as_boolean_opt().ok_or_else(|| {
-            ArrowError::InvalidArgumentError(format!("filter `{self}` is of type {}, not boolean", array.data_type()))
+            ArrowError::InvalidArgumentError(format!(
+                "filter `{self}` is of type {}, not boolean",
+                array.data_type()
+            ))
         })?;
         Ok(match mask.nulls() {
             Some(_) => arrow_select::filter::prep_null_mask_filter(mask),
@@ -159,14 +163,26 @@ impl Expr {
         Ok(match self {
             Expr::Column(name) => {
                 let column = batch.column_by_name(name).ok_or_else(|| {
-                    let names: Vec<_> = batch.schema().fields().iter().map(|f| f.name().clone()).collect();
-                    ArrowError::SchemaError(format!("no column `{name}` (columns: {})", names.join(", ")))
+                    let names: Vec<_> = batch
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().clone())
+                        .collect();
+                    ArrowError::SchemaError(format!(
+                        "no column `{name}` (columns: {})",
+                        names.join(", ")
+                    ))
                 })?;
                 Operand::Array(column.clone())
             }
             Expr::Literal(l) => Operand::Scalar(l.to_scalar()),
-            Expr::Not(e) => Operand::Array(Arc::new(arrow_arith::boolean::not(e.evaluate(batch)?.as_boolean())?)),
-            Expr::IsNull(e) => Operand::Array(Arc::new(arrow_arith::boolean::is_null(&e.evaluate(batch)?)?)),
+            Expr::Not(e) => Operand::Array(Arc::new(arrow_arith::boolean::not(
+                e.evaluate(batch)?.as_boolean(),
+            )?)),
+            Expr::IsNull(e) => Operand::Array(Arc::new(arrow_arith::boolean::is_null(
+                &e.evaluate(batch)?,
+            )?)),
             Expr::Binary(l, op, r) => {
                 let (l, r) = coerce(l.eval(batch)?, r.eval(batch)?)?;
                 Operand::Array(apply(*op, &l, &r)?)
@@ -174,6 +190,18 @@ impl Expr {
         })
     }
 }
+
+macro_rules! arithmetic {
+    ($($trait:ident::$method:ident => $op:ident),*) => {$(
+        impl std::ops::$trait for Expr {
+            type Output = Expr;
+            fn $method(self, other: Expr) -> Expr {
+                Expr::Binary(Box::new(self), BinaryOp::$op, Box::new(other))
+            }
+        }
+    )*};
+}
+arithmetic!(Add::add => Add, Sub::sub => Sub, Mul::mul => Mul, Div::div => Div, Rem::rem => Rem);
 
 enum Operand {
     Array(ArrayRef),
@@ -220,8 +248,12 @@ fn coerce(l: Operand, r: Operand) -> Result<(Operand, Operand), ArrowError> {
         (Operand::Scalar(_), Operand::Array(_)) if !(rt.is_integer() && lt.is_floating()) => {
             Ok((l.cast(&rt)?, r))
         }
-        _ if lt.is_numeric() && rt.is_numeric() => Ok((l.cast(&DataType::Float64)?, r.cast(&DataType::Float64)?)),
-        _ => Err(ArrowError::InvalidArgumentError(format!("cannot combine {lt} with {rt}"))),
+        _ if lt.is_numeric() && rt.is_numeric() => {
+            Ok((l.cast(&DataType::Float64)?, r.cast(&DataType::Float64)?))
+        }
+        _ => Err(ArrowError::InvalidArgumentError(format!(
+            "cannot combine {lt} with {rt}"
+        ))),
     }
 }
 
@@ -240,7 +272,11 @@ fn apply(op: BinaryOp, l: &Operand, r: &Operand) -> Result<ArrayRef, ArrowError>
         BinaryOp::And | BinaryOp::Or => {
             let (la, ra) = (to_array(l)?, to_array(r)?);
             let (la, ra) = (la.as_boolean(), ra.as_boolean());
-            let f = if op == BinaryOp::And { arrow_arith::boolean::and_kleene } else { arrow_arith::boolean::or_kleene };
+            let f = if op == BinaryOp::And {
+                arrow_arith::boolean::and_kleene
+            } else {
+                arrow_arith::boolean::or_kleene
+            };
             boolean(f(la, ra)?)
         }
         BinaryOp::Add => numeric::add(l, r)?,
@@ -255,10 +291,15 @@ fn apply(op: BinaryOp, l: &Operand, r: &Operand) -> Result<ArrayRef, ArrowError>
 fn to_array(d: &dyn Datum) -> Result<ArrayRef, ArrowError> {
     let (array, is_scalar) = d.get();
     if !array.data_type().eq(&DataType::Boolean) {
-        return Err(ArrowError::InvalidArgumentError(format!("AND/OR need booleans, found {}", array.data_type())));
+        return Err(ArrowError::InvalidArgumentError(format!(
+            "AND/OR need booleans, found {}",
+            array.data_type()
+        )));
     }
     if is_scalar {
-        return Err(ArrowError::InvalidArgumentError("AND/OR with a constant: write the constant's effect out".into()));
+        return Err(ArrowError::InvalidArgumentError(
+            "AND/OR with a constant: write the constant's effect out".into(),
+        ));
     }
     Ok(arrow_array::make_array(array.to_data()))
 }

@@ -20,11 +20,11 @@ mod udf;
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
 pub use error::{Error, Result};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
-pub use ops::{OpKind, OpSpec, SharedInstance, TaskEnv};
+pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, Node, PlanNode, Stage, StageKind, TaskInput};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
-pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OperatorStats};
+pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};
 pub use udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError};
 
 /// A stream of batches: what sources yield and operators transform.

@@ -2,16 +2,59 @@
 //! a fused stage is one pull loop with no copies between operators.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
-use streambatch_core::{StageOptions, TaskId};
+use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
 use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
 use crate::sink::write_parquet_part;
 use crate::udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
 use crate::{BatchIter, Error, Expr, Result};
+
+/// Rows, bytes and time of one operator inside a fused stage, summed over
+/// its tasks. Time is inclusive of the operators before it in the stage.
+#[derive(Debug, Default)]
+pub struct OpCounter {
+    rows: AtomicU64,
+    bytes: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl OpCounter {
+    /// (rows, bytes, inclusive time) so far.
+    pub fn read(&self) -> (u64, u64, Duration) {
+        (
+            self.rows.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+            Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// Counts what flows out of an operator.
+pub fn counted(input: BatchIter, counter: Arc<OpCounter>) -> BatchIter {
+    let mut input = input;
+    Box::new(std::iter::from_fn(move || {
+        let started = Instant::now();
+        let next = input.next();
+        counter
+            .nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(Ok(batch)) = &next {
+            counter
+                .rows
+                .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+            counter
+                .bytes
+                .fetch_add(batch_bytes(batch), Ordering::Relaxed);
+        }
+        next
+    }))
+}
 
 /// A batch function instance shared by the tasks a worker runs.
 pub type SharedInstance = Arc<Mutex<Box<dyn BatchFn>>>;
@@ -53,6 +96,11 @@ impl OpSpec {
     }
 }
 
+/// Returns a worker's instance of a stateful operator (by its position in the
+/// plan), setting it up on first use.
+pub type InstanceSource<'a> =
+    dyn FnMut(usize, &Arc<dyn BatchUdf>) -> Result<SharedInstance, crate::UdfError> + 'a;
+
 /// What a task tells its operators about itself, and how it obtains the
 /// per-worker instances of stateful operators.
 pub struct TaskEnv<'a> {
@@ -60,13 +108,21 @@ pub struct TaskEnv<'a> {
     pub task: TaskId,
     /// Returns the worker's instance of a stateful operator (by its position
     /// in the plan), setting it up on first use.
-    pub instance: &'a mut dyn FnMut(usize, &Arc<dyn BatchUdf>) -> Result<SharedInstance, crate::UdfError>,
+    pub instance: &'a mut InstanceSource<'a>,
 }
 
 /// Chains `op` (the `index`-th operator of the plan) over `input`.
-pub fn apply(op: &OpSpec, index: usize, input: BatchIter, env: &mut TaskEnv<'_>) -> Result<BatchIter> {
+pub fn apply(
+    op: &OpSpec,
+    index: usize,
+    input: BatchIter,
+    env: &mut TaskEnv<'_>,
+) -> Result<BatchIter> {
     let name = op.name.clone();
-    let udf_error = move |e: crate::UdfError| Error::Udf { operator: name.clone(), message: e.to_string() };
+    let udf_error = move |e: crate::UdfError| Error::Udf {
+        operator: name.clone(),
+        message: e.to_string(),
+    };
     let name = op.name.clone();
     let arrow_error = move |e| Error::arrow(&name, e);
     Ok(match &op.kind {
@@ -75,11 +131,21 @@ pub fn apply(op: &OpSpec, index: usize, input: BatchIter, env: &mut TaskEnv<'_>)
             let on_err = udf_error.clone();
             Box::new(non_empty(input).map(move |b| {
                 let rows = batch_to_rows(&b?).map_err(|m| on_err(m.into()))?;
-                let rows = rows.into_iter().map(|r| f(r)).collect::<Result<Vec<_>, _>>().map_err(&on_err)?;
+                let rows = rows
+                    .into_iter()
+                    .map(|r| f(r))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&on_err)?;
                 rows_to_batch(&rows).map_err(|m| on_err(m.into()))
             }))
         }
-        OpKind::FlatMap(f) => Box::new(FlatMap { input, f: f.clone(), pending: Vec::new(), next: 0, on_err: Box::new(udf_error) }),
+        OpKind::FlatMap(f) => Box::new(FlatMap {
+            input,
+            f: f.clone(),
+            pending: Vec::new(),
+            next: 0,
+            on_err: Box::new(udf_error),
+        }),
         OpKind::Filter(Predicate::Expr(e)) => {
             let e = e.clone();
             Box::new(non_empty(input).map(move |b| {
@@ -101,9 +167,16 @@ pub fn apply(op: &OpSpec, index: usize, input: BatchIter, env: &mut TaskEnv<'_>)
             let exprs = exprs.clone();
             Box::new(input.map(move |b| {
                 let b = b?;
-                let columns = exprs.iter().map(|e| e.evaluate(&b)).collect::<Result<Vec<_>, _>>().map_err(&arrow_error)?;
-                let fields: Vec<Field> =
-                    exprs.iter().zip(&columns).map(|(e, c)| Field::new(e.output_name(), c.data_type().clone(), true)).collect();
+                let columns = exprs
+                    .iter()
+                    .map(|e| e.evaluate(&b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&arrow_error)?;
+                let fields: Vec<Field> = exprs
+                    .iter()
+                    .zip(&columns)
+                    .map(|(e, c)| Field::new(e.output_name(), c.data_type().clone(), true))
+                    .collect();
                 RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(&arrow_error)
             }))
         }
@@ -137,11 +210,14 @@ pub fn apply(op: &OpSpec, index: usize, input: BatchIter, env: &mut TaskEnv<'_>)
             Box::new(std::iter::from_fn(move || {
                 let input = input.take()?;
                 Some(write_parquet_part(&dir, task, input).map(|written| {
-                    let (paths, rows): (Vec<String>, Vec<i64>) =
-                        written.into_iter().map(|(p, r)| (p.display().to_string(), r as i64)).unzip();
+                    let (paths, rows): (Vec<String>, Vec<i64>) = written
+                        .into_iter()
+                        .map(|(p, r)| (p.display().to_string(), r as i64))
+                        .unzip();
                     let paths: ArrayRef = Arc::new(StringArray::from(paths));
                     let rows: ArrayRef = Arc::new(Int64Array::from(rows));
-                    RecordBatch::try_from_iter([("path", paths), ("rows", rows)]).expect("two equal columns")
+                    RecordBatch::try_from_iter([("path", paths), ("rows", rows)])
+                        .expect("two equal columns")
                 }))
             }))
         }
@@ -152,7 +228,11 @@ fn non_empty(input: BatchIter) -> BatchIter {
     Box::new(input.filter(|b| b.as_ref().map_or(true, |b| b.num_rows() > 0)))
 }
 
-fn with_column(batch: &RecordBatch, name: &str, column: ArrayRef) -> Result<RecordBatch, arrow_schema::ArrowError> {
+fn with_column(
+    batch: &RecordBatch,
+    name: &str,
+    column: ArrayRef,
+) -> Result<RecordBatch, arrow_schema::ArrowError> {
     let schema = batch.schema();
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     let mut columns = batch.columns().to_vec();
@@ -244,7 +324,14 @@ struct Rebatch<E> {
 
 impl<E> Rebatch<E> {
     fn new(input: BatchIter, rows: usize, on_err: E) -> Self {
-        Self { input, rows, buffer: Vec::new(), buffered: 0, done: false, on_err }
+        Self {
+            input,
+            rows,
+            buffer: Vec::new(),
+            buffered: 0,
+            done: false,
+            on_err,
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use streambatch_core::{Resources, StageOptions};
 
-use crate::ops::{OpKind, OpSpec, TaskEnv, apply};
+use crate::ops::{OpCounter, OpKind, OpSpec, TaskEnv, apply, counted};
 use crate::{BatchIter, Error, Result, SourceSplit};
 
 /// One node of the logical plan.
@@ -82,6 +82,10 @@ pub struct Stage {
     pub kind: StageKind,
     /// Resources each task holds; the pool of a stateful operator.
     pub options: StageOptions,
+    /// The names of the operators fused in this stage (the source's first).
+    pub op_names: Vec<String>,
+    /// What flowed out of each of them, in the same order.
+    pub counters: Vec<Arc<OpCounter>>,
 }
 
 /// The input of one task.
@@ -96,26 +100,74 @@ impl Stage {
     /// Opens a task of this stage over `input`: the returned stream yields the
     /// task's output as it is computed.
     pub fn open(&self, input: TaskInput, env: &mut TaskEnv<'_>) -> Result<BatchIter> {
+        let mut counters = self.counters.iter().cloned();
         let (mut stream, ops): (BatchIter, &[(usize, OpSpec)]) = match (&self.kind, input) {
             (StageKind::Source { splits, ops }, TaskInput::Split(i)) => {
-                let split = splits.get(i).ok_or_else(|| Error::Invalid(format!("no split {i} in {}", self.name)))?;
-                (split.open()?, ops)
+                let split = splits
+                    .get(i)
+                    .ok_or_else(|| Error::Invalid(format!("no split {i} in {}", self.name)))?;
+                (
+                    counted(
+                        split.open()?,
+                        counters.next().expect("a counter per operator"),
+                    ),
+                    ops,
+                )
             }
-            (StageKind::Map { ops }, TaskInput::Batches(batches)) => (Box::new(batches.into_iter().map(Ok)), ops),
-            _ => return Err(Error::Invalid(format!("stage {} cannot run this input", self.name))),
+            (StageKind::Map { ops }, TaskInput::Batches(batches)) => {
+                (Box::new(batches.into_iter().map(Ok)), ops)
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "stage {} cannot run this input",
+                    self.name
+                )));
+            }
         };
-        for (index, op) in ops {
-            stream = apply(op, *index, stream, env)?;
+        for ((index, op), counter) in ops.iter().zip(counters) {
+            stream = counted(apply(op, *index, stream, env)?, counter);
         }
         Ok(stream)
+    }
+
+    fn in_executor(name: String, kind: StageKind) -> Self {
+        Self {
+            name,
+            kind,
+            options: Resources::cpu(0.0).into(),
+            op_names: Vec::new(),
+            counters: Vec::new(),
+        }
+    }
+
+    /// Rows, bytes and own time of each fused operator so far.
+    pub fn op_stats(&self) -> Vec<crate::OpStats> {
+        let mut before = std::time::Duration::ZERO;
+        self.op_names
+            .iter()
+            .zip(&self.counters)
+            .map(|(name, counter)| {
+                let (rows, bytes, inclusive) = counter.read();
+                let busy = inclusive.saturating_sub(before);
+                before = inclusive;
+                crate::OpStats {
+                    name: name.clone(),
+                    rows,
+                    bytes,
+                    busy,
+                }
+            })
+            .collect()
     }
 
     /// The stateful operators of this stage.
     pub fn stateful_ops(&self) -> Vec<(usize, OpSpec)> {
         match &self.kind {
-            StageKind::Source { ops, .. } | StageKind::Map { ops } => {
-                ops.iter().filter(|(_, op)| op.is_stateful()).cloned().collect()
-            }
+            StageKind::Source { ops, .. } | StageKind::Map { ops } => ops
+                .iter()
+                .filter(|(_, op)| op.is_stateful())
+                .cloned()
+                .collect(),
             _ => Vec::new(),
         }
     }
@@ -142,9 +194,14 @@ impl ExecPlan {
         for (index, node) in nodes.into_iter().enumerate() {
             match node {
                 Node::Source { name, splits, .. } => stages.push(Stage {
-                    name,
-                    kind: StageKind::Source { splits, ops: Vec::new() },
+                    name: name.clone(),
+                    kind: StageKind::Source {
+                        splits,
+                        ops: Vec::new(),
+                    },
                     options: Resources::cpu(1.0).into(),
+                    op_names: vec![name],
+                    counters: vec![Default::default()],
                 }),
                 Node::Op(op) => {
                     let fusable = stages.last().is_some_and(|s| {
@@ -156,33 +213,58 @@ impl ExecPlan {
                         let stage = stages.last_mut().expect("checked above");
                         stage.name = format!("{}->{}", stage.name, op.name);
                         stage.options.pool = stage.options.pool.or(op.options.pool);
+                        stage.op_names.push(op.name.clone());
+                        stage.counters.push(Default::default());
                         match &mut stage.kind {
-                            StageKind::Source { ops, .. } | StageKind::Map { ops } => ops.push((index, op)),
+                            StageKind::Source { ops, .. } | StageKind::Map { ops } => {
+                                ops.push((index, op))
+                            }
                             _ => unreachable!("runs_tasks() checked"),
                         }
                     } else {
-                        let options = StageOptions { batch_rows: None, ..op.options };
-                        stages.push(Stage { name: op.name.clone(), kind: StageKind::Map { ops: vec![(index, op)] }, options });
+                        let options = StageOptions {
+                            batch_rows: None,
+                            ..op.options
+                        };
+                        stages.push(Stage {
+                            name: op.name.clone(),
+                            op_names: vec![op.name.clone()],
+                            counters: vec![Default::default()],
+                            kind: StageKind::Map {
+                                ops: vec![(index, op)],
+                            },
+                            options,
+                        });
                     }
                 }
-                Node::Limit(n) => stages.push(Stage {
-                    name: format!("limit({n})"),
-                    kind: StageKind::Limit(n),
-                    options: Resources::cpu(0.0).into(),
-                }),
-                Node::Repartition(n) => stages.push(Stage {
-                    name: format!("repartition({n})"),
-                    kind: StageKind::Repartition(n.max(1)),
-                    options: Resources::cpu(0.0).into(),
-                }),
+                Node::Limit(n) => stages.push(Stage::in_executor(
+                    format!("limit({n})"),
+                    StageKind::Limit(n),
+                )),
+                Node::Repartition(n) => stages.push(Stage::in_executor(
+                    format!("repartition({n})"),
+                    StageKind::Repartition(n.max(1)),
+                )),
             }
         }
-        if stages.first().is_none_or(|s| !matches!(s.kind, StageKind::Source { .. })) {
+        if stages
+            .first()
+            .is_none_or(|s| !matches!(s.kind, StageKind::Source { .. }))
+        {
             return Err(Error::Invalid("a plan must start with a source".into()));
         }
         // A repartition's groups are joined into partitions by a task.
-        if matches!(stages.last().map(|s| &s.kind), Some(StageKind::Repartition(_))) {
-            stages.push(Stage { name: "concat".into(), kind: StageKind::Map { ops: Vec::new() }, options: Resources::cpu(1.0).into() });
+        if matches!(
+            stages.last().map(|s| &s.kind),
+            Some(StageKind::Repartition(_))
+        ) {
+            stages.push(Stage {
+                name: "concat".into(),
+                kind: StageKind::Map { ops: Vec::new() },
+                options: Resources::cpu(1.0).into(),
+                op_names: Vec::new(),
+                counters: Vec::new(),
+            });
         }
         Ok(Self { stages })
     }
@@ -190,9 +272,9 @@ impl ExecPlan {
     /// True when some stage writes files.
     pub fn writes(&self) -> bool {
         self.stages.iter().any(|s| match &s.kind {
-            StageKind::Source { ops, .. } | StageKind::Map { ops } => {
-                ops.iter().any(|(_, op)| matches!(op.kind, OpKind::WriteParquet(_)))
-            }
+            StageKind::Source { ops, .. } | StageKind::Map { ops } => ops
+                .iter()
+                .any(|(_, op)| matches!(op.kind, OpKind::WriteParquet(_))),
             _ => false,
         })
     }

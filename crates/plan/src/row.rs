@@ -4,11 +4,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{BinaryBuilder, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder};
+use arrow_array::builder::{
+    BinaryBuilder, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder,
+};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type,
-    UInt64Type,
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type,
+    UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
@@ -114,7 +116,10 @@ impl Row {
 
     /// The value of column `name`.
     pub fn get(&self, name: &str) -> Option<&Value> {
-        self.names.iter().position(|n| &**n == name).map(|i| &self.values[i])
+        self.names
+            .iter()
+            .position(|n| &**n == name)
+            .map(|i| &self.values[i])
     }
 
     /// The value of an integer column.
@@ -164,7 +169,11 @@ impl Row {
 /// Splits a batch into rows. Fails on column types the row API cannot hold.
 pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Row>, String> {
     let schema = batch.schema();
-    let names: Vec<Arc<str>> = schema.fields().iter().map(|f| Arc::from(f.name().as_str())).collect();
+    let names: Vec<Arc<str>> = schema
+        .fields()
+        .iter()
+        .map(|f| Arc::from(f.name().as_str()))
+        .collect();
     let columns = batch
         .columns()
         .iter()
@@ -172,18 +181,29 @@ pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Row>, String> {
         .map(|(c, f)| column_values(c, f))
         .collect::<Result<Vec<_>, _>>()?;
     Ok((0..batch.num_rows())
-        .map(|r| Row { names: names.clone(), values: columns.iter().map(|c| c[r].clone()).collect() })
+        .map(|r| Row {
+            names: names.clone(),
+            values: columns.iter().map(|c| c[r].clone()).collect(),
+        })
         .collect())
 }
 
 fn column_values(array: &ArrayRef, field: &Field) -> Result<Vec<Value>, String> {
     macro_rules! prim {
         ($t:ty, $v:ident, $w:ty) => {
-            array.as_primitive::<$t>().iter().map(|x| x.map_or(Value::Null, |x| Value::$v(x as $w))).collect()
+            array
+                .as_primitive::<$t>()
+                .iter()
+                .map(|x| x.map_or(Value::Null, |x| Value::$v(x as $w)))
+                .collect()
         };
     }
     Ok(match array.data_type() {
-        DataType::Boolean => array.as_boolean().iter().map(|x| x.map_or(Value::Null, Value::Bool)).collect(),
+        DataType::Boolean => array
+            .as_boolean()
+            .iter()
+            .map(|x| x.map_or(Value::Null, Value::Bool))
+            .collect(),
         DataType::Int8 => prim!(Int8Type, Int, i64),
         DataType::Int16 => prim!(Int16Type, Int, i64),
         DataType::Int32 => prim!(Int32Type, Int, i64),
@@ -194,11 +214,32 @@ fn column_values(array: &ArrayRef, field: &Field) -> Result<Vec<Value>, String> 
         DataType::UInt64 => prim!(UInt64Type, Int, i64),
         DataType::Float32 => prim!(Float32Type, Float, f64),
         DataType::Float64 => prim!(Float64Type, Float, f64),
-        DataType::Utf8 => array.as_string::<i32>().iter().map(|x| x.map_or(Value::Null, |s| Value::Str(s.into()))).collect(),
-        DataType::LargeUtf8 => array.as_string::<i64>().iter().map(|x| x.map_or(Value::Null, |s| Value::Str(s.into()))).collect(),
-        DataType::Binary => array.as_binary::<i32>().iter().map(|x| x.map_or(Value::Null, |b| Value::Bytes(b.to_vec()))).collect(),
-        DataType::LargeBinary => array.as_binary::<i64>().iter().map(|x| x.map_or(Value::Null, |b| Value::Bytes(b.to_vec()))).collect(),
-        other => return Err(format!("column `{}` of type {other} is not supported by the row API; use map_batches", field.name())),
+        DataType::Utf8 => array
+            .as_string::<i32>()
+            .iter()
+            .map(|x| x.map_or(Value::Null, |s| Value::Str(s.into())))
+            .collect(),
+        DataType::LargeUtf8 => array
+            .as_string::<i64>()
+            .iter()
+            .map(|x| x.map_or(Value::Null, |s| Value::Str(s.into())))
+            .collect(),
+        DataType::Binary => array
+            .as_binary::<i32>()
+            .iter()
+            .map(|x| x.map_or(Value::Null, |b| Value::Bytes(b.to_vec())))
+            .collect(),
+        DataType::LargeBinary => array
+            .as_binary::<i64>()
+            .iter()
+            .map(|x| x.map_or(Value::Null, |b| Value::Bytes(b.to_vec())))
+            .collect(),
+        other => {
+            return Err(format!(
+                "column `{}` of type {other} is not supported by the row API; use map_batches",
+                field.name()
+            ));
+        }
     })
 }
 
@@ -249,7 +290,9 @@ fn build_column<'a>(
     Ok(match data_type {
         DataType::Boolean => build!(BooleanBuilder::new(), Value::Bool(x) => *x),
         DataType::Int64 => build!(Int64Builder::new(), Value::Int(x) => *x),
-        DataType::Float64 => build!(Float64Builder::new(), Value::Float(x) => *x, Value::Int(x) => *x as f64),
+        DataType::Float64 => {
+            build!(Float64Builder::new(), Value::Float(x) => *x, Value::Int(x) => *x as f64)
+        }
         DataType::Utf8 => build!(StringBuilder::new(), Value::Str(x) => x),
         DataType::Binary => build!(BinaryBuilder::new(), Value::Bytes(x) => x),
         _ => unreachable!("Value::data_type yields only the types above"),

@@ -17,7 +17,11 @@ use crate::{BatchIter, Error, Result};
 
 /// Writes all of `input` to `dir/part-<task>.parquet`; returns the file and
 /// its rows, or nothing when the input was empty.
-pub fn write_parquet_part(dir: &Path, task: TaskId, input: BatchIter) -> Result<Vec<(PathBuf, usize)>> {
+pub fn write_parquet_part(
+    dir: &Path,
+    task: TaskId,
+    input: BatchIter,
+) -> Result<Vec<(PathBuf, usize)>> {
     let path = dir.join(format!("part-{:06}.parquet", task.0));
     let tmp = dir.join(format!(".part-{:06}.parquet.tmp", task.0));
     let mut writer: Option<ArrowWriter<File>> = None;
@@ -30,14 +34,23 @@ pub fn write_parquet_part(dir: &Path, task: TaskId, input: BatchIter) -> Result<
             }
             if writer.is_none() {
                 let file = File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-                let props = WriterProperties::builder().set_compression(Compression::SNAPPY).build();
-                let w = ArrowWriter::try_new(file, batch.schema(), Some(props))
-                    .map_err(|e| Error::BadFile { path: tmp.clone(), message: e.to_string() })?;
+                let props = WriterProperties::builder()
+                    .set_compression(Compression::SNAPPY)
+                    .build();
+                let w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| {
+                    Error::BadFile {
+                        path: tmp.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
                 writer = Some(w);
             }
             rows += batch.num_rows();
             let w = writer.as_mut().expect("set above");
-            w.write(&batch).map_err(|e| Error::BadFile { path: path.clone(), message: e.to_string() })?;
+            w.write(&batch).map_err(|e| Error::BadFile {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
         }
         Ok(())
     })();
@@ -45,7 +58,10 @@ pub fn write_parquet_part(dir: &Path, task: TaskId, input: BatchIter) -> Result<
         return result.map(|()| Vec::new());
     };
     let finished = result.and_then(|()| {
-        writer.close().map_err(|e| Error::BadFile { path: path.clone(), message: e.to_string() })?;
+        writer.close().map_err(|e| Error::BadFile {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("renaming into", &path, e))
     });
     if let Err(e) = finished {
@@ -58,8 +74,13 @@ pub fn write_parquet_part(dir: &Path, task: TaskId, input: BatchIter) -> Result<
 /// A fresh staging directory inside `dir` for one write.
 pub fn create_staging(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let staging = dir.join(format!(".streambatch-staging-{}-{stamp:x}", std::process::id()));
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let staging = dir.join(format!(
+        ".streambatch-staging-{}-{stamp:x}",
+        std::process::id()
+    ));
     std::fs::create_dir(&staging).map_err(|e| Error::io("creating", &staging, e))?;
     Ok(staging)
 }
@@ -67,7 +88,10 @@ pub fn create_staging(dir: &Path) -> Result<PathBuf> {
 /// Moves the staged files into `dir`, replacing its earlier `part-*.parquet`
 /// files, and removes the staging directory.
 pub fn commit_staging(staging: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
-    for old in std::fs::read_dir(dir).map_err(|e| Error::io("listing", dir, e))?.flatten() {
+    for old in std::fs::read_dir(dir)
+        .map_err(|e| Error::io("listing", dir, e))?
+        .flatten()
+    {
         let name = old.file_name();
         let name = name.to_string_lossy();
         if name.starts_with("part-") && name.ends_with(".parquet") {
@@ -75,13 +99,17 @@ pub fn commit_staging(staging: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     let mut committed = Vec::new();
-    for staged in std::fs::read_dir(staging).map_err(|e| Error::io("listing", staging, e))?.flatten() {
+    for staged in std::fs::read_dir(staging)
+        .map_err(|e| Error::io("listing", staging, e))?
+        .flatten()
+    {
         let name = staged.file_name();
         if name.to_string_lossy().starts_with('.') {
             continue;
         }
         let target = dir.join(&name);
-        std::fs::rename(staged.path(), &target).map_err(|e| Error::io("renaming into", &target, e))?;
+        std::fs::rename(staged.path(), &target)
+            .map_err(|e| Error::io("renaming into", &target, e))?;
         committed.push(target);
     }
     std::fs::remove_dir_all(staging).map_err(|e| Error::io("removing", staging, e))?;

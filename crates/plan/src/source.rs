@@ -54,10 +54,13 @@ impl SourceSplit {
             SourceSplit::Range { start, end } => {
                 let (start, end) = (*start, *end);
                 let step = READ_BATCH_ROWS as i64;
-                Ok(Box::new((start..end).step_by(READ_BATCH_ROWS).map(move |lo| {
-                    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(lo..(lo + step).min(end)));
-                    Ok(RecordBatch::try_from_iter([("id", ids)]).expect("one non-null column"))
-                })))
+                Ok(Box::new((start..end).step_by(READ_BATCH_ROWS).map(
+                    move |lo| {
+                        let ids: ArrayRef =
+                            Arc::new(Int64Array::from_iter_values(lo..(lo + step).min(end)));
+                        Ok(RecordBatch::try_from_iter([("id", ids)]).expect("one non-null column"))
+                    },
+                )))
             }
             SourceSplit::Batch(batch) => Ok(Box::new(std::iter::once(Ok(batch.clone())))),
             SourceSplit::Parquet { path, columns } => open_parquet(path, columns.as_deref()),
@@ -69,11 +72,15 @@ impl SourceSplit {
                     .build(BufReader::new(file))
                     .map_err(|e| bad_file(path, e))?;
                 let path = path.clone();
-                Ok(Box::new(reader.map(move |b| b.map_err(|e| bad_file(&path, e)))))
+                Ok(Box::new(
+                    reader.map(move |b| b.map_err(|e| bad_file(&path, e))),
+                ))
             }
             SourceSplit::BinaryFiles(paths) => {
                 let paths = paths.clone();
-                Ok(Box::new((0..paths.len()).map(move |i| read_binary_file(&paths[i]))))
+                Ok(Box::new(
+                    (0..paths.len()).map(move |i| read_binary_file(&paths[i])),
+                ))
             }
         }
     }
@@ -83,14 +90,21 @@ impl SourceSplit {
         match self {
             SourceSplit::Range { start, end } => format!("range {start}..{end}"),
             SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
-            SourceSplit::Parquet { path, .. } | SourceSplit::Csv { path, .. } => path.display().to_string(),
-            SourceSplit::BinaryFiles(paths) => format!("{} files from {}", paths.len(), paths[0].display()),
+            SourceSplit::Parquet { path, .. } | SourceSplit::Csv { path, .. } => {
+                path.display().to_string()
+            }
+            SourceSplit::BinaryFiles(paths) => {
+                format!("{} files from {}", paths.len(), paths[0].display())
+            }
         }
     }
 }
 
 fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::BadFile { path: path.to_path_buf(), message: e.to_string() }
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
 }
 
 fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter> {
@@ -100,14 +114,22 @@ fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter>
         Some(columns) => {
             let indices = columns
                 .iter()
-                .map(|c| builder.schema().index_of(c).map_err(|_| bad_file(path, format!("no column `{c}`"))))
+                .map(|c| {
+                    builder
+                        .schema()
+                        .index_of(c)
+                        .map_err(|_| bad_file(path, format!("no column `{c}`")))
+                })
                 .collect::<Result<Vec<_>>>()?;
             let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
             builder.with_projection(mask)
         }
         None => builder,
     };
-    let reader = builder.with_batch_size(READ_BATCH_ROWS).build().map_err(|e| bad_file(path, e))?;
+    let reader = builder
+        .with_batch_size(READ_BATCH_ROWS)
+        .build()
+        .map_err(|e| bad_file(path, e))?;
     let path = path.to_path_buf();
     let columns = columns.cloned();
     Ok(Box::new(reader.map(move |b| {
@@ -116,8 +138,13 @@ fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter>
         match &columns {
             Some(columns) => {
                 let schema = batch.schema();
-                let order = columns.iter().map(|c| schema.index_of(c)).collect::<Result<Vec<_>, _>>();
-                order.and_then(|o| batch.project(&o)).map_err(|e| bad_file(&path, e))
+                let order = columns
+                    .iter()
+                    .map(|c| schema.index_of(c))
+                    .collect::<Result<Vec<_>, _>>();
+                order
+                    .and_then(|o| batch.project(&o))
+                    .map_err(|e| bad_file(&path, e))
             }
             None => Ok(batch),
         }
@@ -151,18 +178,26 @@ pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
     } else if path.is_file() {
         vec![path.to_path_buf()]
     } else {
-        let paths = glob::glob(pattern).map_err(|e| Error::Invalid(format!("bad glob {pattern}: {e}")))?;
-        paths.filter_map(|p| p.ok()).filter(|p| p.is_file()).collect()
+        let paths =
+            glob::glob(pattern).map_err(|e| Error::Invalid(format!("bad glob {pattern}: {e}")))?;
+        paths
+            .filter_map(|p| p.ok())
+            .filter(|p| p.is_file())
+            .collect()
     };
     if files.is_empty() {
-        return Err(Error::NoFiles { pattern: pattern.to_string() });
+        return Err(Error::NoFiles {
+            pattern: pattern.to_string(),
+        });
     }
     files.sort();
     Ok(files)
 }
 
 fn is_hidden(path: &Path) -> bool {
-    path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
 }
 
 /// Reads every file's footer and checks that all schemas agree; returns the
@@ -171,7 +206,8 @@ pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<S
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
         let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
         let schema = builder.schema().clone();
         match &first {
             None => first = Some((schema, path)),
@@ -197,12 +233,19 @@ pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
         let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-        let (schema, _) = format.infer_schema(BufReader::new(file), Some(1000)).map_err(|e| bad_file(path, e))?;
+        let (schema, _) = format
+            .infer_schema(BufReader::new(file), Some(1000))
+            .map_err(|e| bad_file(path, e))?;
         let schema = Arc::new(schema);
         match &first {
             None => first = Some((schema, path)),
             Some((expected, first_path)) => {
-                let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+                let names = |s: &Schema| {
+                    s.fields()
+                        .iter()
+                        .map(|f| f.name().clone())
+                        .collect::<Vec<_>>()
+                };
                 if names(expected) != names(&schema) {
                     return Err(Error::SchemaMismatch {
                         path: path.clone(),
@@ -218,15 +261,26 @@ pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
 }
 
 fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, String> {
-    let Some(columns) = columns else { return Ok(schema.clone()) };
+    let Some(columns) = columns else {
+        return Ok(schema.clone());
+    };
     let fields = columns
         .iter()
-        .map(|c| schema.field_with_name(c).cloned().map_err(|_| format!("no column `{c}`")))
+        .map(|c| {
+            schema
+                .field_with_name(c)
+                .cloned()
+                .map_err(|_| format!("no column `{c}`"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Arc::new(Schema::new(fields)))
 }
 
 fn describe_schema(schema: &Schema) -> String {
-    let fields: Vec<_> = schema.fields().iter().map(|f| format!("{}: {}", f.name(), f.data_type())).collect();
+    let fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
     format!("[{}]", fields.join(", "))
 }

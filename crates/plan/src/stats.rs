@@ -24,6 +24,21 @@ pub struct OperatorStats {
     pub busy: Duration,
     /// Tasks retried after a worker panic.
     pub retries: u64,
+    /// The operators fused in this stage, each with its own counts.
+    pub ops: Vec<OpStats>,
+}
+
+/// What one operator inside a fused stage produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpStats {
+    /// The operator's name.
+    pub name: String,
+    /// Rows it output.
+    pub rows: u64,
+    /// Bytes it output.
+    pub bytes: u64,
+    /// Time spent in it (not in the operators before it), over all tasks.
+    pub busy: Duration,
 }
 
 impl OperatorStats {
@@ -101,8 +116,18 @@ impl JobStats {
 
 impl fmt::Display for JobStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let width = self.operators.iter().map(|o| o.name.len()).max().unwrap_or(8).clamp(8, 60);
-        writeln!(f, "{:<width$} {:>7} {:>10} {:>11} {:>9} {:>12}", "operator", "tasks", "rows", "bytes", "wall s", "rows/s")?;
+        let width = self
+            .operators
+            .iter()
+            .map(|o| o.name.len())
+            .max()
+            .unwrap_or(8)
+            .clamp(8, 60);
+        writeln!(
+            f,
+            "{:<width$} {:>7} {:>10} {:>11} {:>9} {:>12}",
+            "operator", "tasks", "rows", "bytes", "wall s", "rows/s"
+        )?;
         for o in &self.operators {
             let name: String = o.name.chars().take(width).collect();
             writeln!(
@@ -114,7 +139,30 @@ impl fmt::Display for JobStats {
                 o.wall.as_secs_f64(),
                 o.rows_per_s()
             )?;
+            if o.ops.len() > 1 {
+                for op in &o.ops {
+                    let name: String = format!("  {}", op.name).chars().take(width).collect();
+                    let rate = if op.busy.is_zero() {
+                        0.0
+                    } else {
+                        op.rows as f64 / op.busy.as_secs_f64()
+                    };
+                    writeln!(
+                        f,
+                        "{name:<width$} {:>7} {:>10} {:>11} {:>9.2} {:>12.0}",
+                        "",
+                        op.rows,
+                        format_bytes(op.bytes),
+                        op.busy.as_secs_f64(),
+                        rate
+                    )?;
+                }
+            }
         }
+        writeln!(
+            f,
+            "(indented: operators fused into the stage above; their time is busy time summed over tasks)"
+        )?;
         write!(
             f,
             "wall {:.2} s; peak store {} of {}; spilled {}, restored {}",

@@ -83,7 +83,10 @@ where
 {
     /// An operator named `name` whose workers each run `setup` once.
     pub fn new(name: &str, setup: S) -> Self {
-        Self { name: name.to_string(), setup: Arc::new(setup) }
+        Self {
+            name: name.to_string(),
+            setup: Arc::new(setup),
+        }
     }
 }
 

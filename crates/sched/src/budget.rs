@@ -34,11 +34,21 @@ impl Budgets {
     pub fn new(capacity: u64, reserve: Vec<u64>, on_release: OnRelease) -> Self {
         let pool = capacity.saturating_sub(reserve.iter().sum());
         let used = Mutex::new(vec![0; reserve.len()]);
-        Self { inner: Arc::new(Inner { reserve, pool, used, on_release }) }
+        Self {
+            inner: Arc::new(Inner {
+                reserve,
+                pool,
+                used,
+                on_release,
+            }),
+        }
     }
 
     fn pool_used(&self, used: &[u64]) -> u64 {
-        used.iter().zip(&self.inner.reserve).map(|(u, r)| u.saturating_sub(*r)).sum()
+        used.iter()
+            .zip(&self.inner.reserve)
+            .map(|(u, r)| u.saturating_sub(*r))
+            .sum()
     }
 
     /// True when `bytes` more outputs of `stage` fit its budget now.
@@ -53,7 +63,8 @@ impl Budgets {
         if after <= reserve {
             return true;
         }
-        let pool_after = self.pool_used(used) - used[stage].saturating_sub(reserve) + (after - reserve);
+        let pool_after =
+            self.pool_used(used) - used[stage].saturating_sub(reserve) + (after - reserve);
         pool_after <= self.inner.pool
     }
 
@@ -64,7 +75,12 @@ impl Budgets {
             return None;
         }
         used[stage] += bytes;
-        Some(Reservation { budgets: self.clone(), stage, bytes, notify: true })
+        Some(Reservation {
+            budgets: self.clone(),
+            stage,
+            bytes,
+            notify: true,
+        })
     }
 
     /// Bytes of `stage`'s outputs held now.
@@ -92,7 +108,12 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         {
-            let mut used = self.budgets.inner.used.lock().unwrap_or_else(|p| p.into_inner());
+            let mut used = self
+                .budgets
+                .inner
+                .used
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             used[self.stage] -= self.bytes;
         }
         if self.notify {
@@ -115,16 +136,23 @@ mod tests {
         // Stage 0 takes its reserve and the whole pool.
         let _held: Vec<_> = (0..9).map(|_| b.try_admit(0, 10).unwrap()).collect();
         assert!(b.try_admit(0, 10).is_none(), "stage 0 is at its limit");
-        assert!(b.try_admit(1, 10).is_some(), "stage 1's reserve is still there");
+        assert!(
+            b.try_admit(1, 10).is_some(),
+            "stage 1's reserve is still there"
+        );
     }
 
     #[test]
     fn dropping_a_reservation_returns_bytes_and_notifies() {
         let released = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = released.clone();
-        let b = Budgets::new(30, vec![10, 10], Arc::new(move || {
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }));
+        let b = Budgets::new(
+            30,
+            vec![10, 10],
+            Arc::new(move || {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }),
+        );
         let r = b.try_admit(0, 20).unwrap();
         assert!(b.try_admit(0, 1).is_none());
         drop(r);

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{NodeConfig, Resources, TaskId};
-use streambatch_plan::{Error, Event, EventKind, ExecPlan, JobStats, MAX_EVENTS, OperatorStats, StageKind};
+use streambatch_plan::{
+    Error, Event, EventKind, ExecPlan, JobStats, MAX_EVENTS, OperatorStats, StageKind,
+};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
@@ -90,7 +92,7 @@ pub struct ExecutorArgs {
 struct StageState {
     queue: VecDeque<Vec<Slice>>,
     retry: VecDeque<TaskId>,
-    paused: Vec<Box<TaskRun>>,
+    paused: Vec<TaskRun>,
     next_split: usize,
     splits: usize,
     running: usize,
@@ -135,17 +137,33 @@ impl Actor for Executor {
     type State = ExecState;
     type Arguments = ExecutorArgs;
 
-    async fn pre_start(&self, myself: ActorRef<ExecutorMsg>, args: ExecutorArgs) -> Result<ExecState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ExecutorMsg>,
+        args: ExecutorArgs,
+    ) -> Result<ExecState, ActorProcessingErr> {
         let plan = args.plan;
         let capacity = args.store.stats().capacity_bytes;
         let task_stages = plan.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
         // Partitions small enough that every stage's reserve holds one.
-        let target_bytes = args.config.target_partition_bytes.min(capacity / (2 * task_stages)).max(1);
-        let reserve = plan.stages.iter().map(|s| if s.runs_tasks() { target_bytes } else { 0 }).collect();
+        let target_bytes = args
+            .config
+            .target_partition_bytes
+            .min(capacity / (2 * task_stages))
+            .max(1);
+        let reserve = plan
+            .stages
+            .iter()
+            .map(|s| if s.runs_tasks() { target_bytes } else { 0 })
+            .collect();
         let notify = myself.clone();
-        let budgets = Budgets::new(capacity, reserve, Arc::new(move || {
-            let _ = notify.cast(ExecutorMsg::MemoryFreed);
-        }));
+        let budgets = Budgets::new(
+            capacity,
+            reserve,
+            Arc::new(move || {
+                let _ = notify.cast(ExecutorMsg::MemoryFreed);
+            }),
+        );
         let stages = plan
             .stages
             .iter()
@@ -171,17 +189,36 @@ impl Actor for Executor {
             .collect();
         {
             let mut live = args.live.lock().unwrap_or_else(|p| p.into_inner());
-            live.operators = plan.stages.iter().map(|s| OperatorStats { name: s.name.clone(), ..Default::default() }).collect();
+            live.operators = plan
+                .stages
+                .iter()
+                .map(|s| OperatorStats {
+                    name: s.name.clone(),
+                    ..Default::default()
+                })
+                .collect();
             live.peak_running = vec![0; plan.stages.len()];
             live.store_capacity = capacity;
         }
         let cancelled = plan.stages.iter().map(|_| Default::default()).collect();
-        let ctx = Arc::new(JobCtx { job: args.job, plan, store: args.store.clone(), budgets, executor: myself, target_bytes, cancelled });
+        let ctx = Arc::new(JobCtx {
+            job: args.job,
+            plan,
+            store: args.store.clone(),
+            budgets,
+            executor: myself,
+            target_bytes,
+            cancelled,
+        });
         Ok(ExecState {
             ctx,
             node: args.node,
             store: args.store,
-            free: Resources { cpus: args.config.cpus, gpus: args.config.gpus, memory_bytes: 0 },
+            free: Resources {
+                cpus: args.config.cpus,
+                gpus: args.config.gpus,
+                memory_bytes: 0,
+            },
             stages,
             tasks: HashMap::new(),
             next_task: 0,
@@ -193,7 +230,11 @@ impl Actor for Executor {
         })
     }
 
-    async fn post_start(&self, myself: ActorRef<ExecutorMsg>, state: &mut ExecState) -> Result<(), ActorProcessingErr> {
+    async fn post_start(
+        &self,
+        myself: ActorRef<ExecutorMsg>,
+        state: &mut ExecState,
+    ) -> Result<(), ActorProcessingErr> {
         if let Err(e) = state.check_resources() {
             state.end(Err(e));
             myself.stop(None);
@@ -204,13 +245,18 @@ impl Actor for Executor {
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<ExecutorMsg>, msg: ExecutorMsg, state: &mut ExecState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<ExecutorMsg>,
+        msg: ExecutorMsg,
+        state: &mut ExecState,
+    ) -> Result<(), ActorProcessingErr> {
         if state.ended {
             return Ok(());
         }
         match msg {
             ExecutorMsg::Output { task, seq, slice } => state.on_output(task, seq, slice),
-            ExecutorMsg::Paused(run) => state.on_paused(run),
+            ExecutorMsg::Paused(run) => state.on_paused(*run),
             ExecutorMsg::Finished { task, busy } => state.on_finished(task, busy),
             ExecutorMsg::Failed { error, .. } => state.end(Err(error)),
             ExecutorMsg::WorkerLost { task, message } => state.on_lost(task, message),
@@ -291,23 +337,38 @@ impl ExecState {
                 let paused: Vec<u64> = s.paused.iter().map(|r| r.pending_bytes()).collect();
                 StageView {
                     waiting_inputs: if runs { s.waiting() } else { 0 },
-                    paused_fits: paused.iter().map(|b| budgets.fits(i, *b) && *b <= store_free).collect(),
+                    paused_fits: paused
+                        .iter()
+                        .map(|b| budgets.fits(i, *b) && *b <= store_free)
+                        .collect(),
                     paused,
                     running: s.running,
                     resources: stage.options.resources,
                     max_running: stage.options.pool.map(|p| p.max),
-                    budget_fits_typical: budgets.fits(i, s.typical_bytes) && s.typical_bytes <= store_free,
+                    budget_fits_typical: budgets.fits(i, s.typical_bytes)
+                        && s.typical_bytes <= store_free,
                 }
             })
             .collect();
-        Snapshot { stages, free: self.free }
+        Snapshot {
+            stages,
+            free: self.free,
+        }
     }
 
     fn schedule(&mut self) {
         while let Some(decision) = policy::next_decision(&self.snapshot()) {
             let (stage, run, kind) = match decision {
-                Decision::Resume { stage, index } => (stage, self.stages[stage].paused.remove(index), EventKind::TaskResumed),
-                Decision::Dispatch { stage } => (stage, Box::new(self.new_task(stage)), EventKind::TaskStarted),
+                Decision::Resume { stage, index } => (
+                    stage,
+                    Box::new(self.stages[stage].paused.remove(index)),
+                    EventKind::TaskResumed,
+                ),
+                Decision::Dispatch { stage } => (
+                    stage,
+                    Box::new(self.new_task(stage)),
+                    EventKind::TaskStarted,
+                ),
             };
             let resources = self.resources(stage);
             self.free.cpus -= resources.cpus;
@@ -334,17 +395,35 @@ impl ExecState {
         let s = &mut self.stages[stage];
         if let Some(task) = s.retry.pop_front() {
             let record = &self.tasks[&task];
-            return TaskRun::new(self.ctx.clone(), task, stage, record.input.clone(), record.delivered);
+            return TaskRun::new(
+                self.ctx.clone(),
+                task,
+                stage,
+                record.input.clone(),
+                record.delivered,
+            );
         }
         let input = if s.next_split < s.splits {
             s.next_split += 1;
             RunInput::Split(s.next_split - 1)
         } else {
-            RunInput::Slices(s.queue.pop_front().expect("the policy dispatches only stages with input"))
+            RunInput::Slices(
+                s.queue
+                    .pop_front()
+                    .expect("the policy dispatches only stages with input"),
+            )
         };
         let task = TaskId(self.next_task);
         self.next_task += 1;
-        self.tasks.insert(task, TaskRecord { stage, input: input.clone(), attempts: 0, delivered: 0 });
+        self.tasks.insert(
+            task,
+            TaskRecord {
+                stage,
+                input: input.clone(),
+                attempts: 0,
+                delivered: 0,
+            },
+        );
         TaskRun::new(self.ctx.clone(), task, stage, input, 0)
     }
 
@@ -358,7 +437,9 @@ impl ExecState {
     }
 
     fn on_output(&mut self, task: TaskId, seq: u32, slice: Slice) {
-        let Some(record) = self.tasks.get_mut(&task) else { return };
+        let Some(record) = self.tasks.get_mut(&task) else {
+            return;
+        };
         if seq < record.delivered {
             return;
         }
@@ -370,7 +451,11 @@ impl ExecState {
         self.record(stage, task, EventKind::PartitionYielded);
         let bytes = slice.partition_bytes();
         let s = &mut self.stages[stage];
-        s.typical_bytes = if s.typical_bytes == 0 { bytes } else { (s.typical_bytes * 7 + bytes) / 8 };
+        s.typical_bytes = if s.typical_bytes == 0 {
+            bytes
+        } else {
+            (s.typical_bytes * 7 + bytes) / 8
+        };
         {
             let mut stats = self.stats();
             stats.operators[stage].rows += slice.len as u64;
@@ -401,16 +486,18 @@ impl ExecState {
                 self.check_limits();
             }
             StageKind::Repartition(_) => self.stages[to].collected.push(slice),
-            StageKind::Source { .. } | StageKind::Map { .. } => self.stages[to].queue.push_back(vec![slice]),
+            StageKind::Source { .. } | StageKind::Map { .. } => {
+                self.stages[to].queue.push_back(vec![slice])
+            }
         }
     }
 
     /// A limit that has all its rows ends every stage before it.
     fn check_limits(&mut self) {
-        let Some(limit) = (0..self.stages.len())
-            .rev()
-            .find(|&i| matches!(self.ctx.plan.stages[i].kind, StageKind::Limit(_)) && self.stages[i].limit_left == 0)
-        else {
+        let Some(limit) = (0..self.stages.len()).rev().find(|&i| {
+            matches!(self.ctx.plan.stages[i].kind, StageKind::Limit(_))
+                && self.stages[i].limit_left == 0
+        }) else {
             return;
         };
         for i in 0..=limit {
@@ -425,7 +512,7 @@ impl ExecState {
         }
     }
 
-    fn on_paused(&mut self, run: Box<TaskRun>) {
+    fn on_paused(&mut self, run: TaskRun) {
         let stage = run.stage;
         self.release(stage);
         self.record(stage, run.task, EventKind::TaskSuspended);
@@ -435,26 +522,38 @@ impl ExecState {
     }
 
     fn on_finished(&mut self, task: TaskId, busy: Duration) {
-        let Some(record) = self.tasks.remove(&task) else { return };
+        let Some(record) = self.tasks.remove(&task) else {
+            return;
+        };
         let stage = record.stage;
         self.release(stage);
         self.record(stage, task, EventKind::TaskFinished);
-        let wall = self.stages[stage].first_start.map_or(Duration::ZERO, |t| t.elapsed());
+        let wall = self.stages[stage]
+            .first_start
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        let ops = self.ctx.plan.stages[stage].op_stats();
         let mut stats = self.stats();
         let op = &mut stats.operators[stage];
         op.tasks += 1;
         op.busy += busy;
         op.wall = wall;
+        op.ops = ops;
     }
 
     fn on_lost(&mut self, task: TaskId, message: String) {
-        let Some(record) = self.tasks.get_mut(&task) else { return };
+        let Some(record) = self.tasks.get_mut(&task) else {
+            return;
+        };
         record.attempts += 1;
         let (stage, attempts) = (record.stage, record.attempts);
         self.release(stage);
         if attempts > self.max_retries {
             let operator = self.ctx.plan.stages[stage].name.clone();
-            self.end(Err(Error::Panicked { operator, attempts, message }));
+            self.end(Err(Error::Panicked {
+                operator,
+                attempts,
+                message,
+            }));
             return;
         }
         tracing::warn!(%task, attempts, %message, "task lost with its worker; retrying");
@@ -532,7 +631,11 @@ fn regroup(slices: Vec<Slice>, n: usize) -> Vec<Vec<Slice>> {
                 group += 1;
                 filled = 0;
             }
-            let room = if group == n - 1 { usize::MAX } else { want(group) - filled };
+            let room = if group == n - 1 {
+                usize::MAX
+            } else {
+                want(group) - filled
+            };
             let take = (slice.len - offset).min(room);
             groups[group].push(slice.sub(offset, take));
             offset += take;

@@ -57,7 +57,13 @@ impl LocalCluster {
         .map_err(|_| Error::Execution("the node manager panicked at start".into()))?
         .map_err(|e| Error::Execution(format!("cannot start the node manager: {e}")))?
         .0;
-        Ok(Self { runtime: Some(runtime), node, store, config, next_job: AtomicU64::new(1) })
+        Ok(Self {
+            runtime: Some(runtime),
+            node,
+            store,
+            config,
+            next_job: AtomicU64::new(1),
+        })
     }
 
     /// The node's store.
@@ -82,10 +88,16 @@ impl Runner for LocalCluster {
         let runtime = self.runtime.as_ref().expect("present until drop");
         runtime.spawn(async move {
             if let Err(e) = Actor::spawn(None, Executor, args).await {
-                let _ = output.send(JobItem::End(Err(Error::Execution(format!("cannot start the executor: {e}")))));
+                let _ = output.send(JobItem::End(Err(Error::Execution(format!(
+                    "cannot start the executor: {e}"
+                )))));
             }
         });
-        Ok(Box::new(LocalJob { rx, live, ended: false }))
+        Ok(Box::new(LocalJob {
+            rx,
+            live,
+            ended: false,
+        }))
     }
 
     fn config(&self) -> &NodeConfig {
@@ -125,7 +137,9 @@ impl Iterator for LocalJob {
             }
             Err(_) => {
                 self.ended = true;
-                Some(Err(Error::Execution("the executor stopped without finishing the job".into())))
+                Some(Err(Error::Execution(
+                    "the executor stopped without finishing the job".into(),
+                )))
             }
         }
     }

@@ -63,18 +63,35 @@ impl Actor for NodeManager {
     type State = NodeState;
     type Arguments = ();
 
-    async fn pre_start(&self, _: ActorRef<NodeMsg>, _: ()) -> Result<NodeState, ActorProcessingErr> {
-        Ok(NodeState { workers: Vec::new(), waiting: VecDeque::new(), restarts: VecDeque::new() })
+    async fn pre_start(
+        &self,
+        _: ActorRef<NodeMsg>,
+        _: (),
+    ) -> Result<NodeState, ActorProcessingErr> {
+        Ok(NodeState {
+            workers: Vec::new(),
+            waiting: VecDeque::new(),
+            restarts: VecDeque::new(),
+        })
     }
 
-    async fn post_stop(&self, _: ActorRef<NodeMsg>, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _: ActorRef<NodeMsg>,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
         for w in &state.workers {
             w.actor.stop(None);
         }
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<NodeMsg>, msg: NodeMsg, state: &mut NodeState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        msg: NodeMsg,
+        state: &mut NodeState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             NodeMsg::Run { run, pool } => state.waiting.push_back((run, pool)),
             NodeMsg::WorkerIdle { index } => state.workers[index].busy = None,
@@ -100,29 +117,56 @@ impl Actor for NodeManager {
             }
             _ => return Ok(()),
         };
-        let Some(index) = state.workers.iter().position(|w| w.actor.get_id() == cell.get_id()) else {
+        let Some(index) = state
+            .workers
+            .iter()
+            .position(|w| w.actor.get_id() == cell.get_id())
+        else {
             return Ok(());
         };
         let now = Instant::now();
         state.restarts.push_back(now);
-        while state.restarts.front().is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW) {
+        while state
+            .restarts
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW)
+        {
             state.restarts.pop_front();
         }
         if state.restarts.len() > MAX_RESTARTS {
-            return Err(format!("workers failed {MAX_RESTARTS} times in {RESTART_WINDOW:?}; last: {reason}").into());
+            return Err(format!(
+                "workers failed {MAX_RESTARTS} times in {RESTART_WINDOW:?}; last: {reason}"
+            )
+            .into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
         let (actor, _) = spawn_worker(&myself, index).await?;
-        let slot = std::mem::replace(&mut state.workers[index], Slot { actor, busy: None, hosts: HashSet::new() });
+        let slot = std::mem::replace(
+            &mut state.workers[index],
+            Slot {
+                actor,
+                busy: None,
+                hosts: HashSet::new(),
+            },
+        );
         if let Some((task, executor)) = slot.busy {
-            let _ = executor.cast(ExecutorMsg::WorkerLost { task, message: reason });
+            let _ = executor.cast(ExecutorMsg::WorkerLost {
+                task,
+                message: reason,
+            });
         }
         state.assign(&myself).await
     }
 }
 
-async fn spawn_worker(node: &ActorRef<NodeMsg>, index: usize) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
-    let args = WorkerArgs { index, node: node.clone() };
+async fn spawn_worker(
+    node: &ActorRef<NodeMsg>,
+    index: usize,
+) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
+    let args = WorkerArgs {
+        index,
+        node: node.clone(),
+    };
     Ok(Actor::spawn_linked(None, Worker, args, node.get_cell()).await?)
 }
 
@@ -139,7 +183,9 @@ impl NodeState {
                     if pool.is_some() {
                         slot.hosts.insert((run.job.job, run.stage));
                     }
-                    slot.actor.cast(WorkerMsg::Run(run)).map_err(|_| "worker mailbox closed")?;
+                    slot.actor
+                        .cast(WorkerMsg::Run(run))
+                        .map_err(|_| "worker mailbox closed")?;
                 }
                 None => still_waiting.push_back((run, pool)),
             }
@@ -151,25 +197,52 @@ impl NodeState {
     /// The worker for `run`: for a pooled stage, an idle worker already
     /// hosting it, or a new host while the pool has room; otherwise any idle
     /// worker, preferring ones that host no pool. Spawns a worker when needed.
-    async fn pick(&mut self, key: (u64, usize), pool: Option<usize>, myself: &ActorRef<NodeMsg>) -> Result<Option<usize>, ActorProcessingErr> {
+    async fn pick(
+        &mut self,
+        key: (u64, usize),
+        pool: Option<usize>,
+        myself: &ActorRef<NodeMsg>,
+    ) -> Result<Option<usize>, ActorProcessingErr> {
         let idle = |w: &Slot| w.busy.is_none();
         if let Some(max) = pool {
-            if let Some(i) = self.workers.iter().position(|w| idle(w) && w.hosts.contains(&key)) {
+            if let Some(i) = self
+                .workers
+                .iter()
+                .position(|w| idle(w) && w.hosts.contains(&key))
+            {
                 return Ok(Some(i));
             }
-            if self.workers.iter().filter(|w| w.hosts.contains(&key)).count() >= max {
+            if self
+                .workers
+                .iter()
+                .filter(|w| w.hosts.contains(&key))
+                .count()
+                >= max
+            {
                 return Ok(None);
             }
         }
-        if let Some(i) = self.workers.iter().position(|w| idle(w) && w.hosts.is_empty()) {
+        if let Some(i) = self
+            .workers
+            .iter()
+            .position(|w| idle(w) && w.hosts.is_empty())
+        {
             return Ok(Some(i));
         }
-        if let Some(i) = self.workers.iter().position(|w| idle(w) && !w.hosts.contains(&key)) {
+        if let Some(i) = self
+            .workers
+            .iter()
+            .position(|w| idle(w) && !w.hosts.contains(&key))
+        {
             return Ok(Some(i));
         }
         let index = self.workers.len();
         let (actor, _) = spawn_worker(myself, index).await?;
-        self.workers.push(Slot { actor, busy: None, hosts: HashSet::new() });
+        self.workers.push(Slot {
+            actor,
+            busy: None,
+            hosts: HashSet::new(),
+        });
         Ok(Some(index))
     }
 }

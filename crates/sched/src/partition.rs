@@ -19,7 +19,10 @@ pub struct Output {
 impl Output {
     /// Wraps a stored partition and its reservation.
     pub fn new(part: PartitionRef, reservation: Option<Reservation>) -> Arc<Self> {
-        Arc::new(Self { part, _reservation: reservation })
+        Arc::new(Self {
+            part,
+            _reservation: reservation,
+        })
     }
 }
 
@@ -39,12 +42,20 @@ impl Slice {
     /// The whole partition.
     pub fn whole(output: Arc<Output>) -> Self {
         let len = output.part.rows();
-        Self { output, offset: 0, len }
+        Self {
+            output,
+            offset: 0,
+            len,
+        }
     }
 
     /// Rows `offset..offset + len` of this slice.
     pub fn sub(&self, offset: usize, len: usize) -> Self {
-        Self { output: self.output.clone(), offset: self.offset + offset, len }
+        Self {
+            output: self.output.clone(),
+            offset: self.offset + offset,
+            len,
+        }
     }
 
     /// Bytes of the partition behind this slice.
@@ -54,7 +65,11 @@ impl Slice {
 
     /// Reads the rows.
     pub fn read(&self) -> Result<RecordBatch> {
-        let batch = self.output.part.get().map_err(|e| Error::Execution(e.to_string()))?;
+        let batch = self
+            .output
+            .part
+            .get()
+            .map_err(|e| Error::Execution(e.to_string()))?;
         if self.offset == 0 && self.len == batch.num_rows() {
             return Ok(batch);
         }
@@ -78,7 +93,11 @@ pub struct Partitioner {
 impl Partitioner {
     /// A partitioner cutting at `target` bytes.
     pub fn new(target: u64) -> Self {
-        Self { target: target.max(1), buffer: Vec::new(), buffered: 0 }
+        Self {
+            target: target.max(1),
+            buffer: Vec::new(),
+            buffered: 0,
+        }
     }
 
     /// Adds a batch; returns the partitions it completed.
@@ -155,11 +174,22 @@ mod tests {
     use arrow_array::Int64Array;
 
     fn ints(n: i64) -> RecordBatch {
-        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..n)) as _)]).unwrap()
+        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..n)) as _)])
+            .unwrap()
     }
 
     fn values(parts: &[RecordBatch]) -> Vec<i64> {
-        parts.iter().flat_map(|b| b.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()).collect()
+        parts
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
     }
 
     #[test]
@@ -171,8 +201,14 @@ mod tests {
             parts.extend(p.push(ints(10).slice(0, 0)).unwrap());
         }
         parts.extend(p.flush().unwrap());
-        assert_eq!(parts.iter().map(batch_bytes).collect::<Vec<_>>(), vec![800, 800, 200]);
-        assert_eq!(values(&parts), (0..45).flat_map(|_| 0..5).collect::<Vec<i64>>());
+        assert_eq!(
+            parts.iter().map(batch_bytes).collect::<Vec<_>>(),
+            vec![800, 800, 200]
+        );
+        assert_eq!(
+            values(&parts),
+            (0..45).flat_map(|_| 0..5).collect::<Vec<i64>>()
+        );
     }
 
     #[test]
@@ -182,14 +218,23 @@ mod tests {
         let big = ints(45);
         parts.extend(p.push(big.clone()).unwrap());
         parts.extend(p.flush().unwrap());
-        assert_eq!(parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![5, 45]);
-        assert_eq!(parts[1].column(0).to_data().buffers()[0].as_ptr(), big.column(0).to_data().buffers()[0].as_ptr());
+        assert_eq!(
+            parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            vec![5, 45]
+        );
+        assert_eq!(
+            parts[1].column(0).to_data().buffers()[0].as_ptr(),
+            big.column(0).to_data().buffers()[0].as_ptr()
+        );
     }
 
     #[test]
     fn a_row_larger_than_target_is_a_partition_alone() {
         let mut p = Partitioner::new(4);
         let parts = p.push(ints(3)).unwrap();
-        assert_eq!(parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(), vec![1, 1, 1]);
+        assert_eq!(
+            parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            vec![1, 1, 1]
+        );
     }
 }

@@ -60,7 +60,9 @@ pub enum Decision {
 /// The next task to run, or `None` when nothing can run now.
 pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
     for (stage, view) in snapshot.stages.iter().enumerate().rev() {
-        if !view.resources.fits_in(&snapshot.free) || view.max_running.is_some_and(|m| view.running >= m) {
+        if !view.resources.fits_in(&snapshot.free)
+            || view.max_running.is_some_and(|m| view.running >= m)
+        {
             continue;
         }
         if let Some(index) = view.paused_fits.iter().position(|fits| *fits) {
@@ -121,13 +123,32 @@ mod tests {
 
     #[test]
     fn prefers_the_stage_nearest_the_sink() {
-        let s = Snapshot { stages: vec![stage(5, Resources::cpu(1.0)), stage(5, Resources::cpu(1.0))], free: Resources::cpu(2.0) };
-        assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }, Decision::Dispatch { stage: 1 }]);
+        let s = Snapshot {
+            stages: vec![stage(5, Resources::cpu(1.0)), stage(5, Resources::cpu(1.0))],
+            free: Resources::cpu(2.0),
+        };
+        assert_eq!(
+            drain(s),
+            vec![
+                Decision::Dispatch { stage: 1 },
+                Decision::Dispatch { stage: 1 }
+            ]
+        );
     }
 
     #[test]
     fn never_exceeds_gpu_slots() {
-        let mut s = Snapshot { stages: vec![stage(0, Resources::cpu(1.0)), stage(10, Resources::gpu(1.0))], free: Resources { cpus: 8.0, gpus: 2.0, memory_bytes: 0 } };
+        let mut s = Snapshot {
+            stages: vec![
+                stage(0, Resources::cpu(1.0)),
+                stage(10, Resources::gpu(1.0)),
+            ],
+            free: Resources {
+                cpus: 8.0,
+                gpus: 2.0,
+                memory_bytes: 0,
+            },
+        };
         s.stages[1].running = 0;
         assert_eq!(drain(s).len(), 2);
     }
@@ -136,7 +157,10 @@ mod tests {
     fn pool_size_caps_running_tasks() {
         let mut st = stage(10, Resources::cpu(1.0));
         st.max_running = Some(3);
-        let s = Snapshot { stages: vec![st], free: Resources::cpu(8.0) };
+        let s = Snapshot {
+            stages: vec![st],
+            free: Resources::cpu(8.0),
+        };
         assert_eq!(drain(s).len(), 3);
     }
 
@@ -144,7 +168,10 @@ mod tests {
     fn over_budget_stage_waits_but_downstream_runs() {
         let mut up = stage(10, Resources::cpu(1.0));
         up.budget_fits_typical = false;
-        let s = Snapshot { stages: vec![up, stage(1, Resources::cpu(1.0))], free: Resources::cpu(4.0) };
+        let s = Snapshot {
+            stages: vec![up, stage(1, Resources::cpu(1.0))],
+            free: Resources::cpu(4.0),
+        };
         assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }]);
     }
 
@@ -153,7 +180,10 @@ mod tests {
         let mut st = stage(3, Resources::cpu(1.0));
         st.paused = vec![10, 20];
         st.paused_fits = vec![false, true];
-        let s = Snapshot { stages: vec![st], free: Resources::cpu(1.0) };
+        let s = Snapshot {
+            stages: vec![st],
+            free: Resources::cpu(1.0),
+        };
         assert_eq!(drain(s), vec![Decision::Resume { stage: 0, index: 1 }]);
     }
 

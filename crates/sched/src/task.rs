@@ -4,8 +4,8 @@
 //! slot is freed; the executor resumes it once memory is returned.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
@@ -146,7 +146,9 @@ impl TaskRun {
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
         let input = match self.input.take().expect("a task is opened once") {
             RunInput::Split(i) => TaskInput::Split(i),
-            RunInput::Slices(slices) => TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?),
+            RunInput::Slices(slices) => {
+                TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
+            }
         };
         let job = Arc::downgrade(&self.job);
         let id = self.job.job;
@@ -158,7 +160,10 @@ impl TaskRun {
             instances.insert((id, op), (job.clone(), i.clone()));
             Ok(i)
         };
-        let mut env = TaskEnv { task: self.task, instance: &mut instance };
+        let mut env = TaskEnv {
+            task: self.task,
+            instance: &mut instance,
+        };
         self.stream = Some(self.job.plan.stages[self.stage].open(input, &mut env)?);
         Ok(())
     }
@@ -180,7 +185,11 @@ impl TaskRun {
                 self.next_seq += 1;
                 let slice = Slice::whole(Output::new(part, Some(reservation)));
                 // A send fails only when the job has ended; the output is then unwanted.
-                let _ = self.job.executor.cast(ExecutorMsg::Output { task: self.task, seq, slice });
+                let _ = self.job.executor.cast(ExecutorMsg::Output {
+                    task: self.task,
+                    seq,
+                    slice,
+                });
                 Ok(None)
             }
             Err(PutError::Full { batch, .. }) => {

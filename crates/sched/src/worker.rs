@@ -42,7 +42,11 @@ impl Actor for Worker {
     type State = WorkerState;
     type Arguments = WorkerArgs;
 
-    async fn pre_start(&self, myself: ActorRef<WorkerMsg>, args: WorkerArgs) -> Result<WorkerState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<WorkerMsg>,
+        args: WorkerArgs,
+    ) -> Result<WorkerState, ActorProcessingErr> {
         let (tasks, inbox) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("streambatch-worker-{}", args.index))
@@ -50,10 +54,18 @@ impl Actor for Worker {
         Ok(WorkerState { tasks })
     }
 
-    async fn handle(&self, _: ActorRef<WorkerMsg>, msg: WorkerMsg, state: &mut WorkerState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _: ActorRef<WorkerMsg>,
+        msg: WorkerMsg,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             WorkerMsg::Run(run) => {
-                state.tasks.send(run).map_err(|_| "worker thread has exited")?;
+                state
+                    .tasks
+                    .send(run)
+                    .map_err(|_| "worker thread has exited")?;
                 Ok(())
             }
             WorkerMsg::Panicked(message) => Err(message.into()),

@@ -23,12 +23,11 @@
 mod error;
 mod memory;
 mod partition;
-mod size;
 
 pub use error::{PutError, StoreError};
 pub use memory::MemoryStore;
 pub use partition::PartitionRef;
-pub use size::batch_bytes;
+pub use streambatch_core::batch_bytes;
 
 use arrow_array::RecordBatch;
 use streambatch_core::PartitionId;

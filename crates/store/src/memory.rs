@@ -53,7 +53,10 @@ impl ObjectStore for MemoryStore {
         let bytes = batch_bytes(&batch);
         let capacity = self.inner.capacity;
         if bytes > capacity {
-            return Err(PutError::TooLarge { needed: bytes, capacity });
+            return Err(PutError::TooLarge {
+                needed: bytes,
+                capacity,
+            });
         }
         let id = PartitionId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         let rows = batch.num_rows();
@@ -61,7 +64,12 @@ impl ObjectStore for MemoryStore {
             let mut state = self.inner.state();
             if state.used + bytes > capacity {
                 let used = state.used;
-                return Err(PutError::Full { batch, needed: bytes, used, capacity });
+                return Err(PutError::Full {
+                    batch,
+                    needed: bytes,
+                    used,
+                    capacity,
+                });
             }
             state.used += bytes;
             state.peak = state.peak.max(state.used);
@@ -96,6 +104,10 @@ impl Release for Inner {
     }
 
     fn read(&self, id: PartitionId) -> Result<RecordBatch, StoreError> {
-        self.state().partitions.get(&id).cloned().ok_or(StoreError::Missing(id))
+        self.state()
+            .partitions
+            .get(&id)
+            .cloned()
+            .ok_or(StoreError::Missing(id))
     }
 }

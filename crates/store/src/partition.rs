@@ -23,7 +23,14 @@ struct Inner {
 impl PartitionRef {
     /// Made by a store when it has stored a partition.
     pub fn new(id: PartitionId, rows: usize, bytes: u64, store: Arc<dyn Release>) -> Self {
-        Self { inner: Arc::new(Inner { id, rows, bytes, store }) }
+        Self {
+            inner: Arc::new(Inner {
+                id,
+                rows,
+                bytes,
+                store,
+            }),
+        }
     }
 
     /// The partition's id.
@@ -55,6 +62,10 @@ impl Drop for Inner {
 
 impl fmt::Debug for PartitionRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PartitionRef({}, {} rows, {} bytes)", self.inner.id, self.inner.rows, self.inner.bytes)
+        write!(
+            f,
+            "PartitionRef({}, {} rows, {} bytes)",
+            self.inner.id, self.inner.rows, self.inner.bytes
+        )
     }
 }

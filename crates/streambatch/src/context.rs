@@ -34,13 +34,19 @@ impl Context {
     /// An embedded node with these settings.
     pub fn with_config(config: NodeConfig) -> Result<Self> {
         let cluster = Arc::new(LocalCluster::start(config)?);
-        Ok(Self { runner: cluster.clone(), cluster })
+        Ok(Self {
+            runner: cluster.clone(),
+            cluster,
+        })
     }
 
     /// This context, drawing live progress bars per operator (on stderr,
     /// when it is a terminal) while jobs run.
     pub fn with_progress(&self) -> Self {
-        Self { cluster: self.cluster.clone(), runner: Arc::new(ProgressRunner::new(self.cluster.clone())) }
+        Self {
+            cluster: self.cluster.clone(),
+            runner: Arc::new(ProgressRunner::new(self.cluster.clone())),
+        }
     }
 
     /// The node's settings.

@@ -10,8 +10,8 @@
 //! let ctx = Context::local().unwrap();
 //! let evens = ctx
 //!     .range(1_000, 8)
-//!     .with_column("double", col("id").mul(lit(2)))
-//!     .filter(col("id").rem(lit(2)).eq(lit(0)))
+//!     .with_column("double", (col("id") * lit(2)))
+//!     .filter((col("id") % lit(2)).eq(lit(0)))
 //!     .count()
 //!     .unwrap();
 //! assert_eq!(evens, 500);
@@ -22,10 +22,12 @@ mod progress;
 pub mod workloads;
 
 pub use context::Context;
-pub use streambatch_core::{NodeConfig, PoolSize, Resources, StageOptions, format_bytes, parse_size};
+pub use streambatch_core::{
+    NodeConfig, PoolSize, Resources, StageOptions, format_bytes, parse_size,
+};
 pub use streambatch_plan::{
-    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OperatorStats, Result, Row,
-    Stateful, UdfError, Value, col, lit,
+    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OpStats,
+    OperatorStats, Result, Row, Stateful, UdfError, Value, col, lit,
 };
 pub use streambatch_sched::LocalCluster;
 pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats, batch_bytes};
@@ -33,7 +35,8 @@ pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats, batch_bytes};
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BatchFn, Context, Dataset, Expr, Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col, lit,
+        BatchFn, Context, Dataset, Expr, Resources, Result, Row, StageOptions, Stateful, UdfError,
+        Value, col, lit,
     };
     pub use arrow_array::RecordBatch;
 }

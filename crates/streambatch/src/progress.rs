@@ -26,7 +26,11 @@ impl Runner for ProgressRunner {
         let job = self.inner.run(plan)?;
         let stop = Arc::new(AtomicBool::new(false));
         let drawer = spawn_drawer(job.live_stats(), stop.clone());
-        Ok(Box::new(WithProgress { job, stop, drawer: Some(drawer) }))
+        Ok(Box::new(WithProgress {
+            job,
+            stop,
+            drawer: Some(drawer),
+        }))
     }
 
     fn config(&self) -> &NodeConfig {
@@ -76,12 +80,19 @@ impl Drop for WithProgress {
 fn spawn_drawer(live: Arc<Mutex<JobStats>>, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let bars = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10));
-        let style = ProgressStyle::with_template("{prefix:<40} {spinner} {msg}").expect("a valid template");
+        let style =
+            ProgressStyle::with_template("{prefix:<40} {spinner} {msg}").expect("a valid template");
         let mut lines: Vec<ProgressBar> = Vec::new();
         let mut draw = |stats: &JobStats| {
             while lines.len() < stats.operators.len() {
                 let bar = bars.add(ProgressBar::new_spinner().with_style(style.clone()));
-                bar.set_prefix(stats.operators[lines.len()].name.chars().take(40).collect::<String>());
+                bar.set_prefix(
+                    stats.operators[lines.len()]
+                        .name
+                        .chars()
+                        .take(40)
+                        .collect::<String>(),
+                );
                 lines.push(bar);
             }
             for (bar, op) in lines.iter().zip(&stats.operators) {

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
-use arrow_array::{Array, ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow_array::{
+    Array, ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
 use arrow_buffer::{Buffer, OffsetBuffer};
 use arrow_schema::{DataType, Field};
 use parquet::arrow::ArrowWriter;
@@ -30,16 +32,22 @@ pub fn make_images(dir: &Path, files: usize, rows_per_file: usize, seed: u64) ->
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     for f in 0..files {
         let first = (f * rows_per_file) as i64;
-        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(first..first + rows_per_file as i64));
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            first..first + rows_per_file as i64,
+        ));
         let mut pixels = vec![0u8; rows_per_file * IMAGE_BYTES];
         rng.fill(pixels.as_mut_slice());
         let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(IMAGE_BYTES, rows_per_file));
         let images: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(pixels), None));
-        let batch = RecordBatch::try_from_iter([("id", ids), ("image", images)]).map_err(|e| Error::arrow("make_images", e))?;
+        let batch = RecordBatch::try_from_iter([("id", ids), ("image", images)])
+            .map_err(|e| Error::arrow("make_images", e))?;
         let path = dir.join(format!("images-{f:03}.parquet"));
         let tmp = dir.join(format!(".images-{f:03}.parquet.tmp"));
         let file = std::fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-        let bad = |e: parquet::errors::ParquetError| Error::BadFile { path: path.clone(), message: e.to_string() };
+        let bad = |e: parquet::errors::ParquetError| Error::BadFile {
+            path: path.clone(),
+            message: e.to_string(),
+        };
         let mut writer = ArrowWriter::try_new(file, batch.schema(), None).map_err(bad)?;
         writer.write(&batch).map_err(bad)?;
         writer.close().map_err(bad)?;
@@ -52,7 +60,11 @@ pub fn make_images(dir: &Path, files: usize, rows_per_file: usize, seed: u64) ->
 /// of 12,288 floats, `(x / 255 - 0.5) / 0.25`.
 pub fn preprocess(batch: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
     let ids = batch.column_by_name("id").ok_or("no column `id`")?.clone();
-    let images = batch.column_by_name("image").ok_or("no column `image`")?.as_binary_opt::<i32>().ok_or("`image` is not binary")?;
+    let images = batch
+        .column_by_name("image")
+        .ok_or("no column `image`")?
+        .as_binary_opt::<i32>()
+        .ok_or("`image` is not binary")?;
     let mut pixels = Vec::with_capacity(images.len() * IMAGE_BYTES);
     for image in images.iter() {
         let image = image.ok_or("null image")?;
@@ -67,13 +79,20 @@ pub fn preprocess(batch: RecordBatch) -> std::result::Result<RecordBatch, UdfErr
 
 fn fixed_list(values: Vec<f32>, width: usize) -> std::result::Result<ArrayRef, UdfError> {
     let field = Arc::new(Field::new("item", DataType::Float32, false));
-    Ok(Arc::new(FixedSizeListArray::try_new(field, width as i32, Arc::new(Float32Array::from(values)), None)?))
+    Ok(Arc::new(FixedSizeListArray::try_new(
+        field,
+        width as i32,
+        Arc::new(Float32Array::from(values)),
+        None,
+    )?))
 }
 
 /// The fixed 12,288 x 256 "model" matrix, from a seed.
 pub fn embedding_weights(seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..IMAGE_BYTES * EMBED_DIM).map(|_| rng.random_range(-0.01f32..0.01)).collect()
+    (0..IMAGE_BYTES * EMBED_DIM)
+        .map(|_| rng.random_range(-0.01f32..0.01))
+        .collect()
 }
 
 /// The embedding model on the CPU: pixels times the weight matrix, with a
@@ -86,39 +105,74 @@ pub struct CpuEmbedder {
 impl CpuEmbedder {
     /// Loads the model (here: generates the seeded weights).
     pub fn new(seed: u64) -> Self {
-        Self { weights: embedding_weights(seed) }
+        Self {
+            weights: embedding_weights(seed),
+        }
     }
 }
 
 impl BatchFn for CpuEmbedder {
     fn call(&mut self, batch: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
         let ids = batch.column_by_name("id").ok_or("no column `id`")?.clone();
-        let pixels = batch.column_by_name("pixels").ok_or("no column `pixels`")?.as_fixed_size_list_opt().ok_or("`pixels` is not a fixed-size list")?;
+        let pixels = batch
+            .column_by_name("pixels")
+            .ok_or("no column `pixels`")?
+            .as_fixed_size_list_opt()
+            .ok_or("`pixels` is not a fixed-size list")?;
         let rows = pixels.len();
-        let input = pixels.values().as_primitive_opt::<Float32Type>().ok_or("`pixels` items are not f32")?;
-        let start = if rows == 0 { 0 } else { pixels.value_offset_at(0) as usize };
+        let input = pixels
+            .values()
+            .as_primitive_opt::<Float32Type>()
+            .ok_or("`pixels` items are not f32")?;
+        let start = if rows == 0 {
+            0
+        } else {
+            pixels.value_offset_at(0)
+        };
         let input = &input.values()[start..][..rows * IMAGE_BYTES];
         let mut out = vec![0f32; rows * EMBED_DIM];
         // SAFETY: the slices hold rows x 12,288, 12,288 x 256 and rows x 256
         // floats in row-major order, matching the dimensions and strides given.
         unsafe {
             matrixmultiply::sgemm(
-                rows, IMAGE_BYTES, EMBED_DIM, 1.0,
-                input.as_ptr(), IMAGE_BYTES as isize, 1,
-                self.weights.as_ptr(), EMBED_DIM as isize, 1,
-                0.0, out.as_mut_ptr(), EMBED_DIM as isize, 1,
+                rows,
+                IMAGE_BYTES,
+                EMBED_DIM,
+                1.0,
+                input.as_ptr(),
+                IMAGE_BYTES as isize,
+                1,
+                self.weights.as_ptr(),
+                EMBED_DIM as isize,
+                1,
+                0.0,
+                out.as_mut_ptr(),
+                EMBED_DIM as isize,
+                1,
             );
         }
-        Ok(RecordBatch::try_from_iter([("id", ids), ("embedding", fixed_list(out, EMBED_DIM)?)])?)
+        Ok(RecordBatch::try_from_iter([
+            ("id", ids),
+            ("embedding", fixed_list(out, EMBED_DIM)?),
+        ])?)
     }
 }
 
 /// One image's embedding computed directly, in f64: the reference the
 /// pipeline's output is checked against.
 pub fn reference_embedding(image: &[u8], weights: &[f32]) -> Vec<f32> {
-    let pixels: Vec<f64> = image.iter().map(|&x| ((x as f32 / 255.0 - 0.5) / 0.25) as f64).collect();
+    let pixels: Vec<f64> = image
+        .iter()
+        .map(|&x| ((x as f32 / 255.0 - 0.5) / 0.25) as f64)
+        .collect();
     (0..EMBED_DIM)
-        .map(|j| pixels.iter().enumerate().map(|(i, p)| p * weights[i * EMBED_DIM + j] as f64).sum::<f64>() as f32)
+        .map(|j| {
+            pixels
+                .iter()
+                .enumerate()
+                .map(|(i, p)| p * weights[i * EMBED_DIM + j] as f64)
+                .sum::<f64>() as f32
+        })
         .collect()
 }
 
@@ -184,15 +238,27 @@ const W1_ROW_BYTES: usize = 10 << 20;
 fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatch, UdfError> {
     let rows = ids.len();
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(row_bytes, rows));
-    let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(vec![0u8; rows * row_bytes]), None));
-    Ok(RecordBatch::try_from_iter([("id", ids.clone()), ("data", data)])?)
+    let data: ArrayRef = Arc::new(BinaryArray::new(
+        offsets,
+        Buffer::from_vec(vec![0u8; rows * row_bytes]),
+        None,
+    ));
+    Ok(RecordBatch::try_from_iter([
+        ("id", ids.clone()),
+        ("data", data),
+    ])?)
 }
 
 /// W1: the paper's heterogeneous pipeline under a memory cap, scaled 1/10.
 /// 8 CPU and 4 GPU logical slots; `produce` (0.5 s per 5 rows, 10 MiB rows)
 /// -> `consume` (0.05 s per row) -> `inference` (1 GPU, 0.05 s per row).
 pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
-    let config = NodeConfig { cpus: 8.0, gpus: 4.0, store_capacity: store_cap, ..base.clone() };
+    let config = NodeConfig {
+        cpus: 8.0,
+        gpus: 4.0,
+        store_capacity: store_cap,
+        ..base.clone()
+    };
     let ctx = Context::with_config(config)?;
     let started = Instant::now();
     let ds = ctx
@@ -227,7 +293,12 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
     for batch in stream.by_ref() {
         let batch = batch?;
         rows += batch.num_rows() as u64;
-        id_sum += batch.column(0).as_primitive::<arrow_array::types::Int64Type>().values().iter().sum::<i64>();
+        id_sum += batch
+            .column(0)
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .values()
+            .iter()
+            .sum::<i64>();
     }
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
@@ -249,7 +320,9 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
 pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult> {
     let ctx = Context::with_config(base.clone())?;
     let started = Instant::now();
-    let ds = ctx.range(rows, partitions).map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
+    let ds = ctx
+        .range(rows, partitions)
+        .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
     let count = ds.count()?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();

@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use streambatch::{NodeConfig, parse_size, workloads};
 
 #[derive(Parser)]
-#[command(name = "streambatch", version, about = "Streaming batch execution of CPU/GPU data pipelines")]
+#[command(
+    name = "streambatch",
+    version,
+    about = "Streaming batch execution of CPU/GPU data pipelines"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,7 +36,10 @@ enum Workload {
 }
 
 fn main() {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e}");
         std::process::exit(1);
@@ -41,13 +48,23 @@ fn main() {
 
 fn run(cli: Cli) -> streambatch::Result<()> {
     match cli.command {
-        Command::Bench { workload, store_cap, config } => {
+        Command::Bench {
+            workload,
+            store_cap,
+            config,
+        } => {
             let base = NodeConfig::load(config.as_deref())?;
             let results = match workload {
                 Workload::W1 => vec![workloads::w1(store_cap.unwrap_or(300 << 20), &base)?],
                 Workload::W3 => {
-                    let base = NodeConfig { store_capacity: store_cap.unwrap_or(base.store_capacity), ..base };
-                    vec![workloads::w3(200_000, 200, &base)?, workloads::w3(20_000, 2_000, &base)?]
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(base.store_capacity),
+                        ..base
+                    };
+                    vec![
+                        workloads::w3(200_000, 200, &base)?,
+                        workloads::w3(20_000, 2_000, &base)?,
+                    ]
                 }
             };
             for r in results {
