@@ -335,3 +335,39 @@ fn stateful_setup_runs_once_per_worker() {
     });
     assert_eq!(per_worker.values().sum::<usize>(), 50);
 }
+
+#[test]
+fn a_pool_sets_up_its_min_workers_before_tasks_need_them() {
+    let setups = Arc::new(AtomicUsize::new(0));
+    let s = setups.clone();
+    let op = Stateful::new("warm", move || {
+        s.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, UdfError>(|b: RecordBatch| Ok::<_, UdfError>(b))
+    });
+    let ctx = ctx_with(|c| c.cpus = 4.0);
+    // One task, but a pool of at least 3: three set-ups.
+    let ds = ctx
+        .range(10, 1)
+        .map_batches(op, Resources::cpu(0.5).pool(3, 4));
+    assert_eq!(ds.count().unwrap(), 10);
+    assert_eq!(setups.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+fn a_failing_set_up_ends_the_job_naming_the_operator() {
+    let op = Stateful::new("load_model", || {
+        Err::<fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError>, _>(
+            "weights file is missing",
+        )
+    });
+    let err = ctx_with(|_| {})
+        .range(10, 2)
+        .map_batches(op, Resources::cpu(0.5))
+        .count()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("load_model") && text.contains("weights file is missing"),
+        "{text}"
+    );
+}

@@ -42,13 +42,8 @@ pub enum ExecutorMsg {
         /// Time it computed.
         busy: Duration,
     },
-    /// A task's operator failed: the job ends.
-    Failed {
-        /// The task.
-        task: TaskId,
-        /// Why.
-        error: Error,
-    },
+    /// An operator failed (in a task or its set-up): the job ends.
+    Failed(Error),
     /// A task's worker died (a panic); the task is retried.
     WorkerLost {
         /// The task.
@@ -240,6 +235,7 @@ impl Actor for Executor {
             myself.stop(None);
             return Ok(());
         }
+        state.start_pools();
         state.check_limits();
         state.advance(&myself);
         Ok(())
@@ -258,7 +254,7 @@ impl Actor for Executor {
             ExecutorMsg::Output { task, seq, slice } => state.on_output(task, seq, slice),
             ExecutorMsg::Paused(run) => state.on_paused(*run),
             ExecutorMsg::Finished { task, busy } => state.on_finished(task, busy),
-            ExecutorMsg::Failed { error, .. } => state.end(Err(error)),
+            ExecutorMsg::Failed(error) => state.end(Err(error)),
             ExecutorMsg::WorkerLost { task, message } => state.on_lost(task, message),
             ExecutorMsg::MemoryFreed => {}
         }
@@ -292,6 +288,23 @@ impl ExecState {
             }
         }
         Ok(())
+    }
+
+    /// Sets up the first `min` workers of each stateful stage's pool.
+    fn start_pools(&self) {
+        for (stage, spec) in self.ctx.plan.stages.iter().enumerate() {
+            let Some(pool) = spec.options.pool else {
+                continue;
+            };
+            if pool.min > 0 && !spec.stateful_ops().is_empty() {
+                let msg = NodeMsg::SetUp {
+                    job: self.ctx.clone(),
+                    stage,
+                    workers: pool.min,
+                };
+                let _ = self.node.cast(msg);
+            }
+        }
     }
 
     fn resources(&self, stage: usize) -> Resources {

@@ -5,13 +5,14 @@
 //! executor retries it.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::TaskId;
 
 use crate::executor::ExecutorMsg;
-use crate::task::TaskRun;
+use crate::task::{JobCtx, TaskRun};
 use crate::worker::{Worker, WorkerArgs, WorkerMsg};
 
 /// Worker restarts allowed within [`RESTART_WINDOW`] before the node gives up
@@ -34,6 +35,16 @@ pub enum NodeMsg {
         /// The worker.
         index: usize,
     },
+    /// Set up a stage's stateful operators on `workers` workers ahead of
+    /// its tasks (a pool's `min`).
+    SetUp {
+        /// The job.
+        job: Arc<JobCtx>,
+        /// The stage.
+        stage: usize,
+        /// How many workers.
+        workers: usize,
+    },
     /// A job ended: its pools are gone.
     JobEnded {
         /// The job.
@@ -46,7 +57,8 @@ pub struct NodeManager;
 
 struct Slot {
     actor: ActorRef<WorkerMsg>,
-    busy: Option<(TaskId, ActorRef<ExecutorMsg>)>,
+    /// The task it runs (`None` while it sets up a pool) and the task's executor.
+    busy: Option<(Option<TaskId>, ActorRef<ExecutorMsg>)>,
     /// Stateful stages, by (job, stage), whose instances this worker holds.
     hosts: HashSet<(u64, usize)>,
 }
@@ -95,6 +107,23 @@ impl Actor for NodeManager {
         match msg {
             NodeMsg::Run { run, pool } => state.waiting.push_back((run, pool)),
             NodeMsg::WorkerIdle { index } => state.workers[index].busy = None,
+            NodeMsg::SetUp {
+                job,
+                stage,
+                workers,
+            } => {
+                let key = (job.job, stage);
+                for _ in 0..workers {
+                    let Some(index) = state.pick(key, None, &myself).await? else {
+                        break;
+                    };
+                    let slot = &mut state.workers[index];
+                    slot.busy = Some((None, job.executor.clone()));
+                    slot.hosts.insert(key);
+                    let msg = WorkerMsg::SetUp(job.clone(), stage);
+                    slot.actor.cast(msg).map_err(|_| "worker mailbox closed")?;
+                }
+            }
             NodeMsg::JobEnded { job } => {
                 for w in &mut state.workers {
                     w.hosts.retain(|(j, _)| *j != job);
@@ -149,7 +178,7 @@ impl Actor for NodeManager {
                 hosts: HashSet::new(),
             },
         );
-        if let Some((task, executor)) = slot.busy {
+        if let Some((Some(task), executor)) = slot.busy {
             let _ = executor.cast(ExecutorMsg::WorkerLost {
                 task,
                 message: reason,
@@ -179,7 +208,7 @@ impl NodeState {
             match self.pick(key, pool, myself).await? {
                 Some(index) => {
                     let slot = &mut self.workers[index];
-                    slot.busy = Some((run.task, run.job.executor.clone()));
+                    slot.busy = Some((Some(run.task), run.job.executor.clone()));
                     if pool.is_some() {
                         slot.hosts.insert((run.job.job, run.stage));
                     }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use ractor::ActorRef;
 use streambatch_core::TaskId;
-use streambatch_plan::{BatchIter, Error, ExecPlan, SharedInstance, TaskEnv, TaskInput};
+use streambatch_plan::{
+    BatchIter, BatchUdf, Error, ExecPlan, OpKind, SharedInstance, TaskEnv, TaskInput, UdfError,
+};
 use streambatch_store::{ObjectStore, PutError, batch_bytes};
 
 use crate::budget::Budgets;
@@ -76,6 +78,40 @@ pub enum Outcome {
     Paused(Box<TaskRun>),
     /// An operator failed; the job ends.
     Failed(Error),
+}
+
+/// This worker's instance of operator `op` of `job`, set up on first use.
+fn instance_for(
+    job: &Arc<JobCtx>,
+    op: usize,
+    udf: &Arc<dyn BatchUdf>,
+    instances: &mut InstanceCache,
+) -> Result<SharedInstance, UdfError> {
+    if let Some((_, i)) = instances.get(&(job.job, op)) {
+        return Ok(i.clone());
+    }
+    let i: SharedInstance = Arc::new(std::sync::Mutex::new(udf.instantiate()?));
+    instances.insert((job.job, op), (Arc::downgrade(job), i.clone()));
+    Ok(i)
+}
+
+/// Sets up this worker's instances of the stateful operators of `stage`
+/// before any task needs them (a pool's first `min` workers).
+pub fn set_up_stage(
+    job: &Arc<JobCtx>,
+    stage: usize,
+    instances: &mut InstanceCache,
+) -> Result<(), Error> {
+    let stage = &job.plan.stages[stage];
+    for (op, spec) in stage.stateful_ops() {
+        if let OpKind::MapBatches(udf) = &spec.kind {
+            instance_for(job, op, udf, instances).map_err(|e| Error::Udf {
+                operator: spec.name.clone(),
+                message: format!("set-up failed: {e}"),
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Per-worker instances of stateful operators, by (job, operator position);
@@ -150,16 +186,9 @@ impl TaskRun {
                 TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
             }
         };
-        let job = Arc::downgrade(&self.job);
-        let id = self.job.job;
-        let mut instance = |op: usize, udf: &Arc<dyn streambatch_plan::BatchUdf>| {
-            if let Some((_, i)) = instances.get(&(id, op)) {
-                return Ok(i.clone());
-            }
-            let i: SharedInstance = Arc::new(std::sync::Mutex::new(udf.instantiate()?));
-            instances.insert((id, op), (job.clone(), i.clone()));
-            Ok(i)
-        };
+        let job = &self.job;
+        let mut instance =
+            |op: usize, udf: &Arc<dyn BatchUdf>| instance_for(job, op, udf, instances);
         let mut env = TaskEnv {
             task: self.task,
             instance: &mut instance,

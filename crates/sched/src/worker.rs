@@ -1,22 +1,25 @@
-//! A Worker: one slot's thread. The actor receives tasks and hands them to
-//! its own OS thread, so no handler ever blocks; the thread reports outcomes
+//! A Worker: one slot's thread. The actor receives work and hands it to its
+//! own OS thread, so no handler ever blocks; the thread reports outcomes
 //! straight to the job's executor. A task that panics takes the worker down
 //! with it (the handler returns the panic as an error), and the
 //! NodeManager's supervision restarts the worker and reports the task lost.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use streambatch_core::TaskId;
 
 use crate::executor::ExecutorMsg;
 use crate::node::NodeMsg;
-use crate::task::{InstanceCache, Outcome, TaskRun};
+use crate::task::{InstanceCache, JobCtx, Outcome, TaskRun, set_up_stage};
 
 /// Messages of a Worker.
 pub enum WorkerMsg {
     /// Run this task.
     Run(Box<TaskRun>),
+    /// Set up the stateful operators of a stage of a job.
+    SetUp(Arc<JobCtx>, usize),
     /// The thread caught a panic; the worker fails with it.
     Panicked(String),
 }
@@ -32,9 +35,15 @@ pub struct WorkerArgs {
     pub node: ActorRef<NodeMsg>,
 }
 
+/// What the worker's thread is handed.
+enum Work {
+    Task(Box<TaskRun>),
+    SetUp(Arc<JobCtx>, usize),
+}
+
 /// A Worker's state: the channel to its thread.
 pub struct WorkerState {
-    tasks: mpsc::Sender<Box<TaskRun>>,
+    work: mpsc::Sender<Work>,
 }
 
 impl Actor for Worker {
@@ -47,11 +56,11 @@ impl Actor for Worker {
         myself: ActorRef<WorkerMsg>,
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
-        let (tasks, inbox) = mpsc::channel();
+        let (work, inbox) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("streambatch-worker-{}", args.index))
-            .spawn(move || run_tasks(inbox, myself, args))?;
-        Ok(WorkerState { tasks })
+            .spawn(move || run_work(inbox, myself, args))?;
+        Ok(WorkerState { work })
     }
 
     async fn handle(
@@ -60,38 +69,61 @@ impl Actor for Worker {
         msg: WorkerMsg,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            WorkerMsg::Run(run) => {
-                state
-                    .tasks
-                    .send(run)
-                    .map_err(|_| "worker thread has exited")?;
-                Ok(())
-            }
-            WorkerMsg::Panicked(message) => Err(message.into()),
-        }
+        let work = match msg {
+            WorkerMsg::Run(run) => Work::Task(run),
+            WorkerMsg::SetUp(job, stage) => Work::SetUp(job, stage),
+            WorkerMsg::Panicked(message) => return Err(message.into()),
+        };
+        state
+            .work
+            .send(work)
+            .map_err(|_| "worker thread has exited")?;
+        Ok(())
     }
 }
 
-fn run_tasks(inbox: mpsc::Receiver<Box<TaskRun>>, me: ActorRef<WorkerMsg>, args: WorkerArgs) {
+fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerArgs) {
     let mut instances = InstanceCache::new();
-    while let Ok(run) = inbox.recv() {
-        let (task, executor) = (run.task, run.job.executor.clone());
+    while let Ok(work) = inbox.recv() {
         instances.retain(|_, (job, _)| job.strong_count() > 0);
-        let outcome = catch_unwind(AssertUnwindSafe(|| run.drive(&mut instances)));
-        let report = match outcome {
-            Ok(Outcome::Finished { busy }) => ExecutorMsg::Finished { task, busy },
-            Ok(Outcome::Paused(run)) => ExecutorMsg::Paused(run),
-            Ok(Outcome::Failed(error)) => ExecutorMsg::Failed { task, error },
+        let (executor, outcome) = match work {
+            Work::Task(run) => {
+                let (task, executor) = (run.task, run.job.executor.clone());
+                let outcome = catch_unwind(AssertUnwindSafe(|| run.drive(&mut instances)));
+                (executor, outcome.map(|o| Some(report(task, o))))
+            }
+            Work::SetUp(job, stage) => {
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    set_up_stage(&job, stage, &mut instances)
+                }));
+                (
+                    job.executor.clone(),
+                    outcome.map(|r| r.err().map(ExecutorMsg::Failed)),
+                )
+            }
+        };
+        match outcome {
+            Ok(report) => {
+                // Sends fail only once the job or node has stopped; nobody waits then.
+                if let Some(report) = report {
+                    let _ = executor.cast(report);
+                }
+                let _ = args.node.cast(NodeMsg::WorkerIdle { index: args.index });
+            }
             Err(panic) => {
                 // The node manager restarts this worker and tells the executor.
                 let _ = me.cast(WorkerMsg::Panicked(panic_message(&*panic)));
                 return;
             }
-        };
-        // Sends fail only once the job or node has stopped; nobody is waiting then.
-        let _ = executor.cast(report);
-        let _ = args.node.cast(NodeMsg::WorkerIdle { index: args.index });
+        }
+    }
+}
+
+fn report(task: TaskId, outcome: Outcome) -> ExecutorMsg {
+    match outcome {
+        Outcome::Finished { busy } => ExecutorMsg::Finished { task, busy },
+        Outcome::Paused(run) => ExecutorMsg::Paused(run),
+        Outcome::Failed(error) => ExecutorMsg::Failed(error),
     }
 }
 
