@@ -319,7 +319,13 @@ impl ExecState {
         }
         loop {
             self.schedule();
-            if !self.settle() || self.ended {
+            if self.ended {
+                break;
+            }
+            if self.settle() {
+                continue;
+            }
+            if !self.force_if_stuck() {
                 break;
             }
         }
@@ -371,37 +377,55 @@ impl ExecState {
 
     fn schedule(&mut self) {
         while let Some(decision) = policy::next_decision(&self.snapshot()) {
-            let (stage, run, kind) = match decision {
-                Decision::Resume { stage, index } => (
-                    stage,
-                    Box::new(self.stages[stage].paused.remove(index)),
-                    EventKind::TaskResumed,
-                ),
-                Decision::Dispatch { stage } => (
-                    stage,
-                    Box::new(self.new_task(stage)),
-                    EventKind::TaskStarted,
-                ),
-            };
-            let resources = self.resources(stage);
-            self.free.cpus -= resources.cpus;
-            self.free.gpus -= resources.gpus;
-            let s = &mut self.stages[stage];
-            s.running += 1;
-            s.first_start.get_or_insert_with(Instant::now);
-            let running = s.running as u64;
-            {
-                let mut stats = self.stats();
-                stats.operators[stage].running = running;
-                stats.peak_running[stage] = stats.peak_running[stage].max(running);
-            }
-            self.record(stage, run.task, kind);
-            let pool = self.ctx.plan.stages[stage].options.pool.map(|p| p.max);
-            if self.node.cast(NodeMsg::Run { run, pool }).is_err() {
-                self.end(Err(Error::Execution("the node manager has stopped".into())));
+            if !self.carry_out(decision, false) {
                 return;
             }
         }
+    }
+
+    /// Starts or resumes a task as decided. False when the node is gone.
+    fn carry_out(&mut self, decision: Decision, may_spill: bool) -> bool {
+        let (stage, mut run, kind) = match decision {
+            Decision::Resume { stage, index } => {
+                (stage, Box::new(self.stages[stage].paused.remove(index)), EventKind::TaskResumed)
+            }
+            Decision::Dispatch { stage } => (stage, Box::new(self.new_task(stage)), EventKind::TaskStarted),
+        };
+        run.may_spill = may_spill;
+        let resources = self.resources(stage);
+        self.free.cpus -= resources.cpus;
+        self.free.gpus -= resources.gpus;
+        let s = &mut self.stages[stage];
+        s.running += 1;
+        s.first_start.get_or_insert_with(Instant::now);
+        let running = s.running as u64;
+        {
+            let mut stats = self.stats();
+            stats.operators[stage].running = running;
+            stats.peak_running[stage] = stats.peak_running[stage].max(running);
+        }
+        self.record(stage, run.task, kind);
+        let pool = self.ctx.plan.stages[stage].options.pool.map(|p| p.max);
+        if self.node.cast(NodeMsg::Run { run, pool }).is_err() {
+            self.end(Err(Error::Execution("the node manager has stopped".into())));
+            return false;
+        }
+        true
+    }
+
+    /// Nothing runs, the driver holds no output, yet work remains: memory is
+    /// full of partitions that only more input could consume (a repartition
+    /// larger than the store). Runs one task that may spill. True when it did.
+    fn force_if_stuck(&mut self) -> bool {
+        let running = self.stages.iter().any(|s| s.running > 0);
+        let last = self.ctx.plan.stages.iter().rposition(|s| s.runs_tasks()).unwrap_or(0);
+        if running || self.ctx.budgets.used(last) > 0 || self.stages.iter().all(|s| s.done) {
+            return false;
+        }
+        let Some(decision) = policy::forced_decision(&self.snapshot()) else { return false };
+        tracing::debug!(?decision, "memory is full and nothing can run: letting a task spill");
+        self.carry_out(decision, true);
+        true
     }
 
     fn new_task(&mut self, stage: usize) -> TaskRun {

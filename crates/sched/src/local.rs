@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
 use streambatch_core::NodeConfig;
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
-use streambatch_store::{MemoryStore, ObjectStore};
+use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
 use crate::executor::{Executor, ExecutorArgs, JobItem};
 use crate::node::{NodeManager, NodeMsg};
@@ -35,10 +35,11 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts a node with `config` and an in-memory store of its capacity.
+    /// Starts a node with `config` and a shared-memory store of its capacity.
     pub fn start(config: NodeConfig) -> Result<Self> {
-        let store = Arc::new(MemoryStore::new(config.store_capacity));
-        Self::with_store(config, store)
+        let store_config = StoreConfig::new(config.store_capacity, &config.spill_dir);
+        let store = SharedStore::open(store_config).map_err(|e| Error::Execution(format!("cannot open the store: {e}")))?;
+        Self::with_store(config, Arc::new(store))
     }
 
     /// Starts a node with `config` over the given store.

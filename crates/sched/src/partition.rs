@@ -13,14 +13,17 @@ use crate::budget::Reservation;
 /// the store frees the bytes before the budget reports them free.
 pub struct Output {
     part: PartitionRef,
+    /// Arrow bytes of the batch (the store's IPC framing aside).
+    bytes: u64,
     _reservation: Option<Reservation>,
 }
 
 impl Output {
-    /// Wraps a stored partition and its reservation.
-    pub fn new(part: PartitionRef, reservation: Option<Reservation>) -> Arc<Self> {
+    /// Wraps a stored partition of `bytes` Arrow bytes and its reservation.
+    pub fn new(part: PartitionRef, bytes: u64, reservation: Option<Reservation>) -> Arc<Self> {
         Arc::new(Self {
             part,
+            bytes,
             _reservation: reservation,
         })
     }
@@ -58,9 +61,9 @@ impl Slice {
         }
     }
 
-    /// Bytes of the partition behind this slice.
+    /// Arrow bytes of the partition behind this slice.
     pub fn partition_bytes(&self) -> u64 {
-        self.output.part.bytes()
+        self.output.bytes
     }
 
     /// Reads the rows.

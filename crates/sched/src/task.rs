@@ -14,7 +14,7 @@ use streambatch_core::TaskId;
 use streambatch_plan::{
     BatchIter, BatchUdf, Error, ExecPlan, OpKind, SharedInstance, TaskEnv, TaskInput, UdfError,
 };
-use streambatch_store::{ObjectStore, PutError, batch_bytes};
+use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes};
 
 use crate::budget::Budgets;
 use crate::executor::ExecutorMsg;
@@ -64,6 +64,9 @@ pub struct TaskRun {
     next_seq: u32,
     /// Outputs an earlier attempt already delivered: recomputed, not stored.
     skip: u32,
+    /// Set by the executor when nothing else can progress: outputs may
+    /// exceed the budget and the store spills to make room.
+    pub may_spill: bool,
     busy: Duration,
 }
 
@@ -133,6 +136,7 @@ impl TaskRun {
             pending: VecDeque::new(),
             next_seq: 0,
             skip,
+            may_spill: false,
             busy: Duration::ZERO,
         }
     }
@@ -198,7 +202,7 @@ impl TaskRun {
     }
 
     /// Stores one output and reports it; hands the batch back when it does
-    /// not fit.
+    /// not fit (unless the task may spill: then the store makes room).
     fn store(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>, Error> {
         let seq = self.next_seq;
         if seq < self.skip {
@@ -206,29 +210,41 @@ impl TaskRun {
             return Ok(None);
         }
         let bytes = batch_bytes(&batch);
-        let Some(reservation) = self.job.budgets.try_admit(self.stage, bytes) else {
-            return Ok(Some(batch));
+        let budgets = &self.job.budgets;
+        let reservation = if self.may_spill {
+            budgets.force_admit(self.stage, bytes)
+        } else {
+            match budgets.try_admit(self.stage, bytes) {
+                Some(r) => r,
+                None => return Ok(Some(batch)),
+            }
         };
-        match self.job.store.try_put(batch) {
-            Ok(part) => {
-                self.next_seq += 1;
-                let slice = Slice::whole(Output::new(part, Some(reservation)));
-                // A send fails only when the job has ended; the output is then unwanted.
-                let _ = self.job.executor.cast(ExecutorMsg::Output {
-                    task: self.task,
-                    seq,
-                    slice,
-                });
-                Ok(None)
+        let stored = if self.may_spill {
+            self.job.store.put(batch).map_err(|e| self.store_error(e))?
+        } else {
+            match self.job.store.try_put(batch) {
+                Ok(part) => part,
+                Err(PutError::Full { batch, .. }) => {
+                    reservation.cancel();
+                    return Ok(Some(batch));
+                }
+                Err(PutError::TooLarge { batch, .. }) => {
+                    // Only a spilling put can take it; the executor allows one
+                    // when nothing else can make progress.
+                    reservation.cancel();
+                    return Ok(Some(batch));
+                }
+                Err(PutError::Store(e)) => return Err(self.store_error(e)),
             }
-            Err(PutError::Full { batch, .. }) => {
-                reservation.cancel();
-                Ok(Some(batch))
-            }
-            Err(e @ PutError::TooLarge { .. }) => Err(Error::Execution(format!(
-                "stage `{}`: {e}",
-                self.job.plan.stages[self.stage].name
-            ))),
-        }
+        };
+        self.next_seq += 1;
+        let slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
+        // A send fails only when the job has ended; the output is then unwanted.
+        let _ = self.job.executor.cast(ExecutorMsg::Output { task: self.task, seq, slice });
+        Ok(None)
+    }
+
+    fn store_error(&self, e: StoreError) -> Error {
+        Error::Execution(format!("stage `{}`: {e}", self.job.plan.stages[self.stage].name))
     }
 }

@@ -1,33 +1,45 @@
 //! The streambatch object store: where partitions live between the operator
-//! that yields them and the one that consumes them.
+//! that yields them and the one that consumes them. It can be embedded alone.
 //!
-//! [`ObjectStore`] is the interface the executor uses; [`MemoryStore`] keeps
-//! partitions as Arrow batches in process memory with strict capacity
-//! accounting. A partition lives as long as a [`PartitionRef`] to it: dropping
-//! the last one frees it (RAII), so nothing has to remember to delete.
+//! [`SharedStore`] keeps each partition as an Arrow IPC stream in a few
+//! large shared-memory segments, pre-faulted once and carved up by an
+//! allocator (as Ray's plasma store does). [`ObjectStore::get`] returns a
+//! `RecordBatch` whose buffers point into the segment: no copy, no decode
+//! pass. Another process on the host can open a partition by its name
+//! ([`open_shared`]). Over capacity, [`ObjectStore::put`] spills the least
+//! recently used partitions that nobody pins or reads to IPC files with a
+//! CRC-32, and `get` maps them back. A partition lives as long as a
+//! [`PartitionRef`] (or a batch read from it): dropping the last frees its
+//! memory and its spill file.
 //!
 //! ```
 //! use std::sync::Arc;
 //! use arrow_array::{Int64Array, RecordBatch};
-//! use streambatch_store::{MemoryStore, ObjectStore};
+//! use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 //!
-//! let store = MemoryStore::new(1 << 20);
+//! let spill = tempfile::tempdir().unwrap();
+//! let store = SharedStore::open(StoreConfig::new(32 << 20, spill.path())).unwrap();
 //! let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
-//! let part = store.try_put(batch.clone()).unwrap();
-//! assert_eq!(part.get().unwrap(), batch);
-//! assert!(store.stats().used_bytes > 0);
-//! drop(part);
+//! let part = store.put(batch.clone()).unwrap();
+//! let read = part.get().unwrap();
+//! assert_eq!(read, batch);
+//! drop((part, read));
 //! assert_eq!(store.stats().used_bytes, 0);
 //! ```
 
+mod alloc;
 mod error;
-mod memory;
+mod ipc;
 mod partition;
+mod segment;
+mod shared;
 
 pub use error::{PutError, StoreError};
-pub use memory::MemoryStore;
-pub use partition::PartitionRef;
+pub use partition::{PartitionRef, PinGuard};
+pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared, stored_len};
 pub use streambatch_core::batch_bytes;
+
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use streambatch_core::PartitionId;
@@ -37,36 +49,39 @@ use streambatch_core::PartitionId;
 pub struct StoreStats {
     /// Bytes the store may hold in memory.
     pub capacity_bytes: u64,
-    /// Bytes held now.
+    /// Bytes held in memory now.
     pub used_bytes: u64,
-    /// The most bytes held at any instant since the store was made.
+    /// The most bytes held in memory at any instant since the store opened.
     pub peak_bytes: u64,
-    /// Partitions held now.
+    /// Partitions held (in memory or spilled).
     pub partitions: usize,
-    /// Bytes written to spill files (0 for a store that does not spill).
+    /// Bytes written to spill files.
     pub spilled_bytes: u64,
     /// Bytes read back from spill files.
     pub restored_bytes: u64,
 }
 
 /// A store of immutable partitions, each one Arrow `RecordBatch`.
-///
-/// `try_put` never waits and never exceeds capacity: when the batch does not
-/// fit it hands the batch back in [`PutError::Full`], so that the caller (a
-/// task) can pause and retry once memory is freed, without losing data.
 pub trait ObjectStore: Send + Sync + 'static {
-    /// Stores `batch`, returning the first reference to it.
+    /// Stores `batch` if it fits in memory now; otherwise hands it back in
+    /// [`PutError::Full`] (never spills), so that the caller can wait.
     fn try_put(&self, batch: RecordBatch) -> Result<PartitionRef, PutError>;
+    /// Stores `batch`, spilling least recently used partitions (or, when
+    /// none can go, this one) to disk to stay within capacity.
+    fn put(&self, batch: RecordBatch) -> Result<PartitionRef, StoreError>;
     /// Reads a live partition.
     fn get(&self, id: PartitionId) -> Result<RecordBatch, StoreError>;
+    /// Keeps a partition in memory (restoring it if spilled) until the
+    /// guard drops.
+    fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError>;
     /// The store's counters.
     fn stats(&self) -> StoreStats;
 }
 
-/// Releases a partition when its last reference goes. Implemented by stores.
+/// Frees and reads partitions for [`PartitionRef`]. Implemented by stores.
 pub trait Release: Send + Sync {
-    /// Frees the partition `id` of `bytes` bytes.
+    /// Frees the partition `id` of `bytes` bytes (once nobody reads it).
     fn release(&self, id: PartitionId, bytes: u64);
     /// Reads the partition `id`.
-    fn read(&self, id: PartitionId) -> Result<RecordBatch, StoreError>;
+    fn read(self: Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError>;
 }

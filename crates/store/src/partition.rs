@@ -50,7 +50,7 @@ impl PartitionRef {
 
     /// Reads it.
     pub fn get(&self) -> Result<RecordBatch, StoreError> {
-        self.inner.store.read(self.inner.id)
+        self.inner.store.clone().read(self.inner.id)
     }
 }
 
@@ -67,5 +67,17 @@ impl fmt::Debug for PartitionRef {
             "PartitionRef({}, {} rows, {} bytes)",
             self.inner.id, self.inner.rows, self.inner.bytes
         )
+    }
+}
+
+/// Keeps a partition in memory while it lives (see [`crate::ObjectStore::pin`]).
+pub struct PinGuard {
+    _pin: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl PinGuard {
+    /// Made by a store around its own pin record, released when dropped.
+    pub fn new(pin: Arc<dyn std::any::Any + Send + Sync>) -> Self {
+        Self { _pin: pin }
     }
 }

@@ -30,7 +30,7 @@ pub use streambatch_plan::{
     OperatorStats, Result, Row, Stateful, UdfError, Value, col, lit,
 };
 pub use streambatch_sched::LocalCluster;
-pub use streambatch_store::{MemoryStore, ObjectStore, StoreStats, batch_bytes};
+pub use streambatch_store::{ObjectStore, SharedStore, StoreConfig, StoreStats, batch_bytes};
 
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {

@@ -1,0 +1,89 @@
+//! Named shared-memory segments: the one module that knows the
+//! `shared_memory` crate, so that the backing can be swapped.
+//!
+//! A segment is named `sb-<namespace>-<pid>-<store>-<n>`; the pid lets a
+//! restarted node find the segments of a dead one and remove them.
+
+use std::ptr::NonNull;
+
+use shared_memory::{Shmem, ShmemConf};
+
+/// Bytes per page touched when pre-faulting.
+const PAGE: usize = 4096;
+
+/// A mapped shared-memory segment. Its creator removes it from the system
+/// when dropped; a process that only opened it just unmaps it.
+pub struct Segment {
+    shm: Shmem,
+}
+
+// SAFETY: a segment is plain shared memory. The store hands out disjoint
+// regions of it (its allocator never gives the same bytes twice while they
+// are in use) and only reads a region after its writer has finished, under
+// the store's lock, so no two threads race on the same bytes.
+unsafe impl Send for Segment {}
+// SAFETY: as above; `&Segment` only exposes the base pointer and length.
+unsafe impl Sync for Segment {}
+
+impl Segment {
+    /// Creates segment `name` of `len` bytes and touches every page once, so
+    /// that later writes run at memory speed instead of faulting.
+    pub fn create(name: &str, len: usize) -> Result<Self, String> {
+        let shm = ShmemConf::new().os_id(name).size(len).create().map_err(|e| format!("creating segment {name}: {e}"))?;
+        let base = shm.as_ptr();
+        for offset in (0..len).step_by(PAGE) {
+            // SAFETY: offset < len, inside the mapping just created.
+            unsafe { base.add(offset).write_volatile(0) };
+        }
+        Ok(Self { shm })
+    }
+
+    /// Opens an existing segment (made by another process) for reading.
+    pub fn open(name: &str) -> Result<Self, String> {
+        let shm = ShmemConf::new().os_id(name).open().map_err(|e| format!("opening segment {name}: {e}"))?;
+        Ok(Self { shm })
+    }
+
+    /// Removes a segment left behind by a dead process.
+    pub fn remove(name: &str) {
+        if let Ok(mut shm) = ShmemConf::new().os_id(name).open() {
+            shm.set_owner(true);
+        }
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        self.shm.get_os_id().trim_start_matches('/')
+    }
+
+    /// Its first byte.
+    pub fn base(&self) -> NonNull<u8> {
+        NonNull::new(self.shm.as_ptr()).expect("a mapping is never at address 0")
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.shm.len()
+    }
+
+    /// The bytes `offset..offset + len`, for writing a freshly allocated region.
+    ///
+    /// # Safety
+    /// The region must be inside the segment and owned by the caller alone.
+    pub unsafe fn region_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        debug_assert!(offset + len <= self.len());
+        // SAFETY: the caller guarantees bounds and exclusive use.
+        unsafe { std::slice::from_raw_parts_mut(self.shm.as_ptr().add(offset), len) }
+    }
+}
+
+/// Names of segments in the system's shared-memory directory that start with
+/// `prefix`.
+pub fn list(prefix: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}

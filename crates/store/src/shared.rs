@@ -1,0 +1,521 @@
+//! [`SharedStore`]: partitions as Arrow IPC streams in a few large,
+//! pre-faulted shared-memory segments, read zero-copy, spilled to disk (least
+//! recently used first, never a pinned or in-use one) when memory runs out.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arrow_array::RecordBatch;
+use streambatch_core::PartitionId;
+
+use crate::alloc::{Allocator, aligned};
+use crate::ipc::{self, Encoded};
+use crate::segment::{self, Segment};
+use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
+
+/// Settings of a [`SharedStore`].
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Bytes of shared memory the store may map and fill.
+    pub capacity: u64,
+    /// Where spill files go (in a subdirectory per store).
+    pub spill_dir: PathBuf,
+    /// Names this node's segments; a store removes the leftovers of dead
+    /// processes of the same namespace when it opens.
+    pub namespace: String,
+}
+
+impl StoreConfig {
+    /// A store of `capacity` bytes spilling to `spill_dir`, namespace `local`.
+    pub fn new(capacity: u64, spill_dir: impl Into<PathBuf>) -> Self {
+        Self { capacity, spill_dir: spill_dir.into(), namespace: "local".into() }
+    }
+}
+
+/// The shared-memory object store.
+///
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::{Int64Array, RecordBatch};
+/// use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = SharedStore::open(StoreConfig::new(64 << 20, dir.path())).unwrap();
+/// let batch = RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
+/// let part = store.try_put(batch.clone()).unwrap();
+/// assert_eq!(part.get().unwrap(), batch); // zero-copy: its buffers are in shared memory
+/// drop(part); // freed
+/// assert_eq!(store.stats().used_bytes, 0);
+/// ```
+#[derive(Clone)]
+pub struct SharedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    capacity: u64,
+    segment_size: usize,
+    prefix: String,
+    spill_dir: PathBuf,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    segments: HashMap<usize, Slot>,
+    next_segment: usize,
+    mapped: u64,
+    used: u64,
+    peak: u64,
+    spilled: u64,
+    restored: u64,
+    entries: HashMap<PartitionId, Entry>,
+    clock: u64,
+}
+
+struct Slot {
+    segment: Arc<Segment>,
+    alloc: Allocator,
+    /// Made for one large partition; unmapped when it is freed.
+    dedicated: bool,
+}
+
+struct Entry {
+    place: Place,
+    len: usize,
+    /// Explicit pins plus batches being read: while above zero the
+    /// partition stays in memory.
+    pins: u32,
+    last_use: u64,
+    /// The last reference is gone; freed when the last pin goes.
+    released: bool,
+}
+
+#[derive(Clone)]
+enum Place {
+    Memory { segment: usize, offset: usize },
+    Disk(PathBuf),
+}
+
+static STORES: AtomicU64 = AtomicU64::new(0);
+
+impl SharedStore {
+    /// Opens a store, first removing the segments and spill files that dead
+    /// processes of the same namespace left behind.
+    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        let namespace: String =
+            config.namespace.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        remove_stale(&namespace, &config.spill_dir);
+        let pid = std::process::id();
+        let prefix = format!("sb-{namespace}-{pid}-{}", STORES.fetch_add(1, Ordering::Relaxed));
+        let capacity = config.capacity;
+        // A few large segments: an eighth of the capacity, 8..256 MiB.
+        let segment_size = aligned((capacity / 8).clamp(8 << 20, 256 << 20).min(capacity) as usize);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                capacity,
+                segment_size,
+                spill_dir: config.spill_dir.join(&prefix),
+                prefix,
+                next_id: AtomicU64::new(1),
+                state: Mutex::new(State::default()),
+            }),
+        })
+    }
+
+    /// The name under which another process on this host can open the
+    /// partition with [`open_shared`](crate::open_shared), while it is in memory.
+    pub fn shared_name(&self, part: &PartitionRef) -> Option<String> {
+        let state = self.inner.state();
+        let entry = state.entries.get(&part.id())?;
+        match entry.place {
+            Place::Memory { segment, offset } => {
+                let name = state.segments[&segment].segment.name().to_string();
+                Some(format!("{name}@{offset}+{}", entry.len))
+            }
+            Place::Disk(_) => None,
+        }
+    }
+
+    /// The spill file of a partition that is on disk.
+    pub fn spill_path(&self, id: PartitionId) -> Option<PathBuf> {
+        match &self.inner.state().entries.get(&id)?.place {
+            Place::Disk(path) => Some(path.clone()),
+            Place::Memory { .. } => None,
+        }
+    }
+
+    /// The address range of the segment holding a partition in memory.
+    pub fn segment_range(&self, id: PartitionId) -> Option<std::ops::Range<usize>> {
+        let state = self.inner.state();
+        match state.entries.get(&id)?.place {
+            Place::Memory { segment, .. } => {
+                let seg = &state.segments[&segment].segment;
+                let base = seg.base().as_ptr() as usize;
+                Some(base..base + seg.len())
+            }
+            Place::Disk(_) => None,
+        }
+    }
+
+    /// Names of the segments this store has mapped.
+    pub fn segment_names(&self) -> Vec<String> {
+        self.inner.state().segments.values().map(|s| s.segment.name().to_string()).collect()
+    }
+
+    /// Its spill directory.
+    pub fn spill_dir(&self) -> &Path {
+        &self.inner.spill_dir
+    }
+
+    fn store(&self, batch: RecordBatch, may_spill: bool) -> Result<PartitionRef, PutError> {
+        let rows = batch.num_rows();
+        let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Arrow(e.to_string())))?;
+        let len = encoded.len;
+        let capacity = self.inner.capacity;
+        if len as u64 > capacity && !may_spill {
+            return Err(PutError::TooLarge { batch, needed: len as u64, capacity });
+        }
+        let id = PartitionId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        let mut state = self.inner.state();
+        let place = loop {
+            if let Some(place) = self.inner.allocate(&mut state, len) {
+                break place;
+            }
+            if !may_spill {
+                let used = state.used;
+                return Err(PutError::Full { batch, needed: len as u64, used, capacity });
+            }
+            match state.lru_victim() {
+                Some(victim) => self.inner.spill(&mut state, victim).map_err(PutError::Store)?,
+                None => {
+                    // Nothing left to spill: this partition goes straight to disk.
+                    let path = self.inner.spill_file(id).map_err(PutError::Store)?;
+                    encoded.write_file(&path).map_err(|e| PutError::Store(StoreError::io(&path, e)))?;
+                    state.spilled += len as u64;
+                    let entry = Entry { place: Place::Disk(path), len, pins: 0, last_use: state.tick(), released: false };
+                    state.entries.insert(id, entry);
+                    return Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()));
+                }
+            }
+        };
+        let Place::Memory { segment, offset } = place else { unreachable!("allocate returns memory") };
+        let target = state.segments[&segment].segment.clone();
+        drop(state);
+        // SAFETY: the allocator gave this region to this partition alone.
+        encoded.write_to(unsafe { target.region_mut(offset, len) });
+        let mut state = self.inner.state();
+        let entry = Entry { place, len, pins: 0, last_use: state.tick(), released: false };
+        state.entries.insert(id, entry);
+        Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()))
+    }
+}
+
+impl ObjectStore for SharedStore {
+    fn try_put(&self, batch: RecordBatch) -> Result<PartitionRef, PutError> {
+        self.store(batch, false)
+    }
+
+    fn put(&self, batch: RecordBatch) -> Result<PartitionRef, StoreError> {
+        self.store(batch, true).map_err(|e| match e {
+            PutError::Store(e) => e,
+            other => StoreError::Arrow(other.to_string()),
+        })
+    }
+
+    fn get(&self, id: PartitionId) -> Result<RecordBatch, StoreError> {
+        self.inner.read_partition(id)
+    }
+
+    fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError> {
+        let mut state = self.inner.state();
+        if matches!(state.entries.get(&id).ok_or(StoreError::Missing(id))?.place, Place::Disk(_)) {
+            self.inner.restore(&mut state, id)?;
+        }
+        let entry = state.entries.get_mut(&id).ok_or(StoreError::Missing(id))?;
+        entry.pins += 1;
+        Ok(PinGuard::new(Arc::new(Pinned { inner: self.inner.clone(), id })))
+    }
+
+    fn stats(&self) -> StoreStats {
+        let state = self.inner.state();
+        StoreStats {
+            capacity_bytes: self.inner.capacity,
+            used_bytes: state.used,
+            peak_bytes: state.peak,
+            partitions: state.entries.len(),
+            spilled_bytes: state.spilled,
+            restored_bytes: state.restored,
+        }
+    }
+}
+
+/// Keeps a partition in memory: an explicit pin, or a batch being read.
+struct Pinned {
+    inner: Arc<Inner>,
+    id: PartitionId,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let mut state = self.inner.state();
+        let Some(entry) = state.entries.get_mut(&self.id) else { return };
+        entry.pins -= 1;
+        if entry.pins == 0 && entry.released {
+            self.inner.free(&mut state, self.id);
+        }
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every update under the lock is a handful of field writes that
+        // cannot panic halfway, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Room for `len` bytes in memory: in a segment, a new segment while the
+    /// capacity allows, or a dedicated segment for a partition larger than
+    /// a segment.
+    fn allocate(&self, state: &mut State, len: usize) -> Option<Place> {
+        let capacity = self.capacity;
+        if state.used + aligned(len) as u64 > capacity {
+            return None;
+        }
+        let found = state
+            .segments
+            .iter_mut()
+            .filter(|(_, s)| !s.dedicated)
+            .find_map(|(&n, s)| s.alloc.alloc(len).map(|offset| (n, offset)));
+        let (segment, offset) = match found {
+            Some(found) => found,
+            None => {
+                let size = if len <= self.segment_size { self.segment_size } else { aligned(len) };
+                if state.mapped + size as u64 > capacity {
+                    // Give back empty segments to make room for this one.
+                    let empty: Vec<usize> =
+                        state.segments.iter().filter(|(_, s)| s.alloc.is_empty()).map(|(&n, _)| n).collect();
+                    for n in empty {
+                        if state.mapped + size as u64 <= capacity {
+                            break;
+                        }
+                        let slot = state.segments.remove(&n).expect("listed above");
+                        state.mapped -= slot.segment.len() as u64;
+                    }
+                    if state.mapped + size as u64 > capacity {
+                        return None;
+                    }
+                }
+                let n = state.next_segment;
+                let segment = Segment::create(&format!("{}-{n}", self.prefix), size).ok()?;
+                state.next_segment += 1;
+                state.mapped += size as u64;
+                let mut alloc = Allocator::new(size);
+                let offset = alloc.alloc(len)?;
+                state.segments.insert(n, Slot { segment: Arc::new(segment), alloc, dedicated: len > self.segment_size });
+                (n, offset)
+            }
+        };
+        state.used += aligned(len) as u64;
+        state.peak = state.peak.max(state.used);
+        Some(Place::Memory { segment, offset })
+    }
+
+    fn free(&self, state: &mut State, id: PartitionId) {
+        let Some(entry) = state.entries.remove(&id) else { return };
+        match entry.place {
+            Place::Memory { segment, offset } => self.free_region(state, segment, offset, entry.len),
+            Place::Disk(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    fn free_region(&self, state: &mut State, segment: usize, offset: usize, len: usize) {
+        state.used -= aligned(len) as u64;
+        let slot = state.segments.get_mut(&segment).expect("a live partition's segment is mapped");
+        slot.alloc.free(offset, len);
+        if slot.dedicated {
+            let slot = state.segments.remove(&segment).expect("present");
+            state.mapped -= slot.segment.len() as u64;
+        }
+    }
+
+    fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
+        std::fs::create_dir_all(&self.spill_dir).map_err(|e| StoreError::io(&self.spill_dir, e))?;
+        Ok(self.spill_dir.join(format!("{id}.arrows")))
+    }
+
+    /// Moves a partition from memory to a spill file.
+    fn spill(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
+        let entry = &state.entries[&id];
+        let (len, Place::Memory { segment, offset }) = (entry.len, entry.place.clone()) else {
+            return Ok(());
+        };
+        let path = self.spill_file(id)?;
+        let seg = state.segments[&segment].segment.clone();
+        // SAFETY: the region belongs to this partition, which nobody reads
+        // (no pins) or writes (written before it was listed).
+        let bytes = unsafe { seg.region_mut(offset, len) };
+        ipc::write_spill_file(&path, &[bytes]).map_err(|e| StoreError::io(&path, e))?;
+        self.free_region(state, segment, offset, len);
+        state.spilled += len as u64;
+        state.entries.get_mut(&id).expect("present").place = Place::Disk(path);
+        Ok(())
+    }
+
+    /// Brings a spilled partition back into memory (spilling others if needed).
+    fn restore(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
+        let entry = &state.entries[&id];
+        let (len, Place::Disk(path)) = (entry.len, entry.place.clone()) else { return Ok(()) };
+        let bytes = ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
+        let place = loop {
+            if let Some(place) = self.allocate(state, len) {
+                break place;
+            }
+            match state.lru_victim_except(id) {
+                Some(victim) => self.spill(state, victim)?,
+                None => return Err(StoreError::NoRoom { id, needed: len as u64, capacity: self.capacity }),
+            }
+        };
+        let Place::Memory { segment, offset } = place else { unreachable!("allocate returns memory") };
+        // SAFETY: a region just allocated for this partition.
+        unsafe { state.segments[&segment].segment.region_mut(offset, len) }.copy_from_slice(bytes.as_slice());
+        state.restored += len as u64;
+        state.entries.get_mut(&id).expect("present").place = place;
+        let _ = std::fs::remove_file(path);
+        Ok(())
+    }
+
+    fn read_partition(self: &Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
+        let mut state = self.state();
+        let tick = state.tick();
+        let entry = state.entries.get_mut(&id).ok_or(StoreError::Missing(id))?;
+        entry.last_use = tick;
+        let (len, place) = (entry.len, entry.place.clone());
+        match place {
+            Place::Memory { segment, offset } => {
+                entry.pins += 1;
+                let seg = state.segments[&segment].segment.clone();
+                drop(state);
+                let pin = Pinned { inner: self.clone(), id };
+                // SAFETY: offset..offset + len is this partition's region;
+                // the pin keeps it allocated (and unspilled) while the
+                // buffers live, and nothing writes to it after the put.
+                let ptr = unsafe { std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset)) };
+                let bytes = unsafe { ipc::view(ptr, len, Arc::new((pin, seg))) };
+                ipc::decode(bytes).map_err(|e| StoreError::Arrow(format!("partition {id}: {e}")))
+            }
+            Place::Disk(path) => {
+                state.restored += len as u64;
+                drop(state);
+                let bytes = ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
+                ipc::decode(bytes).map_err(|e| StoreError::Spill { id, message: e.to_string() })
+            }
+        }
+    }
+}
+
+impl State {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn lru_victim(&self) -> Option<PartitionId> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.pins == 0 && matches!(e.place, Place::Memory { .. }))
+            .min_by_key(|(_, e)| e.last_use)
+            .map(|(id, _)| *id)
+    }
+
+    fn lru_victim_except(&self, keep: PartitionId) -> Option<PartitionId> {
+        self.entries
+            .iter()
+            .filter(|(id, e)| **id != keep && e.pins == 0 && matches!(e.place, Place::Memory { .. }))
+            .min_by_key(|(_, e)| e.last_use)
+            .map(|(id, _)| *id)
+    }
+}
+
+impl Release for Inner {
+    fn release(&self, id: PartitionId, _bytes: u64) {
+        let mut state = self.state();
+        let Some(entry) = state.entries.get_mut(&id) else { return };
+        entry.released = true;
+        if entry.pins == 0 {
+            self.free(&mut state, id);
+        }
+    }
+
+    fn read(self: Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
+        self.read_partition(id)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Segments unlink themselves as they drop; spill files go here.
+        let _ = std::fs::remove_dir_all(&self.spill_dir);
+    }
+}
+
+/// Removes segments and spill directories of `namespace` whose process is dead.
+fn remove_stale(namespace: &str, spill_dir: &Path) {
+    let prefix = format!("sb-{namespace}-");
+    let dead = |name: &str| {
+        let pid = name.strip_prefix(&prefix).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        pid.is_some_and(|pid| pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    for name in segment::list(&prefix) {
+        if dead(&name) {
+            Segment::remove(&name);
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(spill_dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && dead(&name) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// A partition of another process's store, opened by its shared name.
+pub struct SharedPartition {
+    /// The rows; their buffers point into the mapped segment.
+    pub batch: RecordBatch,
+    /// The address range of this process's mapping of the segment.
+    pub mapping: std::ops::Range<usize>,
+}
+
+/// Opens, zero-copy, a partition that another process on this host keeps
+/// in memory (see [`SharedStore::shared_name`]). The other process must keep
+/// the partition (pinned) while it is read.
+pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
+    let bad = || StoreError::Segment(format!("`{name}` is not a partition name (segment@offset+len)"));
+    let (segment, rest) = name.split_once('@').ok_or_else(bad)?;
+    let (offset, len) = rest.split_once('+').ok_or_else(bad)?;
+    let (offset, len): (usize, usize) = (offset.parse().map_err(|_| bad())?, len.parse().map_err(|_| bad())?);
+    let segment = Arc::new(Segment::open(segment).map_err(StoreError::Segment)?);
+    if offset + len > segment.len() {
+        return Err(bad());
+    }
+    let base = segment.base().as_ptr() as usize;
+    let mapping = base..base + segment.len();
+    // SAFETY: within the segment; the segment stays mapped while the buffers hold it.
+    let ptr = unsafe { std::ptr::NonNull::new_unchecked(segment.base().as_ptr().add(offset)) };
+    let bytes = unsafe { ipc::view(ptr, len, segment) };
+    let batch = ipc::decode(bytes).map_err(|e| StoreError::Arrow(format!("{name}: {e}")))?;
+    Ok(SharedPartition { batch, mapping })
+}
+
+/// Encodes as the store would: the bytes a partition takes in memory.
+pub fn stored_len(batch: &RecordBatch) -> Result<usize, StoreError> {
+    ipc::encode(batch).map(|e: Encoded| e.len).map_err(|e| StoreError::Arrow(e.to_string()))
+}
