@@ -201,3 +201,27 @@ fn consecutive_operators_with_equal_resources_fuse() {
         vec!["range->filter", "gpu_op", "with_column"]
     );
 }
+
+#[test]
+fn flat_map_batches_streams_generated_batches() {
+    let out = ctx()
+        .range(50, 5)
+        .flat_map_batches(
+            |b: RecordBatch| {
+                let ids = b.column(0).as_primitive::<Int64Type>().values().to_vec();
+                ids.into_iter().map(|id| {
+                    let copies: ArrayRef = Arc::new(Int64Array::from_iter_values(
+                        (0..id % 3).map(|k| id * 10 + k),
+                    ));
+                    RecordBatch::try_from_iter([("v", copies)])
+                })
+            },
+            Resources::cpu(1.0).batch_rows(4),
+        )
+        .collect()
+        .unwrap();
+    let expected: Vec<i64> = (0..50)
+        .flat_map(|id| (0..id % 3).map(move |k| id * 10 + k))
+        .collect();
+    assert_eq!(sorted_i64(&out, "v"), expected);
+}

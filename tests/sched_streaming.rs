@@ -371,3 +371,69 @@ fn a_failing_set_up_ends_the_job_naming_the_operator() {
         "{text}"
     );
 }
+
+#[test]
+fn a_repartition_larger_than_the_store_spills_instead_of_stalling() {
+    let cap: u64 = 16 << 20;
+    let ctx = ctx_with(|c| c.store_capacity = cap);
+    let ds = ctx
+        .range(48, 8)
+        .flat_map_batches(
+            |b: RecordBatch| {
+                let ids = b.column(0).as_primitive::<Int64Type>().values().to_vec();
+                ids.into_iter().map(|id| {
+                    let data: ArrayRef = Arc::new(arrow_array::BinaryArray::from_vec(vec![
+                        vec![id as u8; 1 << 20].as_slice(),
+                    ]));
+                    RecordBatch::try_from_iter([
+                        ("id", Arc::new(Int64Array::from(vec![id])) as ArrayRef),
+                        ("data", data),
+                    ])
+                })
+            },
+            Resources::cpu(1.0),
+        )
+        .repartition(3)
+        .map_batches(
+            |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                let data = b.column_by_name("data").unwrap().as_binary::<i32>();
+                let sums: Int64Array = data
+                    .iter()
+                    .map(|d| d.map(|d| d.iter().map(|&x| x as i64).sum::<i64>()))
+                    .collect();
+                Ok(RecordBatch::try_from_iter([
+                    ("id", b.column(0).clone()),
+                    ("sum", Arc::new(sums) as ArrayRef),
+                ])?)
+            },
+            Resources::cpu(0.5),
+        );
+    // 48 MiB through a 16 MiB store: the repartition must hold it all. Run
+    // with a deadline so that a stall fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let job = ds.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(job.collect());
+    });
+    let out = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the job stalled")
+        .unwrap();
+    let mut got: Vec<(i64, i64)> = out
+        .iter()
+        .flat_map(|b| {
+            let ids = b.column(0).as_primitive::<Int64Type>().values().to_vec();
+            let sums = b.column(1).as_primitive::<Int64Type>().values().to_vec();
+            ids.into_iter().zip(sums)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        (0..48).map(|id| (id, id * (1 << 20))).collect::<Vec<_>>()
+    );
+    assert_eq!(out.iter().filter(|b| b.num_rows() > 0).count(), 3);
+    let stats = ds.stats().unwrap();
+    assert!(stats.spilled_bytes > 0, "nothing spilled");
+    assert!(stats.peak_store_bytes <= cap && ctx.store_stats().peak_bytes <= cap);
+}

@@ -191,6 +191,25 @@ impl Dataset {
         )
     }
 
+    /// Applies a generator to each batch: `f` returns an iterator of
+    /// batches, pulled one at a time (like a Python generator UDF in Ray
+    /// Data), so that an expansion streams out partition by partition.
+    pub fn flat_map_batches<F, I, E>(&self, f: F, options: impl Into<StageOptions>) -> Self
+    where
+        F: Fn(RecordBatch) -> I + Send + Sync + 'static,
+        I: IntoIterator<Item = std::result::Result<RecordBatch, E>> + 'static,
+        I::IntoIter: Send,
+        E: Into<UdfError>,
+    {
+        let generator: crate::BatchGeneratorFn =
+            Arc::new(move |b| Box::new(f(b).into_iter().map(|r| r.map_err(Into::into))));
+        self.op(
+            "flat_map_batches",
+            OpKind::FlatMapBatches(generator),
+            options.into(),
+        )
+    }
+
     /// Applies a batch function: a closure, or a [`crate::Stateful`]
     /// operator whose set-up runs once per worker.
     pub fn map_batches(&self, udf: impl BatchUdf, options: impl Into<StageOptions>) -> Self {

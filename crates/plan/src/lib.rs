@@ -25,7 +25,9 @@ pub use plan::{ExecPlan, Node, PlanNode, Stage, StageKind, TaskInput};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
 pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};
-pub use udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError};
+pub use udf::{
+    BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
+};
 
 /// A stream of batches: what sources yield and operators transform.
 pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

@@ -12,7 +12,7 @@ use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
 use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
 use crate::sink::write_parquet_part;
-use crate::udf::{BatchFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
+use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
 use crate::{BatchIter, Error, Expr, Result};
 
 /// Rows, bytes and time of one operator inside a fused stage, summed over
@@ -66,6 +66,8 @@ pub enum OpKind {
     Map(RowMapFn),
     /// Row to any number of rows.
     FlatMap(RowFlatMapFn),
+    /// A batch to any number of batches, produced lazily.
+    FlatMapBatches(BatchGeneratorFn),
     /// Keep matching rows.
     Filter(Predicate),
     /// Compute these columns only.
@@ -146,6 +148,23 @@ pub fn apply(
             next: 0,
             on_err: Box::new(udf_error),
         }),
+        OpKind::FlatMapBatches(f) => {
+            let f = f.clone();
+            let on_err = udf_error.clone();
+            let input = match op.options.batch_rows {
+                Some(rows) => Box::new(Rebatch::new(input, rows, arrow_error.clone())),
+                None => non_empty(input),
+            };
+            Box::new(input.flat_map(move |b| -> BatchIter {
+                match b {
+                    Ok(b) => {
+                        let on_err = on_err.clone();
+                        Box::new(f(b).map(move |out| out.map_err(&on_err)))
+                    }
+                    Err(e) => Box::new(std::iter::once(Err(e))),
+                }
+            }))
+        }
         OpKind::Filter(Predicate::Expr(e)) => {
             let e = e.clone();
             Box::new(non_empty(input).map(move |b| {

@@ -112,6 +112,14 @@ pub type RowMapFn = Arc<dyn Fn(Row) -> Result<Row, UdfError> + Send + Sync>;
 /// A row-to-rows function (`flat_map`).
 pub type RowFlatMapFn = Arc<dyn Fn(Row) -> Result<Vec<Row>, UdfError> + Send + Sync>;
 
+/// A batch-to-batches generator (`flat_map_batches`): its output is pulled
+/// one batch at a time, so a large expansion never sits in memory whole.
+pub type BatchGeneratorFn = Arc<
+    dyn Fn(RecordBatch) -> Box<dyn Iterator<Item = Result<RecordBatch, UdfError>> + Send>
+        + Send
+        + Sync,
+>;
+
 /// A `filter` condition: an Arrow expression (evaluated per batch) or a
 /// closure over rows.
 #[derive(Clone)]

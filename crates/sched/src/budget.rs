@@ -87,7 +87,12 @@ impl Budgets {
     /// the executor lets spill because nothing else can progress.
     pub fn force_admit(&self, stage: usize, bytes: u64) -> Reservation {
         self.inner.used.lock().unwrap_or_else(|p| p.into_inner())[stage] += bytes;
-        Reservation { budgets: self.clone(), stage, bytes, notify: true }
+        Reservation {
+            budgets: self.clone(),
+            stage,
+            bytes,
+            notify: true,
+        }
     }
 
     /// Bytes of `stage`'s outputs held now.

@@ -354,12 +354,19 @@ impl ExecState {
                 let stage = &self.ctx.plan.stages[i];
                 let runs = stage.runs_tasks() && !s.done;
                 let paused: Vec<u64> = s.paused.iter().map(|r| r.pending_bytes()).collect();
+                // A task the store turned away waits for a free since then.
+                let paused_fits = s
+                    .paused
+                    .iter()
+                    .zip(&paused)
+                    .map(|(run, b)| {
+                        let freed_since = run.store_full_at.is_none_or(|at| store.frees > at);
+                        freed_since && budgets.fits(i, *b) && *b <= store_free
+                    })
+                    .collect();
                 StageView {
                     waiting_inputs: if runs { s.waiting() } else { 0 },
-                    paused_fits: paused
-                        .iter()
-                        .map(|b| budgets.fits(i, *b) && *b <= store_free)
-                        .collect(),
+                    paused_fits,
                     paused,
                     running: s.running,
                     resources: stage.options.resources,
@@ -386,10 +393,16 @@ impl ExecState {
     /// Starts or resumes a task as decided. False when the node is gone.
     fn carry_out(&mut self, decision: Decision, may_spill: bool) -> bool {
         let (stage, mut run, kind) = match decision {
-            Decision::Resume { stage, index } => {
-                (stage, Box::new(self.stages[stage].paused.remove(index)), EventKind::TaskResumed)
-            }
-            Decision::Dispatch { stage } => (stage, Box::new(self.new_task(stage)), EventKind::TaskStarted),
+            Decision::Resume { stage, index } => (
+                stage,
+                Box::new(self.stages[stage].paused.remove(index)),
+                EventKind::TaskResumed,
+            ),
+            Decision::Dispatch { stage } => (
+                stage,
+                Box::new(self.new_task(stage)),
+                EventKind::TaskStarted,
+            ),
         };
         run.may_spill = may_spill;
         let resources = self.resources(stage);
@@ -418,12 +431,23 @@ impl ExecState {
     /// larger than the store). Runs one task that may spill. True when it did.
     fn force_if_stuck(&mut self) -> bool {
         let running = self.stages.iter().any(|s| s.running > 0);
-        let last = self.ctx.plan.stages.iter().rposition(|s| s.runs_tasks()).unwrap_or(0);
+        let last = self
+            .ctx
+            .plan
+            .stages
+            .iter()
+            .rposition(|s| s.runs_tasks())
+            .unwrap_or(0);
         if running || self.ctx.budgets.used(last) > 0 || self.stages.iter().all(|s| s.done) {
             return false;
         }
-        let Some(decision) = policy::forced_decision(&self.snapshot()) else { return false };
-        tracing::debug!(?decision, "memory is full and nothing can run: letting a task spill");
+        let Some(decision) = policy::forced_decision(&self.snapshot()) else {
+            return false;
+        };
+        tracing::debug!(
+            ?decision,
+            "memory is full and nothing can run: letting a task spill"
+        );
         self.carry_out(decision, true);
         true
     }

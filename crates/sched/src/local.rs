@@ -38,7 +38,8 @@ impl LocalCluster {
     /// Starts a node with `config` and a shared-memory store of its capacity.
     pub fn start(config: NodeConfig) -> Result<Self> {
         let store_config = StoreConfig::new(config.store_capacity, &config.spill_dir);
-        let store = SharedStore::open(store_config).map_err(|e| Error::Execution(format!("cannot open the store: {e}")))?;
+        let store = SharedStore::open(store_config)
+            .map_err(|e| Error::Execution(format!("cannot open the store: {e}")))?;
         Self::with_store(config, Arc::new(store))
     }
 

@@ -80,12 +80,23 @@ pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
 /// anyway, letting it spill. A paused task nearest the sink first, else a new
 /// task of the stage nearest the sink, budgets ignored.
 pub fn forced_decision(snapshot: &Snapshot) -> Option<Decision> {
-    let fits = |v: &StageView| v.resources.fits_in(&snapshot.free) && v.max_running.is_none_or(|m| v.running < m);
-    let stages = || snapshot.stages.iter().enumerate().rev().filter(|(_, v)| fits(v));
+    let fits = |v: &StageView| {
+        v.resources.fits_in(&snapshot.free) && v.max_running.is_none_or(|m| v.running < m)
+    };
+    let stages = || {
+        snapshot
+            .stages
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, v)| fits(v))
+    };
     if let Some((stage, _)) = stages().find(|(_, v)| !v.paused.is_empty()) {
         return Some(Decision::Resume { stage, index: 0 });
     }
-    stages().find(|(_, v)| v.waiting_inputs > 0).map(|(stage, _)| Decision::Dispatch { stage })
+    stages()
+        .find(|(_, v)| v.waiting_inputs > 0)
+        .map(|(stage, _)| Decision::Dispatch { stage })
 }
 
 /// Applies a decision to a snapshot, as the executor will to its state, so
@@ -209,13 +220,22 @@ mod tests {
         let mut mid = stage(0, Resources::cpu(1.0));
         mid.paused = vec![10, 10];
         mid.paused_fits = vec![false, false];
-        let s = Snapshot { stages: vec![up, mid, stage(0, Resources::cpu(1.0))], free: Resources::cpu(2.0) };
+        let s = Snapshot {
+            stages: vec![up, mid, stage(0, Resources::cpu(1.0))],
+            free: Resources::cpu(2.0),
+        };
         assert_eq!(next_decision(&s), None);
-        assert_eq!(forced_decision(&s), Some(Decision::Resume { stage: 1, index: 0 }));
+        assert_eq!(
+            forced_decision(&s),
+            Some(Decision::Resume { stage: 1, index: 0 })
+        );
         let mut only_waiting = s.clone();
         only_waiting.stages[0].paused.clear();
         only_waiting.stages[1].paused.clear();
-        assert_eq!(forced_decision(&only_waiting), Some(Decision::Dispatch { stage: 0 }));
+        assert_eq!(
+            forced_decision(&only_waiting),
+            Some(Decision::Dispatch { stage: 0 })
+        );
     }
 
     proptest::proptest! {

@@ -67,6 +67,9 @@ pub struct TaskRun {
     /// Set by the executor when nothing else can progress: outputs may
     /// exceed the budget and the store spills to make room.
     pub may_spill: bool,
+    /// When paused because the store was full: its free count then. Only a
+    /// later free can make room, so the task waits for one.
+    pub store_full_at: Option<u64>,
     busy: Duration,
 }
 
@@ -137,6 +140,7 @@ impl TaskRun {
             next_seq: 0,
             skip,
             may_spill: false,
+            store_full_at: None,
             busy: Duration::ZERO,
         }
     }
@@ -216,16 +220,21 @@ impl TaskRun {
         } else {
             match budgets.try_admit(self.stage, bytes) {
                 Some(r) => r,
-                None => return Ok(Some(batch)),
+                None => {
+                    self.store_full_at = None;
+                    return Ok(Some(batch));
+                }
             }
         };
         let stored = if self.may_spill {
             self.job.store.put(batch).map_err(|e| self.store_error(e))?
         } else {
+            let frees = self.job.store.stats().frees;
             match self.job.store.try_put(batch) {
                 Ok(part) => part,
                 Err(PutError::Full { batch, .. }) => {
                     reservation.cancel();
+                    self.store_full_at = Some(frees);
                     return Ok(Some(batch));
                 }
                 Err(PutError::TooLarge { batch, .. }) => {
@@ -240,11 +249,18 @@ impl TaskRun {
         self.next_seq += 1;
         let slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
         // A send fails only when the job has ended; the output is then unwanted.
-        let _ = self.job.executor.cast(ExecutorMsg::Output { task: self.task, seq, slice });
+        let _ = self.job.executor.cast(ExecutorMsg::Output {
+            task: self.task,
+            seq,
+            slice,
+        });
         Ok(None)
     }
 
     fn store_error(&self, e: StoreError) -> Error {
-        Error::Execution(format!("stage `{}`: {e}", self.job.plan.stages[self.stage].name))
+        Error::Execution(format!(
+            "stage `{}`: {e}",
+            self.job.plan.stages[self.stage].name
+        ))
     }
 }

@@ -23,7 +23,11 @@ impl Allocator {
     /// All of `len` bytes free.
     pub fn new(len: usize) -> Self {
         let len = len / ALIGN * ALIGN;
-        Self { free: BTreeMap::from([(0, len)]), free_bytes: len, len }
+        Self {
+            free: BTreeMap::from([(0, len)]),
+            free_bytes: len,
+            len,
+        }
     }
 
     /// The offset of a region of `len` bytes (rounded up), or `None`.

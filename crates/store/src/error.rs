@@ -45,7 +45,10 @@ pub enum StoreError {
 
 impl StoreError {
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.to_path_buf(), source }
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 

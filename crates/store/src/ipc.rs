@@ -82,9 +82,15 @@ fn trailer(len: usize, crc: u32) -> Vec<u8> {
 /// against their CRC).
 pub fn decode(bytes: Buffer) -> Result<RecordBatch, ArrowError> {
     // SAFETY: see above; the data were valid Arrow when encoded.
-    let mut decoder = unsafe { StreamDecoder::new().with_require_alignment(true).with_skip_validation(true) };
+    let mut decoder = unsafe {
+        StreamDecoder::new()
+            .with_require_alignment(true)
+            .with_skip_validation(true)
+    };
     let mut bytes = bytes;
-    let batch = decoder.decode(&mut bytes)?.ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))?;
+    let batch = decoder
+        .decode(&mut bytes)?
+        .ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))?;
     Ok(batch)
 }
 
@@ -92,25 +98,37 @@ pub fn decode(bytes: Buffer) -> Result<RecordBatch, ArrowError> {
 ///
 /// # Safety
 /// `ptr..ptr + len` must stay valid and unchanged while `owner` lives.
-pub unsafe fn view(ptr: NonNull<u8>, len: usize, owner: Arc<dyn arrow_buffer::alloc::Allocation>) -> Buffer {
+pub unsafe fn view(
+    ptr: NonNull<u8>,
+    len: usize,
+    owner: Arc<dyn arrow_buffer::alloc::Allocation>,
+) -> Buffer {
     // SAFETY: guaranteed by the caller.
     unsafe { Buffer::from_custom_allocation(ptr, len, owner) }
 }
 
 /// Maps a spill file and checks its trailer and CRC; returns the stream bytes.
 pub fn map_spill_file(path: &Path) -> Result<Buffer, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("spill file {}: {e}", path.display()))?;
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("spill file {}: {e}", path.display()))?;
     // SAFETY: spill files are written once, before they are mapped, and
     // removed (never changed) when the partition is freed.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("mapping spill file {}: {e}", path.display()))?;
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| format!("mapping spill file {}: {e}", path.display()))?;
     if map.len() < TRAILER || &map[map.len() - 8..] != MAGIC {
-        return Err(format!("spill file {} is truncated or not a spill file", path.display()));
+        return Err(format!(
+            "spill file {} is truncated or not a spill file",
+            path.display()
+        ));
     }
     let body = map.len() - TRAILER;
     let len = u64::from_le_bytes(map[body..body + 8].try_into().expect("8 bytes")) as usize;
     let crc = u32::from_le_bytes(map[body + 8..body + 12].try_into().expect("4 bytes"));
     if len != body || crc32fast::hash(&map[..body]) != crc {
-        return Err(format!("spill file {} is corrupt (checksum mismatch)", path.display()));
+        return Err(format!(
+            "spill file {} is corrupt (checksum mismatch)",
+            path.display()
+        ));
     }
     let map = Arc::new(map);
     let ptr = NonNull::new(map.as_ptr() as *mut u8).expect("a mapping is never at address 0");

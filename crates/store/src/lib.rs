@@ -59,6 +59,9 @@ pub struct StoreStats {
     pub spilled_bytes: u64,
     /// Bytes read back from spill files.
     pub restored_bytes: u64,
+    /// Partitions freed since the store opened: a waiter for memory
+    /// compares it with the count it saw when it started to wait.
+    pub frees: u64,
 }
 
 /// A store of immutable partitions, each one Arrow `RecordBatch`.

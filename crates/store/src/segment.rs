@@ -8,9 +8,6 @@ use std::ptr::NonNull;
 
 use shared_memory::{Shmem, ShmemConf};
 
-/// Bytes per page touched when pre-faulting.
-const PAGE: usize = 4096;
-
 /// A mapped shared-memory segment. Its creator removes it from the system
 /// when dropped; a process that only opened it just unmaps it.
 pub struct Segment {
@@ -26,21 +23,40 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Creates segment `name` of `len` bytes and touches every page once, so
-    /// that later writes run at memory speed instead of faulting.
+    /// Creates segment `name` of `len` bytes. Call [`Segment::prefault`]
+    /// (on any thread) so that writes run at memory speed instead of
+    /// faulting page by page.
     pub fn create(name: &str, len: usize) -> Result<Self, String> {
-        let shm = ShmemConf::new().os_id(name).size(len).create().map_err(|e| format!("creating segment {name}: {e}"))?;
-        let base = shm.as_ptr();
-        for offset in (0..len).step_by(PAGE) {
-            // SAFETY: offset < len, inside the mapping just created.
-            unsafe { base.add(offset).write_volatile(0) };
-        }
+        let shm = ShmemConf::new()
+            .os_id(name)
+            .size(len)
+            .create()
+            .map_err(|e| format!("creating segment {name}: {e}"))?;
         Ok(Self { shm })
+    }
+
+    /// Maps every page of the segment writable ahead of use, without
+    /// touching its contents, so it may run while the segment is in use
+    /// (`MADV_POPULATE_WRITE`). Where the kernel lacks it, pages fault in
+    /// on first write instead.
+    pub fn prefault(&self) {
+        // SAFETY: the range is exactly this mapping; the advice changes page
+        // tables only, never the bytes.
+        unsafe {
+            libc::madvise(
+                self.shm.as_ptr().cast(),
+                self.shm.len(),
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
     }
 
     /// Opens an existing segment (made by another process) for reading.
     pub fn open(name: &str) -> Result<Self, String> {
-        let shm = ShmemConf::new().os_id(name).open().map_err(|e| format!("opening segment {name}: {e}"))?;
+        let shm = ShmemConf::new()
+            .os_id(name)
+            .open()
+            .map_err(|e| format!("opening segment {name}: {e}"))?;
         Ok(Self { shm })
     }
 
@@ -70,6 +86,9 @@ impl Segment {
     ///
     /// # Safety
     /// The region must be inside the segment and owned by the caller alone.
+    // Shared memory is written through a shared handle; exclusivity is the
+    // allocator's promise, stated in the safety contract above.
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn region_mut(&self, offset: usize, len: usize) -> &mut [u8] {
         debug_assert!(offset + len <= self.len());
         // SAFETY: the caller guarantees bounds and exclusive use.
@@ -80,7 +99,9 @@ impl Segment {
 /// Names of segments in the system's shared-memory directory that start with
 /// `prefix`.
 pub fn list(prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/dev/shm") else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return Vec::new();
+    };
     entries
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())

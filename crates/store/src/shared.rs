@@ -30,7 +30,11 @@ pub struct StoreConfig {
 impl StoreConfig {
     /// A store of `capacity` bytes spilling to `spill_dir`, namespace `local`.
     pub fn new(capacity: u64, spill_dir: impl Into<PathBuf>) -> Self {
-        Self { capacity, spill_dir: spill_dir.into(), namespace: "local".into() }
+        Self {
+            capacity,
+            spill_dir: spill_dir.into(),
+            namespace: "local".into(),
+        }
     }
 }
 
@@ -67,11 +71,15 @@ struct Inner {
 struct State {
     segments: HashMap<usize, Slot>,
     next_segment: usize,
+    /// Bytes of all segments mapped (or being made).
     mapped: u64,
+    /// Bytes of the regular (shared) segments.
+    regular_mapped: u64,
     used: u64,
     peak: u64,
     spilled: u64,
     restored: u64,
+    frees: u64,
     entries: HashMap<PartitionId, Entry>,
     clock: u64,
 }
@@ -102,15 +110,24 @@ enum Place {
 
 static STORES: AtomicU64 = AtomicU64::new(0);
 
+/// The first segment's size; later ones double the total up to the largest.
+const FIRST_SEGMENT: u64 = 4 << 20;
+
 impl SharedStore {
     /// Opens a store, first removing the segments and spill files that dead
     /// processes of the same namespace left behind.
     pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
-        let namespace: String =
-            config.namespace.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let namespace: String = config
+            .namespace
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
         remove_stale(&namespace, &config.spill_dir);
         let pid = std::process::id();
-        let prefix = format!("sb-{namespace}-{pid}-{}", STORES.fetch_add(1, Ordering::Relaxed));
+        let prefix = format!(
+            "sb-{namespace}-{pid}-{}",
+            STORES.fetch_add(1, Ordering::Relaxed)
+        );
         let capacity = config.capacity;
         // A few large segments: an eighth of the capacity, 8..256 MiB.
         let segment_size = aligned((capacity / 8).clamp(8 << 20, 256 << 20).min(capacity) as usize);
@@ -163,7 +180,12 @@ impl SharedStore {
 
     /// Names of the segments this store has mapped.
     pub fn segment_names(&self) -> Vec<String> {
-        self.inner.state().segments.values().map(|s| s.segment.name().to_string()).collect()
+        self.inner
+            .state()
+            .segments
+            .values()
+            .map(|s| s.segment.name().to_string())
+            .collect()
     }
 
     /// Its spill directory.
@@ -173,42 +195,73 @@ impl SharedStore {
 
     fn store(&self, batch: RecordBatch, may_spill: bool) -> Result<PartitionRef, PutError> {
         let rows = batch.num_rows();
-        let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Arrow(e.to_string())))?;
+        let encoded =
+            ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Arrow(e.to_string())))?;
         let len = encoded.len;
         let capacity = self.inner.capacity;
         if len as u64 > capacity && !may_spill {
-            return Err(PutError::TooLarge { batch, needed: len as u64, capacity });
+            return Err(PutError::TooLarge {
+                batch,
+                needed: len as u64,
+                capacity,
+            });
         }
         let id = PartitionId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         let mut state = self.inner.state();
         let place = loop {
-            if let Some(place) = self.inner.allocate(&mut state, len) {
+            let (guard, place) = self.inner.allocate(state, len);
+            state = guard;
+            if let Some(place) = place {
                 break place;
             }
             if !may_spill {
                 let used = state.used;
-                return Err(PutError::Full { batch, needed: len as u64, used, capacity });
+                return Err(PutError::Full {
+                    batch,
+                    needed: len as u64,
+                    used,
+                    capacity,
+                });
             }
             match state.lru_victim() {
-                Some(victim) => self.inner.spill(&mut state, victim).map_err(PutError::Store)?,
+                Some(victim) => self
+                    .inner
+                    .spill(&mut state, victim)
+                    .map_err(PutError::Store)?,
                 None => {
                     // Nothing left to spill: this partition goes straight to disk.
                     let path = self.inner.spill_file(id).map_err(PutError::Store)?;
-                    encoded.write_file(&path).map_err(|e| PutError::Store(StoreError::io(&path, e)))?;
+                    encoded
+                        .write_file(&path)
+                        .map_err(|e| PutError::Store(StoreError::io(&path, e)))?;
                     state.spilled += len as u64;
-                    let entry = Entry { place: Place::Disk(path), len, pins: 0, last_use: state.tick(), released: false };
+                    let entry = Entry {
+                        place: Place::Disk(path),
+                        len,
+                        pins: 0,
+                        last_use: state.tick(),
+                        released: false,
+                    };
                     state.entries.insert(id, entry);
                     return Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()));
                 }
             }
         };
-        let Place::Memory { segment, offset } = place else { unreachable!("allocate returns memory") };
+        let Place::Memory { segment, offset } = place else {
+            unreachable!("allocate returns memory")
+        };
         let target = state.segments[&segment].segment.clone();
         drop(state);
         // SAFETY: the allocator gave this region to this partition alone.
         encoded.write_to(unsafe { target.region_mut(offset, len) });
         let mut state = self.inner.state();
-        let entry = Entry { place, len, pins: 0, last_use: state.tick(), released: false };
+        let entry = Entry {
+            place,
+            len,
+            pins: 0,
+            last_use: state.tick(),
+            released: false,
+        };
         state.entries.insert(id, entry);
         Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()))
     }
@@ -232,12 +285,18 @@ impl ObjectStore for SharedStore {
 
     fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError> {
         let mut state = self.inner.state();
-        if matches!(state.entries.get(&id).ok_or(StoreError::Missing(id))?.place, Place::Disk(_)) {
-            self.inner.restore(&mut state, id)?;
+        if matches!(
+            state.entries.get(&id).ok_or(StoreError::Missing(id))?.place,
+            Place::Disk(_)
+        ) {
+            state = self.inner.restore(state, id)?;
         }
         let entry = state.entries.get_mut(&id).ok_or(StoreError::Missing(id))?;
         entry.pins += 1;
-        Ok(PinGuard::new(Arc::new(Pinned { inner: self.inner.clone(), id })))
+        Ok(PinGuard::new(Arc::new(Pinned {
+            inner: self.inner.clone(),
+            id,
+        })))
     }
 
     fn stats(&self) -> StoreStats {
@@ -249,6 +308,7 @@ impl ObjectStore for SharedStore {
             partitions: state.entries.len(),
             spilled_bytes: state.spilled,
             restored_bytes: state.restored,
+            frees: state.frees,
         }
     }
 }
@@ -262,7 +322,9 @@ struct Pinned {
 impl Drop for Pinned {
     fn drop(&mut self) {
         let mut state = self.inner.state();
-        let Some(entry) = state.entries.get_mut(&self.id) else { return };
+        let Some(entry) = state.entries.get_mut(&self.id) else {
+            return;
+        };
         entry.pins -= 1;
         if entry.pins == 0 && entry.released {
             self.inner.free(&mut state, self.id);
@@ -279,55 +341,108 @@ impl Inner {
 
     /// Room for `len` bytes in memory: in a segment, a new segment while the
     /// capacity allows, or a dedicated segment for a partition larger than
-    /// a segment.
-    fn allocate(&self, state: &mut State, len: usize) -> Option<Place> {
+    /// the largest segment. New segments grow geometrically (4 MiB, 4, 8, 16,
+    /// ... up to the largest), so a small job maps and pre-faults little;
+    /// they are made with the lock released, since pre-faulting takes time.
+    fn allocate<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        len: usize,
+    ) -> (MutexGuard<'a, State>, Option<Place>) {
         let capacity = self.capacity;
-        if state.used + aligned(len) as u64 > capacity {
-            return None;
-        }
-        let found = state
-            .segments
-            .iter_mut()
-            .filter(|(_, s)| !s.dedicated)
-            .find_map(|(&n, s)| s.alloc.alloc(len).map(|offset| (n, offset)));
-        let (segment, offset) = match found {
-            Some(found) => found,
-            None => {
-                let size = if len <= self.segment_size { self.segment_size } else { aligned(len) };
-                if state.mapped + size as u64 > capacity {
-                    // Give back empty segments to make room for this one.
-                    let empty: Vec<usize> =
-                        state.segments.iter().filter(|(_, s)| s.alloc.is_empty()).map(|(&n, _)| n).collect();
-                    for n in empty {
-                        if state.mapped + size as u64 <= capacity {
-                            break;
-                        }
-                        let slot = state.segments.remove(&n).expect("listed above");
-                        state.mapped -= slot.segment.len() as u64;
-                    }
-                    if state.mapped + size as u64 > capacity {
-                        return None;
-                    }
-                }
-                let n = state.next_segment;
-                let segment = Segment::create(&format!("{}-{n}", self.prefix), size).ok()?;
-                state.next_segment += 1;
-                state.mapped += size as u64;
-                let mut alloc = Allocator::new(size);
-                let offset = alloc.alloc(len)?;
-                state.segments.insert(n, Slot { segment: Arc::new(segment), alloc, dedicated: len > self.segment_size });
-                (n, offset)
+        loop {
+            if state.used + aligned(len) as u64 > capacity {
+                return (state, None);
             }
-        };
-        state.used += aligned(len) as u64;
-        state.peak = state.peak.max(state.used);
-        Some(Place::Memory { segment, offset })
+            let found = state
+                .segments
+                .iter_mut()
+                .filter(|(_, s)| !s.dedicated)
+                .find_map(|(&n, s)| s.alloc.alloc(len).map(|offset| (n, offset)));
+            if let Some((segment, offset)) = found {
+                state.used += aligned(len) as u64;
+                state.peak = state.peak.max(state.used);
+                return (state, Some(Place::Memory { segment, offset }));
+            }
+            let dedicated = len > self.segment_size;
+            let size = if dedicated {
+                aligned(len)
+            } else {
+                state
+                    .regular_mapped
+                    .clamp(FIRST_SEGMENT, self.segment_size as u64) as usize
+            };
+            let size = size.max(aligned(len));
+            if state.mapped + size as u64 > capacity {
+                // Give back empty segments to make room for this one.
+                let empty: Vec<usize> = state
+                    .segments
+                    .iter()
+                    .filter(|(_, s)| s.alloc.is_empty())
+                    .map(|(&n, _)| n)
+                    .collect();
+                for n in empty {
+                    if state.mapped + size as u64 <= capacity {
+                        break;
+                    }
+                    let slot = state.segments.remove(&n).expect("listed above");
+                    state.unmap(&slot);
+                }
+                if state.mapped + size as u64 > capacity {
+                    return (state, None);
+                }
+            }
+            let n = state.next_segment;
+            state.next_segment += 1;
+            state.mapped += size as u64;
+            drop(state);
+            let created = Segment::create(&format!("{}-{n}", self.prefix), size);
+            state = self.state();
+            let Ok(segment) = created else {
+                state.mapped -= size as u64;
+                return (state, None);
+            };
+            let segment = Arc::new(segment);
+            let background = segment.clone();
+            std::thread::spawn(move || background.prefault());
+            let mut alloc = Allocator::new(size);
+            if dedicated {
+                let offset = alloc
+                    .alloc(len)
+                    .expect("a dedicated segment fits its partition");
+                state.segments.insert(
+                    n,
+                    Slot {
+                        segment: segment.clone(),
+                        alloc,
+                        dedicated,
+                    },
+                );
+                state.used += aligned(len) as u64;
+                state.peak = state.peak.max(state.used);
+                return (state, Some(Place::Memory { segment: n, offset }));
+            }
+            state.regular_mapped += size as u64;
+            state.segments.insert(
+                n,
+                Slot {
+                    segment: segment.clone(),
+                    alloc,
+                    dedicated,
+                },
+            );
+        }
     }
 
     fn free(&self, state: &mut State, id: PartitionId) {
-        let Some(entry) = state.entries.remove(&id) else { return };
+        let Some(entry) = state.entries.remove(&id) else {
+            return;
+        };
+        state.frees += 1;
         match entry.place {
-            Place::Memory { segment, offset } => self.free_region(state, segment, offset, entry.len),
+            Place::Memory { segment, offset } => {
+                self.free_region(state, segment, offset, entry.len)
+            }
             Place::Disk(path) => {
                 let _ = std::fs::remove_file(path);
             }
@@ -336,11 +451,14 @@ impl Inner {
 
     fn free_region(&self, state: &mut State, segment: usize, offset: usize, len: usize) {
         state.used -= aligned(len) as u64;
-        let slot = state.segments.get_mut(&segment).expect("a live partition's segment is mapped");
+        let slot = state
+            .segments
+            .get_mut(&segment)
+            .expect("a live partition's segment is mapped");
         slot.alloc.free(offset, len);
         if slot.dedicated {
             let slot = state.segments.remove(&segment).expect("present");
-            state.mapped -= slot.segment.len() as u64;
+            state.unmap(&slot);
         }
     }
 
@@ -368,26 +486,53 @@ impl Inner {
     }
 
     /// Brings a spilled partition back into memory (spilling others if needed).
-    fn restore(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
-        let entry = &state.entries[&id];
-        let (len, Place::Disk(path)) = (entry.len, entry.place.clone()) else { return Ok(()) };
-        let bytes = ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
+    fn restore<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        id: PartitionId,
+    ) -> Result<MutexGuard<'a, State>, StoreError> {
+        let entry = state.entries.get(&id).ok_or(StoreError::Missing(id))?;
+        let (len, Place::Disk(path)) = (entry.len, entry.place.clone()) else {
+            return Ok(state);
+        };
+        let bytes =
+            ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
         let place = loop {
-            if let Some(place) = self.allocate(state, len) {
+            let (guard, place) = self.allocate(state, len);
+            state = guard;
+            if let Some(place) = place {
                 break place;
             }
             match state.lru_victim_except(id) {
-                Some(victim) => self.spill(state, victim)?,
-                None => return Err(StoreError::NoRoom { id, needed: len as u64, capacity: self.capacity }),
+                Some(victim) => self.spill(&mut state, victim)?,
+                None => {
+                    return Err(StoreError::NoRoom {
+                        id,
+                        needed: len as u64,
+                        capacity: self.capacity,
+                    });
+                }
             }
         };
-        let Place::Memory { segment, offset } = place else { unreachable!("allocate returns memory") };
+        let Place::Memory { segment, offset } = place else {
+            unreachable!("allocate returns memory")
+        };
+        // The lock was let go while segments grew: the partition may have been
+        // freed or restored meanwhile.
+        if !matches!(
+            state.entries.get(&id).map(|e| &e.place),
+            Some(Place::Disk(_))
+        ) {
+            self.free_region(&mut state, segment, offset, len);
+            return Ok(state);
+        }
         // SAFETY: a region just allocated for this partition.
-        unsafe { state.segments[&segment].segment.region_mut(offset, len) }.copy_from_slice(bytes.as_slice());
+        unsafe { state.segments[&segment].segment.region_mut(offset, len) }
+            .copy_from_slice(bytes.as_slice());
         state.restored += len as u64;
-        state.entries.get_mut(&id).expect("present").place = place;
+        state.entries.get_mut(&id).expect("checked above").place = place;
         let _ = std::fs::remove_file(path);
-        Ok(())
+        Ok(state)
     }
 
     fn read_partition(self: &Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
@@ -401,25 +546,40 @@ impl Inner {
                 entry.pins += 1;
                 let seg = state.segments[&segment].segment.clone();
                 drop(state);
-                let pin = Pinned { inner: self.clone(), id };
+                let pin = Pinned {
+                    inner: self.clone(),
+                    id,
+                };
                 // SAFETY: offset..offset + len is this partition's region;
                 // the pin keeps it allocated (and unspilled) while the
                 // buffers live, and nothing writes to it after the put.
-                let ptr = unsafe { std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset)) };
+                let ptr =
+                    unsafe { std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset)) };
                 let bytes = unsafe { ipc::view(ptr, len, Arc::new((pin, seg))) };
                 ipc::decode(bytes).map_err(|e| StoreError::Arrow(format!("partition {id}: {e}")))
             }
             Place::Disk(path) => {
                 state.restored += len as u64;
                 drop(state);
-                let bytes = ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
-                ipc::decode(bytes).map_err(|e| StoreError::Spill { id, message: e.to_string() })
+                let bytes = ipc::map_spill_file(&path)
+                    .map_err(|message| StoreError::Spill { id, message })?;
+                ipc::decode(bytes).map_err(|e| StoreError::Spill {
+                    id,
+                    message: e.to_string(),
+                })
             }
         }
     }
 }
 
 impl State {
+    fn unmap(&mut self, slot: &Slot) {
+        self.mapped -= slot.segment.len() as u64;
+        if !slot.dedicated {
+            self.regular_mapped -= slot.segment.len() as u64;
+        }
+    }
+
     fn tick(&mut self) -> u64 {
         self.clock += 1;
         self.clock
@@ -436,7 +596,9 @@ impl State {
     fn lru_victim_except(&self, keep: PartitionId) -> Option<PartitionId> {
         self.entries
             .iter()
-            .filter(|(id, e)| **id != keep && e.pins == 0 && matches!(e.place, Place::Memory { .. }))
+            .filter(|(id, e)| {
+                **id != keep && e.pins == 0 && matches!(e.place, Place::Memory { .. })
+            })
             .min_by_key(|(_, e)| e.last_use)
             .map(|(id, _)| *id)
     }
@@ -445,7 +607,9 @@ impl State {
 impl Release for Inner {
     fn release(&self, id: PartitionId, _bytes: u64) {
         let mut state = self.state();
-        let Some(entry) = state.entries.get_mut(&id) else { return };
+        let Some(entry) = state.entries.get_mut(&id) else {
+            return;
+        };
         entry.released = true;
         if entry.pins == 0 {
             self.free(&mut state, id);
@@ -468,8 +632,13 @@ impl Drop for Inner {
 fn remove_stale(namespace: &str, spill_dir: &Path) {
     let prefix = format!("sb-{namespace}-");
     let dead = |name: &str| {
-        let pid = name.strip_prefix(&prefix).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-        pid.is_some_and(|pid| pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists())
+        let pid = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        pid.is_some_and(|pid| {
+            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        })
     };
     for name in segment::list(&prefix) {
         if dead(&name) {
@@ -498,10 +667,17 @@ pub struct SharedPartition {
 /// in memory (see [`SharedStore::shared_name`]). The other process must keep
 /// the partition (pinned) while it is read.
 pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
-    let bad = || StoreError::Segment(format!("`{name}` is not a partition name (segment@offset+len)"));
+    let bad = || {
+        StoreError::Segment(format!(
+            "`{name}` is not a partition name (segment@offset+len)"
+        ))
+    };
     let (segment, rest) = name.split_once('@').ok_or_else(bad)?;
     let (offset, len) = rest.split_once('+').ok_or_else(bad)?;
-    let (offset, len): (usize, usize) = (offset.parse().map_err(|_| bad())?, len.parse().map_err(|_| bad())?);
+    let (offset, len): (usize, usize) = (
+        offset.parse().map_err(|_| bad())?,
+        len.parse().map_err(|_| bad())?,
+    );
     let segment = Arc::new(Segment::open(segment).map_err(StoreError::Segment)?);
     if offset + len > segment.len() {
         return Err(bad());
@@ -517,5 +693,7 @@ pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
 
 /// Encodes as the store would: the bytes a partition takes in memory.
 pub fn stored_len(batch: &RecordBatch) -> Result<usize, StoreError> {
-    ipc::encode(batch).map(|e: Encoded| e.len).map_err(|e| StoreError::Arrow(e.to_string()))
+    ipc::encode(batch)
+        .map(|e: Encoded| e.len)
+        .map_err(|e| StoreError::Arrow(e.to_string()))
 }

@@ -235,12 +235,31 @@ pub fn peak_rss_mib() -> Option<f64> {
 /// Bytes of one W1 row.
 const W1_ROW_BYTES: usize = 10 << 20;
 
+/// Rows of `row_bytes` zero bytes, one per id. The bytes are slices of one
+/// zeroed buffer made (and touched) once per process, so that the workload
+/// measures the pipeline, not the allocator's first touch of fresh pages.
 fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatch, UdfError> {
+    static ZEROS: std::sync::OnceLock<Buffer> = std::sync::OnceLock::new();
+    const MAX_BYTES: usize = 64 << 20;
     let rows = ids.len();
+    if rows * row_bytes > MAX_BYTES {
+        return Err(format!(
+            "{rows} rows of {row_bytes} bytes exceed the {MAX_BYTES}-byte zero buffer"
+        )
+        .into());
+    }
+    let zeros = ZEROS.get_or_init(|| {
+        // Written, not calloc'd: its pages are real memory, not the shared zero page.
+        let mut bytes = vec![0u8; MAX_BYTES];
+        for page in bytes.chunks_mut(4096) {
+            page[0] = std::hint::black_box(0);
+        }
+        Buffer::from_vec(bytes)
+    });
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(row_bytes, rows));
     let data: ArrayRef = Arc::new(BinaryArray::new(
         offsets,
-        Buffer::from_vec(vec![0u8; rows * row_bytes]),
+        zeros.slice_with_length(0, rows * row_bytes),
         None,
     ));
     Ok(RecordBatch::try_from_iter([
@@ -337,4 +356,183 @@ pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult
         spilled_bytes: stats.spilled_bytes,
         correct: count as u64 == rows,
     })
+}
+
+/// Bytes of one W2 row: 10 MiB and one byte, so that a row of the constant
+/// byte `v` sums to `v` mod 256.
+const W2_ROW_BYTES: usize = (10 << 20) + 1;
+
+/// W2: memory-limited expansion with real bytes. 100 rows; stage A makes 10
+/// rows of 10 MiB per row (10 GiB in all), one at a time; stage B (which
+/// declares its memory per task, so it runs as its own stage) reduces each
+/// row to its byte sum mod 256 in about 20 ms. Count and check every sum.
+pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
+    let config = NodeConfig {
+        store_capacity: store_cap,
+        ..base.clone()
+    };
+    let ctx = Context::with_config(config)?;
+    let started = Instant::now();
+    let ds = ctx
+        .range(100, 100)
+        .flat_map_batches(
+            |b: RecordBatch| {
+                let id = b
+                    .column(0)
+                    .as_primitive::<arrow_array::types::Int64Type>()
+                    .value(0);
+                (0..10i64).map(move |k| -> std::result::Result<RecordBatch, UdfError> {
+                    let value = ((id * 10 + k) % 251) as u8;
+                    let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+                        vec![value; W2_ROW_BYTES].as_slice(),
+                    ]));
+                    let key: ArrayRef = Arc::new(Int64Array::from(vec![id * 10 + k]));
+                    Ok(RecordBatch::try_from_iter([("key", key), ("data", data)])?)
+                })
+            },
+            Resources::cpu(1.0).batch_rows(1),
+        )
+        .named("expand")
+        .map_batches(
+            |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                let started = Instant::now();
+                let data = b
+                    .column_by_name("data")
+                    .ok_or("no column `data`")?
+                    .as_binary::<i32>();
+                let sums: Int64Array = data
+                    .iter()
+                    .map(|d| d.map(|d| d.iter().map(|&x| x as i64).sum::<i64>() % 256))
+                    .collect();
+                if let Some(rest) = Duration::from_millis(20).checked_sub(started.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+                let key = b.column_by_name("key").ok_or("no column `key`")?.clone();
+                Ok(RecordBatch::try_from_iter([
+                    ("key", key),
+                    ("sum", Arc::new(sums) as ArrayRef),
+                ])?)
+            },
+            Resources::cpu(1.0)
+                .with_memory(W2_ROW_BYTES as u64)
+                .batch_rows(1),
+        )
+        .named("reduce");
+    let mut rows = 0u64;
+    let mut correct = true;
+    for batch in ds.iter_batches()? {
+        let batch = batch?;
+        rows += batch.num_rows() as u64;
+        let keys = batch
+            .column(0)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        let sums = batch
+            .column(1)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        correct &= keys
+            .values()
+            .iter()
+            .zip(sums.values())
+            .all(|(k, s)| *s == k % 251);
+    }
+    let wall = started.elapsed();
+    let stats = ds.stats().unwrap_or_default();
+    Ok(BenchResult {
+        workload: "w2".into(),
+        config: format!("store_cap={}", crate::format_bytes(store_cap)),
+        wall,
+        rows,
+        partitions: stats.operators.first().map_or(0, |o| o.tasks),
+        ideal: None,
+        store_peak_bytes: stats.peak_store_bytes,
+        spilled_bytes: stats.spilled_bytes,
+        correct: correct && rows == 1000,
+    })
+}
+
+/// The store's put and get against this machine's memcpy, in one run: put
+/// of a `put_bytes` partition as a ratio to memcpy bandwidth, and get of a
+/// 1 MiB and of a `big_bytes` partition (zero-copy: about equal).
+pub fn store_bench(
+    put_bytes: usize,
+    big_bytes: usize,
+    spill_dir: &Path,
+) -> Result<serde_json::Value> {
+    use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
+    let bad = |e: streambatch_store::StoreError| Error::Execution(e.to_string());
+    let capacity = (2 * put_bytes + big_bytes + (64 << 20)) as u64;
+    let store = SharedStore::open(StoreConfig::new(capacity, spill_dir)).map_err(bad)?;
+    let bytes_batch = |len: usize| {
+        let mut values = Vec::with_capacity(len);
+        values.resize(len, 7u8);
+        let offsets = OffsetBuffer::from_lengths([len]);
+        let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(values), None));
+        RecordBatch::try_from_iter([("data", data)]).expect("one column")
+    };
+    let best = |runs: usize, mut f: Box<dyn FnMut() -> Duration + '_>| {
+        (0..runs).map(|_| f()).min().expect("runs > 0")
+    };
+
+    // memcpy between two touched buffers of the same size.
+    let src = vec![1u8; put_bytes];
+    let mut dst = vec![0u8; put_bytes];
+    let memcpy = best(
+        10,
+        Box::new(|| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&dst);
+            t.elapsed()
+        }),
+    );
+    // put: the partition is encoded and copied into the (pre-faulted) segment.
+    let batch = bytes_batch(put_bytes);
+    drop(
+        store
+            .try_put(batch.clone())
+            .map_err(|e| Error::Execution(e.to_string()))?,
+    ); // maps the segments
+    let put = best(
+        10,
+        Box::new(|| {
+            let t = Instant::now();
+            let part = store.try_put(batch.clone()).expect("fits");
+            let elapsed = t.elapsed();
+            drop(part);
+            elapsed
+        }),
+    );
+    // get: 1 MiB and a large partition.
+    let small = store
+        .try_put(bytes_batch(1 << 20))
+        .map_err(|e| Error::Execution(e.to_string()))?;
+    let large = store
+        .try_put(bytes_batch(big_bytes))
+        .map_err(|e| Error::Execution(e.to_string()))?;
+    let get = |part: &streambatch_store::PartitionRef| {
+        best(
+            20,
+            Box::new(|| {
+                let t = Instant::now();
+                let b = part.get().expect("live");
+                let elapsed = t.elapsed();
+                std::hint::black_box(b);
+                elapsed
+            }),
+        )
+    };
+    let (get_small, get_large) = (get(&small), get(&large));
+    let gbps = |bytes: usize, d: Duration| bytes as f64 / d.as_secs_f64() / 1e9;
+    Ok(serde_json::json!({
+        "workload": "store",
+        "system": "streambatch",
+        "memcpy_gb_per_s": round(gbps(put_bytes, memcpy)),
+        "put_gb_per_s": round(gbps(put_bytes, put)),
+        "put_to_memcpy": round(memcpy.as_secs_f64() / put.as_secs_f64()),
+        "put_bytes": put_bytes,
+        "get_1mib_us": round(get_small.as_secs_f64() * 1e6),
+        "get_large_us": round(get_large.as_secs_f64() * 1e6),
+        "large_bytes": big_bytes,
+        "get_large_to_small": round(get_large.as_secs_f64() / get_small.as_secs_f64()),
+    }))
 }

@@ -1,4 +1,4 @@
-//! The `streambatch` command: `streambatch bench <w1|w3> [--store-cap SIZE]`.
+//! The `streambatch` command: `streambatch bench <w1|w2|w3|store> [--store-cap SIZE]`.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use streambatch::{NodeConfig, parse_size, workloads};
@@ -32,7 +32,10 @@ enum Command {
 #[derive(Clone, Copy, ValueEnum)]
 enum Workload {
     W1,
+    W2,
     W3,
+    /// The object store's put and get against memcpy.
+    Store,
 }
 
 fn main() {
@@ -56,6 +59,14 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             let base = NodeConfig::load(config.as_deref())?;
             let results = match workload {
                 Workload::W1 => vec![workloads::w1(store_cap.unwrap_or(300 << 20), &base)?],
+                Workload::W2 => vec![workloads::w2(store_cap.unwrap_or(512 << 20), &base)?],
+                Workload::Store => {
+                    std::fs::create_dir_all(&base.spill_dir)
+                        .map_err(|e| streambatch::Error::io("creating", &base.spill_dir, e))?;
+                    let line = workloads::store_bench(64 << 20, 1 << 30, &base.spill_dir)?;
+                    println!("{line}");
+                    return Ok(());
+                }
                 Workload::W3 => {
                     let base = NodeConfig {
                         store_capacity: store_cap.unwrap_or(base.store_capacity),
