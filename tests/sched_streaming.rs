@@ -350,7 +350,16 @@ fn a_pool_sets_up_its_min_workers_before_tasks_need_them() {
         .range(10, 1)
         .map_batches(op, Resources::cpu(0.5).pool(3, 4));
     assert_eq!(ds.count().unwrap(), 10);
-    assert_eq!(setups.load(Ordering::SeqCst), 3);
+    // Set-ups run on their workers' threads and may end after the job does.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while setups.load(Ordering::SeqCst) < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        setups.load(Ordering::SeqCst),
+        3,
+        "the pool's min workers were not all set up, or one more was"
+    );
 }
 
 #[test]

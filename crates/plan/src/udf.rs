@@ -42,6 +42,11 @@ pub trait BatchUdf: Send + Sync + 'static {
     }
     /// Makes one instance (for a stateful operator: runs its set-up).
     fn instantiate(&self) -> Result<Box<dyn BatchFn>, UdfError>;
+    /// Figures the operator reports in stats (a GPU kernel: its device and
+    /// its time split into upload, compute and readback).
+    fn metrics(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 impl<F, E> BatchUdf for F

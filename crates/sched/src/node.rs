@@ -241,6 +241,12 @@ impl NodeState {
             {
                 return Ok(Some(i));
             }
+            // A host still setting up will be ready soon: wait for it
+            // rather than set up one more.
+            let setting_up = |w: &Slot| w.hosts.contains(&key) && matches!(w.busy, Some((None, _)));
+            if self.workers.iter().any(setting_up) {
+                return Ok(None);
+            }
             if self
                 .workers
                 .iter()

@@ -1,0 +1,135 @@
+//! The device pool: the adapters this process can use, one GPU slot each.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use crate::GpuError;
+
+/// Which adapters a node uses: all, or those whose name contains `name`
+/// and whose backend is `backend` (e.g. "vulkan", "gl").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdapterChoice {
+    /// A substring of the adapter's name.
+    pub name: Option<String>,
+    /// The backend's name, case-insensitive.
+    pub backend: Option<String>,
+}
+
+impl AdapterChoice {
+    fn describe(&self) -> String {
+        match (&self.name, &self.backend) {
+            (None, None) => String::new(),
+            (name, backend) => format!(
+                " matching name {:?} and backend {:?}",
+                name.as_deref().unwrap_or("*"),
+                backend.as_deref().unwrap_or("*")
+            ),
+        }
+    }
+}
+
+/// One adapter, opened as a device on first use.
+pub struct GpuDevice {
+    /// "adapter name (backend)".
+    pub label: String,
+    adapter: wgpu::Adapter,
+    opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), String>>,
+}
+
+impl GpuDevice {
+    /// The device and its queue.
+    pub fn open(&self) -> Result<(&wgpu::Device, &wgpu::Queue), GpuError> {
+        let opened = self.opened.get_or_init(|| {
+            let desc = wgpu::DeviceDescriptor {
+                label: Some("streambatch"),
+                required_limits: self.adapter.limits(),
+                ..Default::default()
+            };
+            pollster::block_on(self.adapter.request_device(&desc)).map_err(|e| e.to_string())
+        });
+        match opened {
+            Ok((device, queue)) => Ok((device, queue)),
+            Err(message) => Err(GpuError::Device {
+                device: self.label.clone(),
+                message: message.clone(),
+            }),
+        }
+    }
+}
+
+/// The GPU adapters of this process.
+pub struct GpuPool {
+    devices: Vec<Arc<GpuDevice>>,
+    choice: AdapterChoice,
+    next: AtomicUsize,
+}
+
+impl GpuPool {
+    /// Finds the adapters matching `choice` (Vulkan only in this build).
+    pub fn discover(choice: &AdapterChoice) -> Self {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+        let devices = adapters
+            .into_iter()
+            .filter_map(|adapter| {
+                let info = adapter.get_info();
+                let backend = format!("{:?}", info.backend);
+                let name_ok = choice
+                    .name
+                    .as_ref()
+                    .is_none_or(|n| info.name.contains(n.as_str()));
+                let backend_ok = choice
+                    .backend
+                    .as_ref()
+                    .is_none_or(|b| backend.eq_ignore_ascii_case(b));
+                (name_ok && backend_ok).then(|| {
+                    Arc::new(GpuDevice {
+                        label: format!("{} ({backend})", info.name),
+                        adapter,
+                        opened: OnceLock::new(),
+                    })
+                })
+            })
+            .collect();
+        Self {
+            devices,
+            choice: choice.clone(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The process-wide pool of all adapters, discovered once.
+    pub fn global() -> &'static GpuPool {
+        static POOL: OnceLock<GpuPool> = OnceLock::new();
+        POOL.get_or_init(|| GpuPool::discover(&AdapterChoice::default()))
+    }
+
+    /// The adapters' labels ("name (backend)"), one per GPU slot.
+    pub fn labels(&self) -> Vec<String> {
+        self.devices.iter().map(|d| d.label.clone()).collect()
+    }
+
+    /// How many GPU slots the pool gives.
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// True when no adapter was found.
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// A device for a new kernel instance, taking the adapters in turn.
+    pub fn pick(&self) -> Result<Arc<GpuDevice>, GpuError> {
+        if self.devices.is_empty() {
+            return Err(GpuError::NoAdapter {
+                choice: self.choice.describe(),
+            });
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.devices.len();
+        Ok(self.devices[i].clone())
+    }
+}
