@@ -27,7 +27,7 @@ fn main() -> Result<()> {
     println!(
         "node: {} CPU slots, {} GPU slots, store {}",
         ctx.config().cpus,
-        ctx.config().gpus,
+        ctx.config().gpus.unwrap_or(0.0),
         streambatch::format_bytes(ctx.config().store_capacity)
     );
     println!("embedding on the CPU (no GPU operator in this build)");

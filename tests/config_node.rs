@@ -20,7 +20,7 @@ fn node_config_from_toml_and_environment() {
         "/../../configs/local.toml"
     ))))
     .unwrap();
-    assert_eq!(shipped.gpus, 0.0);
+    assert_eq!(shipped.gpus, None, "auto: one slot per adapter");
     assert_eq!(shipped.target_partition_bytes, 64 << 20);
     let f = toml_file(
         "cpus = 3\ngpus = 1\nstore_capacity = \"300MiB\"\ntarget_partition_bytes = 1048576\nspill_dir = \"/tmp/sb\"\nmax_task_retries = 5\n",
@@ -28,7 +28,7 @@ fn node_config_from_toml_and_environment() {
     let c = NodeConfig::load(Some(f.path())).unwrap();
     assert_eq!(
         (c.cpus, c.gpus, c.store_capacity, c.target_partition_bytes),
-        (3.0, 1.0, 300 << 20, 1 << 20)
+        (3.0, Some(1.0), 300 << 20, 1 << 20)
     );
     assert_eq!(
         (c.spill_dir.to_str().unwrap(), c.max_task_retries),
@@ -74,5 +74,14 @@ fn node_config_from_toml_and_environment() {
     }
     // With no file, Context::local() uses the defaults.
     let ctx = Context::local().unwrap();
-    assert_eq!(ctx.config(), &NodeConfig::default());
+    let defaults = NodeConfig::default();
+    assert_eq!(
+        (ctx.config().cpus, ctx.config().store_capacity),
+        (defaults.cpus, defaults.store_capacity)
+    );
+    // gpus "auto": one slot per adapter found.
+    assert_eq!(
+        ctx.config().gpus,
+        Some(streambatch::GpuPool::global().len() as f64)
+    );
 }

@@ -221,7 +221,7 @@ fn memory_pressure_stays_within_a_small_store_and_matches_an_uncapped_run() {
 fn a_gpu_stage_never_runs_more_tasks_than_gpu_slots() {
     let ctx = ctx_with(|c| {
         c.cpus = 8.0;
-        c.gpus = 2.0;
+        c.gpus = Some(2.0);
     });
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
@@ -251,7 +251,7 @@ fn a_gpu_stage_never_runs_more_tasks_than_gpu_slots() {
 
 #[test]
 fn a_gpu_stage_on_a_node_without_gpus_fails_naming_the_operator() {
-    let ctx = ctx_with(|c| c.gpus = 0.0);
+    let ctx = ctx_with(|c| c.gpus = Some(0.0));
     let err = ctx
         .range(10, 2)
         .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::gpu(1.0))

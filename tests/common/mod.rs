@@ -17,7 +17,7 @@ pub fn ctx() -> Context {
 pub fn ctx_with(edit: impl FnOnce(&mut NodeConfig)) -> Context {
     let mut config = NodeConfig {
         cpus: 4.0,
-        gpus: 0.0,
+        gpus: Some(0.0),
         store_capacity: 1 << 30,
         target_partition_bytes: 1 << 20,
         ..NodeConfig::default()

@@ -57,8 +57,13 @@ pub enum ConfigError {
 pub struct NodeConfig {
     /// Logical CPU slots. Default: the cores detected.
     pub cpus: f64,
-    /// Logical GPU slots. Default: none.
-    pub gpus: f64,
+    /// Logical GPU slots; `None` ("auto", the default) gives one slot per
+    /// GPU adapter found.
+    pub gpus: Option<f64>,
+    /// Use only GPU adapters whose name contains this.
+    pub gpu_adapter: Option<String>,
+    /// Use only GPU adapters of this backend ("vulkan", ...).
+    pub gpu_backend: Option<String>,
     /// Bytes the object store may hold in memory. Default: 30% of RAM.
     pub store_capacity: u64,
     /// A task yields a partition each time it has this many bytes. Default: 64 MiB.
@@ -69,9 +74,11 @@ pub struct NodeConfig {
     pub max_task_retries: u32,
 }
 
-const KNOWN_KEYS: [&str; 6] = [
+const KNOWN_KEYS: [&str; 8] = [
     "cpus",
     "gpus",
+    "gpu_adapter",
+    "gpu_backend",
     "store_capacity",
     "target_partition_bytes",
     "spill_dir",
@@ -83,7 +90,9 @@ impl Default for NodeConfig {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             cpus: cores as f64,
-            gpus: 0.0,
+            gpus: None,
+            gpu_adapter: None,
+            gpu_backend: None,
             store_capacity: default_store_capacity(),
             target_partition_bytes: 64 << 20,
             spill_dir: std::env::temp_dir().join("streambatch-spill"),
@@ -152,7 +161,9 @@ impl NodeConfig {
         };
         let config = Self {
             cpus: reader.number("cpus", defaults.cpus)?,
-            gpus: reader.number("gpus", defaults.gpus)?,
+            gpus: reader.gpus()?,
+            gpu_adapter: reader.text("gpu_adapter")?,
+            gpu_backend: reader.text("gpu_backend")?,
             store_capacity: reader.size("store_capacity", defaults.store_capacity)?,
             target_partition_bytes: reader
                 .size("target_partition_bytes", defaults.target_partition_bytes)?,
@@ -208,6 +219,22 @@ impl Reader<'_> {
             return Err(self.bad(key, format!("expected a non-negative number, found {n}")));
         }
         Ok(n)
+    }
+
+    fn gpus(&self) -> Result<Option<f64>, ConfigError> {
+        match self.table.get("gpus").map(|v| &v.kind) {
+            None => Ok(None),
+            Some(ValueKind::String(s)) if s.trim().eq_ignore_ascii_case("auto") => Ok(None),
+            Some(_) => self.number("gpus", 0.0).map(Some),
+        }
+    }
+
+    fn text(&self, key: &str) -> Result<Option<String>, ConfigError> {
+        match self.table.get(key).map(|v| &v.kind) {
+            None => Ok(None),
+            Some(ValueKind::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(self.bad(key, format!("expected text, found {other}"))),
+        }
     }
 
     fn size(&self, key: &str, default: u64) -> Result<u64, ConfigError> {

@@ -62,7 +62,6 @@ pub struct KernelTimings {
 #[derive(Clone)]
 struct Spec {
     name: String,
-    module: naga::Module,
     source: String,
     entry: String,
     workgroup: [u32; 3],
@@ -174,7 +173,6 @@ impl GpuKernel {
         bindings.sort_by_key(|b| b.binding);
         let spec = Spec {
             name: name.to_string(),
-            module,
             source: source.to_string(),
             entry: entry_name,
             workgroup,
@@ -239,6 +237,21 @@ impl GpuKernel {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+impl std::fmt::Debug for GpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bindings: Vec<String> = self
+            .spec
+            .bindings
+            .iter()
+            .map(|b| format!("{}:{}", b.binding, b.name))
+            .collect();
+        f.debug_struct("GpuKernel")
+            .field("name", &self.spec.name)
+            .field("bindings", &bindings)
+            .finish()
     }
 }
 

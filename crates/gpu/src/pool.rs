@@ -57,6 +57,8 @@ impl GpuDevice {
     }
 }
 
+static GLOBAL: OnceLock<GpuPool> = OnceLock::new();
+
 /// The GPU adapters of this process.
 pub struct GpuPool {
     devices: Vec<Arc<GpuDevice>>,
@@ -101,10 +103,21 @@ impl GpuPool {
         }
     }
 
-    /// The process-wide pool of all adapters, discovered once.
+    /// The process-wide pool, discovered once: with the first choice given
+    /// to [`GpuPool::init`], or all adapters.
     pub fn global() -> &'static GpuPool {
-        static POOL: OnceLock<GpuPool> = OnceLock::new();
-        POOL.get_or_init(|| GpuPool::discover(&AdapterChoice::default()))
+        Self::init(&AdapterChoice::default())
+    }
+
+    /// The process-wide pool, discovering it with `choice` if this is the
+    /// first use. A later, different choice is ignored with a warning: one
+    /// process drives its adapters one way.
+    pub fn init(choice: &AdapterChoice) -> &'static GpuPool {
+        let pool = GLOBAL.get_or_init(|| GpuPool::discover(choice));
+        if &pool.choice != choice && choice != &AdapterChoice::default() {
+            tracing::warn!(?choice, kept = ?pool.choice, "the GPU pool was already set up; keeping its adapter choice");
+        }
+        pool
     }
 
     /// The adapters' labels ("name (backend)"), one per GPU slot.

@@ -140,8 +140,25 @@ impl Stage {
         }
     }
 
-    /// Rows, bytes and own time of each fused operator so far.
+    /// Rows, bytes, own time and reported metrics of each fused operator so far.
     pub fn op_stats(&self) -> Vec<crate::OpStats> {
+        let mut stats = self.counted_op_stats();
+        let ops = match &self.kind {
+            StageKind::Source { ops, .. } => &ops[..],
+            StageKind::Map { ops } => &ops[..],
+            _ => &[],
+        };
+        // The source (when there is one) comes first in the counters.
+        let skip = stats.len() - ops.len();
+        for (stat, (_, op)) in stats.iter_mut().skip(skip).zip(ops) {
+            if let OpKind::MapBatches(udf) = &op.kind {
+                stat.metrics = udf.metrics();
+            }
+        }
+        stats
+    }
+
+    fn counted_op_stats(&self) -> Vec<crate::OpStats> {
         let mut before = std::time::Duration::ZERO;
         self.op_names
             .iter()
@@ -155,6 +172,7 @@ impl Stage {
                     rows,
                     bytes,
                     busy,
+                    metrics: Vec::new(),
                 }
             })
             .collect()

@@ -39,6 +39,9 @@ pub struct OpStats {
     pub bytes: u64,
     /// Time spent in it (not in the operators before it), over all tasks.
     pub busy: Duration,
+    /// What the operator itself reports (a GPU kernel: device, upload,
+    /// compute and readback seconds).
+    pub metrics: Vec<(String, String)>,
 }
 
 impl OperatorStats {
@@ -139,7 +142,7 @@ impl fmt::Display for JobStats {
                 o.wall.as_secs_f64(),
                 o.rows_per_s()
             )?;
-            if o.ops.len() > 1 {
+            if o.ops.len() > 1 || o.ops.iter().any(|op| !op.metrics.is_empty()) {
                 for op in &o.ops {
                     let name: String = format!("  {}", op.name).chars().take(width).collect();
                     let rate = if op.busy.is_zero() {
@@ -156,6 +159,11 @@ impl fmt::Display for JobStats {
                         op.busy.as_secs_f64(),
                         rate
                     )?;
+                    if !op.metrics.is_empty() {
+                        let shown: Vec<String> =
+                            op.metrics.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                        writeln!(f, "    {}", shown.join(", "))?;
+                    }
                 }
             }
         }

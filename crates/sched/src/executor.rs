@@ -211,7 +211,7 @@ impl Actor for Executor {
             store: args.store,
             free: Resources {
                 cpus: args.config.cpus,
-                gpus: args.config.gpus,
+                gpus: args.config.gpus.unwrap_or(0.0),
                 memory_bytes: 0,
             },
             stages,

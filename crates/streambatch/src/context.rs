@@ -3,6 +3,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use streambatch_core::NodeConfig;
+use streambatch_gpu::{AdapterChoice, GpuPool};
 use streambatch_plan::{Dataset, Result, Runner};
 use streambatch_sched::LocalCluster;
 use streambatch_store::StoreStats;
@@ -31,8 +32,16 @@ impl Context {
         Self::with_config(NodeConfig::load(Some(path.as_ref()))?)
     }
 
-    /// An embedded node with these settings.
-    pub fn with_config(config: NodeConfig) -> Result<Self> {
+    /// An embedded node with these settings. With `gpus` unset ("auto"),
+    /// each GPU adapter found (of the chosen name and backend) is one slot.
+    pub fn with_config(mut config: NodeConfig) -> Result<Self> {
+        if config.gpus.is_none() {
+            let choice = AdapterChoice {
+                name: config.gpu_adapter.clone(),
+                backend: config.gpu_backend.clone(),
+            };
+            config.gpus = Some(GpuPool::init(&choice).len() as f64);
+        }
         let cluster = Arc::new(LocalCluster::start(config)?);
         Ok(Self {
             runner: cluster.clone(),
@@ -52,6 +61,14 @@ impl Context {
     /// The node's settings.
     pub fn config(&self) -> &NodeConfig {
         self.runner.config()
+    }
+
+    /// GPU adapters this node uses, one per slot ("name (backend)").
+    pub fn gpu_devices(&self) -> Vec<String> {
+        if self.config().gpus == Some(0.0) {
+            return Vec::new();
+        }
+        GpuPool::global().labels()
     }
 
     /// The store's counters.

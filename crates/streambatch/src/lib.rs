@@ -25,6 +25,7 @@ pub use context::Context;
 pub use streambatch_core::{
     NodeConfig, PoolSize, Resources, StageOptions, format_bytes, parse_size,
 };
+pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OpStats,
     OperatorStats, Result, Row, Stateful, UdfError, Value, col, lit,
@@ -35,8 +36,8 @@ pub use streambatch_store::{ObjectStore, SharedStore, StoreConfig, StoreStats, b
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BatchFn, Context, Dataset, Expr, Resources, Result, Row, StageOptions, Stateful, UdfError,
-        Value, col, lit,
+        BatchFn, Context, Dataset, Expr, GpuKernel, Resources, Result, Row, StageOptions, Stateful,
+        UdfError, Value, col, lit,
     };
     pub use arrow_array::RecordBatch;
 }

@@ -274,7 +274,7 @@ fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatc
 pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
     let config = NodeConfig {
         cpus: 8.0,
-        gpus: 4.0,
+        gpus: Some(4.0),
         store_capacity: store_cap,
         ..base.clone()
     };
@@ -535,4 +535,23 @@ pub fn store_bench(
         "large_bytes": big_bytes,
         "get_large_to_small": round(get_large.as_secs_f64() / get_small.as_secs_f64()),
     }))
+}
+
+/// The embedding kernel in WGSL (`examples/pipelines/embed.wgsl`).
+pub const EMBED_WGSL: &str = include_str!("../../../examples/pipelines/embed.wgsl");
+
+/// The embedding model as a GPU kernel: the same seeded weights as
+/// [`CpuEmbedder`], multiplied on the device.
+pub fn gpu_embedder(seed: u64) -> Result<crate::GpuKernel> {
+    let kernel = crate::GpuKernel::from_wgsl("embed", EMBED_WGSL)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let params: Vec<u8> = [0u32, IMAGE_BYTES as u32, EMBED_DIM as u32, 0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    Ok(kernel
+        .constant("weights", &embedding_weights(seed))
+        .output("embedding", EMBED_DIM)
+        .params(&params)
+        .dispatch(|rows| [(EMBED_DIM as u32).div_ceil(64), rows as u32, 1]))
 }
