@@ -3,8 +3,9 @@
 //! The main job: batch inference over a synthetic image dataset on the
 //! embedded one-node default. Makes `data/images/` (400 64x64x3 images in 8
 //! Parquet files, fixed seed) if absent, then runs
-//! read_parquet -> preprocess (CPU) -> embed (a 12,288 x 256 matmul, a
-//! stateful operator set up once per worker) -> write_parquet(out/embeddings),
+//! read_parquet -> preprocess (CPU) -> embed (a 12,288 x 256 matmul: a WGSL
+//! kernel on the GPU where an adapter exists, else a stateful CPU operator
+//! set up once per worker) -> write_parquet(out/embeddings),
 //! with live progress per operator and a stats table at the end. It checks
 //! a sample of the embeddings against a direct computation.
 
@@ -30,15 +31,28 @@ fn main() -> Result<()> {
         ctx.config().gpus.unwrap_or(0.0),
         streambatch::format_bytes(ctx.config().store_capacity)
     );
-    println!("embedding on the CPU (no GPU operator in this build)");
-    let ds = ctx
+    let pixels = ctx
         .read_parquet("data/images")?
         .map_batches(workloads::preprocess, Resources::cpu(1.0))
-        .named("preprocess")
-        .map_batches(
-            Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(SEED))),
-            Resources::cpu(1.0).batch_rows(64).pool(1, 2),
-        );
+        .named("preprocess");
+    // The embedding runs as a WGSL kernel where a GPU adapter exists, and
+    // as a CPU matmul otherwise.
+    let devices = ctx.gpu_devices();
+    let ds = match devices.first() {
+        Some(device) => {
+            println!("embedding on the GPU: {device}");
+            pixels.map_batches(
+                workloads::gpu_embedder(SEED)?,
+                Resources::gpu(1.0).batch_rows(64),
+            )
+        }
+        None => {
+            println!("embedding on the CPU (no GPU adapter found)");
+            let cpus = ctx.config().cpus.ceil().max(1.0) as usize;
+            let embed = Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(SEED)));
+            pixels.map_batches(embed, Resources::cpu(1.0).batch_rows(64).pool(1, cpus))
+        }
+    };
     let files = ds.write_parquet("out/embeddings")?;
     let stats = ds.stats().expect("the job ran");
     println!("\nwrote {} files to out/embeddings\n{stats}", files.len());

@@ -236,3 +236,74 @@ fn a_column_the_kernel_cannot_read_names_kernel_and_column() {
         .to_string();
     assert!(err.contains("saxpy") && err.contains("`x`"), "{err}");
 }
+
+#[test]
+fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
+    if !gpu_present() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let images = dir.path().join("images");
+    workloads::make_images(&images, 2, 40, 42).unwrap();
+    let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/pipelines/embed.wgsl");
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/pipelines/embed.toml"),
+    )
+    .unwrap();
+    // The shipped pipeline, pointed at this test's files.
+    let text = shipped
+        .replace(
+            "\"../../data/images\"",
+            &format!("{:?}", images.display().to_string()),
+        )
+        .replace(
+            "\"embed.wgsl\"",
+            &format!("{:?}", kernel.display().to_string()),
+        )
+        .replace(
+            "\"../../out/embeddings-pipeline\"",
+            &format!("{:?}", dir.path().join("out").display().to_string()),
+        );
+    let file = dir.path().join("embed.toml");
+    std::fs::write(&file, text).unwrap();
+    let run = streambatch::pipeline::run_pipeline(&file).unwrap();
+    assert!(run.summary.contains("wrote"), "{}", run.summary);
+    let ctx = gpu_ctx();
+    assert!(workloads::check_embeddings(&ctx, &images, &dir.path().join("out"), 1).unwrap());
+    assert_eq!(
+        ctx.read_parquet(dir.path().join("out").to_str().unwrap())
+            .unwrap()
+            .count()
+            .unwrap(),
+        80
+    );
+}
+
+#[test]
+fn a_bad_pipeline_file_names_the_file_and_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, "[source]\nrange = { n = 10, partitions = 2 }\n[[ops]]\nop = \"explode\"\n[sink]\ncount = true\n").unwrap();
+    let err = streambatch::pipeline::run_pipeline(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("p.toml") && err.contains("explode"), "{err}");
+    std::fs::write(&file, "[source]\nrange = { n = 10, partitions = 2 }\n[[ops]]\nop = \"wgsl\"\nname = \"k\"\nfile = \"missing.wgsl\"\n[sink]\ncount = true\n").unwrap();
+    let err = streambatch::pipeline::run_pipeline(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("missing.wgsl"), "{err}");
+    std::fs::write(
+        &file,
+        "[source]\nrange = { n = 10, partitions = 2 }\n[sink]\ncount = true\n",
+    )
+    .unwrap();
+    assert_eq!(
+        streambatch::pipeline::run_pipeline(&file).unwrap().summary,
+        "10 rows"
+    );
+}

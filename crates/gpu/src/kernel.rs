@@ -426,7 +426,7 @@ impl Instance {
 }
 
 /// The bytes of a kernel input column: its values, no copy.
-fn column_bytes<'a>(column: &'a ArrayRef, element: Element) -> Result<&'a [u8], String> {
+fn column_bytes(column: &ArrayRef, element: Element) -> Result<&[u8], String> {
     let values: &ArrayRef = match column.data_type() {
         DataType::FixedSizeList(_, _) => column.as_fixed_size_list().values(),
         _ => column,

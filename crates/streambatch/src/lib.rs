@@ -18,6 +18,7 @@
 //! ```
 
 mod context;
+pub mod pipeline;
 mod progress;
 pub mod workloads;
 

@@ -89,10 +89,13 @@ fn fixed_list(values: Vec<f32>, width: usize) -> std::result::Result<ArrayRef, U
 
 /// The fixed 12,288 x 256 "model" matrix, from a seed.
 pub fn embedding_weights(seed: u64) -> Vec<f32> {
+    seeded_uniform(seed, IMAGE_BYTES * EMBED_DIM, -0.01, 0.01)
+}
+
+/// `len` floats drawn uniformly from `low..high` with a seeded generator.
+pub fn seeded_uniform(seed: u64, len: usize, low: f32, high: f32) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..IMAGE_BYTES * EMBED_DIM)
-        .map(|_| rng.random_range(-0.01f32..0.01))
-        .collect()
+    (0..len).map(|_| rng.random_range(low..high)).collect()
 }
 
 /// The embedding model on the CPU: pixels times the weight matrix, with a
@@ -197,13 +200,15 @@ pub struct BenchResult {
     pub spilled_bytes: u64,
     /// Whether the output matched the expected one.
     pub correct: bool,
+    /// Workload-specific figures, added to the JSON line.
+    pub extra: Vec<(String, serde_json::Value)>,
 }
 
 impl BenchResult {
     /// The JSON line (keys of `docs/workloads.md`).
     pub fn to_json(&self) -> String {
         let wall = self.wall.as_secs_f64();
-        serde_json::json!({
+        let mut line = serde_json::json!({
             "workload": self.workload,
             "system": "streambatch",
             "config": self.config,
@@ -215,8 +220,11 @@ impl BenchResult {
             "store_peak_bytes": self.store_peak_bytes,
             "spilled_bytes": self.spilled_bytes,
             "correct": self.correct,
-        })
-        .to_string()
+        });
+        for (key, value) in &self.extra {
+            line[key] = value.clone();
+        }
+        line.to_string()
     }
 }
 
@@ -331,6 +339,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
         store_peak_bytes: stats.peak_store_bytes,
         spilled_bytes: stats.spilled_bytes,
         correct: rows == 800 && id_sum == (0..800).sum::<i64>(),
+        extra: Vec::new(),
     })
 }
 
@@ -355,6 +364,7 @@ pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult
         store_peak_bytes: stats.peak_store_bytes,
         spilled_bytes: stats.spilled_bytes,
         correct: count as u64 == rows,
+        extra: Vec::new(),
     })
 }
 
@@ -447,6 +457,7 @@ pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
         store_peak_bytes: stats.peak_store_bytes,
         spilled_bytes: stats.spilled_bytes,
         correct: correct && rows == 1000,
+        extra: Vec::new(),
     })
 }
 
@@ -554,4 +565,137 @@ pub fn gpu_embedder(seed: u64) -> Result<crate::GpuKernel> {
         .output("embedding", EMBED_DIM)
         .params(&params)
         .dispatch(|rows| [(EMBED_DIM as u32).div_ceil(64), rows as u32, 1]))
+}
+
+/// Where W4's embedding runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU matmul (`CpuEmbedder`), 1 CPU slot per task.
+    Cpu,
+    /// The WGSL kernel (`gpu_embedder`) on a GPU adapter, 1 GPU slot per task.
+    Gpu,
+}
+
+/// Makes W4's input (2,000 images in 20 files, seed 42) in `dir` if absent.
+pub fn w4_input(dir: &Path) -> Result<()> {
+    if dir.join("images-019.parquet").exists() {
+        return Ok(());
+    }
+    make_images(dir, 20, 100, 42)
+}
+
+/// W4: batch inference on real files. `read_parquet` -> preprocess ->
+/// 12,288 x 256 matmul in batches of 64 on `device` -> `write_parquet`; then
+/// every 25th embedding is checked against a direct computation.
+pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Result<BenchResult> {
+    w4_input(input)?;
+    let ctx = Context::with_config(base.clone())?;
+    let started = Instant::now();
+    let pixels = ctx
+        .read_parquet(&input.display().to_string())?
+        .map_batches(preprocess, Resources::cpu(1.0))
+        .named("preprocess");
+    let (ds, kernel) = match device {
+        Device::Cpu => {
+            let embed = crate::Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(42)));
+            let slots = base.cpus.ceil().max(1.0) as usize;
+            (
+                pixels.map_batches(embed, Resources::cpu(1.0).batch_rows(64).pool(1, slots)),
+                None,
+            )
+        }
+        Device::Gpu => {
+            let kernel = gpu_embedder(42)?;
+            (
+                pixels.map_batches(kernel.clone(), Resources::gpu(1.0).batch_rows(64)),
+                Some(kernel),
+            )
+        }
+    };
+    ds.write_parquet(output)?;
+    let wall = started.elapsed();
+    let stats = ds.stats().unwrap_or_default();
+    let correct = check_embeddings(&ctx, input, output, 25)?;
+    let mut extra = vec![(
+        "device".to_string(),
+        serde_json::json!(format!("{device:?}").to_lowercase()),
+    )];
+    if let Some(kernel) = kernel {
+        let t = kernel.timings();
+        extra.push(("gpu_adapter".into(), serde_json::json!(kernel.device())));
+        extra.push((
+            "gpu_upload_s".into(),
+            serde_json::json!(round(t.upload.as_secs_f64())),
+        ));
+        extra.push((
+            "gpu_compute_s".into(),
+            serde_json::json!(round(t.compute.as_secs_f64())),
+        ));
+        extra.push((
+            "gpu_readback_s".into(),
+            serde_json::json!(round(t.readback.as_secs_f64())),
+        ));
+    }
+    Ok(BenchResult {
+        workload: "w4".into(),
+        config: format!("device={device:?}").to_lowercase(),
+        wall,
+        rows: stats
+            .operators
+            .first()
+            .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows)),
+        partitions: stats.operators.first().map_or(0, |o| o.tasks),
+        ideal: None,
+        store_peak_bytes: stats.peak_store_bytes,
+        spilled_bytes: stats.spilled_bytes,
+        correct,
+        extra,
+    })
+}
+
+/// Checks every `step`-th image's embedding in `output` against
+/// [`reference_embedding`] (max error at most 1e-4 of the largest value).
+pub fn check_embeddings(ctx: &Context, input: &Path, output: &Path, step: i64) -> Result<bool> {
+    let pick = crate::col("id") % crate::lit(step);
+    let images = ctx
+        .read_parquet(&input.display().to_string())?
+        .filter(pick.clone().eq(crate::lit(0)))
+        .collect()?;
+    let embeddings = ctx
+        .read_parquet(&output.display().to_string())?
+        .filter(pick.eq(crate::lit(0)))
+        .collect()?;
+    let weights = embedding_weights(42);
+    let mut found = std::collections::HashMap::new();
+    for b in &embeddings {
+        let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+        let list = b.column(1).as_fixed_size_list();
+        for (r, id) in ids.values().iter().enumerate() {
+            found.insert(
+                *id,
+                list.value(r)
+                    .as_primitive::<Float32Type>()
+                    .values()
+                    .to_vec(),
+            );
+        }
+    }
+    let mut all = !images.is_empty();
+    for b in &images {
+        let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+        for (r, id) in ids.values().iter().enumerate() {
+            let want = reference_embedding(b.column(1).as_binary::<i32>().value(r), &weights);
+            let Some(got) = found.get(id) else {
+                return Ok(false);
+            };
+            let scale = want.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            all &= got.len() == EMBED_DIM && err / scale <= 1e-4;
+        }
+    }
+    Ok(all)
 }

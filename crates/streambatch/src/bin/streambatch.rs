@@ -1,4 +1,5 @@
-//! The `streambatch` command: `streambatch bench <w1|w2|w3|store> [--store-cap SIZE]`.
+//! The `streambatch` command: `streambatch run pipeline.toml`, and
+//! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]`.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use streambatch::{NodeConfig, parse_size, workloads};
@@ -16,6 +17,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Runs a pipeline of built-in operators and WGSL kernels written in TOML.
+    Run {
+        /// The pipeline file (see examples/pipelines/embed.toml).
+        pipeline: std::path::PathBuf,
+    },
     /// Runs one benchmark workload (docs/workloads.md) and prints its JSON line last.
     Bench {
         /// The workload.
@@ -34,6 +40,9 @@ enum Workload {
     W1,
     W2,
     W3,
+    /// Batch inference: the embedding on the CPU and, where an adapter
+    /// exists, on the GPU, in one run; the last line gives the ratio.
+    W4,
     /// The object store's put and get against memcpy.
     Store,
 }
@@ -51,6 +60,14 @@ fn main() {
 
 fn run(cli: Cli) -> streambatch::Result<()> {
     match cli.command {
+        Command::Run { pipeline } => {
+            let run = streambatch::pipeline::run_pipeline(&pipeline)?;
+            if let Some(stats) = run.stats {
+                println!("{stats}");
+            }
+            println!("{}", run.summary);
+            Ok(())
+        }
         Command::Bench {
             workload,
             store_cap,
@@ -60,6 +77,39 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             let results = match workload {
                 Workload::W1 => vec![workloads::w1(store_cap.unwrap_or(300 << 20), &base)?],
                 Workload::W2 => vec![workloads::w2(store_cap.unwrap_or(512 << 20), &base)?],
+                Workload::W4 => {
+                    let data = std::path::Path::new("data/w4-images");
+                    let cpu = workloads::w4(
+                        workloads::Device::Cpu,
+                        data,
+                        std::path::Path::new("out/w4-cpu"),
+                        &base,
+                    )?;
+                    println!("{}", cpu.to_json());
+                    if streambatch::GpuPool::global().is_empty() {
+                        eprintln!("no GPU adapter: W4 ran on the CPU only");
+                        return Ok(());
+                    }
+                    let gpu = workloads::w4(
+                        workloads::Device::Gpu,
+                        data,
+                        std::path::Path::new("out/w4-gpu"),
+                        &base,
+                    )?;
+                    println!("{}", gpu.to_json());
+                    let rate = |r: &workloads::BenchResult| r.rows as f64 / r.wall.as_secs_f64();
+                    let summary = serde_json::json!({
+                        "workload": "w4",
+                        "system": "streambatch",
+                        "config": "gpu_vs_cpu",
+                        "gpu_rows_per_s": rate(&gpu),
+                        "cpu_rows_per_s": rate(&cpu),
+                        "gpu_to_cpu": rate(&gpu) / rate(&cpu),
+                        "correct": gpu.correct && cpu.correct,
+                    });
+                    println!("{summary}");
+                    return Ok(());
+                }
                 Workload::Store => {
                     std::fs::create_dir_all(&base.spill_dir)
                         .map_err(|e| streambatch::Error::io("creating", &base.spill_dir, e))?;

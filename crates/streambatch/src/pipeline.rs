@@ -1,0 +1,234 @@
+//! Pipelines written as TOML: a source, built-in operators and WGSL kernels,
+//! a sink. `streambatch run pipeline.toml` runs one with no Rust to compile.
+//! `examples/pipelines/embed.toml` documents every key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::{
+    Context, Dataset, Error, GpuKernel, JobStats, NodeConfig, Resources, Result, StageOptions,
+    workloads,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineFile {
+    #[serde(default)]
+    node: toml::Table,
+    source: Source,
+    #[serde(default)]
+    ops: Vec<Op>,
+    sink: Sink,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum Source {
+    ReadParquet(String),
+    ReadCsv(String),
+    ReadBinaryFiles(String),
+    Range { n: u64, partitions: usize },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case", tag = "op")]
+enum Op {
+    /// 64x64x3 image bytes to normalised f32 pixels.
+    PreprocessImages,
+    Select {
+        columns: Vec<String>,
+    },
+    Limit {
+        n: usize,
+    },
+    Repartition {
+        n: usize,
+    },
+    Wgsl(Kernel),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Kernel {
+    name: String,
+    file: PathBuf,
+    #[serde(default)]
+    gpus: Option<f64>,
+    #[serde(default)]
+    batch_rows: Option<usize>,
+    #[serde(default)]
+    outputs: BTreeMap<String, usize>,
+    #[serde(default)]
+    params_u32: Vec<u32>,
+    #[serde(default)]
+    dispatch: Option<[String; 3]>,
+    #[serde(default)]
+    constants: BTreeMap<String, Constant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum Constant {
+    /// `len` floats uniform in `low..high` from `seed`.
+    SeededUniform {
+        seed: u64,
+        len: usize,
+        low: f32,
+        high: f32,
+    },
+    /// The given values.
+    Values(Vec<f32>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum Sink {
+    WriteParquet(String),
+    Count(bool),
+}
+
+/// What a pipeline run did.
+pub struct PipelineRun {
+    /// Files written (for a `write_parquet` sink) or rows counted.
+    pub summary: String,
+    /// The job's stats.
+    pub stats: Option<JobStats>,
+}
+
+/// Runs the pipeline in `file`; relative paths in it are relative to the file.
+pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
+    let text = std::fs::read_to_string(file).map_err(|e| Error::io("reading", file, e))?;
+    let spec: PipelineFile = toml::from_str(&text).map_err(|e| Error::BadFile {
+        path: file.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let base = file.parent().unwrap_or(Path::new("."));
+    let resolve = |p: &str| -> String {
+        let path = Path::new(p);
+        if path.is_absolute() {
+            p.to_string()
+        } else {
+            base.join(path).display().to_string()
+        }
+    };
+    let node = NodeConfig::from_toml_str(
+        &toml::to_string(&spec.node).unwrap_or_default(),
+        &format!("{} [node]", file.display()),
+    )?;
+    let ctx = Context::with_config(node)?.with_progress();
+    let mut ds: Dataset = match &spec.source {
+        Source::ReadParquet(p) => ctx.read_parquet(&resolve(p))?,
+        Source::ReadCsv(p) => ctx.read_csv(&resolve(p))?,
+        Source::ReadBinaryFiles(p) => ctx.read_binary_files(&resolve(p))?,
+        Source::Range { n, partitions } => ctx.range(*n, *partitions),
+    };
+    for op in &spec.ops {
+        ds = match op {
+            Op::PreprocessImages => ds
+                .map_batches(workloads::preprocess, Resources::cpu(1.0))
+                .named("preprocess_images"),
+            Op::Select { columns } => ds.select(columns.iter().map(|c| crate::col(c))),
+            Op::Limit { n } => ds.limit(*n),
+            Op::Repartition { n } => ds.repartition(*n),
+            Op::Wgsl(k) => {
+                let (kernel, options) = kernel(k, base, file)?;
+                ds.map_batches(kernel, options)
+            }
+        };
+    }
+    let summary = match &spec.sink {
+        Sink::WriteParquet(p) => {
+            let files = ds.write_parquet(resolve(p))?;
+            format!("wrote {} files to {}", files.len(), resolve(p))
+        }
+        Sink::Count(true) => format!("{} rows", ds.count()?),
+        Sink::Count(false) => {
+            ds.count()?;
+            "done".into()
+        }
+    };
+    Ok(PipelineRun {
+        summary,
+        stats: ds.stats(),
+    })
+}
+
+fn kernel(k: &Kernel, base: &Path, file: &Path) -> Result<(GpuKernel, StageOptions)> {
+    let path = base.join(&k.file);
+    let source =
+        std::fs::read_to_string(&path).map_err(|e| Error::io("reading kernel", &path, e))?;
+    let bad = |message: String| Error::BadFile {
+        path: file.to_path_buf(),
+        message: format!("kernel `{}`: {message}", k.name),
+    };
+    let mut kernel = GpuKernel::from_wgsl(&k.name, &source)
+        .map_err(|e| bad(format!("{} ({})", e, path.display())))?;
+    for (name, width) in &k.outputs {
+        kernel = kernel.output(name, *width);
+    }
+    for (name, constant) in &k.constants {
+        let values = match constant {
+            Constant::SeededUniform {
+                seed,
+                len,
+                low,
+                high,
+            } => workloads::seeded_uniform(*seed, *len, *low, *high),
+            Constant::Values(v) => v.clone(),
+        };
+        kernel = kernel.constant(name, &values);
+    }
+    if !k.params_u32.is_empty() {
+        let bytes: Vec<u8> = k.params_u32.iter().flat_map(|v| v.to_le_bytes()).collect();
+        kernel = kernel.params(&bytes);
+    }
+    if let Some(dims) = &k.dispatch {
+        let dims = dims
+            .iter()
+            .map(|d| parse_dim(d).map_err(&bad))
+            .collect::<Result<Vec<_>>>()?;
+        kernel = kernel
+            .dispatch(move |rows| [dims[0].eval(rows), dims[1].eval(rows), dims[2].eval(rows)]);
+    }
+    let mut options: StageOptions = Resources::gpu(k.gpus.unwrap_or(1.0)).into();
+    if let Some(rows) = k.batch_rows {
+        options = options.batch_rows(rows);
+    }
+    Ok((kernel, options))
+}
+
+/// One dispatch dimension: a number, `rows`, or `rows/N` (rounded up).
+enum Dim {
+    Fixed(u32),
+    Rows(u32),
+}
+
+impl Dim {
+    fn eval(&self, rows: usize) -> u32 {
+        match self {
+            Dim::Fixed(n) => *n,
+            Dim::Rows(div) => (rows as u32).div_ceil(*div),
+        }
+    }
+}
+
+fn parse_dim(text: &str) -> std::result::Result<Dim, String> {
+    let t = text.replace(' ', "");
+    if let Ok(n) = t.parse() {
+        return Ok(Dim::Fixed(n));
+    }
+    match t.strip_prefix("rows") {
+        Some("") => Ok(Dim::Rows(1)),
+        Some(rest) => rest
+            .strip_prefix('/')
+            .and_then(|d| d.parse().ok())
+            .filter(|d| *d > 0)
+            .map(Dim::Rows)
+            .ok_or_else(|| format!("dispatch `{text}` is not a number, `rows` or `rows/N`")),
+        None => Err(format!(
+            "dispatch `{text}` is not a number, `rows` or `rows/N`"
+        )),
+    }
+}
