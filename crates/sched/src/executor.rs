@@ -281,8 +281,13 @@ impl ExecState {
         for stage in self.ctx.plan.stages.iter().filter(|s| s.runs_tasks()) {
             let need = stage.options.resources;
             if !need.fits_in(&self.free) {
+                let hint = if need.gpus > self.free.gpus && self.free.gpus == 0.0 {
+                    " (no GPU adapter was found, or the node sets gpus = 0; run the operator on the CPU instead)"
+                } else {
+                    ""
+                };
                 return Err(Error::Invalid(format!(
-                    "operator `{}` needs {} CPU and {} GPU slots per task, but the node has {} CPU and {} GPU slots",
+                    "operator `{}` needs {} CPU and {} GPU slots per task, but the node has {} CPU and {} GPU slots{hint}",
                     stage.name, need.cpus, need.gpus, self.free.cpus, self.free.gpus
                 )));
             }

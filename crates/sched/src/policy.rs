@@ -2,7 +2,7 @@
 //! without actors, threads or clocks. The executor feeds it state and carries
 //! out its decision, then asks again until it says nothing can run.
 //!
-//! The rule (DESIGN.md, "dynamic task placement"): among stages whose task
+//! The rule (docs/architecture.md, "Placement"): among stages whose task
 //! fits the free resources, whose worker pool has room and whose outputs are
 //! under budget, prefer the stage nearest the sink, since running it drains
 //! memory; a paused task of a stage resumes before a new one starts, since

@@ -36,7 +36,7 @@ mod shared;
 
 pub use error::{PutError, StoreError};
 pub use partition::{PartitionRef, PinGuard};
-pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared, stored_len};
+pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared};
 pub use streambatch_core::batch_bytes;
 
 use std::sync::Arc;

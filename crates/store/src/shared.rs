@@ -11,7 +11,7 @@ use arrow_array::RecordBatch;
 use streambatch_core::PartitionId;
 
 use crate::alloc::{Allocator, aligned};
-use crate::ipc::{self, Encoded};
+use crate::ipc;
 use crate::segment::{self, Segment};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
 
@@ -689,11 +689,4 @@ pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
     let bytes = unsafe { ipc::view(ptr, len, segment) };
     let batch = ipc::decode(bytes).map_err(|e| StoreError::Arrow(format!("{name}: {e}")))?;
     Ok(SharedPartition { batch, mapping })
-}
-
-/// Encodes as the store would: the bytes a partition takes in memory.
-pub fn stored_len(batch: &RecordBatch) -> Result<usize, StoreError> {
-    ipc::encode(batch)
-        .map(|e: Encoded| e.len)
-        .map_err(|e| StoreError::Arrow(e.to_string()))
 }
