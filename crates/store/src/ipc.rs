@@ -10,7 +10,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
 use arrow_ipc::MetadataVersion;
-use arrow_ipc::reader::StreamDecoder;
+use arrow_ipc::reader::FileDecoder;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow_schema::ArrowError;
 
@@ -76,22 +76,42 @@ fn trailer(len: usize, crc: u32) -> Vec<u8> {
     t
 }
 
-/// Decodes the IPC stream in `bytes`, whose owner keeps them alive: the
-/// batch's buffers are slices of `bytes`. Validation is skipped: the bytes
-/// were written by this store from a valid batch (and, from disk, checked
-/// against their CRC).
-pub fn decode(bytes: Buffer) -> Result<RecordBatch, ArrowError> {
-    // SAFETY: see above; the data were valid Arrow when encoded.
-    let mut decoder = unsafe {
-        StreamDecoder::new()
-            .with_require_alignment(true)
-            .with_skip_validation(true)
-    };
-    let mut bytes = bytes;
-    let batch = decoder
-        .decode(&mut bytes)?
-        .ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))?;
-    Ok(batch)
+/// Decodes the IPC stream in `bytes` (a schema message, then one batch),
+/// whose owner keeps them alive: the batch's buffers are slices of `bytes`,
+/// and nothing reads the data (arrow-ipc 60's `StreamDecoder` ignores its
+/// skip-validation flag, so the batch message goes to `FileDecoder`, which
+/// honours it).
+///
+/// # Safety
+/// `bytes` must hold a stream encoded by [`encode`] from a valid batch
+/// (checked against its CRC when read from disk): its contents are trusted.
+pub unsafe fn decode_trusted(bytes: &Buffer) -> Result<RecordBatch, ArrowError> {
+    let (schema_meta, schema_message) = message_at(bytes, 0)?;
+    let schema = schema_message
+        .header_as_schema()
+        .ok_or_else(|| ArrowError::IpcError("the partition does not start with a schema".into()))?;
+    let schema = Arc::new(arrow_ipc::convert::try_fb_to_schema(schema)?);
+    let batch_at = schema_meta + schema_message.bodyLength() as usize;
+    let (batch_meta, batch_message) = message_at(bytes, batch_at)?;
+    let block = arrow_ipc::Block::new(0, batch_meta as i32, batch_message.bodyLength());
+    let decoder = FileDecoder::new(schema, MetadataVersion::V5).with_require_alignment(true);
+    // SAFETY: the caller vouches for the bytes (see above).
+    let decoder = unsafe { decoder.with_skip_validation(true) };
+    decoder
+        .read_record_batch(&block, &bytes.slice(batch_at))?
+        .ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))
+}
+
+/// The message at `at`: its framed length (continuation, size, flatbuffer)
+/// and the parsed message.
+fn message_at(bytes: &[u8], at: usize) -> Result<(usize, arrow_ipc::Message<'_>), ArrowError> {
+    let short = || ArrowError::IpcError(format!("partition truncated at byte {at}"));
+    let prefix = bytes.get(at..at + 8).ok_or_else(short)?;
+    let len = i32::from_le_bytes(prefix[4..8].try_into().expect("4 bytes")) as usize;
+    let meta = bytes.get(at + 8..at + 8 + len).ok_or_else(short)?;
+    let message = arrow_ipc::root_as_message(meta)
+        .map_err(|e| ArrowError::IpcError(format!("bad message header: {e}")))?;
+    Ok((8 + len, message))
 }
 
 /// A read-only view of `len` bytes at `ptr`, kept alive by `owner`.

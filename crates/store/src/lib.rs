@@ -29,7 +29,7 @@
 
 mod alloc;
 mod error;
-mod ipc;
+pub mod ipc;
 mod partition;
 mod segment;
 mod shared;

@@ -1,0 +1,50 @@
+//! cargo bench --bench sched
+//!
+//! The scheduler's cost per task: jobs of no-op tasks through the whole
+//! executor (W3's shape), and one decision of the pure policy.
+
+use arrow_array::RecordBatch;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use streambatch::{Context, NodeConfig, Resources, UdfError};
+use streambatch_core::Resources as CoreResources;
+use streambatch_sched::policy::{Snapshot, StageView, next_decision};
+
+fn dispatch_noop_tasks(c: &mut Criterion) {
+    let ctx = Context::with_config(NodeConfig {
+        gpus: Some(0.0),
+        store_capacity: 256 << 20,
+        ..NodeConfig::default()
+    })
+    .expect("a node");
+    let mut group = c.benchmark_group("sched");
+    group.throughput(Throughput::Elements(500));
+    group.bench_function("500 no-op tasks", |b| {
+        b.iter(|| {
+            let ds = ctx
+                .range(5_000, 500)
+                .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
+            assert_eq!(ds.count().expect("runs"), 5_000);
+        })
+    });
+    let view = |waiting| StageView {
+        waiting_inputs: waiting,
+        paused: vec![],
+        running: 1,
+        resources: CoreResources::cpu(1.0),
+        max_running: None,
+        budget_fits_typical: true,
+        paused_fits: vec![],
+    };
+    let snapshot = Snapshot {
+        stages: vec![view(100), view(3), view(0), view(7)],
+        free: CoreResources::cpu(4.0),
+    };
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("policy decision", |b| {
+        b.iter(|| next_decision(std::hint::black_box(&snapshot)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, dispatch_noop_tasks);
+criterion_main!(benches);
