@@ -205,6 +205,30 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
+    /// A run's result: partitions are the source tasks; store figures come
+    /// from the job's stats.
+    pub fn new(
+        workload: &str,
+        config: String,
+        wall: Duration,
+        rows: u64,
+        stats: &crate::JobStats,
+        correct: bool,
+    ) -> Self {
+        Self {
+            workload: workload.into(),
+            config,
+            wall,
+            rows,
+            partitions: stats.operators.first().map_or(0, |o| o.tasks),
+            ideal: None,
+            store_peak_bytes: stats.peak_store_bytes,
+            spilled_bytes: stats.spilled_bytes,
+            correct,
+            extra: Vec::new(),
+        }
+    }
+
     /// The JSON line (keys of `docs/workloads.md`).
     pub fn to_json(&self) -> String {
         let wall = self.wall.as_secs_f64();
@@ -329,17 +353,11 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
     }
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
+    let config = format!("store_cap={}", crate::format_bytes(store_cap));
+    let correct = rows == 800 && id_sum == (0..800).sum::<i64>();
     Ok(BenchResult {
-        workload: "w1".into(),
-        config: format!("store_cap={}", crate::format_bytes(store_cap)),
-        wall,
-        rows,
-        partitions: stats.operators.first().map_or(0, |o| o.tasks),
         ideal: Some(Duration::from_secs_f64((160.0 * 0.5 + 800.0 * 0.05) / 8.0)),
-        store_peak_bytes: stats.peak_store_bytes,
-        spilled_bytes: stats.spilled_bytes,
-        correct: rows == 800 && id_sum == (0..800).sum::<i64>(),
-        extra: Vec::new(),
+        ..BenchResult::new("w1", config, wall, rows, &stats, correct)
     })
 }
 
@@ -354,18 +372,15 @@ pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult
     let count = ds.count()?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
-    Ok(BenchResult {
-        workload: "w3".into(),
-        config: format!("rows={rows},partitions={partitions}"),
+    let config = format!("rows={rows},partitions={partitions}");
+    Ok(BenchResult::new(
+        "w3",
+        config,
         wall,
-        rows: count as u64,
-        partitions: partitions as u64,
-        ideal: None,
-        store_peak_bytes: stats.peak_store_bytes,
-        spilled_bytes: stats.spilled_bytes,
-        correct: count as u64 == rows,
-        extra: Vec::new(),
-    })
+        count as u64,
+        &stats,
+        count as u64 == rows,
+    ))
 }
 
 /// Bytes of one W2 row: 10 MiB and one byte, so that a row of the constant
@@ -447,18 +462,15 @@ pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
     }
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
-    Ok(BenchResult {
-        workload: "w2".into(),
-        config: format!("store_cap={}", crate::format_bytes(store_cap)),
+    let config = format!("store_cap={}", crate::format_bytes(store_cap));
+    Ok(BenchResult::new(
+        "w2",
+        config,
         wall,
         rows,
-        partitions: stats.operators.first().map_or(0, |o| o.tasks),
-        ideal: None,
-        store_peak_bytes: stats.peak_store_bytes,
-        spilled_bytes: stats.spilled_bytes,
-        correct: correct && rows == 1000,
-        extra: Vec::new(),
-    })
+        &stats,
+        correct && rows == 1000,
+    ))
 }
 
 /// The store's put and get against this machine's memcpy, in one run: put
@@ -636,20 +648,15 @@ pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Res
             serde_json::json!(round(t.readback.as_secs_f64())),
         ));
     }
+    // Rows read: the first operator of the first stage.
+    let rows = stats
+        .operators
+        .first()
+        .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows));
+    let config = format!("device={device:?}").to_lowercase();
     Ok(BenchResult {
-        workload: "w4".into(),
-        config: format!("device={device:?}").to_lowercase(),
-        wall,
-        rows: stats
-            .operators
-            .first()
-            .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows)),
-        partitions: stats.operators.first().map_or(0, |o| o.tasks),
-        ideal: None,
-        store_peak_bytes: stats.peak_store_bytes,
-        spilled_bytes: stats.spilled_bytes,
-        correct,
         extra,
+        ..BenchResult::new("w4", config, wall, rows, &stats, correct)
     })
 }
 
