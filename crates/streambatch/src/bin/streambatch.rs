@@ -32,7 +32,17 @@ enum Command {
         /// A node config file (TOML) for settings the workload does not fix.
         #[arg(long)]
         config: Option<std::path::PathBuf>,
+        /// W4 only: run the embedding on the CPU, the GPU, or both.
+        #[arg(long, value_enum, default_value_t = W4Devices::Both)]
+        device: W4Devices,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum W4Devices {
+    Cpu,
+    Gpu,
+    Both,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -72,6 +82,7 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             workload,
             store_cap,
             config,
+            device,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
             let results = match workload {
@@ -79,24 +90,31 @@ fn run(cli: Cli) -> streambatch::Result<()> {
                 Workload::W2 => vec![workloads::w2(store_cap.unwrap_or(512 << 20), &base)?],
                 Workload::W4 => {
                     let data = std::path::Path::new("data/w4-images");
-                    let cpu = workloads::w4(
-                        workloads::Device::Cpu,
-                        data,
-                        std::path::Path::new("out/w4-cpu"),
-                        &base,
-                    )?;
-                    println!("{}", cpu.to_json());
+                    let run =
+                        |d, out: &str| workloads::w4(d, data, std::path::Path::new(out), &base);
+                    if device == W4Devices::Gpu && streambatch::GpuPool::global().is_empty() {
+                        return Err(streambatch::Error::Invalid(
+                            "no GPU adapter found for `--device gpu`".into(),
+                        ));
+                    }
+                    let cpu = if device == W4Devices::Gpu {
+                        None
+                    } else {
+                        Some(run(workloads::Device::Cpu, "out/w4-cpu")?)
+                    };
+                    if let Some(cpu) = &cpu {
+                        println!("{}", cpu.to_json());
+                    }
+                    if device == W4Devices::Cpu {
+                        return Ok(());
+                    }
                     if streambatch::GpuPool::global().is_empty() {
                         eprintln!("no GPU adapter: W4 ran on the CPU only");
                         return Ok(());
                     }
-                    let gpu = workloads::w4(
-                        workloads::Device::Gpu,
-                        data,
-                        std::path::Path::new("out/w4-gpu"),
-                        &base,
-                    )?;
+                    let gpu = run(workloads::Device::Gpu, "out/w4-gpu")?;
                     println!("{}", gpu.to_json());
+                    let Some(cpu) = cpu else { return Ok(()) };
                     let rate = |r: &workloads::BenchResult| r.rows as f64 / r.wall.as_secs_f64();
                     let summary = serde_json::json!({
                         "workload": "w4",
