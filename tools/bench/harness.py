@@ -2,8 +2,9 @@
 systems, each run under a time limit, sampling the peak RSS of each run's
 whole process tree; prints one table with the ratio streambatch / Ray Data.
 
-Covers W3 and W4 so far (docs/workloads.md); W1, W2, Daft, the tuned Ray
-settings and the chart are still to come (issue 5).
+Covers W3 (with Daft beside them) and W4 so far (docs/workloads.md); W1,
+W2, Daft for W4, the tuned Ray settings and the chart are still to come
+(issue 5).
 """
 
 import argparse
@@ -17,11 +18,12 @@ import psutil
 
 SB = ["target/release/streambatch", "bench"]
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
+DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
 
-# (name, metric, higher is better, streambatch command, ray command)
+# (name, metric, {system: command}); systems run in this order.
 RUNS = [
-    ("w3", "partitions_per_s", True, SB + ["w3"], RAY + ["w3"]),
-    ("w4", "rows_per_s", True, SB + ["w4", "--device", "cpu"], RAY + ["w4"]),
+    ("w3", "partitions_per_s", {"streambatch": SB + ["w3"], "ray-data": RAY + ["w3"], "daft": DAFT + ["w3"]}),
+    ("w4", "rows_per_s", {"streambatch": SB + ["w4", "--device", "cpu"], "ray-data": RAY + ["w4"]}),
 ]
 
 
@@ -80,12 +82,11 @@ def main():
     parser.add_argument("--limit-s", type=float, default=600)
     args = parser.parse_args()
     rows = []
-    for name, metric, _, sb_cmd, ray_cmd in RUNS:
+    for name, metric, commands in RUNS:
         results = {}
-        for system, cmd in (("streambatch", sb_cmd), ("ray-data", ray_cmd)):
+        for system, cmd in commands.items():
             records, rss, wall, timed_out = run(cmd, args.limit_s)
-            # A workload's main figure is its last line with the metric (W4's
-            # CPU line for streambatch comes first; take the matching config).
+            # Streambatch's W4 also prints GPU lines; take the CPU one.
             mine = [r for r in records if metric in r and r.get("config") != "gpu_vs_cpu"]
             if name == "w4":
                 mine = [r for r in mine if r.get("config") == "device=cpu"]
@@ -98,19 +99,15 @@ def main():
                 "timed_out": timed_out,
             }
             print(json.dumps({"workload": name, "system": system, **results[system]}), flush=True)
-        sb, ray = results["streambatch"], results["ray-data"]
-        ratio = sb["value"] / ray["value"] if sb["value"] and ray["value"] else None
-        rows.append((name, metric, sb, ray, ratio))
+        rows.append((name, metric, results))
     print()
-    print(f"{'workload':<9} {'metric':<17} {'streambatch':>12} {'ray-data':>10} {'ratio':>8} {'sb RSS MiB':>11} {'ray RSS MiB':>12} {'correct':>8}")
-    for name, metric, sb, ray, ratio in rows:
-        def fmt(r):
-            if r["timed_out"]:
-                return "timeout"
-            return f"{r['value']:.1f}" if r["value"] is not None else "failed"
-        ratio_text = f"{ratio:.1f}x" if ratio else "-"
-        correct = f"{sb['correct']}/{ray['correct']}"
-        print(f"{name:<9} {metric:<17} {fmt(sb):>12} {fmt(ray):>10} {ratio_text:>8} {sb['rss_mib']:>11} {ray['rss_mib']:>12} {correct:>8}")
+    print(f"{'workload':<9} {'metric':<17} {'system':<12} {'value':>10} {'streambatch/it':>15} {'peak RSS MiB':>13} {'correct':>8}")
+    for name, metric, results in rows:
+        sb = results["streambatch"]["value"]
+        for system, r in results.items():
+            value = "timeout" if r["timed_out"] else (f"{r['value']:.1f}" if r["value"] is not None else "failed")
+            ratio = f"{sb / r['value']:.1f}x" if sb and r["value"] and system != "streambatch" else "-"
+            print(f"{name:<9} {metric:<17} {system:<12} {value:>10} {ratio:>15} {r['rss_mib']:>13} {str(r['correct']):>8}")
 
 
 if __name__ == "__main__":
