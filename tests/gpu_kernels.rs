@@ -271,7 +271,7 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
     let run = streambatch::pipeline::run_pipeline(&file).unwrap();
     assert!(run.summary.contains("wrote"), "{}", run.summary);
     let ctx = gpu_ctx();
-    assert!(workloads::check_embeddings(&ctx, &images, &dir.path().join("out"), 1).unwrap());
+    assert!(workloads::check_embeddings(&ctx, &images, &dir.path().join("out"), 1, 42).unwrap());
     assert_eq!(
         ctx.read_parquet(dir.path().join("out").to_str().unwrap())
             .unwrap()

@@ -627,7 +627,7 @@ pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Res
     ds.write_parquet(output)?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
-    let correct = check_embeddings(&ctx, input, output, 25)?;
+    let correct = check_embeddings(&ctx, input, output, 25, 42)?;
     let mut extra = vec![(
         "device".to_string(),
         serde_json::json!(format!("{device:?}").to_lowercase()),
@@ -661,8 +661,15 @@ pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Res
 }
 
 /// Checks every `step`-th image's embedding in `output` against
-/// [`reference_embedding`] (max error at most 1e-4 of the largest value).
-pub fn check_embeddings(ctx: &Context, input: &Path, output: &Path, step: i64) -> Result<bool> {
+/// [`reference_embedding`] with the weights of `seed` (max error at most
+/// 1e-4 of the largest value).
+pub fn check_embeddings(
+    ctx: &Context,
+    input: &Path,
+    output: &Path,
+    step: i64,
+    seed: u64,
+) -> Result<bool> {
     let pick = crate::col("id") % crate::lit(step);
     let images = ctx
         .read_parquet(&input.display().to_string())?
@@ -672,7 +679,7 @@ pub fn check_embeddings(ctx: &Context, input: &Path, output: &Path, step: i64) -
         .read_parquet(&output.display().to_string())?
         .filter(pick.eq(crate::lit(0)))
         .collect()?;
-    let weights = embedding_weights(42);
+    let weights = embedding_weights(seed);
     let mut found = std::collections::HashMap::new();
     for b in &embeddings {
         let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
