@@ -13,6 +13,7 @@ use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
 use crate::executor::{Executor, ExecutorArgs, JobItem};
 use crate::node::{NodeManager, NodeMsg};
+use crate::worker::WorkerThreads;
 
 /// One node running in this process.
 ///
@@ -29,6 +30,7 @@ use crate::node::{NodeManager, NodeMsg};
 pub struct LocalCluster {
     runtime: Option<tokio::runtime::Runtime>,
     node: ActorRef<NodeMsg>,
+    threads: WorkerThreads,
     store: Arc<dyn ObjectStore>,
     config: NodeConfig,
     next_job: AtomicU64,
@@ -51,9 +53,10 @@ impl LocalCluster {
             .enable_time()
             .build()
             .map_err(|e| Error::Execution(format!("cannot start the runtime: {e}")))?;
+        let threads = WorkerThreads::default();
         // Spawn from a plain thread so that starting works inside an async context too.
         let node = std::thread::scope(|s| {
-            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, ())))
+            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, threads.clone())))
                 .join()
         })
         .map_err(|_| Error::Execution("the node manager panicked at start".into()))?
@@ -62,6 +65,7 @@ impl LocalCluster {
         Ok(Self {
             runtime: Some(runtime),
             node,
+            threads,
             store,
             config,
             next_job: AtomicU64::new(1),
@@ -112,6 +116,17 @@ impl Drop for LocalCluster {
         self.node.stop(None);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        }
+        // The workers' threads end once their actors are gone; wait (a
+        // little) for them to drop what they hold, so that the store, freed
+        // with this node, unlinks its segments even when the process exits
+        // right after.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for thread in threads {
+            while !thread.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
     }
 }

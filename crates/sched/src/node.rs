@@ -13,7 +13,7 @@ use streambatch_core::TaskId;
 
 use crate::executor::ExecutorMsg;
 use crate::task::{JobCtx, TaskRun};
-use crate::worker::{Worker, WorkerArgs, WorkerMsg};
+use crate::worker::{Worker, WorkerArgs, WorkerMsg, WorkerThreads};
 
 /// Worker restarts allowed within [`RESTART_WINDOW`] before the node gives up
 /// (escalates to its own supervisor): a worker that fails that often is
@@ -68,22 +68,24 @@ pub struct NodeState {
     workers: Vec<Slot>,
     waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
     restarts: VecDeque<Instant>,
+    threads: WorkerThreads,
 }
 
 impl Actor for NodeManager {
     type Msg = NodeMsg;
     type State = NodeState;
-    type Arguments = ();
+    type Arguments = WorkerThreads;
 
     async fn pre_start(
         &self,
         _: ActorRef<NodeMsg>,
-        _: (),
+        threads: WorkerThreads,
     ) -> Result<NodeState, ActorProcessingErr> {
         Ok(NodeState {
             workers: Vec::new(),
             waiting: VecDeque::new(),
             restarts: VecDeque::new(),
+            threads,
         })
     }
 
@@ -169,7 +171,7 @@ impl Actor for NodeManager {
             .into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
-        let (actor, _) = spawn_worker(&myself, index).await?;
+        let (actor, _) = spawn_worker(&myself, index, &state.threads).await?;
         let slot = std::mem::replace(
             &mut state.workers[index],
             Slot {
@@ -191,10 +193,12 @@ impl Actor for NodeManager {
 async fn spawn_worker(
     node: &ActorRef<NodeMsg>,
     index: usize,
+    threads: &WorkerThreads,
 ) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
     let args = WorkerArgs {
         index,
         node: node.clone(),
+        threads: threads.clone(),
     };
     Ok(Actor::spawn_linked(None, Worker, args, node.get_cell()).await?)
 }
@@ -272,7 +276,7 @@ impl NodeState {
             return Ok(Some(i));
         }
         let index = self.workers.len();
-        let (actor, _) = spawn_worker(myself, index).await?;
+        let (actor, _) = spawn_worker(myself, index, &self.threads).await?;
         self.workers.push(Slot {
             actor,
             busy: None,

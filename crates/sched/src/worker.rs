@@ -5,7 +5,7 @@
 //! NodeManager's supervision restarts the worker and reports the task lost.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::TaskId;
@@ -27,12 +27,18 @@ pub enum WorkerMsg {
 /// The Worker actor.
 pub struct Worker;
 
+/// The OS threads of a node's workers, so that a node shutting down can
+/// wait for them to let go of what they hold (store partitions).
+pub type WorkerThreads = Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>;
+
 /// What a Worker is started with (and restarted with).
 pub struct WorkerArgs {
     /// Its index among the node's workers.
     pub index: usize,
     /// The node manager, told when the worker is idle.
     pub node: ActorRef<NodeMsg>,
+    /// Where the worker registers its thread.
+    pub threads: WorkerThreads,
 }
 
 /// What the worker's thread is handed.
@@ -57,9 +63,13 @@ impl Actor for Worker {
         args: WorkerArgs,
     ) -> Result<WorkerState, ActorProcessingErr> {
         let (work, inbox) = mpsc::channel();
-        std::thread::Builder::new()
+        let threads = args.threads.clone();
+        let thread = std::thread::Builder::new()
             .name(format!("streambatch-worker-{}", args.index))
             .spawn(move || run_work(inbox, myself, args))?;
+        let mut threads = threads.lock().unwrap_or_else(|p| p.into_inner());
+        threads.retain(|t| !t.is_finished());
+        threads.push(thread);
         Ok(WorkerState { work })
     }
 

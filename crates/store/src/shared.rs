@@ -80,6 +80,8 @@ struct State {
     spilled: u64,
     restored: u64,
     frees: u64,
+    /// Background pre-faults still running; each holds its segment.
+    prefaulting: Vec<std::thread::JoinHandle<()>>,
     entries: HashMap<PartitionId, Entry>,
     clock: u64,
 }
@@ -404,7 +406,9 @@ impl Inner {
             };
             let segment = Arc::new(segment);
             let background = segment.clone();
-            std::thread::spawn(move || background.prefault());
+            let prefault = std::thread::spawn(move || background.prefault());
+            state.prefaulting.retain(|t| !t.is_finished());
+            state.prefaulting.push(prefault);
             let mut alloc = Allocator::new(size);
             if dedicated {
                 let offset = alloc
@@ -626,7 +630,13 @@ impl Release for Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Segments unlink themselves as they drop; spill files go here.
+        // Segments unlink themselves when their last holder drops: wait for
+        // the pre-faults (each holds its segment), so that none outlives the
+        // store if the process exits right after.
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for prefault in state.prefaulting.drain(..) {
+            let _ = prefault.join();
+        }
         let _ = std::fs::remove_dir_all(&self.spill_dir);
     }
 }
