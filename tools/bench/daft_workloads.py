@@ -21,11 +21,12 @@ def noop(ids: daft.Series) -> daft.Series:
     return ids
 
 
-def w3(rows, partitions):
+def w3(args):
     started = time.perf_counter()
-    df = daft.range(0, rows, partitions=partitions)
+    df = daft.range(0, args.rows, partitions=args.partitions)
     count = df.select(noop(df["id"])).count_rows()
-    line("daft", "w3", f"rows={rows},partitions={partitions}", time.perf_counter() - started, count, partitions, count == rows)
+    config = f"rows={args.rows},partitions={args.partitions}"
+    line("daft", "w3", config, time.perf_counter() - started, count, args.partitions, count == args.rows)
 
 
 @daft.func.batch(return_dtype=daft.DataType.fixed_size_list(daft.DataType.float32(), EMBED_DIM), batch_size=64)
@@ -35,7 +36,8 @@ def embed(images: daft.Series):
     return pa.FixedSizeListArray.from_arrays(pa.array(out.ravel()), EMBED_DIM)
 
 
-def w4(input_dir, output_dir):
+def w4(args):
+    input_dir, output_dir = args.input, args.output
     shutil.rmtree(output_dir, ignore_errors=True)
     started = time.perf_counter()
     df = daft.read_parquet(f"{input_dir}/*.parquet")
@@ -49,4 +51,4 @@ def w4(input_dir, output_dir):
 
 
 if __name__ == "__main__":
-    main(w3, w4, "out/w4-daft")
+    main({"w3": w3, "w4": w4}, "out/w4-daft")

@@ -1,17 +1,23 @@
-"""Runs each workload in streambatch and in Ray Data, alternating the two
-systems, each run under a time limit, sampling the peak RSS of each run's
-whole process tree; prints one table with the ratio streambatch / Ray Data.
+"""Runs W1 to W4 (docs/workloads.md) in streambatch, Ray Data and (W3, W4)
+Daft, alternating the systems case by case, each run under a time limit,
+sampling the peak memory of each run's whole process tree. Prints one table
+with each figure and the ratio streambatch / peer, checks the targets of
+docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
+chart (PNG).
 
-Covers W3 and W4, with Daft beside them, so far (docs/workloads.md); W1,
-W2, the tuned Ray settings and the chart are still to come (issue 5).
+    .venv-bench/bin/python tools/bench/harness.py [--limit-s 240] [--only w1,w3]
 """
 
 import argparse
+import platform
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 
 import psutil
 
@@ -19,94 +25,351 @@ SB = ["target/release/streambatch", "bench"]
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
 DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
 
-# (name, metric, {system: command}); systems run in this order.
-RUNS = [
-    ("w3", "partitions_per_s", {"streambatch": SB + ["w3"], "ray-data": RAY + ["w3"], "daft": DAFT + ["w3"]}),
-    ("w4", "rows_per_s", {"streambatch": SB + ["w4", "--device", "cpu"], "ray-data": RAY + ["w4"], "daft": DAFT + ["w4"]}),
-]
+# What each workload reports and whether more of it is better.
+METRICS = {
+    "w1": ("efficiency", True),
+    "w2": ("wall_s", False),
+    "w3": ("partitions_per_s", True),
+    "w4": ("rows_per_s", True),
+}
+W1_IDEAL_S = 15.0
+W1_ROWS = 800
 
 
-def tree_rss(proc):
+@dataclass
+class Case:
+    """One workload at one setting, run by every system listed."""
+
+    workload: str
+    config: str
+    commands: dict  # system label -> command line
+    # Which JSON line of a run is this case's (streambatch's W3 prints two).
+    pick: str = ""
+    # W4: where each system writes, to count the rows of a timed-out run.
+    outputs: dict = field(default_factory=dict)
+    # W3: partitions in all, for the rate bound of a timed-out run.
+    partitions: int = 0
+
+
+def cases(w4_device):
+    out = []
+    for cap in ["300MiB", "4GiB"]:
+        ray = RAY + ["w1", "--store-cap", cap]
+        out.append(
+            Case(
+                "w1",
+                f"store cap {cap}",
+                {
+                    "streambatch": SB + ["w1", "--store-cap", cap, "--progress-lines"],
+                    "ray-data": ray,
+                    "ray-data tuned": ray + ["--tuned"],
+                    "ray-data tuned, 10 MiB blocks": ray + ["--tuned", "--block-size", "10MiB"],
+                },
+            )
+        )
+    for cap in ["512MiB", "1GiB", "2GiB"]:
+        out.append(
+            Case(
+                "w2",
+                f"store cap {cap}",
+                {
+                    "streambatch": SB + ["w2", "--store-cap", cap, "--progress-lines"],
+                    "ray-data": RAY + ["w2", "--store-cap", cap],
+                },
+            )
+        )
+    for rows, partitions in [(20_000, 2_000), (200_000, 200)]:
+        shape = ["--rows", str(rows), "--partitions", str(partitions)]
+        out.append(
+            Case(
+                "w3",
+                f"{rows:,} rows in {partitions:,} partitions",
+                {"streambatch": SB + ["w3"], "ray-data": RAY + ["w3"] + shape, "daft": DAFT + ["w3"] + shape},
+                pick=f"rows={rows},partitions={partitions}",
+                partitions=partitions,
+            )
+        )
+    out.append(
+        Case(
+            "w4",
+            f"2,000 images, {w4_device.upper()} model",
+            {
+                "streambatch": SB + ["w4", "--device", w4_device],
+                "ray-data": RAY + ["w4"],
+                "daft": DAFT + ["w4"],
+            },
+            pick=f"device={w4_device}",
+            outputs={"streambatch": f"out/w4-{w4_device}", "ray-data": "out/w4-ray", "daft": "out/w4-daft"},
+        )
+    )
+    return out
+
+
+def tree_memory(proc):
+    """(RSS, PSS) in bytes summed over `proc` and its descendants. PSS
+    counts a page shared by n processes as 1/n in each, so that Ray's shared
+    object store is counted once, not once per worker."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    rss = pss = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
+            info = p.memory_full_info()
+            rss += info.rss
+            pss += info.pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-    return total
+    return rss, pss
 
 
 def run(cmd, limit_s):
-    """Runs `cmd`; returns (last JSON line with the workload's figures or
-    None, peak tree RSS in MiB, wall seconds, timed out)."""
+    """Runs `cmd`; returns (its JSON lines, peak tree RSS and PSS in MiB,
+    wall seconds, whether it was stopped at the limit)."""
     started = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     proc = psutil.Process(child.pid)
-    peak = [0]
+    peak = [0, 0]
     done = threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss(proc))
-            time.sleep(0.05)
+            rss, pss = tree_memory(proc)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    lines = []
     timed_out = False
     try:
         out, _ = child.communicate(timeout=limit_s)
-        lines = out.splitlines()
     except subprocess.TimeoutExpired:
         timed_out = True
-        for p in [proc] + proc.children(recursive=True):
+        tree = [proc] + proc.children(recursive=True)
+        for p in tree:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
         out, _ = child.communicate()
-        lines = out.splitlines()
+        # Nothing of this run may linger into the next one.
+        psutil.wait_procs(tree, timeout=30)
+    wall = time.perf_counter() - started
     done.set()
     sampler.join()
-    records = [json.loads(l) for l in lines if l.startswith("{")]
-    return records, peak[0] / 2**20, time.perf_counter() - started, timed_out
+    records = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    return records, peak[0] / 2**20, peak[1] / 2**20, wall, timed_out
+
+
+def rows_written(directory):
+    """Rows in the readable Parquet files under `directory` (a timed-out W4)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                rows += pq.ParquetFile(os.path.join(root, name)).metadata.num_rows
+            except Exception:
+                pass  # half-written or not Parquet
+    return rows
+
+
+def result_of(case, system, records, timed_out, wall, limit_s):
+    """The case's figure from a run's JSON lines; for a run stopped at its
+    limit, the rate it reached (from its progress lines or its output)."""
+    metric, _ = METRICS[case.workload]
+    finals = [r for r in records if metric in r and (not case.pick or r.get("config") == case.pick)]
+    if finals and not timed_out:
+        r = finals[-1]
+        return {"value": r[metric], "correct": r.get("correct"), "reached": None}
+    progress = [r["progress"] for r in records if "progress" in r]
+    if not timed_out:
+        return {"value": None, "correct": False, "reached": "failed: no result line"}
+    if progress:
+        p = progress[-1]
+        rate = p["rows"] / p["elapsed_s"]
+        reached = f"{p['rows']} rows in {p['elapsed_s']:.0f} s ({rate:.1f} rows/s)"
+        if case.workload == "w1":
+            value = round(W1_IDEAL_S * rate / W1_ROWS, 3)  # efficiency at that rate
+        elif case.workload == "w2":
+            value = round(p["elapsed_s"] * 1000 / max(p["rows"], 1), 1)  # projected wall
+            reached += f", projected {value:.0f} s"
+        else:
+            value = None
+        return {"value": value, "correct": None, "reached": reached}
+    if case.workload == "w4":
+        rows = rows_written(case.outputs[system])
+        return {"value": round(rows / wall, 1), "correct": None, "reached": f"{rows} rows written in {wall:.0f} s"}
+    bound = case.partitions / limit_s if case.partitions else None
+    return {"value": None, "correct": None, "reached": f"under {bound:.1f} partitions/s" if bound else "no progress reported"}
+
+
+def pick_best(case, results, peer):
+    """(label, result) of the better of a peer's variants (its defaults or
+    tuned) that has a figure, or None."""
+    _, higher = METRICS[case.workload]
+    rows = [(s, r) for s, r in results.items() if s.split(" ")[0] == peer and r["value"] is not None]
+    if not rows:
+        return None
+    return (max if higher else min)(rows, key=lambda sr: sr[1]["value"])
+
+
+def fmt(value):
+    if value is None:
+        return "-"
+    return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+
+
+def table(rows):
+    """Markdown table: one line per system and case."""
+    lines = [
+        "| workload | case | system | metric | value | streambatch / it | peak RSS MiB | peak PSS MiB | correct | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, results in rows:
+        metric, _ = METRICS[case.workload]
+        sb = results["streambatch"]["value"]
+        for system, r in results.items():
+            ratio = "-"
+            if system != "streambatch" and sb is not None and r["value"]:
+                ratio = f"{sb / r['value']:.2f}"
+            note = ("timeout: " + r["reached"]) if r["timed_out"] else (r["reached"] or "")
+            lines.append(
+                f"| {case.workload.upper()} | {case.config} | {system} | {metric} | {fmt(r['value'])} | {ratio} "
+                f"| {r['rss_mib']:,.0f} | {r['pss_mib']:,.0f} | {r['correct']} | {note} |"
+            )
+    return "\n".join(lines)
+
+
+def targets(rows):
+    """The targets of issue 5 / docs/benchmarks.md, each judged from this run."""
+    checks = []
+
+    def check(name, ok, detail):
+        checks.append({"target": name, "met": bool(ok), "detail": detail})
+
+    for case, results in rows:
+        sb = results["streambatch"]
+        ray = pick_best(case, results, "ray-data")
+        daft = pick_best(case, results, "daft")
+        ray_v = ray[1]["value"] if ray else None
+        if case.workload == "w1":
+            check(
+                f"W1 {case.config}: efficiency >= 0.95 and above Ray Data's",
+                sb["value"] is not None and sb["value"] >= 0.95 and (ray_v is None or sb["value"] > ray_v),
+                f"streambatch {fmt(sb['value'])}, Ray Data best ({ray[0] if ray else '-'}) {fmt(ray_v)}",
+            )
+        elif case.workload == "w2":
+            cap_mib = {"512MiB": 512, "1GiB": 1024, "2GiB": 2048}[case.config.split()[-1]]
+            check(
+                f"W2 {case.config}: finishes, peak RSS <= cap + 256 MiB, wall <= half of Ray Data's",
+                sb["value"] is not None
+                and sb["correct"]
+                and sb["rss_mib"] <= cap_mib + 256
+                and (ray_v is None or sb["value"] <= ray_v / 2),
+                f"streambatch {fmt(sb['value'])} s at {sb['rss_mib']:.0f} MiB RSS (limit {cap_mib + 256}), "
+                f"Ray Data {fmt(ray_v)} s, ratio {fmt(sb['value'] / ray_v) if sb['value'] and ray_v else '-'}",
+            )
+        elif case.workload == "w3" and case.pick == "rows=20000,partitions=2000":
+            daft_v = daft[1]["value"] if daft else None
+            check(
+                "W3: partitions/s >= 100x Ray Data's and above Daft's",
+                sb["value"] and ray_v and sb["value"] >= 100 * ray_v and (daft_v is None or sb["value"] > daft_v),
+                f"streambatch {fmt(sb['value'])}, {fmt(sb['value'] / ray_v) if sb['value'] and ray_v else '-'}x Ray Data, "
+                f"{fmt(sb['value'] / daft_v) if sb['value'] and daft_v else '-'}x Daft",
+            )
+        elif case.workload == "w4":
+            daft_v = daft[1]["value"] if daft else None
+            peers_pss = [r["pss_mib"] for s, r in results.items() if s != "streambatch"]
+            check(
+                "W4: rows/s >= Daft's, with less peak memory (PSS) than Ray Data and Daft",
+                sb["value"] and daft_v and sb["value"] >= daft_v and all(sb["pss_mib"] < p for p in peers_pss),
+                f"streambatch {fmt(sb['value'])} rows/s at {sb['pss_mib']:.0f} MiB, Daft {fmt(daft_v)}, "
+                f"peers' memory {', '.join(f'{p:.0f}' for p in peers_pss)} MiB",
+            )
+    return checks
+
+
+def chart(rows, path, title):
+    """Per case, streambatch beside each peer's best variant: the case's
+    figure (top) and peak memory (bottom)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"streambatch": "#1b7837", "ray-data": "#2166ac", "daft": "#b2182b"}
+    fig, axes = plt.subplots(2, len(rows), figsize=(2.2 * len(rows), 6.5), squeeze=False)
+    for col, (case, results) in enumerate(rows):
+        metric, higher = METRICS[case.workload]
+        shown = [("streambatch", results["streambatch"])]
+        for peer in ("ray-data", "daft"):
+            best = pick_best(case, results, peer)
+            if best:
+                shown.append((peer, best[1]))
+        names = [s for s, _ in shown]
+        panels = [("value", f"{metric}, {'higher' if higher else 'lower'} is better"), ("pss_mib", "peak memory, MiB (PSS)")]
+        for row, (key, label) in enumerate(panels):
+            ax = axes[row][col]
+            values = [r[key] or 0 for _, r in shown]
+            bars = ax.bar(range(len(shown)), values, color=[colours[n] for n in names])
+            ax.bar_label(bars, labels=[fmt(v) for v in values], fontsize=6)
+            if key == "value" and case.workload == "w3":
+                ax.set_yscale("log")
+            ax.margins(y=0.15)
+            ax.set_xticks(range(len(shown)), names, rotation=30, ha="right", fontsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+            if row == 0:
+                ax.set_title(f"{case.workload.upper()}\n{case.config}", fontsize=8)
+            if col == 0 or case.workload != rows[col - 1][0].workload:
+                ax.set_ylabel(label, fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--limit-s", type=float, default=600)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
+    parser.add_argument("--only", default="w1,w2,w3,w4", help="workloads to run, comma-separated")
+    parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
+    parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
+    parser.add_argument("--chart", default="out/bench/benchmarks.png")
     args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    started = time.perf_counter()
     rows = []
-    for name, metric, commands in RUNS:
+    for case in cases(args.w4_device):
+        if case.workload not in args.only.split(","):
+            continue
         results = {}
-        for system, cmd in commands.items():
-            records, rss, wall, timed_out = run(cmd, args.limit_s)
-            # Streambatch's W4 also prints GPU lines; take the CPU one.
-            mine = [r for r in records if metric in r and r.get("config") != "gpu_vs_cpu"]
-            if name == "w4":
-                mine = [r for r in mine if r.get("config") == "device=cpu"]
-            record = mine[-1] if mine else {}
-            results[system] = {
-                "value": record.get(metric),
-                "correct": record.get("correct"),
-                "rss_mib": round(rss, 1),
-                "wall_s": round(wall, 2),
-                "timed_out": timed_out,
-            }
-            print(json.dumps({"workload": name, "system": system, **results[system]}), flush=True)
-        rows.append((name, metric, results))
+        for system, cmd in case.commands.items():
+            records, rss, pss, wall, timed_out = run(cmd, args.limit_s)
+            r = result_of(case, system, records, timed_out, wall, args.limit_s)
+            results[system] = {**r, "rss_mib": round(rss, 1), "pss_mib": round(pss, 1), "wall_s": round(wall, 2), "timed_out": timed_out}
+            print(json.dumps({"workload": case.workload, "case": case.config, "system": system, **results[system]}), flush=True)
+        rows.append((case, results))
+    total_s = time.perf_counter() - started
+    text = table(rows)
+    checks = targets(rows)
     print()
-    print(f"{'workload':<9} {'metric':<17} {'system':<12} {'value':>10} {'streambatch/it':>15} {'peak RSS MiB':>13} {'correct':>8}")
-    for name, metric, results in rows:
-        sb = results["streambatch"]["value"]
-        for system, r in results.items():
-            value = "timeout" if r["timed_out"] else (f"{r['value']:.1f}" if r["value"] is not None else "failed")
-            ratio = f"{sb / r['value']:.1f}x" if sb and r["value"] and system != "streambatch" else "-"
-            print(f"{name:<9} {metric:<17} {system:<12} {value:>10} {ratio:>15} {r['rss_mib']:>13} {str(r['correct']):>8}")
+    print(text)
+    print()
+    for c in checks:
+        print(f"{'MET ' if c['met'] else 'MISS'} {c['target']}: {c['detail']}")
+    print(f"\nall runs: {total_s / 60:.1f} min")
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(
+            {"minutes": round(total_s / 60, 1), "cases": [{**asdict(c), "results": r} for c, r in rows], "targets": checks},
+            f,
+            indent=1,
+        )
+    chart(rows, args.chart, f"streambatch, Ray Data {version('ray')}, Daft {version('daft')}; {platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+    print(f"chart: {args.chart}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Ray Data side of the benchmark workloads (docs/workloads.md), written with
 Ray Data's documented API and its defaults except where a workload sets a
-value. Prints one JSON line last, with the keys `streambatch bench` prints.
+value, or where `--tuned` names a documented setting that helps Ray Data.
+Prints one JSON line last, with the keys `streambatch bench` prints.
 
+    python tools/bench/ray_workloads.py w1 --store-cap 300MiB [--tuned] [--block-size 10MiB]
+    python tools/bench/ray_workloads.py w2 --store-cap 512MiB
     python tools/bench/ray_workloads.py w3
     python tools/bench/ray_workloads.py w4 --input data/w4-images --output out/w4-ray
 """
@@ -13,16 +16,94 @@ import time
 import numpy as np
 import ray
 
-from common import embeddings_correct, line, main, weights
+from common import W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, Progress, embeddings_correct, line, main, weights
 
 
-def w3(rows, partitions):
-    ray.init(include_dashboard=False, log_to_driver=False)
+def start(args, **resources):
+    ray.init(include_dashboard=False, log_to_driver=False, **resources)
+    if args.block_size:
+        # Documented: blocks larger than this are split as they are produced.
+        ray.data.DataContext.get_current().target_max_block_size = args.block_size
+
+
+def zero_rows(ids):
+    return {"id": ids, "data": np.zeros((len(ids), W1_ROW_BYTES), dtype=np.uint8)}
+
+
+def produce(batch):
+    time.sleep(0.5)
+    return zero_rows(batch["id"])
+
+
+def consume(batch):
+    time.sleep(0.05)
+    return zero_rows(batch["id"])
+
+
+def inference(batch):
+    time.sleep(0.05)
+    return {"id": batch["id"]}
+
+
+def w1(args):
+    """8 CPU and 4 GPU logical slots, the object store capped. Tuned: the GPU
+    stage reuses its workers (`max_calls=0`; Ray's default of 1 for GPU tasks
+    starts a worker per task) and reserves no CPU (`num_cpus=0`; by default a
+    GPU map task holds one of the 8 CPU slots)."""
+    start(args, num_cpus=8, num_gpus=4, object_store_memory=args.store_cap)
+    gpu_stage = {"num_cpus": 0, "max_calls": 0} if args.tuned else {}
     started = time.perf_counter()
-    ds = ray.data.range(rows, override_num_blocks=partitions).map_batches(lambda batch: batch)
+    ds = (
+        ray.data.range(800, override_num_blocks=160)
+        .map_batches(produce, batch_size=5, num_cpus=1)
+        .map_batches(consume, batch_size=1, num_cpus=1)
+        .map_batches(inference, batch_size=1, num_gpus=1, **gpu_stage)
+    )
+    progress = Progress(started)
+    id_sum = 0
+    for batch in ds.iter_batches(batch_size=None):
+        progress.add(len(batch["id"]))
+        id_sum += int(batch["id"].sum())
+    wall = time.perf_counter() - started
+    config = f"store_cap={args.store_cap >> 20}MiB" + (",tuned" if args.tuned else "") + (f",block_size={args.block_size >> 20}MiB" if args.block_size else "")
+    line("ray-data", "w1", config, wall, progress.rows, 160, progress.rows == 800 and id_sum == sum(range(800)), W1_IDEAL_S)
+
+
+def expand(batch):
+    """Ten rows of 10 MiB per input row, yielded one at a time."""
+    first = int(batch["id"][0]) * 10
+    for key in range(first, first + 10):
+        yield {"key": np.array([key]), "data": np.full((1, W2_ROW_BYTES), key % 251, dtype=np.uint8)}
+
+
+def reduce(batch):
+    """Each row's byte sum mod 256, taking about 20 ms per row."""
+    started = time.perf_counter()
+    sums = batch["data"].sum(axis=1, dtype=np.int64) % 256
+    time.sleep(max(0.0, 0.02 * len(sums) - (time.perf_counter() - started)))
+    return {"key": batch["key"], "sum": sums}
+
+
+def w2(args):
+    start(args, object_store_memory=args.store_cap)
+    started = time.perf_counter()
+    ds = ray.data.range(100, override_num_blocks=100).map_batches(expand, batch_size=1).map_batches(reduce, batch_size=1)
+    progress = Progress(started)
+    correct = True
+    for batch in ds.iter_batches(batch_size=None):
+        progress.add(len(batch["key"]))
+        correct &= bool(np.all(batch["sum"] == batch["key"] % 251))
+    wall = time.perf_counter() - started
+    line("ray-data", "w2", f"store_cap={args.store_cap >> 20}MiB", wall, progress.rows, 100, correct and progress.rows == 1000)
+
+
+def w3(args):
+    start(args)
+    started = time.perf_counter()
+    ds = ray.data.range(args.rows, override_num_blocks=args.partitions).map_batches(lambda batch: batch)
     count = ds.count()
     wall = time.perf_counter() - started
-    line("ray-data", "w3", f"rows={rows},partitions={partitions}", wall, count, partitions, count == rows)
+    line("ray-data", "w3", f"rows={args.rows},partitions={args.partitions}", wall, count, args.partitions, count == args.rows)
 
 
 def preprocess(batch):
@@ -40,25 +121,25 @@ class Embed:
         return {"id": batch["id"], "embedding": list(batch["pixels"] @ self.weights)}
 
 
-def w4(input_dir, output_dir):
-    shutil.rmtree(output_dir, ignore_errors=True)  # Ray appends to an existing directory
-    ray.init(include_dashboard=False, log_to_driver=False)
+def w4(args):
+    shutil.rmtree(args.output, ignore_errors=True)  # Ray appends to an existing directory
+    start(args)
     started = time.perf_counter()
     ds = (
-        ray.data.read_parquet(input_dir)
+        ray.data.read_parquet(args.input)
         .map_batches(preprocess)
         # One actor fewer than the CPUs: on 2 CPUs a pool of 2 would hold
         # every CPU and starve the read and preprocess tasks.
         .map_batches(Embed, batch_size=64, concurrency=max(1, (os.cpu_count() or 2) - 1))
     )
-    ds.write_parquet(output_dir)
+    ds.write_parquet(args.output)
     wall = time.perf_counter() - started
-    out = ray.data.read_parquet(output_dir).to_pandas()
-    images = ray.data.read_parquet(input_dir).to_pandas()
+    out = ray.data.read_parquet(args.output).to_pandas()
+    images = ray.data.read_parquet(args.input).to_pandas()
     by_id = dict(zip(images["id"].to_numpy(dtype=np.int64), images["image"]))
     correct = embeddings_correct(out["id"].to_numpy(dtype=np.int64), out["embedding"], by_id)
-    line("ray-data", "w4", "device=cpu", wall, len(out), len(os.listdir(input_dir)), correct)
+    line("ray-data", "w4", "device=cpu", wall, len(out), len(os.listdir(args.input)), correct)
 
 
 if __name__ == "__main__":
-    main(w3, w4, "out/w4-ray")
+    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4}, "out/w4-ray")

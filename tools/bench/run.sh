@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Runs the benchmark workloads in streambatch and in Ray Data, alternating,
-# and prints one table with each figure and the ratio streambatch / Ray Data.
+# Runs W1 to W4 in streambatch, Ray Data and (W3, W4) Daft, alternating the
+# systems, each run under a time limit; prints one table with the ratio
+# streambatch / peer, checks the targets, and writes out/bench/results.json,
+# out/bench/table.md and the chart out/bench/benchmarks.png.
 # Makes the Python environment (.venv-bench) with the pinned peers if absent.
-#   tools/bench/run.sh [--limit-s SECONDS]
+#   tools/bench/run.sh [--limit-s 240] [--only w1,w2,w3,w4] [--w4-device cpu|gpu]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=.venv-bench
-if [ ! -x "$venv/bin/python" ]; then
+# The stamp holds the requirements it was made from: an interrupted or
+# outdated install is redone.
+if ! cmp -s tools/bench/requirements.txt "$venv/installed.txt"; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q -r tools/bench/requirements.txt
+    cp tools/bench/requirements.txt "$venv/installed.txt"
 fi
 cargo build --release --bin streambatch
 exec "$venv/bin/python" tools/bench/harness.py "$@"

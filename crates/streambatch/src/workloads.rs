@@ -1,4 +1,4 @@
-//! The benchmark workloads of `docs/workloads.md` (W1, W3, W4's pieces) and
+//! The benchmark workloads of `docs/workloads.md` (W1 to W4) and
 //! the main job's operators, shared by the `streambatch bench` command, the
 //! `batch_inference` example and the tests.
 
@@ -264,6 +264,51 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(round(kib / 1024.0))
 }
 
+/// Progress of a workload that iterates its output: with `to_stdout`, a
+/// `{"progress": {...}}` JSON line at most once a second, so that a harness
+/// that stops a run at its time limit can report the rate it reached.
+pub struct ProgressLines {
+    to_stdout: bool,
+    started: Instant,
+    last: Instant,
+    rows: u64,
+    partitions: u64,
+}
+
+impl ProgressLines {
+    /// Counts from now; prints only when `to_stdout`.
+    pub fn new(to_stdout: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            to_stdout,
+            started: now,
+            last: now,
+            rows: 0,
+            partitions: 0,
+        }
+    }
+
+    /// One output batch of `rows` rows arrived.
+    pub fn add(&mut self, rows: u64) {
+        self.rows += rows;
+        self.partitions += 1;
+        if self.to_stdout && self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            let line = serde_json::json!({"progress": {
+                "rows": self.rows,
+                "partitions": self.partitions,
+                "elapsed_s": round(self.started.elapsed().as_secs_f64()),
+            }});
+            println!("{line}");
+        }
+    }
+
+    /// Rows counted so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+}
+
 /// Bytes of one W1 row.
 const W1_ROW_BYTES: usize = 10 << 20;
 
@@ -303,7 +348,7 @@ fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatc
 /// W1: the paper's heterogeneous pipeline under a memory cap, scaled 1/10.
 /// 8 CPU and 4 GPU logical slots; `produce` (0.5 s per 5 rows, 10 MiB rows)
 /// -> `consume` (0.05 s per row) -> `inference` (1 GPU, 0.05 s per row).
-pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
+pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Result<BenchResult> {
     let config = NodeConfig {
         cpus: 8.0,
         gpus: Some(4.0),
@@ -338,12 +383,11 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
             Resources::gpu(1.0).batch_rows(1),
         )
         .named("inference");
-    let mut rows = 0u64;
     let mut id_sum = 0i64;
     let mut stream = ds.iter_batches()?;
     for batch in stream.by_ref() {
         let batch = batch?;
-        rows += batch.num_rows() as u64;
+        progress.add(batch.num_rows() as u64);
         id_sum += batch
             .column(0)
             .as_primitive::<arrow_array::types::Int64Type>()
@@ -354,6 +398,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     let config = format!("store_cap={}", crate::format_bytes(store_cap));
+    let rows = progress.rows();
     let correct = rows == 800 && id_sum == (0..800).sum::<i64>();
     Ok(BenchResult {
         ideal: Some(Duration::from_secs_f64((160.0 * 0.5 + 800.0 * 0.05) / 8.0)),
@@ -391,7 +436,7 @@ const W2_ROW_BYTES: usize = (10 << 20) + 1;
 /// rows of 10 MiB per row (10 GiB in all), one at a time; stage B (which
 /// declares its memory per task, so it runs as its own stage) reduces each
 /// row to its byte sum mod 256 in about 20 ms. Count and check every sum.
-pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
+pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Result<BenchResult> {
     let config = NodeConfig {
         store_capacity: store_cap,
         ..base.clone()
@@ -443,11 +488,10 @@ pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
                 .batch_rows(1),
         )
         .named("reduce");
-    let mut rows = 0u64;
     let mut correct = true;
     for batch in ds.iter_batches()? {
         let batch = batch?;
-        rows += batch.num_rows() as u64;
+        progress.add(batch.num_rows() as u64);
         let keys = batch
             .column(0)
             .as_primitive::<arrow_array::types::Int64Type>();
@@ -461,6 +505,7 @@ pub fn w2(store_cap: u64, base: &NodeConfig) -> Result<BenchResult> {
             .all(|(k, s)| *s == k % 251);
     }
     let wall = started.elapsed();
+    let rows = progress.rows();
     let stats = ds.stats().unwrap_or_default();
     let config = format!("store_cap={}", crate::format_bytes(store_cap));
     Ok(BenchResult::new(

@@ -35,6 +35,9 @@ enum Command {
         /// W4 only: run the embedding on the CPU, the GPU, or both.
         #[arg(long, value_enum, default_value_t = W4Devices::Both)]
         device: W4Devices,
+        /// W1, W2: print a JSON progress line each second (for tools/bench).
+        #[arg(long)]
+        progress_lines: bool,
     },
 }
 
@@ -83,11 +86,21 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             store_cap,
             config,
             device,
+            progress_lines,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
+            let mut progress = workloads::ProgressLines::new(progress_lines);
             let results = match workload {
-                Workload::W1 => vec![workloads::w1(store_cap.unwrap_or(300 << 20), &base)?],
-                Workload::W2 => vec![workloads::w2(store_cap.unwrap_or(512 << 20), &base)?],
+                Workload::W1 => vec![workloads::w1(
+                    store_cap.unwrap_or(300 << 20),
+                    &base,
+                    &mut progress,
+                )?],
+                Workload::W2 => vec![workloads::w2(
+                    store_cap.unwrap_or(512 << 20),
+                    &base,
+                    &mut progress,
+                )?],
                 Workload::W4 => {
                     let data = std::path::Path::new("data/w4-images");
                     let run =
