@@ -62,6 +62,27 @@ fn get_returns_buffers_inside_the_segment_mapping() {
     );
 }
 
+#[test]
+fn equal_partitions_fill_the_capacity_without_holes() {
+    let dir = tempfile::tempdir().unwrap();
+    let capacity = 300 << 20;
+    let store = store(capacity, dir.path(), "packing");
+    // A small partition first, as a job's source emits, maps a small segment.
+    let mut held = vec![store.put(ints(0, 100)).unwrap()];
+    let small = store.stats().used_bytes;
+    let partition = blob(10, 7);
+    while let Ok(part) = store.try_put(partition.clone()) {
+        held.push(part);
+    }
+    let stored = (held.len() - 1) as u64;
+    let each = (store.stats().used_bytes - small) / stored;
+    // Only the small segment and the last partial partition are lost.
+    assert!(
+        stored * each >= capacity - (4 << 20) - each,
+        "{stored} partitions of {each} bytes in a store of {capacity}"
+    );
+}
+
 const CHILD: &str = "STREAMBATCH_STORE_TEST_CHILD";
 
 #[test]

@@ -78,6 +78,8 @@ pub struct Event {
     pub task: TaskId,
     /// What happened.
     pub kind: EventKind,
+    /// When, since the job started: a timeline of the job.
+    pub at: Duration,
 }
 
 /// The stats of one job.

@@ -7,6 +7,11 @@
 //! partition even when upstream stages have filled the pool: the job cannot
 //! stall with memory full of inputs that nobody can consume.
 //!
+//! A reserve starts at the largest partition a stage may emit and shrinks
+//! to the largest it has emitted ([`Budgets::fit_reserve`]): a stage whose
+//! outputs are small (a sink's counts, an inference stage's ids) leaves the
+//! rest to the pool, where upstream stages can use it.
+//!
 //! An admitted output holds a [`Reservation`] until the partition is
 //! consumed; dropping it returns the bytes and tells the executor.
 
@@ -22,59 +27,91 @@ pub struct Budgets {
 }
 
 struct Inner {
-    reserve: Vec<u64>,
-    pool: u64,
-    used: Mutex<Vec<u64>>,
+    capacity: u64,
+    /// The reserves as the job started: the most a reserve grows back to.
+    initial: Vec<u64>,
+    state: Mutex<State>,
     on_release: OnRelease,
+}
+
+/// Reserves and use per stage, changed together under one lock.
+struct State {
+    reserve: Vec<u64>,
+    used: Vec<u64>,
+}
+
+impl State {
+    /// The shared pool: what the reserves leave of the capacity.
+    fn pool(&self, capacity: u64) -> u64 {
+        capacity.saturating_sub(self.reserve.iter().sum())
+    }
+
+    /// Bytes of the pool in use: each stage's use beyond its reserve.
+    fn pool_used(&self) -> u64 {
+        self.used
+            .iter()
+            .zip(&self.reserve)
+            .map(|(u, r)| u.saturating_sub(*r))
+            .sum()
+    }
+
+    /// Whether `bytes` more of `stage` fit: within its reserve, or the
+    /// excess within what is left of the pool.
+    fn fits(&self, capacity: u64, stage: usize, bytes: u64) -> bool {
+        // A reserve that grew back may be lent out still: never past the capacity.
+        if self.used.iter().sum::<u64>() + bytes > capacity {
+            return false;
+        }
+        let reserve = self.reserve[stage];
+        let after = self.used[stage] + bytes;
+        if after <= reserve {
+            return true;
+        }
+        let pool_after =
+            self.pool_used() - self.used[stage].saturating_sub(reserve) + (after - reserve);
+        pool_after <= self.pool(capacity)
+    }
 }
 
 impl Budgets {
     /// Budgets for stages whose reserves are `reserve` (0 for stages that
     /// keep no outputs), sharing `capacity` bytes in all.
     pub fn new(capacity: u64, reserve: Vec<u64>, on_release: OnRelease) -> Self {
-        let pool = capacity.saturating_sub(reserve.iter().sum());
-        let used = Mutex::new(vec![0; reserve.len()]);
+        let used = vec![0; reserve.len()];
         Self {
             inner: Arc::new(Inner {
-                reserve,
-                pool,
-                used,
+                capacity,
+                initial: reserve.clone(),
+                state: Mutex::new(State { reserve, used }),
                 on_release,
             }),
         }
     }
 
-    fn pool_used(&self, used: &[u64]) -> u64 {
-        used.iter()
-            .zip(&self.inner.reserve)
-            .map(|(u, r)| u.saturating_sub(*r))
-            .sum()
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// True when `bytes` more outputs of `stage` fit its budget now.
     pub fn fits(&self, stage: usize, bytes: u64) -> bool {
-        let used = self.inner.used.lock().unwrap_or_else(|p| p.into_inner());
-        self.fits_locked(&used, stage, bytes)
+        self.state().fits(self.inner.capacity, stage, bytes)
     }
 
-    fn fits_locked(&self, used: &[u64], stage: usize, bytes: u64) -> bool {
-        let reserve = self.inner.reserve[stage];
-        let after = used[stage] + bytes;
-        if after <= reserve {
-            return true;
-        }
-        let pool_after =
-            self.pool_used(used) - used[stage].saturating_sub(reserve) + (after - reserve);
-        pool_after <= self.inner.pool
+    /// Sets `stage`'s reserve to `largest_output` (the largest partition it
+    /// has emitted), never above its reserve at the start: the rest goes to
+    /// the pool. A larger partition later grows it back.
+    pub fn fit_reserve(&self, stage: usize, largest_output: u64) {
+        let reserve = largest_output.min(self.inner.initial[stage]);
+        self.state().reserve[stage] = reserve;
     }
 
     /// Reserves `bytes` for an output of `stage`, or `None` when they do not fit.
     pub fn try_admit(&self, stage: usize, bytes: u64) -> Option<Reservation> {
-        let mut used = self.inner.used.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.fits_locked(&used, stage, bytes) {
+        let mut state = self.state();
+        if !state.fits(self.inner.capacity, stage, bytes) {
             return None;
         }
-        used[stage] += bytes;
+        state.used[stage] += bytes;
         Some(Reservation {
             budgets: self.clone(),
             stage,
@@ -86,7 +123,7 @@ impl Budgets {
     /// Reserves `bytes` for an output of `stage` even over budget: for a task
     /// the executor lets spill because nothing else can progress.
     pub fn force_admit(&self, stage: usize, bytes: u64) -> Reservation {
-        self.inner.used.lock().unwrap_or_else(|p| p.into_inner())[stage] += bytes;
+        self.state().used[stage] += bytes;
         Reservation {
             budgets: self.clone(),
             stage,
@@ -97,7 +134,7 @@ impl Budgets {
 
     /// Bytes of `stage`'s outputs held now.
     pub fn used(&self, stage: usize) -> u64 {
-        self.inner.used.lock().unwrap_or_else(|p| p.into_inner())[stage]
+        self.state().used[stage]
     }
 }
 
@@ -119,15 +156,7 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        {
-            let mut used = self
-                .budgets
-                .inner
-                .used
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            used[self.stage] -= self.bytes;
-        }
+        self.budgets.state().used[self.stage] -= self.bytes;
         if self.notify {
             (self.budgets.inner.on_release)();
         }
@@ -152,6 +181,33 @@ mod tests {
             b.try_admit(1, 10).is_some(),
             "stage 1's reserve is still there"
         );
+    }
+
+    #[test]
+    fn a_reserve_fitted_to_small_outputs_leaves_the_rest_to_the_pool() {
+        let b = budgets(100, vec![30, 30]);
+        let held: Vec<_> = (0..7).map(|_| b.try_admit(0, 10).unwrap()).collect();
+        assert!(
+            b.try_admit(0, 10).is_none(),
+            "stage 1's reserve of 30 is kept"
+        );
+        b.fit_reserve(1, 1);
+        let more: Vec<_> = (0..2).map(|_| b.try_admit(0, 10).unwrap()).collect();
+        assert!(
+            b.try_admit(0, 10).is_none(),
+            "90 held, 1 reserved for stage 1"
+        );
+        assert!(b.fits(1, 1), "stage 1 keeps room for its output");
+        b.fit_reserve(1, 1_000);
+        assert!(b.fits(1, 10), "the reserve grew back to what is free");
+        assert!(!b.fits(1, 11), "but never past the capacity");
+        drop((held, more));
+        let again: Vec<_> = (0..7).map(|_| b.try_admit(0, 10).unwrap()).collect();
+        assert!(
+            b.try_admit(0, 10).is_none(),
+            "stage 1's reserve is 30 again"
+        );
+        drop(again);
     }
 
     #[test]

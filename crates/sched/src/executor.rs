@@ -95,6 +95,8 @@ struct StageState {
     limit_left: usize,
     collected: Vec<Slice>,
     typical_bytes: u64,
+    /// The largest output partition so far: the stage's memory reserve.
+    largest_bytes: u64,
     first_start: Option<Instant>,
 }
 
@@ -179,6 +181,7 @@ impl Actor for Executor {
                 },
                 collected: Vec::new(),
                 typical_bytes: 0,
+                largest_bytes: 0,
                 first_start: None,
             })
             .collect();
@@ -271,7 +274,13 @@ impl ExecState {
     fn record(&self, stage: usize, task: TaskId, kind: EventKind) {
         let mut stats = self.stats();
         if stats.events.len() < MAX_EVENTS {
-            stats.events.push(Event { stage, task, kind });
+            let at = self.started.elapsed();
+            stats.events.push(Event {
+                stage,
+                task,
+                kind,
+                at,
+            });
         }
     }
 
@@ -522,6 +531,10 @@ impl ExecState {
         } else {
             (s.typical_bytes * 7 + bytes) / 8
         };
+        if bytes > s.largest_bytes {
+            s.largest_bytes = bytes;
+            self.ctx.budgets.fit_reserve(stage, bytes);
+        }
         {
             let mut stats = self.stats();
             stats.operators[stage].rows += slice.len as u64;

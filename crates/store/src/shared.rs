@@ -344,8 +344,9 @@ impl Inner {
     /// Room for `len` bytes in memory: in a segment, a new segment while the
     /// capacity allows, or a dedicated segment for a partition larger than
     /// the largest segment. New segments grow geometrically (4 MiB, 4, 8, 16,
-    /// ... up to the largest), so a small job maps and pre-faults little;
-    /// they are made with the lock released, since pre-faulting takes time.
+    /// ... up to the largest, each a whole multiple of the partition that
+    /// asks for it), so a small job maps and pre-faults little; they are
+    /// made with the lock released, since pre-faulting takes time.
     fn allocate<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
@@ -367,14 +368,18 @@ impl Inner {
                 return (state, Some(Place::Memory { segment, offset }));
             }
             let dedicated = len > self.segment_size;
-            let size = if dedicated {
-                aligned(len)
+            let unit = aligned(len);
+            let mut size = if dedicated {
+                unit
             } else {
-                state
+                let target = state
                     .regular_mapped
-                    .clamp(FIRST_SEGMENT, self.segment_size as u64) as usize
+                    .clamp(FIRST_SEGMENT, self.segment_size as u64)
+                    as usize;
+                // Whole multiples of this partition: a run of equal-sized
+                // partitions, the usual case, then fills it without a hole.
+                (target / unit).max(1) * unit
             };
-            let size = size.max(aligned(len));
             if state.mapped + size as u64 > capacity {
                 // Give back empty segments to make room for this one.
                 let empty: Vec<usize> = state
@@ -391,7 +396,12 @@ impl Inner {
                     state.unmap(&slot);
                 }
                 if state.mapped + size as u64 > capacity {
-                    return (state, None);
+                    // The last segment: as many of this partition as still fit.
+                    let room = (capacity - state.mapped) as usize;
+                    if dedicated || room < unit {
+                        return (state, None);
+                    }
+                    size = room / unit * unit;
                 }
             }
             let n = state.next_segment;
