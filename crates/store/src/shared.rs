@@ -396,9 +396,10 @@ impl Inner {
                     state.unmap(&slot);
                 }
                 if state.mapped + size as u64 > capacity {
-                    // The last segment: as many of this partition as still fit.
+                    // The last segment: as many of this partition as still
+                    // fit (a dedicated one, exactly one, never fits here).
                     let room = (capacity - state.mapped) as usize;
-                    if dedicated || room < unit {
+                    if room < unit {
                         return (state, None);
                     }
                     size = room / unit * unit;
