@@ -102,6 +102,6 @@ def main(workloads, default_output):
     parser.add_argument("--output", default=default_output, help="W4")
     parser.add_argument("--store-cap", type=parse_size, default=None, help="W1, W2: object store memory")
     parser.add_argument("--tuned", action="store_true", help="W1: the documented GPU-stage settings that help Ray Data")
-    parser.add_argument("--block-size", type=parse_size, default=None, help="Ray Data's target_max_block_size")
+    parser.add_argument("--block-size", type=parse_size, default=None, help="W1, W2: Ray Data's target_max_block_size")
     args = parser.parse_args()
     workloads[args.workload](args)

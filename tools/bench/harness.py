@@ -75,6 +75,7 @@ def cases(w4_device):
                 {
                     "streambatch": SB + ["w2", "--store-cap", cap, "--progress-lines"],
                     "ray-data": RAY + ["w2", "--store-cap", cap],
+                    "ray-data 10 MiB blocks": RAY + ["w2", "--store-cap", cap, "--block-size", "10MiB"],
                 },
             )
         )

@@ -94,7 +94,8 @@ def w2(args):
         progress.add(len(batch["key"]))
         correct &= bool(np.all(batch["sum"] == batch["key"] % 251))
     wall = time.perf_counter() - started
-    line("ray-data", "w2", f"store_cap={args.store_cap >> 20}MiB", wall, progress.rows, 100, correct and progress.rows == 1000)
+    config = f"store_cap={args.store_cap >> 20}MiB" + (f",block_size={args.block_size >> 20}MiB" if args.block_size else "")
+    line("ray-data", "w2", config, wall, progress.rows, 100, correct and progress.rows == 1000)
 
 
 def w3(args):
