@@ -21,6 +21,8 @@ from importlib.metadata import version
 
 import psutil
 
+from common import W1_IDEAL_S
+
 SB = ["target/release/streambatch", "bench"]
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
 DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
@@ -32,7 +34,6 @@ METRICS = {
     "w3": ("partitions_per_s", True),
     "w4": ("rows_per_s", True),
 }
-W1_IDEAL_S = 15.0
 W1_ROWS = 800
 
 
@@ -185,9 +186,9 @@ def result_of(case, system, records, timed_out, wall, limit_s):
     if finals and not timed_out:
         r = finals[-1]
         return {"value": r[metric], "correct": r.get("correct"), "reached": None}
-    progress = [r["progress"] for r in records if "progress" in r]
     if not timed_out:
         return {"value": None, "correct": False, "reached": "failed: no result line"}
+    progress = [r["progress"] for r in records if "progress" in r]
     if progress:
         p = progress[-1]
         rate = p["rows"] / p["elapsed_s"]
