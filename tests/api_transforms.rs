@@ -225,3 +225,23 @@ fn flat_map_batches_streams_generated_batches() {
         .collect();
     assert_eq!(sorted_i64(&out, "v"), expected);
 }
+
+#[test]
+fn an_operator_marked_no_fuse_keeps_a_stage_of_its_own() {
+    let ds = ctx()
+        .range(10, 1)
+        .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0))
+        .named("expand")
+        .map_batches(
+            |b: RecordBatch| Ok::<_, UdfError>(b),
+            Resources::cpu(1.0).no_fuse(),
+        )
+        .named("reduce")
+        .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0))
+        .named("after");
+    assert_eq!(
+        ds.explain().unwrap(),
+        vec!["range->expand", "reduce", "after"]
+    );
+    assert_eq!(ds.count().unwrap(), 10);
+}

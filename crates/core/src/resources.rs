@@ -63,6 +63,11 @@ impl Resources {
         StageOptions::from(self).pool(min, max)
     }
 
+    /// Stage options with these resources, never fused with a neighbour.
+    pub fn no_fuse(self) -> StageOptions {
+        StageOptions::from(self).no_fuse()
+    }
+
     /// True when `self` fits in `free`.
     pub fn fits_in(&self, free: &Resources) -> bool {
         const EPS: f64 = 1e-9;
@@ -97,12 +102,27 @@ pub struct StageOptions {
     pub batch_rows: Option<usize>,
     /// The worker pool of a stateful operator.
     pub pool: Option<PoolSize>,
+    /// Keeps the operator in a stage of its own even when its resources
+    /// equal its neighbour's, so that its outputs and its neighbour's are
+    /// separate partitions with separate memory budgets.
+    pub no_fuse: bool,
 }
 
 impl StageOptions {
     /// Batches of `rows` rows per call.
     pub fn batch_rows(mut self, rows: usize) -> Self {
         self.batch_rows = Some(rows.max(1));
+        self
+    }
+
+    /// Never fused with the operator before or after it.
+    ///
+    /// ```
+    /// use streambatch_core::Resources;
+    /// assert!(Resources::cpu(1.0).no_fuse().no_fuse);
+    /// ```
+    pub fn no_fuse(mut self) -> Self {
+        self.no_fuse = true;
         self
     }
 
@@ -123,6 +143,7 @@ impl From<Resources> for StageOptions {
             resources,
             batch_rows: None,
             pool: None,
+            no_fuse: false,
         }
     }
 }

@@ -224,6 +224,8 @@ impl ExecPlan {
                 Node::Op(op) => {
                     let fusable = stages.last().is_some_and(|s| {
                         s.runs_tasks()
+                            && !s.options.no_fuse
+                            && !op.options.no_fuse
                             && s.options.resources == op.options.resources
                             && !(s.options.pool.is_some() && op.options.pool.is_some())
                     });

@@ -483,9 +483,9 @@ pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
                     ("sum", Arc::new(sums) as ArrayRef),
                 ])?)
             },
-            Resources::cpu(1.0)
-                .with_memory(W2_ROW_BYTES as u64)
-                .batch_rows(1),
+            // Its own stage: fused with `expand`, a task would hold ten
+            // 10 MiB rows and the stage's budget would cover both.
+            Resources::cpu(1.0).no_fuse().batch_rows(1),
         )
         .named("reduce");
     let mut correct = true;
