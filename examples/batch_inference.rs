@@ -59,9 +59,10 @@ fn main() -> Result<()> {
     let step = 25;
     let output = Path::new("out/embeddings");
     if !workloads::check_embeddings(&ctx, images, output, step, SEED)? {
-        return Err(streambatch::Error::Execution(
-            "an embedding differs from the direct computation".into(),
-        ));
+        return Err(streambatch::Error::Udf {
+            operator: "check".into(),
+            source: "an embedding differs from the direct computation".into(),
+        });
     }
     println!("checked every {step}th embedding against a direct computation: equal within 1e-4");
     Ok(())

@@ -13,7 +13,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use common::{ctx_with, sorted_i64};
 use streambatch::prelude::*;
-use streambatch::{EventKind, batch_bytes};
+use streambatch::{EventKind, StageId, batch_bytes};
 
 /// A flag one thread raises and another waits for, with a timeout.
 #[derive(Clone, Default)]
@@ -112,10 +112,10 @@ fn expansion_is_split_into_partitions_and_streams_downstream_before_the_task_end
     // From the recorded events: stage 1 got its first task before stage 0's only task ended.
     let stats = ds.stats().unwrap();
     let first_downstream = stats
-        .position(|e| e.stage == 1 && e.kind == EventKind::TaskStarted)
+        .position(|e| e.stage == StageId(1) && e.kind == EventKind::TaskStarted)
         .unwrap();
     let expander_done = stats
-        .position(|e| e.stage == 0 && e.kind == EventKind::TaskFinished)
+        .position(|e| e.stage == StageId(0) && e.kind == EventKind::TaskFinished)
         .unwrap();
     assert!(
         first_downstream < expander_done,
@@ -273,7 +273,7 @@ fn limit_stops_the_source_early() {
     let started = stats
         .events
         .iter()
-        .filter(|e| e.stage == 0 && e.kind == EventKind::TaskStarted)
+        .filter(|e| e.stage == StageId(0) && e.kind == EventKind::TaskStarted)
         .count();
     assert!(started < 100, "{started} source tasks started for 10 rows");
 }

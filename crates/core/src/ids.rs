@@ -31,6 +31,11 @@ id_type!(
 );
 id_type!(
     /// The position of a stage in a job's physical plan.
-    OperatorId(usize),
-    "op"
+    StageId(usize),
+    "stage-"
+);
+id_type!(
+    /// A job: one consuming call on a dataset; unique within its cluster.
+    JobId(u64),
+    "job-"
 );

@@ -11,7 +11,7 @@ mod resources;
 mod size;
 
 pub use config::{ConfigError, NodeConfig};
-pub use ids::{NodeId, OperatorId, PartitionId, TaskId};
+pub use ids::{JobId, NodeId, PartitionId, StageId, TaskId};
 pub use meta::PartitionMeta;
 pub use resources::{PoolSize, Resources, StageOptions};
 pub use size::{batch_bytes, format_bytes, parse_size};

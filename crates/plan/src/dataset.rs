@@ -9,7 +9,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use streambatch_core::{NodeConfig, StageOptions};
 
 use crate::ops::{OpKind, OpSpec};
-use crate::plan::{ExecPlan, Node, PlanNode};
+use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
 use crate::sink::{abort_staging, commit_staging, create_staging};
 use crate::source::{binary_files_schema, csv_schema, expand_paths, parquet_schema};
@@ -38,7 +38,7 @@ pub trait Runner: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Dataset {
     runner: Arc<dyn Runner>,
-    plan: Arc<PlanNode>,
+    plan: Arc<LogicalPlan>,
     last_stats: Arc<Mutex<Option<JobStats>>>,
 }
 
@@ -49,14 +49,14 @@ impl Dataset {
         splits: Vec<SourceSplit>,
         schema: Option<SchemaRef>,
     ) -> Self {
-        let node = Node::Source {
+        let op = LogicalOp::Source {
             name: name.to_string(),
             splits,
             schema,
         };
         Self {
             runner,
-            plan: Arc::new(PlanNode { input: None, node }),
+            plan: Arc::new(LogicalPlan { input: None, op }),
             last_stats: Default::default(),
         }
     }
@@ -146,19 +146,19 @@ impl Dataset {
         ))
     }
 
-    fn then(&self, node: Node) -> Self {
+    fn then(&self, op: LogicalOp) -> Self {
         Self {
             runner: self.runner.clone(),
-            plan: Arc::new(PlanNode {
+            plan: Arc::new(LogicalPlan {
                 input: Some(self.plan.clone()),
-                node,
+                op,
             }),
             last_stats: Default::default(),
         }
     }
 
     fn op(&self, name: &str, kind: OpKind, options: StageOptions) -> Self {
-        self.then(Node::Op(OpSpec {
+        self.then(LogicalOp::Op(OpSpec {
             name: name.to_string(),
             kind,
             options,
@@ -252,12 +252,12 @@ impl Dataset {
 
     /// The first `n` rows. Upstream work stops once they are produced.
     pub fn limit(&self, n: usize) -> Self {
-        self.then(Node::Limit(n))
+        self.then(LogicalOp::Limit(n))
     }
 
     /// Regroups the rows into `n` partitions of (nearly) equal rows.
     pub fn repartition(&self, n: usize) -> Self {
-        self.then(Node::Repartition(n))
+        self.then(LogicalOp::Repartition(n))
     }
 
     /// Sets the resources (and batch size, pool) of the last transform.
@@ -271,15 +271,15 @@ impl Dataset {
     }
 
     fn edit_last_op(&self, edit: impl FnOnce(&mut OpSpec)) -> Self {
-        match &self.plan.node {
-            Node::Op(op) => {
+        match &self.plan.op {
+            LogicalOp::Op(op) => {
                 let mut op = op.clone();
                 edit(&mut op);
                 Self {
                     runner: self.runner.clone(),
-                    plan: Arc::new(PlanNode {
+                    plan: Arc::new(LogicalPlan {
                         input: self.plan.input.clone(),
-                        node: Node::Op(op),
+                        op: LogicalOp::Op(op),
                     }),
                     last_stats: Default::default(),
                 }
@@ -288,8 +288,8 @@ impl Dataset {
         }
     }
 
-    fn start(&self, plan: Arc<PlanNode>) -> Result<BatchStream> {
-        let plan = ExecPlan::from_nodes(plan.chain())?;
+    fn start(&self, plan: Arc<LogicalPlan>) -> Result<BatchStream> {
+        let plan = ExecPlan::from_ops(plan.chain())?;
         let job = self.runner.run(plan)?;
         Ok(BatchStream {
             job,
@@ -353,14 +353,14 @@ impl Dataset {
     pub fn write_parquet(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
         let dir = dir.as_ref();
         let staging = create_staging(dir)?;
-        let node = Node::Op(OpSpec {
+        let op = LogicalOp::Op(OpSpec {
             name: "write_parquet".into(),
             kind: OpKind::WriteParquet(staging.clone()),
             options: StageOptions::default(),
         });
-        let plan = Arc::new(PlanNode {
+        let plan = Arc::new(LogicalPlan {
             input: Some(self.plan.clone()),
-            node,
+            op,
         });
         let result = self
             .start(plan)
@@ -392,7 +392,7 @@ impl Dataset {
 
     /// The physical plan: stage names in order.
     pub fn explain(&self) -> Result<Vec<String>> {
-        Ok(ExecPlan::from_nodes(self.plan.chain())?
+        Ok(ExecPlan::from_ops(self.plan.chain())?
             .stages
             .into_iter()
             .map(|s| s.name)
@@ -400,15 +400,15 @@ impl Dataset {
     }
 }
 
-fn static_schema(plan: &Arc<PlanNode>) -> Result<Option<SchemaRef>> {
+fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
     let input = match &plan.input {
         Some(input) => match static_schema(input)? {
             Some(s) => s,
             None => return Ok(None),
         },
         None => {
-            return Ok(match &plan.node {
-                Node::Source { schema, .. } => schema.clone(),
+            return Ok(match &plan.op {
+                LogicalOp::Source { schema, .. } => schema.clone(),
                 _ => None,
             });
         }
@@ -447,10 +447,10 @@ fn static_schema(plan: &Arc<PlanNode>) -> Result<Option<SchemaRef>> {
             _ => return Ok(None),
         }))
     };
-    match &plan.node {
-        Node::Limit(_) | Node::Repartition(_) => Ok(Some(input)),
-        Node::Op(op) => probe(&op.kind),
-        Node::Source { .. } => Ok(None),
+    match &plan.op {
+        LogicalOp::Limit(_) | LogicalOp::Repartition(_) => Ok(Some(input)),
+        LogicalOp::Op(op) => probe(&op.kind),
+        LogicalOp::Source { .. } => Ok(None),
     }
 }
 

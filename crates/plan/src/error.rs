@@ -1,7 +1,11 @@
 use std::path::PathBuf;
 
 use arrow_schema::ArrowError;
-use streambatch_core::ConfigError;
+use streambatch_core::{ConfigError, Resources};
+
+/// An error from another crate (the store, a GPU kernel, a user function),
+/// kept with its type: `source()` and `downcast_ref` reach it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Everything that can end a streambatch job. Each variant names what a user
 /// can act on: the file, the operator, the key.
@@ -46,13 +50,14 @@ pub enum Error {
         /// This file's schema.
         found: String,
     },
-    /// A user function returned an error.
-    #[error("operator `{operator}` failed: {message}")]
+    /// A user function (or a GPU kernel) returned an error, or its set-up
+    /// failed.
+    #[error("operator `{operator}` failed: {source}")]
     Udf {
         /// The operator's name.
         operator: String,
-        /// The function's error.
-        message: String,
+        /// The function's error, with its own type.
+        source: BoxError,
     },
     /// A user function panicked on every attempt.
     #[error("operator `{operator}` panicked {attempts} time(s), giving up: {message}")]
@@ -75,9 +80,46 @@ pub enum Error {
     /// A call the plan cannot carry out (a missing column, a bad argument).
     #[error("invalid plan: {0}")]
     Invalid(String),
-    /// The executor could not run the job (a memory limit, a lost actor).
-    #[error("execution failed: {0}")]
-    Execution(String),
+    /// An operator's task needs more slots than the node has: it could
+    /// never run.
+    #[error(
+        "operator `{operator}` needs {} CPU and {} GPU slots per task, but the node has {} CPU and {} GPU slots{}",
+        need.cpus, need.gpus, have.cpus, have.gpus,
+        if need.gpus > have.gpus && have.gpus == 0.0 {
+            " (no GPU adapter was found, or the node sets gpus = 0; run the operator on the CPU instead)"
+        } else { "" }
+    )]
+    NoSlots {
+        /// The operator (stage) that cannot run.
+        operator: String,
+        /// What one of its tasks holds.
+        need: Resources,
+        /// What the node has.
+        have: Resources,
+    },
+    /// The object store failed while `context` (storing an output of a
+    /// stage, reading an input, opening the store).
+    #[error("{context}: {source}")]
+    Store {
+        /// What was being done, naming the stage where there is one.
+        context: String,
+        /// The store's error, with its type.
+        source: BoxError,
+    },
+    /// Part of the engine could not start (the runtime, the node manager).
+    #[error("cannot start {what}: {source}")]
+    Start {
+        /// What did not start.
+        what: &'static str,
+        /// Why.
+        source: BoxError,
+    },
+    /// The node manager stopped while the job still had tasks to run.
+    #[error("the node manager has stopped; the job cannot go on")]
+    NodeStopped,
+    /// The executor stopped without saying how the job ended.
+    #[error("the executor stopped without finishing the job")]
+    JobLost,
 }
 
 /// The result type of streambatch's planning and execution.
@@ -89,6 +131,14 @@ impl Error {
         Self::Arrow {
             operator: operator.to_string(),
             source,
+        }
+    }
+
+    /// A store error met while `context`.
+    pub fn store(context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Store {
+            context: context.into(),
+            source: source.into(),
         }
     }
 

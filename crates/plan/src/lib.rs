@@ -18,10 +18,10 @@ mod stats;
 mod udf;
 
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, Result};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
-pub use plan::{ExecPlan, Node, PlanNode, Stage, StageKind, TaskInput};
+pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
 pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};

@@ -121,9 +121,9 @@ pub fn apply(
     env: &mut TaskEnv<'_>,
 ) -> Result<BatchIter> {
     let name = op.name.clone();
-    let udf_error = move |e: crate::UdfError| Error::Udf {
+    let udf_error = move |source: crate::UdfError| Error::Udf {
         operator: name.clone(),
-        message: e.to_string(),
+        source,
     };
     let name = op.name.clone();
     let arrow_error = move |e| Error::arrow(&name, e);

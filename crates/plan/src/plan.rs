@@ -1,4 +1,4 @@
-//! The logical plan (a chain of nodes built by `Dataset`) and its physical
+//! The logical plan (a chain of operators built by `Dataset`) and its physical
 //! form: stages of fused operators that the executor schedules.
 
 use std::sync::Arc;
@@ -10,9 +10,9 @@ use streambatch_core::{Resources, StageOptions};
 use crate::ops::{OpCounter, OpKind, OpSpec, TaskEnv, apply, counted};
 use crate::{BatchIter, Error, Result, SourceSplit};
 
-/// One node of the logical plan.
+/// One step of the logical plan (named apart from a cluster's nodes).
 #[derive(Clone)]
-pub enum Node {
+pub enum LogicalOp {
     /// The source: its splits and, where known before running, its schema.
     Source {
         /// `read_parquet`, `range`, ...
@@ -30,25 +30,25 @@ pub enum Node {
     Repartition(usize),
 }
 
-/// A logical plan: a chain of nodes ending here.
-pub struct PlanNode {
-    /// The node this one reads from; `None` for the source.
-    pub input: Option<Arc<PlanNode>>,
-    /// What this node does.
-    pub node: Node,
+/// A logical plan: a chain of steps ending here.
+pub struct LogicalPlan {
+    /// The plan this step reads from; `None` for the source.
+    pub input: Option<Arc<LogicalPlan>>,
+    /// What this step does.
+    pub op: LogicalOp,
 }
 
-impl PlanNode {
-    /// The chain from the source to this node.
-    pub fn chain(self: &Arc<Self>) -> Vec<Node> {
-        let mut nodes = Vec::new();
+impl LogicalPlan {
+    /// The chain from the source to this step.
+    pub fn chain(self: &Arc<Self>) -> Vec<LogicalOp> {
+        let mut ops = Vec::new();
         let mut cur = Some(self.clone());
         while let Some(n) = cur {
-            nodes.push(n.node.clone());
+            ops.push(n.op.clone());
             cur = n.input.clone();
         }
-        nodes.reverse();
-        nodes
+        ops.reverse();
+        ops
     }
 }
 
@@ -207,11 +207,11 @@ pub struct ExecPlan {
 impl ExecPlan {
     /// Fuses the logical chain into stages: consecutive operators with equal
     /// resources run in one task (a stage has at most one worker pool).
-    pub fn from_nodes(nodes: Vec<Node>) -> Result<Self> {
+    pub fn from_ops(ops: Vec<LogicalOp>) -> Result<Self> {
         let mut stages: Vec<Stage> = Vec::new();
-        for (index, node) in nodes.into_iter().enumerate() {
-            match node {
-                Node::Source { name, splits, .. } => stages.push(Stage {
+        for (index, op) in ops.into_iter().enumerate() {
+            match op {
+                LogicalOp::Source { name, splits, .. } => stages.push(Stage {
                     name: name.clone(),
                     kind: StageKind::Source {
                         splits,
@@ -221,7 +221,7 @@ impl ExecPlan {
                     op_names: vec![name],
                     counters: vec![Default::default()],
                 }),
-                Node::Op(op) => {
+                LogicalOp::Op(op) => {
                     let fusable = stages.last().is_some_and(|s| {
                         s.runs_tasks()
                             && !s.options.no_fuse
@@ -257,11 +257,11 @@ impl ExecPlan {
                         });
                     }
                 }
-                Node::Limit(n) => stages.push(Stage::in_executor(
+                LogicalOp::Limit(n) => stages.push(Stage::in_executor(
                     format!("limit({n})"),
                     StageKind::Limit(n),
                 )),
-                Node::Repartition(n) => stages.push(Stage::in_executor(
+                LogicalOp::Repartition(n) => stages.push(Stage::in_executor(
                     format!("repartition({n})"),
                     StageKind::Repartition(n.max(1)),
                 )),

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use streambatch_core::{TaskId, format_bytes};
+use streambatch_core::{StageId, TaskId, format_bytes};
 
 /// Counters of one stage (one or more fused operators).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,8 +72,8 @@ pub enum EventKind {
 /// A recorded event: which task of which stage did what.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
-    /// The stage's index in the plan.
-    pub stage: usize,
+    /// The stage's position in the plan.
+    pub stage: StageId,
     /// The task.
     pub task: TaskId,
     /// What happened.

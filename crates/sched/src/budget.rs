@@ -105,14 +105,23 @@ impl Budgets {
         self.state().reserve[stage] = reserve;
     }
 
-    /// Reserves `bytes` for an output of `stage`, or `None` when they do not fit.
-    pub fn try_admit(&self, stage: usize, bytes: u64) -> Option<Reservation> {
+    /// Reserves `bytes` for an output of `stage`, or says why they do not
+    /// fit.
+    pub fn try_admit(&self, stage: usize, bytes: u64) -> Result<Reservation, Refused> {
         let mut state = self.state();
         if !state.fits(self.inner.capacity, stage, bytes) {
-            return None;
+            let used: u64 = state.used.iter().sum();
+            return Err(Refused {
+                stage,
+                needed: bytes,
+                held: state.used[stage],
+                reserve: state.reserve[stage],
+                free: self.inner.capacity.saturating_sub(used),
+                capacity: self.inner.capacity,
+            });
         }
         state.used[stage] += bytes;
-        Some(Reservation {
+        Ok(Reservation {
             budgets: self.clone(),
             stage,
             bytes,
@@ -138,12 +147,44 @@ impl Budgets {
     }
 }
 
+/// Why an output was not admitted: what it needed and what there was, the
+/// way DataFusion's memory pool reports it. The task holding the output
+/// pauses until memory is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "stage {stage} cannot reserve {needed} bytes for an output: it holds {held} \
+     (reserve {reserve}); {free} bytes of the store's {capacity} are free to the job"
+)]
+pub struct Refused {
+    /// The stage's position in the plan.
+    pub stage: usize,
+    /// Bytes of the output.
+    pub needed: u64,
+    /// Bytes of the stage's outputs held now.
+    pub held: u64,
+    /// The stage's own reserve.
+    pub reserve: u64,
+    /// Bytes of the capacity that no stage holds.
+    pub free: u64,
+    /// The store's capacity.
+    pub capacity: u64,
+}
+
 /// Bytes of a stage's budget held by one output partition; returned on drop.
 pub struct Reservation {
     budgets: Budgets,
     stage: usize,
     bytes: u64,
     notify: bool,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("stage", &self.stage)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
 }
 
 impl Reservation {
@@ -176,9 +217,9 @@ mod tests {
         let b = budgets(100, vec![10, 10]);
         // Stage 0 takes its reserve and the whole pool.
         let _held: Vec<_> = (0..9).map(|_| b.try_admit(0, 10).unwrap()).collect();
-        assert!(b.try_admit(0, 10).is_none(), "stage 0 is at its limit");
+        assert!(b.try_admit(0, 10).is_err(), "stage 0 is at its limit");
         assert!(
-            b.try_admit(1, 10).is_some(),
+            b.try_admit(1, 10).is_ok(),
             "stage 1's reserve is still there"
         );
     }
@@ -188,13 +229,13 @@ mod tests {
         let b = budgets(100, vec![30, 30]);
         let held: Vec<_> = (0..7).map(|_| b.try_admit(0, 10).unwrap()).collect();
         assert!(
-            b.try_admit(0, 10).is_none(),
+            b.try_admit(0, 10).is_err(),
             "stage 1's reserve of 30 is kept"
         );
         b.fit_reserve(1, 1);
         let more: Vec<_> = (0..2).map(|_| b.try_admit(0, 10).unwrap()).collect();
         assert!(
-            b.try_admit(0, 10).is_none(),
+            b.try_admit(0, 10).is_err(),
             "90 held, 1 reserved for stage 1"
         );
         assert!(b.fits(1, 1), "stage 1 keeps room for its output");
@@ -203,10 +244,7 @@ mod tests {
         assert!(!b.fits(1, 11), "but never past the capacity");
         drop((held, more));
         let again: Vec<_> = (0..7).map(|_| b.try_admit(0, 10).unwrap()).collect();
-        assert!(
-            b.try_admit(0, 10).is_none(),
-            "stage 1's reserve is 30 again"
-        );
+        assert!(b.try_admit(0, 10).is_err(), "stage 1's reserve is 30 again");
         drop(again);
     }
 
@@ -222,11 +260,34 @@ mod tests {
             }),
         );
         let r = b.try_admit(0, 20).unwrap();
-        assert!(b.try_admit(0, 1).is_none());
+        assert!(b.try_admit(0, 1).is_err());
         drop(r);
         assert_eq!(b.used(0), 0);
         assert_eq!(released.load(std::sync::atomic::Ordering::SeqCst), 1);
-        assert!(b.try_admit(0, 20).is_some());
+        assert!(b.try_admit(0, 20).is_ok());
+    }
+
+    #[test]
+    fn a_refusal_names_the_stage_the_bytes_and_what_is_free() {
+        let b = budgets(100, vec![10, 10]);
+        let _held = b.try_admit(0, 90).unwrap();
+        let refused = b.try_admit(0, 5).unwrap_err();
+        assert_eq!(
+            refused,
+            Refused {
+                stage: 0,
+                needed: 5,
+                held: 90,
+                reserve: 10,
+                free: 10,
+                capacity: 100,
+            }
+        );
+        assert_eq!(
+            refused.to_string(),
+            "stage 0 cannot reserve 5 bytes for an output: it holds 90 (reserve 10); \
+             10 bytes of the store's 100 are free to the job"
+        );
     }
 
     proptest::proptest! {
@@ -237,7 +298,7 @@ mod tests {
             for (stage, bytes, release) in ops {
                 if release && !held.is_empty() {
                     held.remove(bytes as usize % held.len());
-                } else if let Some(r) = b.try_admit(stage, bytes) {
+                } else if let Ok(r) = b.try_admit(stage, bytes) {
                     held.push(r);
                 }
                 let total: u64 = (0..3).map(|s| b.used(s)).sum();

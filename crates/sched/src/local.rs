@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
-use streambatch_core::NodeConfig;
+use streambatch_core::{JobId, NodeConfig, NodeId};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
-use crate::executor::{Executor, ExecutorArgs, JobItem};
-use crate::node::{NodeManager, NodeMsg};
+use crate::executor::{Executor, ExecutorArgs};
+use crate::msg::{JobItem, NodeMsg};
+use crate::node::{NodeArgs, NodeManager};
 use crate::worker::WorkerThreads;
 
 /// One node running in this process.
@@ -40,8 +41,8 @@ impl LocalCluster {
     /// Starts a node with `config` and a shared-memory store of its capacity.
     pub fn start(config: NodeConfig) -> Result<Self> {
         let store_config = StoreConfig::new(config.store_capacity, &config.spill_dir);
-        let store = SharedStore::open(store_config)
-            .map_err(|e| Error::Execution(format!("cannot open the store: {e}")))?;
+        let store =
+            SharedStore::open(store_config).map_err(|e| Error::store("opening the store", e))?;
         Self::with_store(config, Arc::new(store))
     }
 
@@ -52,15 +53,29 @@ impl LocalCluster {
             .thread_name("streambatch-rt")
             .enable_time()
             .build()
-            .map_err(|e| Error::Execution(format!("cannot start the runtime: {e}")))?;
+            .map_err(|e| Error::Start {
+                what: "the runtime",
+                source: e.into(),
+            })?;
         let threads = WorkerThreads::default();
         // Spawn from a plain thread so that starting works inside an async context too.
         let node = std::thread::scope(|s| {
-            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, threads.clone())))
+            let args = NodeArgs {
+                // The embedded node is the only one: the first id.
+                id: NodeId(0),
+                threads: threads.clone(),
+            };
+            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, args)))
                 .join()
         })
-        .map_err(|_| Error::Execution("the node manager panicked at start".into()))?
-        .map_err(|e| Error::Execution(format!("cannot start the node manager: {e}")))?
+        .map_err(|_| Error::Start {
+            what: "the node manager",
+            source: "it panicked".into(),
+        })?
+        .map_err(|e| Error::Start {
+            what: "the node manager",
+            source: e.into(),
+        })?
         .0;
         Ok(Self {
             runtime: Some(runtime),
@@ -83,7 +98,7 @@ impl Runner for LocalCluster {
         let (output, rx) = mpsc::channel();
         let live = Arc::new(Mutex::new(JobStats::default()));
         let args = ExecutorArgs {
-            job: self.next_job.fetch_add(1, Ordering::Relaxed),
+            job: JobId(self.next_job.fetch_add(1, Ordering::Relaxed)),
             plan: Arc::new(plan),
             node: self.node.clone(),
             config: self.config.clone(),
@@ -94,9 +109,10 @@ impl Runner for LocalCluster {
         let runtime = self.runtime.as_ref().expect("present until drop");
         runtime.spawn(async move {
             if let Err(e) = Actor::spawn(None, Executor, args).await {
-                let _ = output.send(JobItem::End(Err(Error::Execution(format!(
-                    "cannot start the executor: {e}"
-                )))));
+                let _ = output.send(JobItem::End(Err(Error::Start {
+                    what: "the executor",
+                    source: e.into(),
+                })));
             }
         });
         Ok(Box::new(LocalJob {
@@ -154,9 +170,7 @@ impl Iterator for LocalJob {
             }
             Err(_) => {
                 self.ended = true;
-                Some(Err(Error::Execution(
-                    "the executor stopped without finishing the job".into(),
-                )))
+                Some(Err(Error::JobLost))
             }
         }
     }

@@ -5,15 +5,14 @@
 //! executor retries it.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use streambatch_core::TaskId;
+use streambatch_core::{JobId, NodeId, TaskId};
 
-use crate::executor::ExecutorMsg;
-use crate::task::{JobCtx, TaskRun};
-use crate::worker::{Worker, WorkerArgs, WorkerMsg, WorkerThreads};
+use crate::msg::{NodeMsg, WorkerMsg};
+use crate::task::{TaskEvent, TaskEvents, TaskRun};
+use crate::worker::{Worker, WorkerArgs, WorkerThreads};
 
 /// Worker restarts allowed within [`RESTART_WINDOW`] before the node gives up
 /// (escalates to its own supervisor): a worker that fails that often is
@@ -21,46 +20,24 @@ use crate::worker::{Worker, WorkerArgs, WorkerMsg, WorkerThreads};
 const MAX_RESTARTS: usize = 100;
 const RESTART_WINDOW: Duration = Duration::from_secs(10);
 
-/// Messages of the NodeManager.
-pub enum NodeMsg {
-    /// Run a task. `pool` is the most workers its stage may use.
-    Run {
-        /// The task.
-        run: Box<TaskRun>,
-        /// The stage's pool size, for stages with stateful operators.
-        pool: Option<usize>,
-    },
-    /// A worker finished its task.
-    WorkerIdle {
-        /// The worker.
-        index: usize,
-    },
-    /// Set up a stage's stateful operators on `workers` workers ahead of
-    /// its tasks (a pool's `min`).
-    SetUp {
-        /// The job.
-        job: Arc<JobCtx>,
-        /// The stage.
-        stage: usize,
-        /// How many workers.
-        workers: usize,
-    },
-    /// A job ended: its pools are gone.
-    JobEnded {
-        /// The job.
-        job: u64,
-    },
-}
-
 /// The NodeManager actor.
-pub struct NodeManager;
+pub(crate) struct NodeManager;
+
+/// What a NodeManager is started with.
+pub(crate) struct NodeArgs {
+    /// The node's id, named in every task's span.
+    pub(crate) id: NodeId,
+    /// Where its workers register their threads.
+    pub(crate) threads: WorkerThreads,
+}
 
 struct Slot {
     actor: ActorRef<WorkerMsg>,
-    /// The task it runs (`None` while it sets up a pool) and the task's executor.
-    busy: Option<(Option<TaskId>, ActorRef<ExecutorMsg>)>,
+    /// The task it runs (`None` while it sets up a pool) and where the
+    /// task's job hears of it.
+    busy: Option<(Option<TaskId>, TaskEvents)>,
     /// Stateful stages, by (job, stage), whose instances this worker holds.
-    hosts: HashSet<(u64, usize)>,
+    hosts: HashSet<(JobId, usize)>,
 }
 
 /// The NodeManager's state.
@@ -68,24 +45,26 @@ pub struct NodeState {
     workers: Vec<Slot>,
     waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
     restarts: VecDeque<Instant>,
+    id: NodeId,
     threads: WorkerThreads,
 }
 
 impl Actor for NodeManager {
     type Msg = NodeMsg;
     type State = NodeState;
-    type Arguments = WorkerThreads;
+    type Arguments = NodeArgs;
 
     async fn pre_start(
         &self,
         _: ActorRef<NodeMsg>,
-        threads: WorkerThreads,
+        args: NodeArgs,
     ) -> Result<NodeState, ActorProcessingErr> {
         Ok(NodeState {
             workers: Vec::new(),
             waiting: VecDeque::new(),
             restarts: VecDeque::new(),
-            threads,
+            id: args.id,
+            threads: args.threads,
         })
     }
 
@@ -120,7 +99,7 @@ impl Actor for NodeManager {
                         break;
                     };
                     let slot = &mut state.workers[index];
-                    slot.busy = Some((None, job.executor.clone()));
+                    slot.busy = Some((None, job.events.clone()));
                     slot.hosts.insert(key);
                     let msg = WorkerMsg::SetUp(job.clone(), stage);
                     slot.actor.cast(msg).map_err(|_| "worker mailbox closed")?;
@@ -171,7 +150,7 @@ impl Actor for NodeManager {
             .into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
-        let (actor, _) = spawn_worker(&myself, index, &state.threads).await?;
+        let (actor, _) = spawn_worker(&myself, index, state.id, &state.threads).await?;
         let slot = std::mem::replace(
             &mut state.workers[index],
             Slot {
@@ -180,8 +159,8 @@ impl Actor for NodeManager {
                 hosts: HashSet::new(),
             },
         );
-        if let Some((Some(task), executor)) = slot.busy {
-            let _ = executor.cast(ExecutorMsg::WorkerLost {
+        if let Some((Some(task), events)) = slot.busy {
+            let _ = events.send_message(TaskEvent::Lost {
                 task,
                 message: reason,
             });
@@ -193,10 +172,12 @@ impl Actor for NodeManager {
 async fn spawn_worker(
     node: &ActorRef<NodeMsg>,
     index: usize,
+    node_id: NodeId,
     threads: &WorkerThreads,
 ) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
     let args = WorkerArgs {
         index,
+        node_id,
         node: node.clone(),
         threads: threads.clone(),
     };
@@ -212,7 +193,7 @@ impl NodeState {
             match self.pick(key, pool, myself).await? {
                 Some(index) => {
                     let slot = &mut self.workers[index];
-                    slot.busy = Some((Some(run.task), run.job.executor.clone()));
+                    slot.busy = Some((Some(run.task), run.job.events.clone()));
                     if pool.is_some() {
                         slot.hosts.insert((run.job.job, run.stage));
                     }
@@ -232,7 +213,7 @@ impl NodeState {
     /// worker, preferring ones that host no pool. Spawns a worker when needed.
     async fn pick(
         &mut self,
-        key: (u64, usize),
+        key: (JobId, usize),
         pool: Option<usize>,
         myself: &ActorRef<NodeMsg>,
     ) -> Result<Option<usize>, ActorProcessingErr> {
@@ -276,7 +257,7 @@ impl NodeState {
             return Ok(Some(i));
         }
         let index = self.workers.len();
-        let (actor, _) = spawn_worker(myself, index, &self.threads).await?;
+        let (actor, _) = spawn_worker(myself, index, self.id, &self.threads).await?;
         self.workers.push(Slot {
             actor,
             busy: None,

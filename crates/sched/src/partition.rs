@@ -8,6 +8,7 @@ use streambatch_plan::{Error, Result};
 use streambatch_store::{PartitionRef, batch_bytes};
 
 use crate::budget::Reservation;
+use crate::job::Part;
 
 /// A stored output partition and the budget it holds. Fields drop in order:
 /// the store frees the bytes before the budget reports them free.
@@ -72,11 +73,25 @@ impl Slice {
             .output
             .part
             .get()
-            .map_err(|e| Error::Execution(e.to_string()))?;
+            .map_err(|e| Error::store("reading a stored partition", e))?;
         if self.offset == 0 && self.len == batch.num_rows() {
             return Ok(batch);
         }
         Ok(batch.slice(self.offset, self.len))
+    }
+}
+
+impl Part for Slice {
+    fn rows(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&self) -> u64 {
+        self.partition_bytes()
+    }
+
+    fn sub(&self, offset: usize, len: usize) -> Self {
+        Slice::sub(self, offset, len)
     }
 }
 
@@ -151,7 +166,7 @@ impl Partitioner {
                 let parts = std::mem::take(&mut self.buffer);
                 arrow_select::concat::concat_batches(&parts[0].schema(), &parts)
                     .map(Some)
-                    .map_err(|e| Error::Execution(format!("joining output batches: {e}")))
+                    .map_err(|e| Error::arrow("joining output batches", e))
             }
         }
     }

@@ -9,42 +9,68 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use ractor::ActorRef;
-use streambatch_core::TaskId;
+use ractor::DerivedActorRef;
+use streambatch_core::{JobId, TaskId};
 use streambatch_plan::{
     BatchIter, BatchUdf, Error, ExecPlan, OpKind, SharedInstance, TaskEnv, TaskInput, UdfError,
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes};
 
 use crate::budget::Budgets;
-use crate::executor::ExecutorMsg;
+use crate::job::Input;
 use crate::partition::{Output, Partitioner, Slice};
+
+/// What a task (and the worker running it) tells its job. Tasks hold only
+/// this narrow sink, never the executor itself.
+pub enum TaskEvent {
+    /// The task stored its `seq`-th output.
+    Output {
+        /// The task.
+        task: TaskId,
+        /// The output's position among the task's outputs.
+        seq: u32,
+        /// The output.
+        slice: Slice,
+    },
+    /// The task paused: its next output does not fit in memory yet.
+    Paused(Box<TaskRun>),
+    /// The task finished.
+    Finished {
+        /// The task.
+        task: TaskId,
+        /// Time it computed.
+        busy: Duration,
+    },
+    /// An operator failed (in a task or its set-up): the job ends.
+    Failed(Error),
+    /// The task's worker died (a panic); the task is retried.
+    Lost {
+        /// The task.
+        task: TaskId,
+        /// The panic message.
+        message: String,
+    },
+}
+
+/// Where a job's tasks send their [`TaskEvent`]s.
+pub type TaskEvents = DerivedActorRef<TaskEvent>;
 
 /// What every task of one job shares.
 pub struct JobCtx {
     /// The job's id (unique per process).
-    pub job: u64,
+    pub job: JobId,
     /// The physical plan.
     pub plan: Arc<ExecPlan>,
     /// Where outputs go.
     pub store: Arc<dyn ObjectStore>,
     /// The stages' memory budgets.
     pub budgets: Budgets,
-    /// The job's executor, told of every output.
-    pub executor: ActorRef<ExecutorMsg>,
+    /// Where the job's tasks report, told of every output.
+    pub events: TaskEvents,
     /// Partition size target.
     pub target_bytes: u64,
     /// Per stage: set when the stage's remaining work is no longer needed.
     pub cancelled: Vec<AtomicBool>,
-}
-
-/// The input of a task: a source split or slices of upstream partitions.
-#[derive(Clone)]
-pub enum RunInput {
-    /// The i-th split of the source.
-    Split(usize),
-    /// Upstream rows.
-    Slices(Vec<Slice>),
 }
 
 /// A task, from dispatch to its last output.
@@ -55,7 +81,7 @@ pub struct TaskRun {
     pub task: TaskId,
     /// Its stage.
     pub stage: usize,
-    input: Option<RunInput>,
+    input: Option<Input<Slice>>,
     stream: Option<BatchIter>,
     exhausted: bool,
     partitioner: Partitioner,
@@ -111,9 +137,9 @@ pub fn set_up_stage(
     let stage = &job.plan.stages[stage];
     for (op, spec) in stage.stateful_ops() {
         if let OpKind::MapBatches(udf) = &spec.kind {
-            instance_for(job, op, udf, instances).map_err(|e| Error::Udf {
-                operator: spec.name.clone(),
-                message: format!("set-up failed: {e}"),
+            instance_for(job, op, udf, instances).map_err(|source| Error::Udf {
+                operator: format!("{} (set-up)", spec.name),
+                source,
             })?;
         }
     }
@@ -122,11 +148,17 @@ pub fn set_up_stage(
 
 /// Per-worker instances of stateful operators, by (job, operator position);
 /// an instance goes when its job does.
-pub type InstanceCache = HashMap<(u64, usize), (Weak<JobCtx>, SharedInstance)>;
+pub type InstanceCache = HashMap<(JobId, usize), (Weak<JobCtx>, SharedInstance)>;
 
 impl TaskRun {
     /// A new task over `input`, skipping the first `skip` outputs.
-    pub fn new(job: Arc<JobCtx>, task: TaskId, stage: usize, input: RunInput, skip: u32) -> Self {
+    pub(crate) fn new(
+        job: Arc<JobCtx>,
+        task: TaskId,
+        stage: usize,
+        input: Input<Slice>,
+        skip: u32,
+    ) -> Self {
         let target = job.target_bytes;
         Self {
             job,
@@ -189,8 +221,8 @@ impl TaskRun {
 
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
         let input = match self.input.take().expect("a task is opened once") {
-            RunInput::Split(i) => TaskInput::Split(i),
-            RunInput::Slices(slices) => {
+            Input::Split(i) => TaskInput::Split(i),
+            Input::Parts(slices) => {
                 TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
             }
         };
@@ -219,8 +251,10 @@ impl TaskRun {
             budgets.force_admit(self.stage, bytes)
         } else {
             match budgets.try_admit(self.stage, bytes) {
-                Some(r) => r,
-                None => {
+                Ok(r) => r,
+                Err(refused) => {
+                    let stage = &self.job.plan.stages[self.stage].name;
+                    tracing::debug!(%stage, task = %self.task, %refused, "output waits for memory");
                     self.store_full_at = None;
                     return Ok(Some(batch));
                 }
@@ -249,7 +283,7 @@ impl TaskRun {
         self.next_seq += 1;
         let slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
         // A send fails only when the job has ended; the output is then unwanted.
-        let _ = self.job.executor.cast(ExecutorMsg::Output {
+        let _ = self.job.events.send_message(TaskEvent::Output {
             task: self.task,
             seq,
             slice,
@@ -258,9 +292,7 @@ impl TaskRun {
     }
 
     fn store_error(&self, e: StoreError) -> Error {
-        Error::Execution(format!(
-            "stage `{}`: {e}",
-            self.job.plan.stages[self.stage].name
-        ))
+        let stage = &self.job.plan.stages[self.stage].name;
+        Error::store(format!("storing an output of stage `{stage}`"), e)
     }
 }

@@ -1,6 +1,6 @@
 //! A Worker: one slot's thread. The actor receives work and hands it to its
 //! own OS thread, so no handler ever blocks; the thread reports outcomes
-//! straight to the job's executor. A task that panics takes the worker down
+//! straight to the task's job through its event sink. A task that panics takes the worker down
 //! with it (the handler returns the panic as an error), and the
 //! NodeManager's supervision restarts the worker and reports the task lost.
 
@@ -8,21 +8,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, mpsc};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use streambatch_core::TaskId;
+use streambatch_core::{NodeId, TaskId};
 
-use crate::executor::ExecutorMsg;
-use crate::node::NodeMsg;
-use crate::task::{InstanceCache, JobCtx, Outcome, TaskRun, set_up_stage};
-
-/// Messages of a Worker.
-pub enum WorkerMsg {
-    /// Run this task.
-    Run(Box<TaskRun>),
-    /// Set up the stateful operators of a stage of a job.
-    SetUp(Arc<JobCtx>, usize),
-    /// The thread caught a panic; the worker fails with it.
-    Panicked(String),
-}
+use crate::msg::{NodeMsg, WorkerMsg};
+use crate::task::{InstanceCache, JobCtx, Outcome, TaskEvent, TaskRun, set_up_stage};
 
 /// The Worker actor.
 pub struct Worker;
@@ -35,6 +24,8 @@ pub type WorkerThreads = Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>;
 pub struct WorkerArgs {
     /// Its index among the node's workers.
     pub index: usize,
+    /// Its node, named in the span of every task it runs.
+    pub node_id: NodeId,
     /// The node manager, told when the worker is idle.
     pub node: ActorRef<NodeMsg>,
     /// Where the worker registers its thread.
@@ -96,19 +87,27 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
     let mut instances = InstanceCache::new();
     while let Ok(work) = inbox.recv() {
         instances.retain(|_, (job, _)| job.strong_count() > 0);
-        let (executor, outcome) = match work {
+        let (events, outcome) = match work {
             Work::Task(run) => {
-                let (task, executor) = (run.task, run.job.executor.clone());
+                let (task, events) = (run.task, run.job.events.clone());
+                let span = tracing::info_span!(
+                    "task",
+                    job = %run.job.job,
+                    stage = %run.job.plan.stages[run.stage].name,
+                    %task,
+                    node = %args.node_id,
+                );
+                let _entered = span.enter();
                 let outcome = catch_unwind(AssertUnwindSafe(|| run.drive(&mut instances)));
-                (executor, outcome.map(|o| Some(report(task, o))))
+                (events, outcome.map(|o| Some(report(task, o))))
             }
             Work::SetUp(job, stage) => {
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     set_up_stage(&job, stage, &mut instances)
                 }));
                 (
-                    job.executor.clone(),
-                    outcome.map(|r| r.err().map(ExecutorMsg::Failed)),
+                    job.events.clone(),
+                    outcome.map(|r| r.err().map(TaskEvent::Failed)),
                 )
             }
         };
@@ -116,7 +115,7 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
             Ok(report) => {
                 // Sends fail only once the job or node has stopped; nobody waits then.
                 if let Some(report) = report {
-                    let _ = executor.cast(report);
+                    let _ = events.send_message(report);
                 }
                 let _ = args.node.cast(NodeMsg::WorkerIdle { index: args.index });
             }
@@ -129,11 +128,11 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
     }
 }
 
-fn report(task: TaskId, outcome: Outcome) -> ExecutorMsg {
+fn report(task: TaskId, outcome: Outcome) -> TaskEvent {
     match outcome {
-        Outcome::Finished { busy } => ExecutorMsg::Finished { task, busy },
-        Outcome::Paused(run) => ExecutorMsg::Paused(run),
-        Outcome::Failed(error) => ExecutorMsg::Failed(error),
+        Outcome::Finished { busy } => TaskEvent::Finished { task, busy },
+        Outcome::Paused(run) => TaskEvent::Paused(run),
+        Outcome::Failed(error) => TaskEvent::Failed(error),
     }
 }
 

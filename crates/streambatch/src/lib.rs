@@ -24,7 +24,8 @@ pub mod workloads;
 
 pub use context::Context;
 pub use streambatch_core::{
-    NodeConfig, PoolSize, Resources, StageOptions, format_bytes, parse_size,
+    JobId, NodeConfig, NodeId, PoolSize, Resources, StageId, StageOptions, TaskId, format_bytes,
+    parse_size,
 };
 pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_plan::{

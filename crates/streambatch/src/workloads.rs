@@ -527,7 +527,7 @@ pub fn store_bench(
     spill_dir: &Path,
 ) -> Result<serde_json::Value> {
     use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
-    let bad = |e: streambatch_store::StoreError| Error::Execution(e.to_string());
+    let bad = |e: streambatch_store::StoreError| Error::store("store benchmark", e);
     let capacity = (2 * put_bytes + big_bytes + (64 << 20)) as u64;
     let store = SharedStore::open(StoreConfig::new(capacity, spill_dir)).map_err(bad)?;
     let bytes_batch = |len: usize| {
@@ -558,7 +558,7 @@ pub fn store_bench(
     drop(
         store
             .try_put(batch.clone())
-            .map_err(|e| Error::Execution(e.to_string()))?,
+            .map_err(|e| Error::store("store benchmark", e))?,
     ); // maps the segments
     let put = best(
         10,
@@ -573,10 +573,10 @@ pub fn store_bench(
     // get: 1 MiB and a large partition.
     let small = store
         .try_put(bytes_batch(1 << 20))
-        .map_err(|e| Error::Execution(e.to_string()))?;
+        .map_err(|e| Error::store("store benchmark", e))?;
     let large = store
         .try_put(bytes_batch(big_bytes))
-        .map_err(|e| Error::Execution(e.to_string()))?;
+        .map_err(|e| Error::store("store benchmark", e))?;
     let get = |part: &streambatch_store::PartitionRef| {
         best(
             20,

@@ -1,0 +1,629 @@
+//! The state of one job as a plain struct driven by events: which inputs
+//! wait for which stage, which tasks run, are paused or are retried, what a
+//! limit still lets through, what a repartition has collected. Each event
+//! (`on_output`, `on_paused`, `on_finished`, `on_lost`, `fail`) updates it;
+//! [`JobState::advance`] then asks the [policy](crate::policy) what to run
+//! and returns the decisions as [`Action`]s for the executor to carry out.
+//!
+//! Nothing here touches an actor, a thread or the store: partitions are any
+//! [`Part`] and memory is any [`Memory`], so every decision is tested with
+//! plain values (see the property tests below).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use streambatch_core::{Resources, TaskId};
+use streambatch_plan::{Error, EventKind, OpStats, Stage, StageKind};
+
+use crate::policy::{self, Decision, Snapshot, StageView};
+use crate::record::Recorder;
+
+/// Rows of a stored partition, as the job state sees them.
+pub(crate) trait Part: Clone {
+    /// Rows in this part.
+    fn rows(&self) -> usize;
+    /// Bytes of the whole partition behind it.
+    fn bytes(&self) -> u64;
+    /// Rows `offset..offset + len` of this part.
+    fn sub(&self, offset: usize, len: usize) -> Self;
+}
+
+/// What the job state asks of memory when it decides.
+pub(crate) trait Memory {
+    /// Whether an output of `bytes` bytes of `stage` fits its budget and
+    /// the store now.
+    fn fits(&self, stage: usize, bytes: u64) -> bool;
+    /// Partitions the store has freed so far.
+    fn frees(&self) -> u64;
+    /// Bytes of `stage`'s outputs held now.
+    fn held(&self, stage: usize) -> u64;
+}
+
+/// The input of a task: a source split or parts of upstream partitions.
+#[derive(Clone)]
+pub(crate) enum Input<P> {
+    /// The i-th split of the source.
+    Split(usize),
+    /// Upstream rows.
+    Parts(Vec<P>),
+}
+
+/// A decision for the executor to carry out, in order.
+pub(crate) enum Action<P> {
+    /// Start `task` of `stage` over `input`; its first `skip` outputs were
+    /// delivered by an earlier attempt. With `may_spill`, its outputs may go
+    /// over budget and the store spills to make room.
+    Start {
+        task: TaskId,
+        stage: usize,
+        input: Input<P>,
+        skip: u32,
+        may_spill: bool,
+    },
+    /// Resume the paused `task`.
+    Resume { task: TaskId, may_spill: bool },
+    /// Hand an output of the last stage to the driver.
+    Emit(P),
+    /// `stage`'s remaining work is not needed: its tasks stop early and its
+    /// paused tasks are dropped.
+    Cancel { stage: usize },
+    /// `stage`'s memory reserve fits its largest output so far.
+    FitReserve { stage: usize, bytes: u64 },
+    /// The job ended.
+    End(Result<(), Error>),
+}
+
+/// What the job state knows of a stage of the plan.
+#[derive(Clone, Debug)]
+pub(crate) struct StageShape {
+    pub(crate) name: String,
+    pub(crate) kind: ShapeKind,
+    pub(crate) resources: Resources,
+    /// The most tasks at once (a stateful operator's pool).
+    pub(crate) max_running: Option<usize>,
+}
+
+/// The kind of a stage, without its operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ShapeKind {
+    Source { splits: usize },
+    Map,
+    Limit(usize),
+    Repartition(usize),
+}
+
+impl ShapeKind {
+    fn runs_tasks(self) -> bool {
+        matches!(self, Self::Source { .. } | Self::Map)
+    }
+}
+
+impl StageShape {
+    /// The shape of a stage of a physical plan.
+    pub(crate) fn of(stage: &Stage) -> Self {
+        let kind = match &stage.kind {
+            StageKind::Source { splits, .. } => ShapeKind::Source {
+                splits: splits.len(),
+            },
+            StageKind::Map { .. } => ShapeKind::Map,
+            StageKind::Limit(n) => ShapeKind::Limit(*n),
+            StageKind::Repartition(n) => ShapeKind::Repartition(*n),
+        };
+        Self {
+            name: stage.name.clone(),
+            kind,
+            resources: stage.options.resources,
+            max_running: stage.options.pool.map(|p| p.max),
+        }
+    }
+}
+
+/// A paused task: the output it holds and, when the store turned it away,
+/// the store's free count then (only a later free can make room).
+struct Paused {
+    task: TaskId,
+    pending_bytes: u64,
+    store_full_at: Option<u64>,
+}
+
+struct StageState<P> {
+    queue: VecDeque<Vec<P>>,
+    retry: VecDeque<TaskId>,
+    paused: Vec<Paused>,
+    next_split: usize,
+    splits: usize,
+    running: usize,
+    done: bool,
+    cancelled: bool,
+    limit_left: usize,
+    collected: Vec<P>,
+    typical_bytes: u64,
+    /// The largest output partition so far: the stage's memory reserve.
+    largest_bytes: u64,
+}
+
+impl<P> StageState<P> {
+    fn new(kind: ShapeKind) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            retry: VecDeque::new(),
+            paused: Vec::new(),
+            next_split: 0,
+            splits: match kind {
+                ShapeKind::Source { splits } => splits,
+                _ => 0,
+            },
+            running: 0,
+            done: false,
+            cancelled: false,
+            limit_left: match kind {
+                ShapeKind::Limit(n) => n,
+                _ => 0,
+            },
+            collected: Vec::new(),
+            typical_bytes: 0,
+            largest_bytes: 0,
+        }
+    }
+
+    fn waiting(&self) -> usize {
+        self.queue.len() + self.retry.len() + (self.splits - self.next_split)
+    }
+}
+
+/// A task from its start to its end: its input is kept for a retry.
+struct TaskRecord<P> {
+    stage: usize,
+    input: Input<P>,
+    attempts: u32,
+    delivered: u32,
+}
+
+/// The state of one job.
+pub(crate) struct JobState<P> {
+    shapes: Vec<StageShape>,
+    stages: Vec<StageState<P>>,
+    tasks: HashMap<TaskId, TaskRecord<P>>,
+    free: Resources,
+    next_task: u64,
+    max_retries: u32,
+    recorder: Recorder,
+    actions: Vec<Action<P>>,
+    ended: bool,
+}
+
+impl<P: Part> JobState<P> {
+    /// A job of `shapes` on a node with `free` slots, retrying a task whose
+    /// worker died up to `max_retries` times.
+    pub(crate) fn new(
+        shapes: Vec<StageShape>,
+        free: Resources,
+        max_retries: u32,
+        recorder: Recorder,
+    ) -> Self {
+        let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
+        Self {
+            shapes,
+            stages,
+            tasks: HashMap::new(),
+            free,
+            next_task: 0,
+            max_retries,
+            recorder,
+            actions: Vec::new(),
+            ended: false,
+        }
+    }
+
+    /// The job's stats recorder.
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    /// True once the job has ended.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// A stage whose task needs more than the node has would never run:
+    /// an error naming it, instead of waiting forever.
+    pub(crate) fn check_resources(&self) -> Result<(), Error> {
+        for shape in self.shapes.iter().filter(|s| s.kind.runs_tasks()) {
+            let need = shape.resources;
+            if !need.fits_in(&self.free) {
+                return Err(Error::NoSlots {
+                    operator: shape.name.clone(),
+                    need,
+                    have: self.free,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Task `task` stored its `seq`-th output.
+    pub(crate) fn on_output(&mut self, task: TaskId, seq: u32, part: P) {
+        let Some(record) = self.tasks.get_mut(&task) else {
+            return;
+        };
+        if seq < record.delivered {
+            return;
+        }
+        record.delivered = seq + 1;
+        let stage = record.stage;
+        if self.stages[stage].cancelled {
+            return;
+        }
+        self.recorder
+            .event(stage, task, EventKind::PartitionYielded);
+        let bytes = part.bytes();
+        let s = &mut self.stages[stage];
+        s.typical_bytes = if s.typical_bytes == 0 {
+            bytes
+        } else {
+            (s.typical_bytes * 7 + bytes) / 8
+        };
+        if bytes > s.largest_bytes {
+            s.largest_bytes = bytes;
+            self.actions.push(Action::FitReserve { stage, bytes });
+        }
+        self.recorder.output(stage, part.rows(), bytes);
+        self.route(stage + 1, part);
+    }
+
+    /// Task `task` paused, holding an output of `pending_bytes`. False when
+    /// its stage is no longer needed: the task is dropped.
+    pub(crate) fn on_paused(
+        &mut self,
+        task: TaskId,
+        pending_bytes: u64,
+        store_full_at: Option<u64>,
+    ) -> bool {
+        let Some(stage) = self.tasks.get(&task).map(|r| r.stage) else {
+            return false;
+        };
+        self.release(stage);
+        self.recorder.event(stage, task, EventKind::TaskSuspended);
+        let s = &mut self.stages[stage];
+        if s.cancelled || self.ended {
+            return false;
+        }
+        s.paused.push(Paused {
+            task,
+            pending_bytes,
+            store_full_at,
+        });
+        true
+    }
+
+    /// Task `task` finished. Returns its stage, whose counts the caller
+    /// records with [`JobState::record_finished`].
+    pub(crate) fn on_finished(&mut self, task: TaskId) -> Option<usize> {
+        let record = self.tasks.remove(&task)?;
+        let stage = record.stage;
+        self.release(stage);
+        self.recorder.event(stage, task, EventKind::TaskFinished);
+        Some(stage)
+    }
+
+    /// Records the counts of a finished task's stage.
+    pub(crate) fn record_finished(&self, stage: usize, busy: Duration, ops: Vec<OpStats>) {
+        self.recorder.task_finished(stage, busy, ops);
+    }
+
+    /// Task `task`'s worker died (`message`): the task is retried, or the
+    /// job fails once it has been tried `max_retries + 1` times.
+    pub(crate) fn on_lost(&mut self, task: TaskId, message: String) {
+        let Some(record) = self.tasks.get_mut(&task) else {
+            return;
+        };
+        record.attempts += 1;
+        let (stage, attempts) = (record.stage, record.attempts);
+        self.release(stage);
+        if attempts > self.max_retries {
+            let operator = self.shapes[stage].name.clone();
+            self.end(Err(Error::Panicked {
+                operator,
+                attempts,
+                message,
+            }));
+            return;
+        }
+        tracing::warn!(%task, attempts, %message, "task lost with its worker; retrying");
+        self.recorder.retry(stage);
+        self.recorder.event(stage, task, EventKind::TaskRetried);
+        if !self.stages[stage].cancelled {
+            self.stages[stage].retry.push_back(task);
+        }
+    }
+
+    /// The job fails with `error`.
+    pub(crate) fn fail(&mut self, error: Error) {
+        self.end(Err(error));
+    }
+
+    /// The driver no longer wants outputs: the job ends without error.
+    pub(crate) fn cancel(&mut self) {
+        self.end(Ok(()));
+    }
+
+    /// Decides what runs next: starts and resumes what the policy allows,
+    /// settles finished stages, lets one task spill when nothing else can
+    /// progress, and ends the job once every stage is done. Returns the
+    /// decisions taken since the last call.
+    pub(crate) fn advance(&mut self, memory: &impl Memory) -> Vec<Action<P>> {
+        if !self.ended {
+            loop {
+                while let Some(decision) = policy::next_decision(&self.snapshot(memory)) {
+                    self.carry_out(decision, false);
+                }
+                if self.settle() {
+                    continue;
+                }
+                if !self.force_if_stuck(memory) {
+                    break;
+                }
+            }
+            if self.stages.iter().all(|s| s.done) {
+                self.end(Ok(()));
+            }
+        }
+        std::mem::take(&mut self.actions)
+    }
+
+    fn snapshot(&self, memory: &impl Memory) -> Snapshot {
+        let stages = self
+            .stages
+            .iter()
+            .zip(&self.shapes)
+            .enumerate()
+            .map(|(i, (s, shape))| {
+                let runs = shape.kind.runs_tasks() && !s.done;
+                let paused_fits = s
+                    .paused
+                    .iter()
+                    .map(|p| {
+                        let freed_since = p.store_full_at.is_none_or(|at| memory.frees() > at);
+                        freed_since && memory.fits(i, p.pending_bytes)
+                    })
+                    .collect();
+                StageView {
+                    waiting_inputs: if runs { s.waiting() } else { 0 },
+                    paused_fits,
+                    paused: s.paused.iter().map(|p| p.pending_bytes).collect(),
+                    running: s.running,
+                    resources: shape.resources,
+                    max_running: shape.max_running,
+                    budget_fits_typical: memory.fits(i, s.typical_bytes),
+                }
+            })
+            .collect();
+        Snapshot {
+            stages,
+            free: self.free,
+        }
+    }
+
+    /// Starts or resumes a task as decided.
+    fn carry_out(&mut self, decision: Decision, may_spill: bool) {
+        let (stage, task, kind) = match decision {
+            Decision::Resume { stage, index } => {
+                let task = self.stages[stage].paused.remove(index).task;
+                self.actions.push(Action::Resume { task, may_spill });
+                (stage, task, EventKind::TaskResumed)
+            }
+            Decision::Dispatch { stage } => {
+                let task = self.start(stage, may_spill);
+                (stage, task, EventKind::TaskStarted)
+            }
+        };
+        let resources = self.shapes[stage].resources;
+        self.free.cpus -= resources.cpus;
+        self.free.gpus -= resources.gpus;
+        let s = &mut self.stages[stage];
+        s.running += 1;
+        let running = s.running;
+        self.recorder.task_started(stage, running);
+        self.recorder.event(stage, task, kind);
+    }
+
+    /// A new task of `stage`: a retry first, else the next split or input.
+    fn start(&mut self, stage: usize, may_spill: bool) -> TaskId {
+        let s = &mut self.stages[stage];
+        if let Some(task) = s.retry.pop_front() {
+            let record = &self.tasks[&task];
+            self.actions.push(Action::Start {
+                task,
+                stage,
+                input: record.input.clone(),
+                skip: record.delivered,
+                may_spill,
+            });
+            return task;
+        }
+        let input = if s.next_split < s.splits {
+            s.next_split += 1;
+            Input::Split(s.next_split - 1)
+        } else {
+            Input::Parts(
+                s.queue
+                    .pop_front()
+                    .expect("the policy dispatches only stages with input"),
+            )
+        };
+        let task = TaskId(self.next_task);
+        self.next_task += 1;
+        self.tasks.insert(
+            task,
+            TaskRecord {
+                stage,
+                input: input.clone(),
+                attempts: 0,
+                delivered: 0,
+            },
+        );
+        self.actions.push(Action::Start {
+            task,
+            stage,
+            input,
+            skip: 0,
+            may_spill,
+        });
+        task
+    }
+
+    /// A task of `stage` gave its slot back.
+    fn release(&mut self, stage: usize) {
+        let resources = self.shapes[stage].resources;
+        self.free.cpus += resources.cpus;
+        self.free.gpus += resources.gpus;
+        self.stages[stage].running -= 1;
+        self.recorder
+            .task_stopped(stage, self.stages[stage].running);
+    }
+
+    /// Nothing runs and the last stage holds nothing the driver has not
+    /// taken, yet work remains: memory is full of partitions that only more
+    /// input could consume (a repartition larger than the store). Runs one
+    /// task that may spill. True when it did.
+    fn force_if_stuck(&mut self, memory: &impl Memory) -> bool {
+        let running = self.stages.iter().any(|s| s.running > 0);
+        let last = self
+            .shapes
+            .iter()
+            .rposition(|s| s.kind.runs_tasks())
+            .unwrap_or(0);
+        if running || memory.held(last) > 0 || self.stages.iter().all(|s| s.done) {
+            return false;
+        }
+        let Some(decision) = policy::forced_decision(&self.snapshot(memory)) else {
+            return false;
+        };
+        tracing::debug!(
+            ?decision,
+            "memory is full and nothing can run: letting a task spill"
+        );
+        self.carry_out(decision, true);
+        true
+    }
+
+    /// Hands an output of stage `to - 1` to stage `to` (or the driver).
+    fn route(&mut self, to: usize, part: P) {
+        if to == self.stages.len() {
+            self.actions.push(Action::Emit(part));
+            return;
+        }
+        match self.shapes[to].kind {
+            ShapeKind::Limit(_) => {
+                let s = &mut self.stages[to];
+                let take = part.rows().min(s.limit_left);
+                if take == 0 {
+                    return;
+                }
+                s.limit_left -= take;
+                self.recorder.output(to, take, 0);
+                self.route(to + 1, part.sub(0, take));
+                self.check_limits();
+            }
+            ShapeKind::Repartition(_) => self.stages[to].collected.push(part),
+            ShapeKind::Source { .. } | ShapeKind::Map => {
+                self.stages[to].queue.push_back(vec![part])
+            }
+        }
+    }
+
+    /// A limit that has all its rows ends every stage before it.
+    fn check_limits(&mut self) {
+        let Some(limit) = (0..self.stages.len()).rev().find(|&i| {
+            matches!(self.shapes[i].kind, ShapeKind::Limit(_)) && self.stages[i].limit_left == 0
+        }) else {
+            return;
+        };
+        for stage in 0..=limit {
+            let s = &mut self.stages[stage];
+            if !s.cancelled {
+                self.actions.push(Action::Cancel { stage });
+            }
+            s.cancelled = true;
+            s.done = true;
+            s.queue.clear();
+            s.retry.clear();
+            s.paused.clear();
+            s.collected.clear();
+            s.next_split = s.splits;
+        }
+    }
+
+    /// Marks stages whose input is complete and whose tasks are all done;
+    /// a finished repartition hands its groups on. True when something changed.
+    fn settle(&mut self) -> bool {
+        let mut changed = false;
+        for i in 0..self.stages.len() {
+            if self.stages[i].done {
+                continue;
+            }
+            if i > 0 && !self.stages[i - 1].done {
+                break;
+            }
+            let s = &self.stages[i];
+            let idle = s.waiting() == 0 && s.running == 0 && s.paused.is_empty();
+            match self.shapes[i].kind {
+                ShapeKind::Repartition(n) => {
+                    let groups = regroup(std::mem::take(&mut self.stages[i].collected), n);
+                    self.stages[i + 1].queue.extend(groups);
+                }
+                ShapeKind::Limit(_) => {}
+                _ if !idle => break,
+                _ => {}
+            }
+            self.stages[i].done = true;
+            changed = true;
+        }
+        changed
+    }
+
+    fn end(&mut self, result: Result<(), Error>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        for (stage, s) in self.stages.iter_mut().enumerate() {
+            if !s.cancelled {
+                self.actions.push(Action::Cancel { stage });
+            }
+            s.cancelled = true;
+            s.queue.clear();
+            s.paused.clear();
+            s.collected.clear();
+        }
+        self.actions.push(Action::End(result));
+    }
+}
+
+/// Cuts the rows of `parts` into `n` groups of (nearly) equal rows, in order.
+fn regroup<P: Part>(parts: Vec<P>, n: usize) -> Vec<Vec<P>> {
+    let total: usize = parts.iter().map(Part::rows).sum();
+    let mut groups: Vec<Vec<P>> = (0..n).map(|_| Vec::new()).collect();
+    let (mut group, mut filled) = (0, 0);
+    let want = |g: usize| (g + 1) * total / n - g * total / n;
+    for part in parts {
+        let mut offset = 0;
+        while offset < part.rows() {
+            while group < n - 1 && filled == want(group) {
+                group += 1;
+                filled = 0;
+            }
+            let room = if group == n - 1 {
+                usize::MAX
+            } else {
+                want(group) - filled
+            };
+            let take = (part.rows() - offset).min(room);
+            groups[group].push(part.sub(offset, take));
+            offset += take;
+            filled += take;
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    groups
+}

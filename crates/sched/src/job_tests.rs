@@ -1,0 +1,362 @@
+//! Property tests of the job state machine, with no actor, thread or store:
+//! a simulated node runs what [`JobState`] decides, in an order proptest
+//! picks (outputs, pauses for memory, finishes and lost workers
+//! interleaved), with the real [`Budgets`] as memory. Whatever the order,
+//! every source row reaches the driver exactly once, a limit lets exactly
+//! its rows through, a repartition keeps every row, and admitted outputs
+//! never exceed the store's capacity.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use proptest::prelude::*;
+use streambatch_core::{Resources, TaskId};
+use streambatch_plan::JobStats;
+
+use crate::budget::{Budgets, Reservation};
+use crate::job::{Action, Input, JobState, Memory, Part, ShapeKind, StageShape};
+use crate::record::Recorder;
+
+const ROW_BYTES: u64 = 100;
+const CAPACITY: u64 = 4_000;
+const RESERVE: u64 = 1_000;
+/// Rows per output of a source task.
+const CHUNK: usize = 3;
+
+/// Source rows `start..start + len`, of a partition of `bytes` bytes whose
+/// budget is held while any part of it lives.
+#[derive(Clone)]
+struct Rows {
+    start: u64,
+    len: usize,
+    bytes: u64,
+    _held: Arc<Held>,
+}
+
+struct Held {
+    _reservation: Reservation,
+    /// Counts live outputs admitted over budget (by a task allowed to spill).
+    forced: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(forced) = &self.forced {
+            forced.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Part for Rows {
+    fn rows(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn sub(&self, offset: usize, len: usize) -> Self {
+        assert!(offset + len <= self.len, "a part is cut within its rows");
+        Self {
+            start: self.start + offset as u64,
+            len,
+            ..self.clone()
+        }
+    }
+}
+
+struct SimMemory<'a>(&'a Budgets);
+
+impl Memory for SimMemory<'_> {
+    fn fits(&self, stage: usize, bytes: u64) -> bool {
+        self.0.fits(stage, bytes)
+    }
+
+    fn frees(&self) -> u64 {
+        0
+    }
+
+    fn held(&self, stage: usize) -> u64 {
+        self.0.used(stage)
+    }
+}
+
+/// A task the simulated node runs: the rows of each output it will yield.
+struct SimTask {
+    stage: usize,
+    outputs: Vec<(u64, usize)>,
+    next: usize,
+    skip: usize,
+    may_spill: bool,
+}
+
+/// A pipeline to simulate.
+#[derive(Clone, Debug)]
+enum Tail {
+    /// `maps` map stages after the source.
+    Maps(usize),
+    /// map, limit(n), map.
+    Limit(usize),
+    /// map, repartition(n), map (the concat a repartition is followed by).
+    Repartition(usize),
+}
+
+fn shapes(tail: &Tail, splits: usize, pooled: bool) -> Vec<StageShape> {
+    let shape = |name: &str, kind| StageShape {
+        name: name.into(),
+        kind,
+        resources: Resources::cpu(1.0),
+        max_running: None,
+    };
+    let mut out = vec![shape("source", ShapeKind::Source { splits })];
+    match *tail {
+        Tail::Maps(n) => out.extend((0..n).map(|_| shape("map", ShapeKind::Map))),
+        Tail::Limit(n) => out.extend([
+            shape("map", ShapeKind::Map),
+            shape("limit", ShapeKind::Limit(n)),
+            shape("after", ShapeKind::Map),
+        ]),
+        Tail::Repartition(n) => out.extend([
+            shape("map", ShapeKind::Map),
+            shape("repartition", ShapeKind::Repartition(n)),
+            shape("concat", ShapeKind::Map),
+        ]),
+    }
+    if pooled {
+        out[1].max_running = Some(1);
+    }
+    out
+}
+
+/// What a simulated job delivered.
+struct Outcome {
+    rows: Vec<u64>,
+    stats: JobStats,
+    lost: u64,
+}
+
+/// Runs a job over splits of `split_rows` rows each, taking the next event
+/// from `choices` (then always the first task's next step).
+fn simulate(
+    tail: &Tail,
+    split_rows: &[usize],
+    cpus: f64,
+    pooled: bool,
+    choices: &[u16],
+) -> Result<Outcome, TestCaseError> {
+    let shapes = shapes(tail, split_rows.len(), pooled);
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let live = Arc::new(Mutex::new(JobStats::default()));
+    let recorder = Recorder::new(live, names, CAPACITY);
+    let reserves = shapes
+        .iter()
+        .map(|s| match s.kind {
+            ShapeKind::Source { .. } | ShapeKind::Map => RESERVE,
+            _ => 0,
+        })
+        .collect();
+    let budgets = Budgets::new(CAPACITY, reserves, Arc::new(|| {}));
+    let forced = Arc::new(AtomicUsize::new(0));
+    let mut job = JobState::<Rows>::new(shapes, Resources::cpu(cpus), 3, recorder);
+    let bases: Vec<u64> = split_rows
+        .iter()
+        .scan(0u64, |next, &n| {
+            let base = *next;
+            *next += n as u64 + 1_000;
+            Some(base)
+        })
+        .collect();
+
+    let mut running: BTreeMap<TaskId, SimTask> = BTreeMap::new();
+    let mut paused: HashMap<TaskId, SimTask> = HashMap::new();
+    let mut cancelled: HashSet<usize> = HashSet::new();
+    let mut attempts: HashMap<TaskId, u32> = HashMap::new();
+    let (mut rows, mut lost, mut step) = (Vec::new(), 0u64, 0usize);
+    let mut ended = None;
+    while ended.is_none() {
+        for action in job.advance(&SimMemory(&budgets)) {
+            match action {
+                Action::Start {
+                    task,
+                    stage,
+                    input,
+                    skip,
+                    may_spill,
+                } => {
+                    let outputs = match input {
+                        Input::Split(i) => (0..split_rows[i])
+                            .step_by(CHUNK)
+                            .map(|o| {
+                                let len = CHUNK.min(split_rows[i] - o);
+                                (bases[i] + o as u64, len)
+                            })
+                            .collect(),
+                        Input::Parts(parts) => parts.iter().map(|p| (p.start, p.len)).collect(),
+                    };
+                    running.insert(
+                        task,
+                        SimTask {
+                            stage,
+                            outputs,
+                            next: 0,
+                            skip: skip as usize,
+                            may_spill,
+                        },
+                    );
+                }
+                Action::Resume { task, may_spill } => {
+                    let mut t = paused.remove(&task).expect("only a paused task resumes");
+                    t.may_spill = may_spill;
+                    running.insert(task, t);
+                }
+                Action::Emit(part) => rows.extend(part.start..part.start + part.len as u64),
+                Action::Cancel { stage } => {
+                    cancelled.insert(stage);
+                    paused.retain(|_, t| t.stage != stage);
+                }
+                Action::FitReserve { stage, bytes } => budgets.fit_reserve(stage, bytes),
+                Action::End(result) => ended = Some(result),
+            }
+        }
+        if ended.is_some() {
+            break;
+        }
+        if forced.load(Ordering::SeqCst) == 0 {
+            let held: u64 = (0..job_stages(tail)).map(|s| budgets.used(s)).sum();
+            prop_assert!(held <= CAPACITY, "{held} bytes admitted over {CAPACITY}");
+        }
+        prop_assert!(!running.is_empty(), "the job is stuck: nothing runs");
+        step += 1;
+        prop_assert!(step < 100_000, "the job does not end");
+        let choice = choices.get(step).copied().unwrap_or(1) as usize;
+        let ids: Vec<TaskId> = running.keys().copied().collect();
+        let id = ids[choice % ids.len()];
+        let tries = attempts.entry(id).or_default();
+        if (choice / ids.len()).is_multiple_of(8) && *tries < 2 {
+            *tries += 1;
+            lost += 1;
+            running.remove(&id);
+            job.on_lost(id, "injected".into());
+            continue;
+        }
+        let t = running.get_mut(&id).expect("picked from running");
+        t.next = t.next.max(t.skip);
+        if cancelled.contains(&t.stage) || t.next == t.outputs.len() {
+            running.remove(&id);
+            if let Some(stage) = job.on_finished(id) {
+                job.record_finished(stage, Default::default(), Vec::new());
+            }
+            continue;
+        }
+        let (start, len) = t.outputs[t.next];
+        let bytes = len as u64 * ROW_BYTES;
+        let held = if t.may_spill {
+            forced.fetch_add(1, Ordering::SeqCst);
+            Held {
+                _reservation: budgets.force_admit(t.stage, bytes),
+                forced: Some(forced.clone()),
+            }
+        } else if let Ok(reservation) = budgets.try_admit(t.stage, bytes) {
+            Held {
+                _reservation: reservation,
+                forced: None,
+            }
+        } else {
+            let t = running.remove(&id).expect("picked from running");
+            if job.on_paused(id, bytes, None) {
+                paused.insert(id, t);
+            }
+            continue;
+        };
+        let seq = t.next as u32;
+        t.next += 1;
+        let part = Rows {
+            start,
+            len,
+            bytes,
+            _held: Arc::new(held),
+        };
+        job.on_output(id, seq, part);
+    }
+    prop_assert!(
+        matches!(ended, Some(Ok(()))),
+        "the job failed: {:?}",
+        ended.and_then(|r| r.err())
+    );
+    Ok(Outcome {
+        rows,
+        stats: job.recorder().snapshot(),
+        lost,
+    })
+}
+
+fn job_stages(tail: &Tail) -> usize {
+    match tail {
+        Tail::Maps(n) => 1 + n,
+        Tail::Limit(_) | Tail::Repartition(_) => 4,
+    }
+}
+
+fn source_rows(split_rows: &[usize]) -> Vec<u64> {
+    let mut next = 0u64;
+    let mut all = Vec::new();
+    for &n in split_rows {
+        all.extend(next..next + n as u64);
+        next += n as u64 + 1_000;
+    }
+    all
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn every_source_row_reaches_the_driver_once_under_retries(
+        split_rows in prop::collection::vec(0usize..12, 1..8),
+        maps in 1usize..4,
+        cpus in 1u32..4,
+        pooled in any::<bool>(),
+        choices in prop::collection::vec(any::<u16>(), 0..400),
+    ) {
+        let out = simulate(&Tail::Maps(maps), &split_rows, cpus as f64, pooled, &choices)?;
+        prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
+        let retries: u64 = out.stats.operators.iter().map(|o| o.retries).sum();
+        prop_assert_eq!(retries, out.lost, "every lost task is retried and counted");
+    }
+
+    #[test]
+    fn a_limit_lets_exactly_its_rows_through(
+        split_rows in prop::collection::vec(0usize..12, 1..8),
+        n in 0usize..60,
+        cpus in 1u32..4,
+        choices in prop::collection::vec(any::<u16>(), 0..400),
+    ) {
+        let out = simulate(&Tail::Limit(n), &split_rows, cpus as f64, false, &choices)?;
+        let all = source_rows(&split_rows);
+        let got = sorted(out.rows);
+        prop_assert_eq!(got.len(), n.min(all.len()));
+        prop_assert!(got.windows(2).all(|w| w[0] < w[1]), "no row twice");
+        prop_assert!(got.iter().all(|r| all.binary_search(r).is_ok()), "only source rows");
+    }
+
+    #[test]
+    fn a_repartition_keeps_every_row(
+        split_rows in prop::collection::vec(0usize..12, 1..8),
+        n in 1usize..6,
+        cpus in 1u32..4,
+        choices in prop::collection::vec(any::<u16>(), 0..400),
+    ) {
+        let out = simulate(&Tail::Repartition(n), &split_rows, cpus as f64, false, &choices)?;
+        prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
+        let total = split_rows.iter().sum::<usize>();
+        let concat_tasks = out.stats.operators[3].tasks as usize;
+        prop_assert_eq!(concat_tasks, n.min(total), "one task per non-empty group");
+    }
+}

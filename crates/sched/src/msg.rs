@@ -1,0 +1,84 @@
+//! The messages of the scheduler's actors, in one place so that actors
+//! import their peers' messages, never their peers.
+
+use std::sync::Arc;
+
+use streambatch_core::JobId;
+use streambatch_plan::Error;
+
+use crate::partition::Slice;
+use crate::task::{JobCtx, TaskEvent, TaskRun};
+
+/// Events the `Executor` reacts to.
+pub enum ExecutorMsg {
+    /// A task of the job reported.
+    Task(TaskEvent),
+    /// Output memory was returned; paused work may fit now.
+    MemoryFreed,
+}
+
+impl From<TaskEvent> for ExecutorMsg {
+    fn from(event: TaskEvent) -> Self {
+        Self::Task(event)
+    }
+}
+
+impl TryFrom<ExecutorMsg> for TaskEvent {
+    type Error = ExecutorMsg;
+
+    fn try_from(msg: ExecutorMsg) -> Result<Self, ExecutorMsg> {
+        match msg {
+            ExecutorMsg::Task(event) => Ok(event),
+            other => Err(other),
+        }
+    }
+}
+
+/// What the executor sends the driver.
+pub enum JobItem {
+    /// An output partition of the last stage.
+    Output(Slice),
+    /// The job ended.
+    End(Result<(), Error>),
+}
+
+/// Messages of the `NodeManager`.
+pub enum NodeMsg {
+    /// Run a task. `pool` is the most workers its stage may use.
+    Run {
+        /// The task.
+        run: Box<TaskRun>,
+        /// The stage's pool size, for stages with stateful operators.
+        pool: Option<usize>,
+    },
+    /// A worker finished its task.
+    WorkerIdle {
+        /// The worker.
+        index: usize,
+    },
+    /// Set up a stage's stateful operators on `workers` workers ahead of
+    /// its tasks (a pool's `min`).
+    SetUp {
+        /// The job.
+        job: Arc<JobCtx>,
+        /// The stage.
+        stage: usize,
+        /// How many workers.
+        workers: usize,
+    },
+    /// A job ended: its pools are gone.
+    JobEnded {
+        /// The job.
+        job: JobId,
+    },
+}
+
+/// Messages of a `Worker`.
+pub enum WorkerMsg {
+    /// Run this task.
+    Run(Box<TaskRun>),
+    /// Set up the stateful operators of a stage of a job.
+    SetUp(Arc<JobCtx>, usize),
+    /// The thread caught a panic; the worker fails with it.
+    Panicked(String),
+}

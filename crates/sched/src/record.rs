@@ -1,0 +1,121 @@
+//! The one place a job's stats are written: the [`Recorder`]. The job's
+//! state machine reports to it; the driver reads the same stats live.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use streambatch_core::{StageId, TaskId};
+use streambatch_plan::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};
+
+/// Writes a job's [`JobStats`], shared with the driver for a live view.
+pub(crate) struct Recorder {
+    live: Arc<Mutex<JobStats>>,
+    started: Instant,
+    /// When each stage's first task started: its wall time runs from then.
+    first_start: Vec<Option<Instant>>,
+}
+
+impl Recorder {
+    /// A recorder for stages named `names`, over a store of `capacity` bytes.
+    pub(crate) fn new(live: Arc<Mutex<JobStats>>, names: Vec<String>, capacity: u64) -> Self {
+        let stages = names.len();
+        {
+            let mut stats = lock(&live);
+            stats.operators = names
+                .into_iter()
+                .map(|name| OperatorStats {
+                    name,
+                    ..Default::default()
+                })
+                .collect();
+            stats.peak_running = vec![0; stages];
+            stats.store_capacity = capacity;
+        }
+        Self {
+            live,
+            started: Instant::now(),
+            first_start: vec![None; stages],
+        }
+    }
+
+    fn stats(&self) -> MutexGuard<'_, JobStats> {
+        lock(&self.live)
+    }
+
+    /// Records `kind` for `task` of `stage`, with its time since the job started.
+    pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind) {
+        let at = self.started.elapsed();
+        let mut stats = self.stats();
+        if stats.events.len() < MAX_EVENTS {
+            stats.events.push(Event {
+                stage: StageId(stage),
+                task,
+                kind,
+                at,
+            });
+        }
+    }
+
+    /// A task of `stage` started or resumed; `running` of its tasks run now.
+    pub(crate) fn task_started(&mut self, stage: usize, running: usize) {
+        self.first_start[stage].get_or_insert_with(Instant::now);
+        let mut stats = self.stats();
+        stats.operators[stage].running = running as u64;
+        stats.peak_running[stage] = stats.peak_running[stage].max(running as u64);
+    }
+
+    /// A task of `stage` let go of its slot; `running` of its tasks run now.
+    pub(crate) fn task_stopped(&self, stage: usize, running: usize) {
+        self.stats().operators[stage].running = running as u64;
+    }
+
+    /// A task of `stage` finished after computing for `busy`; `ops` are the
+    /// counts of the stage's operators so far.
+    pub(crate) fn task_finished(&self, stage: usize, busy: Duration, ops: Vec<OpStats>) {
+        let wall = self.first_start[stage].map_or(Duration::ZERO, |t| t.elapsed());
+        let mut stats = self.stats();
+        let op = &mut stats.operators[stage];
+        op.tasks += 1;
+        op.busy += busy;
+        op.wall = wall;
+        op.ops = ops;
+    }
+
+    /// `stage` output `rows` rows in `bytes` bytes.
+    pub(crate) fn output(&self, stage: usize, rows: usize, bytes: u64) {
+        let mut stats = self.stats();
+        stats.operators[stage].rows += rows as u64;
+        stats.operators[stage].bytes += bytes;
+    }
+
+    /// A task of `stage` is retried.
+    pub(crate) fn retry(&self, stage: usize) {
+        self.stats().operators[stage].retries += 1;
+    }
+
+    /// The store holds `used` bytes now.
+    pub(crate) fn store_used(&self, used: u64) {
+        let mut stats = self.stats();
+        stats.peak_store_bytes = stats.peak_store_bytes.max(used);
+    }
+
+    /// The job ended; the store's counters at that moment.
+    pub(crate) fn ended(&self, used: u64, spilled: u64, restored: u64) {
+        let wall = self.started.elapsed();
+        let mut stats = self.stats();
+        stats.wall = wall;
+        stats.peak_store_bytes = stats.peak_store_bytes.max(used);
+        stats.spilled_bytes = spilled;
+        stats.restored_bytes = restored;
+    }
+
+    /// A copy of the stats so far.
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> JobStats {
+        self.stats().clone()
+    }
+}
+
+fn lock(live: &Mutex<JobStats>) -> MutexGuard<'_, JobStats> {
+    live.lock().unwrap_or_else(|p| p.into_inner())
+}
