@@ -309,6 +309,99 @@ fn a_corrupt_or_missing_spill_file_names_the_partition() {
     assert!(err.contains(&b.id().to_string()), "{err}");
 }
 
+/// The shared name of a partition of one string column whose value is
+/// `marker`, kept in memory while `part` lives.
+fn shared_string(store: &SharedStore, marker: &str) -> (PartitionRef, String) {
+    let col: ArrayRef = Arc::new(arrow_array::StringArray::from(vec![marker; 3]));
+    let part = store
+        .put(RecordBatch::try_from_iter([("s", col)]).unwrap())
+        .unwrap();
+    let name = store.shared_name(&part).unwrap();
+    (part, name)
+}
+
+#[test]
+fn open_shared_rejects_an_offset_and_length_that_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(16 << 20, dir.path(), "overflow");
+    let (_part, name) = shared_string(&store, "abc");
+    let segment = name.split_once('@').unwrap().0;
+    for (offset, len) in [(u64::MAX - 7, 16), (1, u64::MAX), (u64::MAX, u64::MAX)] {
+        let bad = format!("{segment}@{offset}+{len}");
+        let result = std::panic::catch_unwind(|| open_shared(&bad).map(|_| ()));
+        let err = result
+            .unwrap_or_else(|_| panic!("open_shared({bad}) panicked"))
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(segment)
+                && text.contains(&offset.to_string())
+                && text.contains("outside"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn open_shared_rejects_a_region_past_the_segment_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(16 << 20, dir.path(), "pastend");
+    let (_part, name) = shared_string(&store, "abc");
+    let segment = name.split_once('@').unwrap().0;
+    let size = std::fs::metadata(std::path::Path::new("/dev/shm").join(segment))
+        .unwrap()
+        .len();
+    let bad = format!("{segment}@{}+64", size - 8);
+    let err = open_shared(&bad).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("outside") && err.contains(&size.to_string()),
+        "{err}"
+    );
+    let err = open_shared(&format!("{segment}@12"))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("not a partition name"), "{err}");
+}
+
+#[test]
+fn open_shared_rejects_corrupt_bytes_in_the_segment() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(16 << 20, dir.path(), "corruptshm");
+    let marker = "streambatch-marker-value";
+    let (_part, name) = shared_string(&store, marker);
+    assert_eq!(
+        open_shared(&name)
+            .unwrap()
+            .batch
+            .column(0)
+            .as_string::<i32>()
+            .value(0),
+        marker
+    );
+    // Another process scribbles over the values: invalid UTF-8.
+    let (segment, rest) = name.split_once('@').unwrap();
+    let (offset, len) = rest.split_once('+').unwrap();
+    let (offset, len): (usize, usize) = (offset.parse().unwrap(), len.parse().unwrap());
+    let path = std::path::Path::new("/dev/shm").join(segment);
+    let bytes = std::fs::read(&path).unwrap();
+    let at = offset
+        + bytes[offset..offset + len]
+            .windows(marker.len())
+            .position(|w| w == marker.as_bytes())
+            .expect("the value is in the segment");
+    let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.seek(SeekFrom::Start(at as u64)).unwrap();
+    file.write_all(&[0xff; 4]).unwrap();
+    drop(file);
+    let err = open_shared(&name).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains(segment), "{err}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the arrow error is the source"
+    );
+}
+
 mod properties {
     use super::*;
     use proptest::prelude::*;

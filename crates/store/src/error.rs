@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
 use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
 use streambatch_core::{PartitionId, format_bytes};
 
 /// Errors of the object store.
@@ -10,12 +11,13 @@ pub enum StoreError {
     #[error("partition {0} is not in the store")]
     Missing(PartitionId),
     /// A spilled partition could not be read back.
-    #[error("partition {id} cannot be restored: {message}")]
+    #[error("partition {id} cannot be restored: {source}")]
     Spill {
         /// The partition.
         id: PartitionId,
-        /// What went wrong (a missing or corrupt spill file).
-        message: String,
+        /// What went wrong with its spill file.
+        #[source]
+        source: SpillError,
     },
     /// Memory is full of partitions that are pinned or being read.
     #[error("no room to restore partition {id} ({} needed of {}): every partition in memory is pinned or in use", format_bytes(*needed), format_bytes(*capacity))]
@@ -36,11 +38,98 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// A shared-memory segment could not be made or opened.
-    #[error("shared memory: {0}")]
-    Segment(String),
-    /// A batch could not be encoded or decoded.
-    #[error("arrow ipc: {0}")]
-    Arrow(String),
+    #[error("shared memory: cannot {action} segment `{name}`: {source}")]
+    Segment {
+        /// What was tried: `create` or `open`.
+        action: &'static str,
+        /// The segment.
+        name: String,
+        /// The cause, from the shared-memory backing.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A name given to [`open_shared`](crate::open_shared) is not of the
+    /// form `segment@offset+len`.
+    #[error("`{name}` is not a partition name (segment@offset+len)")]
+    BadName {
+        /// The name given.
+        name: String,
+    },
+    /// A shared partition's offset and length do not lie inside its segment
+    /// (or overflow when added).
+    #[error(
+        "a partition at offset {offset} of length {len} lies outside segment `{segment}` ({segment_len} bytes)"
+    )]
+    OutOfBounds {
+        /// The segment.
+        segment: String,
+        /// The partition's offset in it.
+        offset: u64,
+        /// The partition's length.
+        len: u64,
+        /// The segment's size.
+        segment_len: u64,
+    },
+    /// A shared partition's bytes are not a valid Arrow IPC stream.
+    #[error("segment `{segment}`, partition at offset {offset} of length {len}: {source}")]
+    Invalid {
+        /// The segment.
+        segment: String,
+        /// The partition's offset in it.
+        offset: u64,
+        /// The partition's length.
+        len: u64,
+        /// What Arrow found wrong.
+        #[source]
+        source: ArrowError,
+    },
+    /// A batch could not be encoded as Arrow IPC.
+    #[error("arrow ipc: encoding a partition: {0}")]
+    Encode(#[source] ArrowError),
+    /// A partition in memory could not be decoded.
+    #[error("arrow ipc: partition {id}: {source}")]
+    Decode {
+        /// The partition.
+        id: PartitionId,
+        /// The cause.
+        #[source]
+        source: ArrowError,
+    },
+}
+
+/// Why a spill file could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    /// The file could not be opened or mapped (missing, unreadable).
+    #[error("spill file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is shorter than its trailer or lacks the magic.
+    #[error("spill file {path} is truncated or not a spill file")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The length or CRC-32 in the trailer does not match the contents.
+    #[error("spill file {path} is corrupt (checksum mismatch)")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The contents passed the checksum but do not decode.
+    #[error("spill file {path}: arrow ipc: {source}")]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ArrowError,
+    },
 }
 
 impl StoreError {

@@ -6,7 +6,7 @@
 //! allocator (as Ray's plasma store does). [`ObjectStore::get`] returns a
 //! `RecordBatch` whose buffers point into the segment: no copy, no decode
 //! pass. Another process on the host can open a partition by its name
-//! ([`open_shared`]). Over capacity, [`ObjectStore::put`] spills the least
+//! ([`open_shared`], which validates the bytes it finds). Over capacity, [`ObjectStore::put`] spills the least
 //! recently used partitions that nobody pins or reads to IPC files with a
 //! CRC-32, and `get` maps them back. A partition lives as long as a
 //! [`PartitionRef`] (or a batch read from it): dropping the last frees its
@@ -33,10 +33,11 @@ pub mod ipc;
 mod partition;
 mod segment;
 mod shared;
+mod spill;
 
-pub use error::{PutError, StoreError};
+pub use error::{PutError, SpillError, StoreError};
 pub use partition::{PartitionRef, PinGuard};
-pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared};
+pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_unchecked};
 pub use streambatch_core::batch_bytes;
 
 use std::sync::Arc;

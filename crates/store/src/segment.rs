@@ -8,6 +8,8 @@ use std::ptr::NonNull;
 
 use shared_memory::{Shmem, ShmemConf};
 
+use crate::StoreError;
+
 /// A mapped shared-memory segment. Its creator removes it from the system
 /// when dropped; a process that only opened it just unmaps it.
 pub struct Segment {
@@ -26,12 +28,12 @@ impl Segment {
     /// Creates segment `name` of `len` bytes. Call [`Segment::prefault`]
     /// (on any thread) so that writes run at memory speed instead of
     /// faulting page by page.
-    pub fn create(name: &str, len: usize) -> Result<Self, String> {
+    pub fn create(name: &str, len: usize) -> Result<Self, StoreError> {
         let shm = ShmemConf::new()
             .os_id(name)
             .size(len)
             .create()
-            .map_err(|e| format!("creating segment {name}: {e}"))?;
+            .map_err(|e| failed("create", name, e))?;
         Ok(Self { shm })
     }
 
@@ -52,11 +54,11 @@ impl Segment {
     }
 
     /// Opens an existing segment (made by another process) for reading.
-    pub fn open(name: &str) -> Result<Self, String> {
+    pub fn open(name: &str) -> Result<Self, StoreError> {
         let shm = ShmemConf::new()
             .os_id(name)
             .open()
-            .map_err(|e| format!("opening segment {name}: {e}"))?;
+            .map_err(|e| failed("open", name, e))?;
         Ok(Self { shm })
     }
 
@@ -93,6 +95,14 @@ impl Segment {
         debug_assert!(offset + len <= self.len());
         // SAFETY: the caller guarantees bounds and exclusive use.
         unsafe { std::slice::from_raw_parts_mut(self.shm.as_ptr().add(offset), len) }
+    }
+}
+
+fn failed(action: &'static str, name: &str, source: shared_memory::ShmemError) -> StoreError {
+    StoreError::Segment {
+        action,
+        name: name.to_string(),
+        source: Box::new(source),
     }
 }
 

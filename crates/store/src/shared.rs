@@ -1,6 +1,7 @@
 //! [`SharedStore`]: partitions as Arrow IPC streams in a few large,
 //! pre-faulted shared-memory segments, read zero-copy, spilled to disk (least
-//! recently used first, never a pinned or in-use one) when memory runs out.
+//! recently used first, never a pinned or in-use one) when memory runs out;
+//! and [`open_shared`], which reads another process's partition by name.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use streambatch_core::PartitionId;
 use crate::alloc::{Allocator, aligned};
 use crate::ipc;
 use crate::segment::{self, Segment};
+use crate::spill::{self, SpillDir};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
 
 /// Settings of a [`SharedStore`].
@@ -62,7 +64,7 @@ struct Inner {
     capacity: u64,
     segment_size: usize,
     prefix: String,
-    spill_dir: PathBuf,
+    spill: SpillDir,
     next_id: AtomicU64,
     state: Mutex<State>,
 }
@@ -137,7 +139,7 @@ impl SharedStore {
             inner: Arc::new(Inner {
                 capacity,
                 segment_size,
-                spill_dir: config.spill_dir.join(&prefix),
+                spill: SpillDir::new(config.spill_dir.join(&prefix)),
                 prefix,
                 next_id: AtomicU64::new(1),
                 state: Mutex::new(State::default()),
@@ -192,13 +194,12 @@ impl SharedStore {
 
     /// Its spill directory.
     pub fn spill_dir(&self) -> &Path {
-        &self.inner.spill_dir
+        self.inner.spill.path()
     }
 
     fn store(&self, batch: RecordBatch, may_spill: bool) -> Result<PartitionRef, PutError> {
         let rows = batch.num_rows();
-        let encoded =
-            ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Arrow(e.to_string())))?;
+        let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Encode(e)))?;
         let len = encoded.len;
         let capacity = self.inner.capacity;
         if len as u64 > capacity && !may_spill {
@@ -233,8 +234,7 @@ impl SharedStore {
                 None => {
                     // Nothing left to spill: this partition goes straight to disk.
                     let path = self.inner.spill_file(id).map_err(PutError::Store)?;
-                    encoded
-                        .write_file(&path)
+                    spill::write(&path, encoded.pieces())
                         .map_err(|e| PutError::Store(StoreError::io(&path, e)))?;
                     state.spilled += len as u64;
                     let entry = Entry {
@@ -277,7 +277,9 @@ impl ObjectStore for SharedStore {
     fn put(&self, batch: RecordBatch) -> Result<PartitionRef, StoreError> {
         self.store(batch, true).map_err(|e| match e {
             PutError::Store(e) => e,
-            other => StoreError::Arrow(other.to_string()),
+            PutError::Full { .. } | PutError::TooLarge { .. } => {
+                unreachable!("a put that may spill is never full: {e}")
+            }
         })
     }
 
@@ -478,8 +480,9 @@ impl Inner {
     }
 
     fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
-        std::fs::create_dir_all(&self.spill_dir).map_err(|e| StoreError::io(&self.spill_dir, e))?;
-        Ok(self.spill_dir.join(format!("{id}.arrows")))
+        self.spill
+            .file(id)
+            .map_err(|e| StoreError::io(self.spill.path(), e))
     }
 
     /// Moves a partition from memory to a spill file.
@@ -493,7 +496,7 @@ impl Inner {
         // SAFETY: the region belongs to this partition, which nobody reads
         // (no pins) or writes (written before it was listed).
         let bytes = unsafe { seg.region_mut(offset, len) };
-        ipc::write_spill_file(&path, &[bytes]).map_err(|e| StoreError::io(&path, e))?;
+        spill::write(&path, [&*bytes]).map_err(|e| StoreError::io(&path, e))?;
         self.free_region(state, segment, offset, len);
         state.spilled += len as u64;
         state.entries.get_mut(&id).expect("present").place = Place::Disk(path);
@@ -510,8 +513,7 @@ impl Inner {
         let (len, Place::Disk(path)) = (entry.len, entry.place.clone()) else {
             return Ok(state);
         };
-        let bytes =
-            ipc::map_spill_file(&path).map_err(|message| StoreError::Spill { id, message })?;
+        let bytes = spill::map(&path).map_err(|source| StoreError::Spill { id, source })?;
         let place = loop {
             let (guard, place) = self.allocate(state, len);
             state = guard;
@@ -573,18 +575,12 @@ impl Inner {
                 let bytes = unsafe { ipc::view(ptr, len, Arc::new((pin, seg))) };
                 // SAFETY: this store encoded these bytes from a valid batch.
                 unsafe { ipc::decode_trusted(&bytes) }
-                    .map_err(|e| StoreError::Arrow(format!("partition {id}: {e}")))
+                    .map_err(|source| StoreError::Decode { id, source })
             }
             Place::Disk(path) => {
                 state.restored += len as u64;
                 drop(state);
-                let bytes = ipc::map_spill_file(&path)
-                    .map_err(|message| StoreError::Spill { id, message })?;
-                // SAFETY: encoded by this store, and the file's CRC matched.
-                unsafe { ipc::decode_trusted(&bytes) }.map_err(|e| StoreError::Spill {
-                    id,
-                    message: e.to_string(),
-                })
+                spill::read(&path).map_err(|source| StoreError::Spill { id, source })
             }
         }
     }
@@ -648,7 +644,7 @@ impl Drop for Inner {
         for prefault in state.prefaulting.drain(..) {
             let _ = prefault.join();
         }
-        let _ = std::fs::remove_dir_all(&self.spill_dir);
+        // The spill directory goes when `spill` drops, right after.
     }
 }
 
@@ -688,32 +684,99 @@ pub struct SharedPartition {
 }
 
 /// Opens, zero-copy, a partition that another process on this host keeps
-/// in memory (see [`SharedStore::shared_name`]). The other process must keep
-/// the partition (pinned) while it is read.
+/// in memory (see [`SharedStore::shared_name`]), validating its bytes: the
+/// offset and length must lie inside the segment, and the IPC stream must
+/// pass Arrow's full validation (framing, buffer bounds, offsets, UTF-8...),
+/// so that bytes from elsewhere, corrupt or not, give an error rather than
+/// an out-of-bounds read. The batch's buffers point into the segment; the
+/// other process must keep the partition (pinned) while it is read.
+///
+/// Validation reads the data once (a pass over string columns); a reader
+/// that trusts the writer can skip it with [`open_shared_unchecked`].
 pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
-    let bad = || {
-        StoreError::Segment(format!(
-            "`{name}` is not a partition name (segment@offset+len)"
-        ))
+    let (bytes, mapping, place) = map_shared(name)?;
+    let batch = ipc::decode(&bytes).map_err(|source| place.invalid(source))?;
+    Ok(SharedPartition { batch, mapping })
+}
+
+/// [`open_shared`] without validating the IPC stream: nothing reads the data,
+/// as when the store reads its own partitions. The name is still checked
+/// (offset and length inside the segment) and so is the framing of the IPC
+/// messages.
+///
+/// # Safety
+/// The region `offset..offset + len` of the segment must hold a partition
+/// written there by a [`SharedStore`] of this build from a valid batch, and
+/// must stay unchanged (the partition pinned in its store) while the batch
+/// or any buffer of it lives. Arbitrary or corrupt bytes can make the
+/// batch's offsets point outside its buffers: reading them is undefined
+/// behaviour.
+pub unsafe fn open_shared_unchecked(name: &str) -> Result<SharedPartition, StoreError> {
+    let (bytes, mapping, place) = map_shared(name)?;
+    // SAFETY: the caller vouches that a store wrote these bytes from a valid
+    // batch and keeps them unchanged.
+    let batch = unsafe { ipc::decode_trusted(&bytes) }.map_err(|source| place.invalid(source))?;
+    Ok(SharedPartition { batch, mapping })
+}
+
+/// Where a shared partition lies, for errors.
+struct SharedPlace {
+    segment: String,
+    offset: u64,
+    len: u64,
+}
+
+impl SharedPlace {
+    fn invalid(self, source: arrow_schema::ArrowError) -> StoreError {
+        StoreError::Invalid {
+            segment: self.segment,
+            offset: self.offset,
+            len: self.len,
+            source,
+        }
+    }
+}
+
+/// Parses `segment@offset+len`, opens the segment and checks that the region
+/// lies inside it (with checked arithmetic); returns a view of the region
+/// (which holds the segment mapped) and the mapping's address range.
+fn map_shared(
+    name: &str,
+) -> Result<(arrow_buffer::Buffer, std::ops::Range<usize>, SharedPlace), StoreError> {
+    let bad = || StoreError::BadName {
+        name: name.to_string(),
     };
-    let (segment, rest) = name.split_once('@').ok_or_else(bad)?;
+    let (segment_name, rest) = name.split_once('@').ok_or_else(bad)?;
     let (offset, len) = rest.split_once('+').ok_or_else(bad)?;
-    let (offset, len): (usize, usize) = (
+    let (offset, len): (u64, u64) = (
         offset.parse().map_err(|_| bad())?,
         len.parse().map_err(|_| bad())?,
     );
-    let segment = Arc::new(Segment::open(segment).map_err(StoreError::Segment)?);
-    if offset + len > segment.len() {
-        return Err(bad());
+    let segment = Arc::new(Segment::open(segment_name)?);
+    let segment_len = segment.len() as u64;
+    let inside = offset
+        .checked_add(len)
+        .is_some_and(|end| end <= segment_len);
+    if !inside {
+        return Err(StoreError::OutOfBounds {
+            segment: segment_name.to_string(),
+            offset,
+            len,
+            segment_len,
+        });
     }
+    // Both fit in usize: they are at most the segment's length.
+    let (start, size) = (offset as usize, len as usize);
     let base = segment.base().as_ptr() as usize;
     let mapping = base..base + segment.len();
-    // SAFETY: within the segment; the segment stays mapped while the buffers hold it.
-    let ptr = unsafe { std::ptr::NonNull::new_unchecked(segment.base().as_ptr().add(offset)) };
-    let bytes = unsafe { ipc::view(ptr, len, segment) };
-    // SAFETY: the segment belongs to a streambatch store on this host, which
-    // wrote this partition from a valid batch; opening it trusts that store.
-    let batch = unsafe { ipc::decode_trusted(&bytes) }
-        .map_err(|e| StoreError::Arrow(format!("{name}: {e}")))?;
-    Ok(SharedPartition { batch, mapping })
+    // SAFETY: start + size <= the segment's length (checked above).
+    let ptr = unsafe { std::ptr::NonNull::new_unchecked(segment.base().as_ptr().add(start)) };
+    // SAFETY: within the segment, which stays mapped while the buffer holds it.
+    let bytes = unsafe { ipc::view(ptr, size, segment) };
+    let place = SharedPlace {
+        segment: segment_name.to_string(),
+        offset,
+        len,
+    };
+    Ok((bytes, mapping, place))
 }
