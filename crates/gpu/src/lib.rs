@@ -16,10 +16,14 @@
 //! assert!(err.to_string().contains("broken") && err.to_string().contains("line 1"));
 //! ```
 
+mod columns;
 mod error;
+mod instance;
 mod kernel;
 mod pool;
+mod spec;
 
 pub use error::GpuError;
-pub use kernel::{GpuKernel, KernelTimings};
+pub use kernel::GpuKernel;
 pub use pool::{AdapterChoice, GpuDevice, GpuPool};
+pub use spec::KernelTimings;
