@@ -13,8 +13,14 @@ use wgpu::util::DeviceExt;
 
 use crate::GpuError;
 use crate::columns::{column_bytes, output_array};
+use crate::error::DeviceFailure;
 use crate::pool::GpuDevice;
 use crate::spec::{Binding, Role, Spec};
+
+// The steps of a call, as errors name them.
+const UPLOAD: &str = "uploading the inputs";
+const COMPUTE: &str = "running the shader";
+const READ_BACK: &str = "reading back the outputs";
 
 /// A device buffer grown as batches need, reused across calls.
 struct Reusable {
@@ -80,8 +86,15 @@ pub(crate) struct Instance {
 
 impl Instance {
     pub(crate) fn new(spec: Arc<Spec>, gpu: Arc<GpuDevice>) -> Result<Self, GpuError> {
-        let (device, queue) = gpu.open()?;
-        let (device, queue) = (device.clone(), queue.clone());
+        let (device, queue) = gpu
+            .open_or_wgpu_error()
+            .map(|(d, q)| (d.clone(), q.clone()))
+            .map_err(|e| GpuError::Run {
+                kernel: spec.name.clone(),
+                device: gpu.label.clone(),
+                step: "opening the device",
+                source: e.into(),
+            })?;
         *spec.device_label.lock().unwrap_or_else(|p| p.into_inner()) = Some(gpu.label.clone());
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&spec.name),
@@ -147,10 +160,13 @@ impl Instance {
         }
     }
 
-    fn device_error(&self, message: impl ToString) -> GpuError {
-        GpuError::Device {
+    /// The device failed at `step` of a call.
+    fn device_error(&self, step: &'static str, source: impl Into<DeviceFailure>) -> GpuError {
+        GpuError::Run {
+            kernel: self.spec.name.clone(),
             device: self.gpu.label.clone(),
-            message: message.to_string(),
+            step,
+            source: source.into(),
         }
     }
 
@@ -163,11 +179,11 @@ impl Instance {
     }
 
     /// Blocks until the device has done all work submitted so far.
-    fn wait(&self) -> Result<(), GpuError> {
+    fn wait(&self, step: &'static str) -> Result<(), GpuError> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(drop)
-            .map_err(|e| self.device_error(e))
+            .map_err(|e| self.device_error(step, e))
     }
 
     /// Step 1: writes the batch's input columns and the parameters to the
@@ -200,7 +216,7 @@ impl Instance {
         // `write_buffer` only stages the data; an empty submit flushes it,
         // so that the upload's time is measured apart from the compute's.
         self.queue.submit([]);
-        self.wait()?;
+        self.wait(UPLOAD)?;
         Ok(inputs)
     }
 
@@ -263,7 +279,7 @@ impl Instance {
             }
         }
         self.queue.submit([encoder.finish()]);
-        self.wait()
+        self.wait(COMPUTE)
     }
 
     /// Step 3: copies the outputs into one mappable buffer, maps it and
@@ -287,14 +303,14 @@ impl Instance {
         readback.map_async(wgpu::MapMode::Read, ..total as u64, move |r| {
             let _ = tx.send(r);
         });
-        self.wait()?;
+        self.wait(READ_BACK)?;
         rx.recv()
-            .map_err(|e| self.device_error(e))?
-            .map_err(|e| self.device_error(e))?;
+            .map_err(|_| self.device_error(READ_BACK, DeviceFailure::MapDropped))?
+            .map_err(|e| self.device_error(READ_BACK, e))?;
         let arrays = {
             let view = readback
                 .get_mapped_range(..total as u64)
-                .map_err(|e| self.device_error(e))?;
+                .map_err(|e| self.device_error(READ_BACK, e))?;
             let mut at = 0;
             outputs
                 .iter()
@@ -352,7 +368,12 @@ impl BatchFn for Instance {
             t.compute += computed - uploaded;
             t.readback += read - computed;
         }
-        Ok(assemble(&batch, &inputs, &outputs, arrays)?)
+        let out =
+            assemble(&batch, &inputs, &outputs, arrays).map_err(|source| GpuError::Output {
+                kernel: spec.name.clone(),
+                source,
+            })?;
+        Ok(out)
     }
 }
 

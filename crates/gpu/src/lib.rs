@@ -23,7 +23,7 @@ mod kernel;
 mod pool;
 mod spec;
 
-pub use error::GpuError;
+pub use error::{DeviceFailure, GpuError};
 pub use kernel::GpuKernel;
 pub use pool::{AdapterChoice, GpuDevice, GpuPool};
 pub use spec::KernelTimings;

@@ -33,26 +33,37 @@ pub struct GpuDevice {
     /// "adapter name (backend)".
     pub label: String,
     adapter: wgpu::Adapter,
-    opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), String>>,
+    opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError>>,
 }
 
 impl GpuDevice {
     /// The device and its queue.
     pub fn open(&self) -> Result<(&wgpu::Device, &wgpu::Queue), GpuError> {
+        self.open_or_wgpu_error()
+            .map_err(|source| GpuError::Device {
+                device: self.label.clone(),
+                source,
+            })
+    }
+
+    /// The device and its queue, or wgpu's error, for callers that name
+    /// more (the kernel) in the error they return.
+    pub(crate) fn open_or_wgpu_error(
+        &self,
+    ) -> Result<(&wgpu::Device, &wgpu::Queue), wgpu::RequestDeviceError> {
+        // Opened once and kept, failure included: a device that failed to
+        // open is not retried by every worker.
         let opened = self.opened.get_or_init(|| {
             let desc = wgpu::DeviceDescriptor {
                 label: Some("streambatch"),
                 required_limits: self.adapter.limits(),
                 ..Default::default()
             };
-            pollster::block_on(self.adapter.request_device(&desc)).map_err(|e| e.to_string())
+            pollster::block_on(self.adapter.request_device(&desc))
         });
         match opened {
             Ok((device, queue)) => Ok((device, queue)),
-            Err(message) => Err(GpuError::Device {
-                device: self.label.clone(),
-                message: message.clone(),
-            }),
+            Err(e) => Err(e.clone()),
         }
     }
 }
@@ -140,9 +151,23 @@ impl GpuPool {
         if self.devices.is_empty() {
             return Err(GpuError::NoAdapter {
                 choice: self.choice.describe(),
+                backends: backend_names(wgpu::Instance::enabled_backend_features()),
             });
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.devices.len();
         Ok(self.devices[i].clone())
+    }
+}
+
+/// "vulkan, gl": the backends' names as [`AdapterChoice::backend`] takes them.
+fn backend_names(backends: wgpu::Backends) -> String {
+    let names: Vec<String> = backends
+        .iter_names()
+        .map(|(name, _)| name.to_lowercase())
+        .collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
     }
 }
