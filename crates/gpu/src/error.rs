@@ -38,9 +38,9 @@ pub enum GpuError {
     Device {
         /// The adapter's label, "name (backend)".
         device: String,
-        /// wgpu's error.
+        /// wgpu's error (boxed: it is large, and errors travel in `Result`s).
         #[source]
-        source: wgpu::RequestDeviceError,
+        source: Box<wgpu::RequestDeviceError>,
     },
     /// The device failed while a kernel ran on it.
     #[error("kernel `{kernel}` on GPU device {device}: {step} failed")]
@@ -74,7 +74,7 @@ pub enum GpuError {
 pub enum DeviceFailure {
     /// The adapter would not open as a device.
     #[error(transparent)]
-    Open(#[from] wgpu::RequestDeviceError),
+    Open(Box<wgpu::RequestDeviceError>),
     /// Waiting for submitted work failed.
     #[error(transparent)]
     Poll(#[from] wgpu::PollError),
@@ -87,4 +87,10 @@ pub enum DeviceFailure {
     /// wgpu dropped the mapping callback without calling it.
     #[error("the buffer mapping was dropped without an answer")]
     MapDropped,
+}
+
+impl From<wgpu::RequestDeviceError> for DeviceFailure {
+    fn from(e: wgpu::RequestDeviceError) -> Self {
+        Self::Open(Box::new(e))
+    }
 }
