@@ -16,6 +16,18 @@ pub struct AdapterChoice {
 }
 
 impl AdapterChoice {
+    fn matches(&self, info: &wgpu::AdapterInfo) -> bool {
+        let name_ok = self
+            .name
+            .as_ref()
+            .is_none_or(|n| info.name.contains(n.as_str()));
+        let backend_ok = self
+            .backend
+            .as_ref()
+            .is_none_or(|b| format!("{:?}", info.backend).eq_ignore_ascii_case(b));
+        name_ok && backend_ok
+    }
+
     fn describe(&self) -> String {
         match (&self.name, &self.backend) {
             (None, None) => String::new(),
@@ -33,26 +45,37 @@ pub struct GpuDevice {
     /// "adapter name (backend)".
     pub label: String,
     adapter: wgpu::Adapter,
-    opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), String>>,
+    opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError>>,
 }
 
 impl GpuDevice {
     /// The device and its queue.
     pub fn open(&self) -> Result<(&wgpu::Device, &wgpu::Queue), GpuError> {
+        self.open_or_wgpu_error()
+            .map_err(|source| GpuError::Device {
+                device: self.label.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// The device and its queue, or wgpu's error, for callers that name
+    /// more (the kernel) in the error they return.
+    pub(crate) fn open_or_wgpu_error(
+        &self,
+    ) -> Result<(&wgpu::Device, &wgpu::Queue), wgpu::RequestDeviceError> {
+        // Opened once and kept, failure included: a device that failed to
+        // open is not retried by every worker.
         let opened = self.opened.get_or_init(|| {
             let desc = wgpu::DeviceDescriptor {
                 label: Some("streambatch"),
                 required_limits: self.adapter.limits(),
                 ..Default::default()
             };
-            pollster::block_on(self.adapter.request_device(&desc)).map_err(|e| e.to_string())
+            pollster::block_on(self.adapter.request_device(&desc))
         });
         match opened {
             Ok((device, queue)) => Ok((device, queue)),
-            Err(message) => Err(GpuError::Device {
-                device: self.label.clone(),
-                message: message.clone(),
-            }),
+            Err(e) => Err(e.clone()),
         }
     }
 }
@@ -67,32 +90,33 @@ pub struct GpuPool {
 }
 
 impl GpuPool {
-    /// Finds the adapters matching `choice` (Vulkan only in this build).
+    /// Finds the adapters matching `choice` on the backends this build has
+    /// ([`compiled_backends`]). When one GPU shows up on several backends,
+    /// only the first backend of [`BACKEND_PREFERENCE`] is used.
     pub fn discover(choice: &AdapterChoice) -> Self {
+        let backends = compiled_backends();
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
-            backends: wgpu::Backends::VULKAN,
+            backends,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-        let devices = adapters
+        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let matching: Vec<(wgpu::Adapter, wgpu::AdapterInfo)> = adapters
             .into_iter()
-            .filter_map(|adapter| {
+            .map(|adapter| {
                 let info = adapter.get_info();
-                let backend = format!("{:?}", info.backend);
-                let name_ok = choice
-                    .name
-                    .as_ref()
-                    .is_none_or(|n| info.name.contains(n.as_str()));
-                let backend_ok = choice
-                    .backend
-                    .as_ref()
-                    .is_none_or(|b| backend.eq_ignore_ascii_case(b));
-                (name_ok && backend_ok).then(|| {
-                    Arc::new(GpuDevice {
-                        label: format!("{} ({backend})", info.name),
-                        adapter,
-                        opened: OnceLock::new(),
-                    })
+                (adapter, info)
+            })
+            .filter(|(_, info)| choice.matches(info))
+            .collect();
+        let chosen = preferred_backend(matching.iter().map(|(_, info)| info.backend));
+        let devices = matching
+            .into_iter()
+            .filter(|(_, info)| Some(info.backend) == chosen)
+            .map(|(adapter, info)| {
+                Arc::new(GpuDevice {
+                    label: format!("{} ({:?})", info.name, info.backend),
+                    adapter,
+                    opened: OnceLock::new(),
                 })
             })
             .collect();
@@ -140,9 +164,87 @@ impl GpuPool {
         if self.devices.is_empty() {
             return Err(GpuError::NoAdapter {
                 choice: self.choice.describe(),
+                backends: backend_names(compiled_backends()),
             });
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.devices.len();
         Ok(self.devices[i].clone())
+    }
+}
+
+/// The wgpu backends compiled into this build: Vulkan (not on Apple),
+/// Metal on Apple, DX12 and GL on Windows, GL elsewhere with the `gl`
+/// feature (see the crate's documentation).
+pub fn compiled_backends() -> wgpu::Backends {
+    wgpu::Instance::enabled_backend_features()
+}
+
+/// The order in which backends are preferred when one GPU is reachable
+/// through several: the native, compute-first APIs before GL, which is
+/// only a fallback for GPUs without them. Vulkan comes first because the
+/// kernels are tested on it (lavapipe in CI).
+pub const BACKEND_PREFERENCE: [wgpu::Backend; 4] = [
+    wgpu::Backend::Vulkan,
+    wgpu::Backend::Metal,
+    wgpu::Backend::Dx12,
+    wgpu::Backend::Gl,
+];
+
+/// The pool's backend: the most preferred among those adapters were found
+/// on. A GPU appears once per backend that drives it (Vulkan and DX12 on
+/// Windows, say), so taking adapters from every backend would give one GPU
+/// several slots.
+fn preferred_backend(found: impl IntoIterator<Item = wgpu::Backend>) -> Option<wgpu::Backend> {
+    let found: Vec<wgpu::Backend> = found.into_iter().collect();
+    BACKEND_PREFERENCE
+        .into_iter()
+        .find(|b| found.contains(b))
+        .or_else(|| found.first().copied())
+}
+
+/// "vulkan, gl": the backends' names as [`AdapterChoice::backend`] takes them.
+fn backend_names(backends: wgpu::Backends) -> String {
+    let names: Vec<String> = backends
+        .iter_names()
+        .map(|(name, _)| name.to_lowercase())
+        .collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_prefers_native_backends_to_gl() {
+        use wgpu::Backend::{Dx12, Gl, Vulkan};
+        assert_eq!(preferred_backend([Gl, Vulkan, Gl]), Some(Vulkan));
+        assert_eq!(preferred_backend([Gl, Dx12]), Some(Dx12));
+        assert_eq!(preferred_backend([Gl]), Some(Gl));
+        assert_eq!(preferred_backend([]), None);
+    }
+
+    #[test]
+    fn the_build_asks_for_its_platforms_backends() {
+        let compiled = compiled_backends();
+        if cfg!(target_vendor = "apple") {
+            assert!(compiled.contains(wgpu::Backends::METAL));
+        } else {
+            assert!(compiled.contains(wgpu::Backends::VULKAN));
+        }
+        if cfg!(windows) {
+            assert!(compiled.contains(wgpu::Backends::DX12 | wgpu::Backends::GL));
+        }
+        if cfg!(all(target_os = "linux", not(feature = "gl"))) {
+            assert!(
+                !compiled.contains(wgpu::Backends::GL),
+                "GL is opt-in on Linux"
+            );
+        }
+        assert_eq!(backend_names(wgpu::Backends::VULKAN), "vulkan");
     }
 }
