@@ -194,7 +194,9 @@ fn read_parquet_reads_every_codec() {
     let dir = tempfile::tempdir().unwrap();
     let batch = people(0..1_000);
     for codec in codecs {
-        let path = dir.path().join(format!("{codec:?}.parquet").replace(['(', ')'], "_"));
+        let path = dir
+            .path()
+            .join(format!("{codec:?}.parquet").replace(['(', ')'], "_"));
         let props = WriterProperties::builder().set_compression(codec).build();
         let file = std::fs::File::create(&path).unwrap();
         let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props))
@@ -206,6 +208,10 @@ fn read_parquet_reads_every_codec() {
             .unwrap()
             .collect()
             .unwrap_or_else(|e| panic!("{codec:?}: {e}"));
-        assert_eq!(sorted_i64(&out, "id"), (0..1_000).collect::<Vec<_>>(), "{codec:?}");
+        assert_eq!(
+            sorted_i64(&out, "id"),
+            (0..1_000).collect::<Vec<_>>(),
+            "{codec:?}"
+        );
     }
 }

@@ -146,3 +146,29 @@ fn a_missing_column_in_an_expression_names_the_operator_and_column() {
         "{err}"
     );
 }
+
+/// A user function's own error type survives to the caller as the source.
+#[test]
+fn a_udf_error_keeps_its_type_as_the_source() {
+    #[derive(Debug, PartialEq)]
+    struct Unparseable(i64);
+    impl std::fmt::Display for Unparseable {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot parse row {}", self.0)
+        }
+    }
+    impl std::error::Error for Unparseable {}
+
+    let err = ctx()
+        .range(10, 2)
+        .map_batches(
+            |_: RecordBatch| Err::<RecordBatch, _>(Unparseable(7)),
+            Resources::cpu(1.0),
+        )
+        .named("parse")
+        .count()
+        .unwrap_err();
+    let source = std::error::Error::source(&err).expect("the UDF's error is the source");
+    assert_eq!(source.downcast_ref::<Unparseable>(), Some(&Unparseable(7)));
+    assert!(err.to_string().contains("parse"), "{err}");
+}
