@@ -7,12 +7,17 @@
 //! kernel on the GPU where an adapter exists, else a stateful CPU operator
 //! set up once per worker) -> write_parquet(out/embeddings),
 //! with live progress per operator and a stats table at the end. It checks
-//! a sample of the embeddings against a direct computation.
+//! every embedding against a direct computation.
+//!
+//! The pipeline uses only the public API (`streambatch::ops` holds the
+//! built-in preprocessing and the demo model); making the images and the
+//! check come from the benchmark crate (`streambatch-bench`).
 
 use std::path::Path;
 
+use streambatch::ops::{self, CpuEmbedder};
 use streambatch::prelude::*;
-use streambatch::workloads::{self, CpuEmbedder};
+use streambatch_bench as bench;
 
 const SEED: u64 = 42;
 
@@ -20,7 +25,7 @@ fn main() -> Result<()> {
     let images = Path::new("data/images");
     if !images.exists() {
         println!("making 400 synthetic images in {}", images.display());
-        workloads::make_images(images, 8, 50, SEED)?;
+        bench::make_images(images, 8, 50, SEED)?;
     }
     let ctx = Context::local()?.with_progress();
     println!(
@@ -31,7 +36,7 @@ fn main() -> Result<()> {
     );
     let pixels = ctx
         .read_parquet("data/images")?
-        .map_batches(workloads::preprocess, Resources::cpu(1.0))
+        .map_batches(ops::preprocess, Resources::cpu(1.0))
         .named("preprocess");
     // The embedding runs as a WGSL kernel where a GPU adapter exists, and
     // as a CPU matmul otherwise.
@@ -39,10 +44,7 @@ fn main() -> Result<()> {
     let ds = match devices.first() {
         Some(device) => {
             println!("embedding on the GPU: {device}");
-            pixels.map_batches(
-                workloads::gpu_embedder(SEED)?,
-                Resources::gpu(1.0).batch_rows(64),
-            )
+            pixels.map_batches(ops::gpu_embedder(SEED)?, Resources::gpu(1.0).batch_rows(64))
         }
         None => {
             println!("embedding on the CPU (no GPU adapter found)");
@@ -55,15 +57,22 @@ fn main() -> Result<()> {
     let stats = ds.stats().expect("the job ran");
     println!("\nwrote {} files to out/embeddings\n{stats}", files.len());
 
-    // Check a sample of the output against a direct computation.
-    let step = 25;
+    // Check every embedding written against a direct computation.
     let output = Path::new("out/embeddings");
-    if !workloads::check_embeddings(&ctx, images, output, step, SEED)? {
+    let check = bench::check_embeddings(&ctx, images, output, SEED)?;
+    if !check.all_match() {
         return Err(streambatch::Error::Udf {
             operator: "check".into(),
-            source: "an embedding differs from the direct computation".into(),
+            source: format!(
+                "of {} images, {} embeddings written, {} equal to the direct computation",
+                check.images, check.rows, check.matching
+            )
+            .into(),
         });
     }
-    println!("checked every {step}th embedding against a direct computation: equal within 1e-4");
+    println!(
+        "checked all {} embeddings against a direct computation: equal within 1e-4",
+        check.rows
+    );
     Ok(())
 }

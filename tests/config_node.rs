@@ -17,7 +17,7 @@ fn node_config_from_toml_and_environment() {
     // The shipped file loads, and a file sets every key.
     let shipped = NodeConfig::load(Some(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../configs/local.toml"
+        "/configs/local.toml"
     ))))
     .unwrap();
     assert_eq!(shipped.gpus, None, "auto: one slot per adapter");

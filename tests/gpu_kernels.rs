@@ -12,9 +12,10 @@ use arrow_array::{
     ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, RecordBatch,
 };
 use arrow_schema::{DataType, Field};
+use streambatch::ops::{self, EMBED_DIM};
 use streambatch::prelude::*;
-use streambatch::workloads::{self, EMBED_DIM};
 use streambatch::{GpuPool, NodeConfig};
+use streambatch_bench as bench;
 
 /// True when an adapter exists; in CI its absence is a failure. Elsewhere
 /// the test is skipped, and says so straight to the process's stderr:
@@ -161,13 +162,13 @@ fn the_w4_matmul_matches_the_cpu_reference() {
     }
     let rows = 70; // one batch of 64 and one of 6
     let dir = tempfile::tempdir().unwrap();
-    workloads::make_images(dir.path(), 1, rows, 7).unwrap();
+    bench::make_images(dir.path(), 1, rows, 7).unwrap();
     let ctx = gpu_ctx();
-    let kernel = workloads::gpu_embedder(42).unwrap();
+    let kernel = ops::gpu_embedder(42).unwrap();
     let out = ctx
         .read_parquet(dir.path().to_str().unwrap())
         .unwrap()
-        .map_batches(workloads::preprocess, Resources::cpu(1.0))
+        .map_batches(ops::preprocess, Resources::cpu(1.0))
         .map_batches(kernel.clone(), Resources::gpu(1.0).batch_rows(64))
         .collect()
         .unwrap();
@@ -176,7 +177,7 @@ fn the_w4_matmul_matches_the_cpu_reference() {
         .unwrap()
         .collect()
         .unwrap();
-    let weights = workloads::embedding_weights(42);
+    let weights = ops::embedding_weights(42);
     let mut checked = 0;
     for b in &out {
         let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
@@ -190,7 +191,7 @@ fn the_w4_matmul_matches_the_cpu_reference() {
                     .position(|x| x == id)
                     .map(|p| i.column(1).as_binary::<i32>().value(p).to_vec())
             });
-            let want = workloads::reference_embedding(&image.unwrap(), &weights);
+            let want = bench::reference_embedding(&image.unwrap(), &weights);
             let got = emb.value(r).as_primitive::<Float32Type>().values().to_vec();
             let err = relative_error(&got, &want);
             assert!(err < 1e-4, "row {id}: relative error {err}");
@@ -250,12 +251,11 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
     }
     let dir = tempfile::tempdir().unwrap();
     let images = dir.path().join("images");
-    workloads::make_images(&images, 2, 40, 42).unwrap();
-    let kernel = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/pipelines/embed.wgsl");
+    bench::make_images(&images, 2, 40, 42).unwrap();
+    let kernel =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pipelines/embed.wgsl");
     let shipped = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples/pipelines/embed.toml"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/pipelines/embed.toml"),
     )
     .unwrap();
     // The shipped pipeline, pointed at this test's files.
@@ -277,7 +277,9 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
     let run = streambatch::pipeline::run_pipeline(&file).unwrap();
     assert!(run.summary.contains("wrote"), "{}", run.summary);
     let ctx = gpu_ctx();
-    assert!(workloads::check_embeddings(&ctx, &images, &dir.path().join("out"), 1, 42).unwrap());
+    let check = bench::check_embeddings(&ctx, &images, &dir.path().join("out"), 42).unwrap();
+    assert!(check.all_match(), "{check:?}");
+    assert_eq!(check.rows, 80);
     assert_eq!(
         ctx.read_parquet(dir.path().join("out").to_str().unwrap())
             .unwrap()

@@ -17,6 +17,27 @@ W1_ROW_BYTES = 10 << 20
 W1_IDEAL_S = (160 * 0.5 + 800 * 0.05) / 8
 # W2: 10 MiB and one byte, so that a row of the constant byte v sums to v mod 256.
 W2_ROW_BYTES = (10 << 20) + 1
+# W3: the untimed run each system makes first, in the same process, before its
+# timed shape (rows, partitions): as `streambatch bench w3` does (W3_WARM_UP).
+W3_WARM_UP = (1_000, 20)
+
+
+def w1_byte(ids):
+    """The byte W1's row `id` is filled with (never 0, so that filling a row
+    writes every page), as in streambatch's W1."""
+    return (ids % 255 + 1).astype(np.uint8)
+
+
+def vmhwm_mib(pid="self"):
+    """A process's peak resident memory (VmHWM) in MiB, or None."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for l in f:
+                if l.startswith("VmHWM:"):
+                    return int(l.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 @functools.cache
@@ -65,8 +86,10 @@ def line(system, workload, config, wall, rows, partitions, correct, ideal_s=None
                 "rows_per_s": round(rows / wall, 3),
                 "partitions_per_s": round(partitions / wall, 3),
                 "efficiency": round(ideal_s / wall, 3) if ideal_s else None,
-                # This process only; the harness samples the whole process tree.
-                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 3),
+                "rows": rows,
+                # This process's VmHWM, read at the end of the run; the harness
+                # also follows every process of the tree.
+                "peak_rss_mib": round(vmhwm_mib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 3),
                 "store_peak_bytes": None,
                 "spilled_bytes": None,
                 "correct": bool(correct),
@@ -76,18 +99,24 @@ def line(system, workload, config, wall, rows, partitions, correct, ideal_s=None
     )
 
 
-def embeddings_correct(ids, embeddings, images_by_id, step=25):
-    """All images have an embedding, and every `step`-th equals a direct f64
-    computation within 1e-4 of its largest value."""
-    if len(ids) != len(images_by_id):
+def embeddings_correct(ids, embeddings, images_by_id, chunk=64):
+    """Every image has exactly one embedding, and every embedding written
+    equals a direct f64 computation within 1e-4 of its largest value (as
+    `streambatch bench w4` checks). Computed `chunk` rows at a time."""
+    ids = [int(i) for i in ids]
+    embeddings = list(embeddings)
+    if len(ids) != len(images_by_id) or set(ids) != set(images_by_id):
         return False
     w = weights().astype(np.float64)
-    for i, emb in zip(ids, embeddings):
-        if int(i) % step:
-            continue
-        pixels = (np.frombuffer(images_by_id[int(i)], dtype=np.uint8) / 255.0 - 0.5) / 0.25
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        pixels = (np.stack([np.frombuffer(images_by_id[i], dtype=np.uint8) for i in part]) / 255.0 - 0.5) / 0.25
         want = pixels @ w
-        if np.max(np.abs(np.asarray(emb, dtype=np.float64) - want)) > 1e-4 * np.max(np.abs(want)):
+        got = np.stack([np.asarray(e, dtype=np.float64) for e in embeddings[start : start + chunk]])
+        if got.shape != want.shape:
+            return False
+        err = np.max(np.abs(got - want), axis=1)
+        if np.any(err > 1e-4 * np.max(np.abs(want), axis=1)):
             return False
     return True
 

@@ -18,11 +18,16 @@
 //! ```
 
 mod context;
+pub mod ops;
 pub mod pipeline;
 mod progress;
-pub mod workloads;
 
 pub use context::Context;
+
+// The README's examples compile as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
 pub use streambatch_core::{
     JobId, NodeConfig, NodeId, PoolSize, Resources, StageId, StageOptions, TaskId, format_bytes,
     parse_size,

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::{
-    Context, Dataset, Error, GpuKernel, JobStats, NodeConfig, Resources, Result, StageOptions,
-    workloads,
+    Context, Dataset, Error, GpuKernel, JobStats, NodeConfig, Resources, Result, StageOptions, ops,
 };
 
 #[derive(Deserialize)]
@@ -127,7 +126,7 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
     for op in &spec.ops {
         ds = match op {
             Op::PreprocessImages => ds
-                .map_batches(workloads::preprocess, Resources::cpu(1.0))
+                .map_batches(ops::preprocess, Resources::cpu(1.0))
                 .named("preprocess_images"),
             Op::Select { columns } => ds.select(columns.iter().map(|c| crate::col(c))),
             Op::Limit { n } => ds.limit(*n),
@@ -175,7 +174,7 @@ fn kernel(k: &Kernel, base: &Path, file: &Path) -> Result<(GpuKernel, StageOptio
                 len,
                 low,
                 high,
-            } => workloads::seeded_uniform(*seed, *len, *low, *high),
+            } => ops::seeded_uniform(*seed, *len, *low, *high),
             Constant::Values(v) => v.clone(),
         };
         kernel = kernel.constant(name, &values);

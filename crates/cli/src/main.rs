@@ -1,8 +1,10 @@
 //! The `streambatch` command: `streambatch run pipeline.toml`, and
-//! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]`.
+//! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]` (the
+//! workloads live in `streambatch-bench`).
 
 use clap::{Parser, Subcommand, ValueEnum};
-use streambatch::{NodeConfig, parse_size, workloads};
+use streambatch::{NodeConfig, parse_size};
+use streambatch_bench as workloads;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +40,13 @@ enum Command {
         /// W1, W2: print a JSON progress line each second (for tools/bench).
         #[arg(long)]
         progress_lines: bool,
+        /// W3 only: rows of the one shape to run (with --partitions);
+        /// without both, W3 runs its two shapes.
+        #[arg(long, requires = "partitions")]
+        rows: Option<u64>,
+        /// W3 only: partitions of the one shape to run (with --rows).
+        #[arg(long, requires = "rows")]
+        partitions: Option<usize>,
     },
 }
 
@@ -87,6 +96,8 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             config,
             device,
             progress_lines,
+            rows,
+            partitions,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
             let mut progress = workloads::ProgressLines::new(progress_lines);
@@ -153,10 +164,13 @@ fn run(cli: Cli) -> streambatch::Result<()> {
                         store_capacity: store_cap.unwrap_or(base.store_capacity),
                         ..base
                     };
-                    vec![
-                        workloads::w3(200_000, 200, &base)?,
-                        workloads::w3(20_000, 2_000, &base)?,
-                    ]
+                    match rows.zip(partitions) {
+                        Some((rows, partitions)) => vec![workloads::w3(rows, partitions, &base)?],
+                        None => vec![
+                            workloads::w3(200_000, 200, &base)?,
+                            workloads::w3(20_000, 2_000, &base)?,
+                        ],
+                    }
                 }
             };
             for r in results {

@@ -1,29 +1,22 @@
-//! The benchmark workloads of `docs/workloads.md` (W1 to W4) and
-//! the main job's operators, shared by the `streambatch bench` command, the
-//! `batch_inference` example and the tests.
+//! The benchmark workloads of `docs/workloads.md` (W1 to W4 and the store
+//! benchmark), their checks and the JSON line they print: what
+//! `streambatch bench` runs, and what the examples and tests use to make
+//! and check the main job's data. Not published: benchmarks stay out of the
+//! library users link (`streambatch`), whose built-in operators
+//! (`streambatch::ops`) the workloads use.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Float32Type;
-use arrow_array::{
-    Array, ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
-};
+use arrow_array::types::{Float32Type, Int64Type};
+use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer};
-use arrow_schema::{DataType, Field};
 use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};
-
-use crate::{BatchFn, Context, Error, NodeConfig, Resources, Result, UdfError};
-
-/// Side of the synthetic square images.
-pub const IMAGE_SIDE: usize = 64;
-/// Bytes per image: 64 x 64 x 3 uint8.
-pub const IMAGE_BYTES: usize = IMAGE_SIDE * IMAGE_SIDE * 3;
-/// Width of the embeddings.
-pub const EMBED_DIM: usize = 256;
+use streambatch::ops::{self, CpuEmbedder, EMBED_DIM, IMAGE_BYTES};
+use streambatch::{Context, Error, JobStats, NodeConfig, Resources, Result, StoreStats, UdfError};
 
 /// Writes `files` Parquet files of `rows_per_file` synthetic images (`id`,
 /// `image`: 12,288 bytes) into `dir`, from a fixed seed.
@@ -56,126 +49,63 @@ pub fn make_images(dir: &Path, files: usize, rows_per_file: usize, seed: u64) ->
     Ok(())
 }
 
-/// Image bytes to normalised f32 pixels: `id` and `pixels`, a fixed-size list
-/// of 12,288 floats, `(x / 255 - 0.5) / 0.25`.
-pub fn preprocess(batch: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
-    let ids = batch.column_by_name("id").ok_or("no column `id`")?.clone();
-    let images = batch
-        .column_by_name("image")
-        .ok_or("no column `image`")?
-        .as_binary_opt::<i32>()
-        .ok_or("`image` is not binary")?;
-    let mut pixels = Vec::with_capacity(images.len() * IMAGE_BYTES);
-    for image in images.iter() {
-        let image = image.ok_or("null image")?;
-        if image.len() != IMAGE_BYTES {
-            return Err(format!("image of {} bytes, expected {IMAGE_BYTES}", image.len()).into());
-        }
-        pixels.extend(image.iter().map(|&x| (x as f32 / 255.0 - 0.5) / 0.25));
-    }
-    let list = fixed_list(pixels, IMAGE_BYTES)?;
-    Ok(RecordBatch::try_from_iter([("id", ids), ("pixels", list)])?)
+/// The embeddings of `images` (each [`IMAGE_BYTES`] bytes) computed
+/// directly, in f64, from the weights of [`ops::embedding_weights`]: the
+/// reference the pipeline's output is checked against. The same
+/// normalisation as [`ops::preprocess`], then one f64 matrix product.
+///
+/// # Panics
+/// If an image is not [`IMAGE_BYTES`] bytes long or `weights` is not
+/// 12,288 x 256.
+pub fn reference_embeddings(images: &[&[u8]], weights: &[f32]) -> Vec<Vec<f32>> {
+    let weights: Vec<f64> = weights.iter().map(|&w| w as f64).collect();
+    reference_f64(images, &weights)
 }
 
-fn fixed_list(values: Vec<f32>, width: usize) -> std::result::Result<ArrayRef, UdfError> {
-    let field = Arc::new(Field::new("item", DataType::Float32, false));
-    Ok(Arc::new(FixedSizeListArray::try_new(
-        field,
-        width as i32,
-        Arc::new(Float32Array::from(values)),
-        None,
-    )?))
-}
-
-/// The fixed 12,288 x 256 "model" matrix, from a seed.
-pub fn embedding_weights(seed: u64) -> Vec<f32> {
-    seeded_uniform(seed, IMAGE_BYTES * EMBED_DIM, -0.01, 0.01)
-}
-
-/// `len` floats drawn uniformly from `low..high` with a seeded generator.
-pub fn seeded_uniform(seed: u64, len: usize, low: f32, high: f32) -> Vec<f32> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(low..high)).collect()
-}
-
-/// The embedding model on the CPU: pixels times the weight matrix, with a
-/// cache-blocked SIMD matrix product (`matrixmultiply`). Its set-up (making
-/// the weights) runs once per worker.
-pub struct CpuEmbedder {
-    weights: Vec<f32>,
-}
-
-impl CpuEmbedder {
-    /// Loads the model (here: generates the seeded weights).
-    pub fn new(seed: u64) -> Self {
-        Self {
-            weights: embedding_weights(seed),
-        }
-    }
-}
-
-impl BatchFn for CpuEmbedder {
-    fn call(&mut self, batch: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
-        let ids = batch.column_by_name("id").ok_or("no column `id`")?.clone();
-        let pixels = batch
-            .column_by_name("pixels")
-            .ok_or("no column `pixels`")?
-            .as_fixed_size_list_opt()
-            .ok_or("`pixels` is not a fixed-size list")?;
-        let rows = pixels.len();
-        let input = pixels
-            .values()
-            .as_primitive_opt::<Float32Type>()
-            .ok_or("`pixels` items are not f32")?;
-        let start = if rows == 0 {
-            0
-        } else {
-            pixels.value_offset_at(0)
-        };
-        let input = &input.values()[start..][..rows * IMAGE_BYTES];
-        let mut out = vec![0f32; rows * EMBED_DIM];
-        // SAFETY: the slices hold rows x 12,288, 12,288 x 256 and rows x 256
-        // floats in row-major order, matching the dimensions and strides given.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                IMAGE_BYTES,
-                EMBED_DIM,
-                1.0,
-                input.as_ptr(),
-                IMAGE_BYTES as isize,
-                1,
-                self.weights.as_ptr(),
-                EMBED_DIM as isize,
-                1,
-                0.0,
-                out.as_mut_ptr(),
-                EMBED_DIM as isize,
-                1,
-            );
-        }
-        Ok(RecordBatch::try_from_iter([
-            ("id", ids),
-            ("embedding", fixed_list(out, EMBED_DIM)?),
-        ])?)
-    }
-}
-
-/// One image's embedding computed directly, in f64: the reference the
-/// pipeline's output is checked against.
+/// One image's reference embedding (see [`reference_embeddings`]).
 pub fn reference_embedding(image: &[u8], weights: &[f32]) -> Vec<f32> {
-    let pixels: Vec<f64> = image
-        .iter()
-        .map(|&x| ((x as f32 / 255.0 - 0.5) / 0.25) as f64)
-        .collect();
-    (0..EMBED_DIM)
-        .map(|j| {
-            pixels
+    reference_embeddings(&[image], weights).remove(0)
+}
+
+fn reference_f64(images: &[&[u8]], weights: &[f64]) -> Vec<Vec<f32>> {
+    assert_eq!(
+        weights.len(),
+        IMAGE_BYTES * EMBED_DIM,
+        "12,288 x 256 weights"
+    );
+    let rows = images.len();
+    let mut pixels = Vec::with_capacity(rows * IMAGE_BYTES);
+    for image in images {
+        assert_eq!(image.len(), IMAGE_BYTES, "an image of {IMAGE_BYTES} bytes");
+        pixels.extend(
+            image
                 .iter()
-                .enumerate()
-                .map(|(i, p)| p * weights[i * EMBED_DIM + j] as f64)
-                .sum::<f64>() as f32
-        })
+                .map(|&x| ((x as f32 / 255.0 - 0.5) / 0.25) as f64),
+        );
+    }
+    let mut out = vec![0f64; rows * EMBED_DIM];
+    // SAFETY: the slices hold rows x 12,288, 12,288 x 256 and rows x 256
+    // f64 in row-major order, matching the dimensions and strides given.
+    unsafe {
+        matrixmultiply::dgemm(
+            rows,
+            IMAGE_BYTES,
+            EMBED_DIM,
+            1.0,
+            pixels.as_ptr(),
+            IMAGE_BYTES as isize,
+            1,
+            weights.as_ptr(),
+            EMBED_DIM as isize,
+            1,
+            0.0,
+            out.as_mut_ptr(),
+            EMBED_DIM as isize,
+            1,
+        );
+    }
+    out.chunks(EMBED_DIM)
+        .map(|row| row.iter().map(|&x| x as f32).collect())
         .collect()
 }
 
@@ -205,14 +135,16 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
-    /// A run's result: partitions are the source tasks; store figures come
-    /// from the job's stats.
+    /// A run's result: partitions are the source tasks (from the job's
+    /// stats); the store's peak and spilled bytes come from the store the
+    /// job ran on (`Context::store_stats`).
     pub fn new(
         workload: &str,
         config: String,
         wall: Duration,
         rows: u64,
-        stats: &crate::JobStats,
+        stats: &JobStats,
+        store: &StoreStats,
         correct: bool,
     ) -> Self {
         Self {
@@ -222,14 +154,15 @@ impl BenchResult {
             rows,
             partitions: stats.operators.first().map_or(0, |o| o.tasks),
             ideal: None,
-            store_peak_bytes: stats.peak_store_bytes,
-            spilled_bytes: stats.spilled_bytes,
+            store_peak_bytes: store.peak_bytes,
+            spilled_bytes: store.spilled_bytes,
             correct,
             extra: Vec::new(),
         }
     }
 
-    /// The JSON line (keys of `docs/workloads.md`).
+    /// The JSON line (keys of `docs/workloads.md`). `peak_rss_mib` is this
+    /// process's VmHWM, read now: call it when the run has ended.
     pub fn to_json(&self) -> String {
         let wall = self.wall.as_secs_f64();
         let mut line = serde_json::json!({
@@ -237,6 +170,7 @@ impl BenchResult {
             "system": "streambatch",
             "config": self.config,
             "wall_s": round(wall),
+            "rows": self.rows,
             "rows_per_s": round(self.rows as f64 / wall),
             "partitions_per_s": round(self.partitions as f64 / wall),
             "efficiency": self.ideal.map(|i| round(i.as_secs_f64() / wall)),
@@ -312,33 +246,27 @@ impl ProgressLines {
 /// Bytes of one W1 row.
 const W1_ROW_BYTES: usize = 10 << 20;
 
-/// Rows of `row_bytes` zero bytes, one per id. The bytes are slices of one
-/// zeroed buffer made (and touched) once per process, so that the workload
-/// measures the pipeline, not the allocator's first touch of fresh pages.
-fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatch, UdfError> {
-    static ZEROS: std::sync::OnceLock<Buffer> = std::sync::OnceLock::new();
-    const MAX_BYTES: usize = 64 << 20;
-    let rows = ids.len();
-    if rows * row_bytes > MAX_BYTES {
-        return Err(format!(
-            "{rows} rows of {row_bytes} bytes exceed the {MAX_BYTES}-byte zero buffer"
-        )
-        .into());
+/// The byte W1's row `id` is filled with (never 0, so that filling it
+/// writes every page, as a real producer's output would).
+fn w1_byte(id: i64) -> u8 {
+    (id % 255 + 1) as u8
+}
+
+/// One row of `row_bytes` per id, in a buffer allocated for this batch and
+/// filled row by row with [`w1_byte`] of the row's id, as a producer's
+/// output would be (a one-row batch is one row in a buffer of its own). The
+/// buffer is freed with the batch's last reference.
+fn filled_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatch, UdfError> {
+    let ids_i64 = ids
+        .as_primitive_opt::<Int64Type>()
+        .ok_or("`id` is not Int64")?;
+    let rows = ids_i64.len();
+    let mut bytes = Vec::with_capacity(rows * row_bytes);
+    for &id in ids_i64.values() {
+        bytes.resize(bytes.len() + row_bytes, w1_byte(id));
     }
-    let zeros = ZEROS.get_or_init(|| {
-        // Written, not calloc'd: its pages are real memory, not the shared zero page.
-        let mut bytes = vec![0u8; MAX_BYTES];
-        for page in bytes.chunks_mut(4096) {
-            page[0] = std::hint::black_box(0);
-        }
-        Buffer::from_vec(bytes)
-    });
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(row_bytes, rows));
-    let data: ArrayRef = Arc::new(BinaryArray::new(
-        offsets,
-        zeros.slice_with_length(0, rows * row_bytes),
-        None,
-    ));
+    let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(bytes), None));
     Ok(RecordBatch::try_from_iter([
         ("id", ids.clone()),
         ("data", data),
@@ -347,7 +275,8 @@ fn zero_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatc
 
 /// W1: the paper's heterogeneous pipeline under a memory cap, scaled 1/10.
 /// 8 CPU and 4 GPU logical slots; `produce` (0.5 s per 5 rows, 10 MiB rows)
-/// -> `consume` (0.05 s per row) -> `inference` (1 GPU, 0.05 s per row).
+/// -> `consume` (0.05 s per row, a new 10 MiB row) -> `inference` (1 GPU,
+/// 0.05 s per row; checks each row's bytes, outputs its id).
 pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Result<BenchResult> {
     let config = NodeConfig {
         cpus: 8.0,
@@ -362,7 +291,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .map_batches(
             |b: RecordBatch| {
                 std::thread::sleep(Duration::from_millis(500));
-                zero_rows(b.column(0), W1_ROW_BYTES)
+                filled_rows(b.column(0), W1_ROW_BYTES)
             },
             Resources::cpu(1.0).batch_rows(5),
         )
@@ -370,7 +299,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .map_batches(
             |b: RecordBatch| {
                 std::thread::sleep(Duration::from_millis(50));
-                zero_rows(b.column(0), W1_ROW_BYTES)
+                filled_rows(b.column(0), W1_ROW_BYTES)
             },
             Resources::cpu(1.0).batch_rows(1),
         )
@@ -378,6 +307,15 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .map_batches(
             |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
                 std::thread::sleep(Duration::from_millis(50));
+                let ids = b.column(0).as_primitive::<Int64Type>();
+                let data = b.column_by_name("data").ok_or("no column `data`")?;
+                for (id, row) in ids.values().iter().zip(data.as_binary::<i32>().iter()) {
+                    let row = row.ok_or("null row")?;
+                    let byte = w1_byte(*id);
+                    if row.len() != W1_ROW_BYTES || row[0] != byte || row[row.len() - 1] != byte {
+                        return Err(format!("row {id} does not hold its bytes").into());
+                    }
+                }
                 Ok(b.project(&[0])?)
             },
             Resources::gpu(1.0).batch_rows(1),
@@ -390,31 +328,48 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         progress.add(batch.num_rows() as u64);
         id_sum += batch
             .column(0)
-            .as_primitive::<arrow_array::types::Int64Type>()
+            .as_primitive::<Int64Type>()
             .values()
             .iter()
             .sum::<i64>();
     }
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
-    let config = format!("store_cap={}", crate::format_bytes(store_cap));
+    let config = format!("store_cap={}", streambatch::format_bytes(store_cap));
     let rows = progress.rows();
     let correct = rows == 800 && id_sum == (0..800).sum::<i64>();
     Ok(BenchResult {
         ideal: Some(Duration::from_secs_f64((160.0 * 0.5 + 800.0 * 0.05) / 8.0)),
-        ..BenchResult::new("w1", config, wall, rows, &stats, correct)
+        ..BenchResult::new(
+            "w1",
+            config,
+            wall,
+            rows,
+            &stats,
+            &ctx.store_stats(),
+            correct,
+        )
     })
 }
 
+/// The untimed run W3 makes first, on the same node, before its timed
+/// shape: rows and partitions (the peers' scripts warm up with the same).
+pub const W3_WARM_UP: (u64, usize) = (1_000, 20);
+
 /// W3: scheduling overhead. `rows` one-integer rows in `partitions`
-/// partitions through a no-op `map_batches`, then count.
+/// partitions through a no-op `map_batches`, then count; timed after one
+/// untimed run of [`W3_WARM_UP`]'s shape on the same node.
 pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult> {
     let ctx = Context::with_config(base.clone())?;
+    let no_op = |ctx: &Context, rows: u64, partitions: usize| {
+        let ds = ctx
+            .range(rows, partitions)
+            .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
+        ds.count().map(|count| (count as u64, ds))
+    };
+    no_op(&ctx, W3_WARM_UP.0, W3_WARM_UP.1)?;
     let started = Instant::now();
-    let ds = ctx
-        .range(rows, partitions)
-        .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
-    let count = ds.count()?;
+    let (count, ds) = no_op(&ctx, rows, partitions)?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     let config = format!("rows={rows},partitions={partitions}");
@@ -422,9 +377,10 @@ pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult
         "w3",
         config,
         wall,
-        count as u64,
+        count,
         &stats,
-        count as u64 == rows,
+        &ctx.store_stats(),
+        count == rows,
     ))
 }
 
@@ -433,8 +389,8 @@ pub fn w3(rows: u64, partitions: usize, base: &NodeConfig) -> Result<BenchResult
 const W2_ROW_BYTES: usize = (10 << 20) + 1;
 
 /// W2: memory-limited expansion with real bytes. 100 rows; stage A makes 10
-/// rows of 10 MiB per row (10 GiB in all), one at a time; stage B (which
-/// declares its memory per task, so it runs as its own stage) reduces each
+/// rows of 10 MiB per row (10 GiB in all), one at a time; stage B (`no_fuse`,
+/// so it runs as its own stage and every row crosses the store) reduces each
 /// row to its byte sum mod 256 in about 20 ms. Count and check every sum.
 pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Result<BenchResult> {
     let config = NodeConfig {
@@ -447,10 +403,7 @@ pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .range(100, 100)
         .flat_map_batches(
             |b: RecordBatch| {
-                let id = b
-                    .column(0)
-                    .as_primitive::<arrow_array::types::Int64Type>()
-                    .value(0);
+                let id = b.column(0).as_primitive::<Int64Type>().value(0);
                 (0..10i64).map(move |k| -> std::result::Result<RecordBatch, UdfError> {
                     let value = ((id * 10 + k) % 251) as u8;
                     let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
@@ -492,12 +445,8 @@ pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
     for batch in ds.iter_batches()? {
         let batch = batch?;
         progress.add(batch.num_rows() as u64);
-        let keys = batch
-            .column(0)
-            .as_primitive::<arrow_array::types::Int64Type>();
-        let sums = batch
-            .column(1)
-            .as_primitive::<arrow_array::types::Int64Type>();
+        let keys = batch.column(0).as_primitive::<Int64Type>();
+        let sums = batch.column(1).as_primitive::<Int64Type>();
         correct &= keys
             .values()
             .iter()
@@ -507,13 +456,14 @@ pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
     let wall = started.elapsed();
     let rows = progress.rows();
     let stats = ds.stats().unwrap_or_default();
-    let config = format!("store_cap={}", crate::format_bytes(store_cap));
+    let config = format!("store_cap={}", streambatch::format_bytes(store_cap));
     Ok(BenchResult::new(
         "w2",
         config,
         wall,
         rows,
         &stats,
+        &ctx.store_stats(),
         correct && rows == 1000,
     ))
 }
@@ -605,33 +555,18 @@ pub fn store_bench(
     }))
 }
 
-/// The embedding kernel in WGSL (`examples/pipelines/embed.wgsl`).
-pub const EMBED_WGSL: &str = include_str!("../../../examples/pipelines/embed.wgsl");
-
-/// The embedding model as a GPU kernel: the same seeded weights as
-/// [`CpuEmbedder`], multiplied on the device.
-pub fn gpu_embedder(seed: u64) -> Result<crate::GpuKernel> {
-    let kernel = crate::GpuKernel::from_wgsl("embed", EMBED_WGSL)
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    let params: Vec<u8> = [0u32, IMAGE_BYTES as u32, EMBED_DIM as u32, 0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    Ok(kernel
-        .constant("weights", &embedding_weights(seed))
-        .output("embedding", EMBED_DIM)
-        .params(&params)
-        .dispatch(|rows| [(EMBED_DIM as u32).div_ceil(64), rows as u32, 1]))
-}
-
 /// Where W4's embedding runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
-    /// The CPU matmul (`CpuEmbedder`), 1 CPU slot per task.
+    /// The CPU matmul ([`CpuEmbedder`]), 1 CPU slot per task.
     Cpu,
-    /// The WGSL kernel (`gpu_embedder`) on a GPU adapter, 1 GPU slot per task.
+    /// The WGSL kernel ([`ops::gpu_embedder`]) on a GPU adapter, 1 GPU slot
+    /// per task.
     Gpu,
 }
+
+/// Images in W4's input.
+pub const W4_IMAGES: u64 = 2_000;
 
 /// Makes W4's input (2,000 images in 20 files, seed 42) in `dir` if absent.
 pub fn w4_input(dir: &Path) -> Result<()> {
@@ -643,26 +578,40 @@ pub fn w4_input(dir: &Path) -> Result<()> {
 
 /// W4: batch inference on real files. `read_parquet` -> preprocess ->
 /// 12,288 x 256 matmul in batches of 64 on `device` -> `write_parquet`; then
-/// every 25th embedding is checked against a direct computation.
+/// every embedding written is checked against [`reference_embeddings`].
+/// `rows` is the rows written (and checked). Makes W4's input in `input`
+/// if absent ([`w4_input`]).
 pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Result<BenchResult> {
     w4_input(input)?;
+    w4_on(device, input, output, base)
+}
+
+/// W4 on the images in `input`, whatever their number (`make_images`):
+/// as [`w4`], which runs it on W4's 2,000 images.
+pub fn w4_on(
+    device: Device,
+    input: &Path,
+    output: &Path,
+    base: &NodeConfig,
+) -> Result<BenchResult> {
     let ctx = Context::with_config(base.clone())?;
     let started = Instant::now();
     let pixels = ctx
         .read_parquet(&input.display().to_string())?
-        .map_batches(preprocess, Resources::cpu(1.0))
+        .map_batches(ops::preprocess, Resources::cpu(1.0))
         .named("preprocess");
     let (ds, kernel) = match device {
         Device::Cpu => {
-            let embed = crate::Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(42)));
-            let slots = base.cpus.ceil().max(1.0) as usize;
+            let embed =
+                streambatch::Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(42)));
+            let slots = ctx.config().cpus.ceil().max(1.0) as usize;
             (
                 pixels.map_batches(embed, Resources::cpu(1.0).batch_rows(64).pool(1, slots)),
                 None,
             )
         }
         Device::Gpu => {
-            let kernel = gpu_embedder(42)?;
+            let kernel = ops::gpu_embedder(42)?;
             (
                 pixels.map_batches(kernel.clone(), Resources::gpu(1.0).batch_rows(64)),
                 Some(kernel),
@@ -672,11 +621,19 @@ pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Res
     ds.write_parquet(output)?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
-    let correct = check_embeddings(&ctx, input, output, 25, 42)?;
-    let mut extra = vec![(
-        "device".to_string(),
-        serde_json::json!(format!("{device:?}").to_lowercase()),
-    )];
+    let store = ctx.store_stats();
+    let check = check_embeddings(&ctx, input, output, 42)?;
+    let mut extra = vec![
+        (
+            "device".to_string(),
+            serde_json::json!(format!("{device:?}").to_lowercase()),
+        ),
+        ("images".to_string(), serde_json::json!(check.images)),
+        (
+            "rows_matching".to_string(),
+            serde_json::json!(check.matching),
+        ),
+    ];
     if let Some(kernel) = kernel {
         let t = kernel.timings();
         extra.push(("gpu_adapter".into(), serde_json::json!(kernel.device())));
@@ -693,68 +650,110 @@ pub fn w4(device: Device, input: &Path, output: &Path, base: &NodeConfig) -> Res
             serde_json::json!(round(t.readback.as_secs_f64())),
         ));
     }
-    // Rows read: the first operator of the first stage.
-    let rows = stats
-        .operators
-        .first()
-        .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows));
     let config = format!("device={device:?}").to_lowercase();
     Ok(BenchResult {
         extra,
-        ..BenchResult::new("w4", config, wall, rows, &stats, correct)
+        ..BenchResult::new(
+            "w4",
+            config,
+            wall,
+            check.rows,
+            &stats,
+            &store,
+            check.all_match(),
+        )
     })
 }
 
-/// Checks every `step`-th image's embedding in `output` against
-/// [`reference_embedding`] with the weights of `seed` (max error at most
-/// 1e-4 of the largest value).
+/// What [`check_embeddings`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmbeddingCheck {
+    /// Images in the input.
+    pub images: u64,
+    /// Embedding rows written (each one checked).
+    pub rows: u64,
+    /// Rows written that are the first for their image's id and equal the
+    /// reference within 1e-4 of its largest value.
+    pub matching: u64,
+}
+
+impl EmbeddingCheck {
+    /// Every image has exactly one embedding, and each equals the reference.
+    pub fn all_match(&self) -> bool {
+        self.images > 0 && self.rows == self.images && self.matching == self.rows
+    }
+}
+
+/// Checks every embedding row in `output` against [`reference_embeddings`]
+/// of its image in `input`, with the weights of `seed` (max error at most
+/// 1e-4 of the reference's largest value). A row whose id is not an
+/// image's, or repeats one, does not match.
 pub fn check_embeddings(
     ctx: &Context,
     input: &Path,
     output: &Path,
-    step: i64,
     seed: u64,
-) -> Result<bool> {
-    let pick = crate::col("id") % crate::lit(step);
-    let images = ctx
-        .read_parquet(&input.display().to_string())?
-        .filter(pick.clone().eq(crate::lit(0)))
-        .collect()?;
-    let embeddings = ctx
-        .read_parquet(&output.display().to_string())?
-        .filter(pick.eq(crate::lit(0)))
-        .collect()?;
-    let weights = embedding_weights(seed);
-    let mut found = std::collections::HashMap::new();
-    for b in &embeddings {
-        let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
-        let list = b.column(1).as_fixed_size_list();
+) -> Result<EmbeddingCheck> {
+    let images = ctx.read_parquet(&input.display().to_string())?.collect()?;
+    let embeddings = ctx.read_parquet(&output.display().to_string())?.collect()?;
+    let mut by_id = std::collections::HashMap::new();
+    for (b, batch) in images.iter().enumerate() {
+        let ids = batch.column(0).as_primitive::<Int64Type>();
         for (r, id) in ids.values().iter().enumerate() {
-            found.insert(
-                *id,
-                list.value(r)
-                    .as_primitive::<Float32Type>()
-                    .values()
-                    .to_vec(),
-            );
+            by_id.insert(*id, (b, r));
         }
     }
-    let mut all = !images.is_empty();
-    for b in &images {
-        let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+    let weights: Vec<f64> = ops::embedding_weights(seed)
+        .iter()
+        .map(|&w| w as f64)
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let mut check = EmbeddingCheck {
+        images: images.iter().map(|b| b.num_rows() as u64).sum(),
+        rows: 0,
+        matching: 0,
+    };
+    for batch in &embeddings {
+        let ids = batch.column(0).as_primitive::<Int64Type>();
+        let list = batch
+            .column_by_name("embedding")
+            .and_then(|c| c.as_fixed_size_list_opt())
+            .ok_or_else(|| Error::BadFile {
+                path: output.to_path_buf(),
+                message: "no fixed-size list column `embedding`".into(),
+            })?;
+        check.rows += ids.len() as u64;
+        // Rows whose image is known, first of their id, of the right width.
+        let mut candidates = Vec::new();
         for (r, id) in ids.values().iter().enumerate() {
-            let want = reference_embedding(b.column(1).as_binary::<i32>().value(r), &weights);
-            let Some(got) = found.get(id) else {
-                return Ok(false);
+            let Some(&(b, i)) = by_id.get(id) else {
+                continue;
             };
-            let scale = want.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
-            let err = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            all &= got.len() == EMBED_DIM && err / scale <= 1e-4;
+            let image = images[b].column(1).as_binary::<i32>().value(i);
+            if seen.insert(*id)
+                && image.len() == IMAGE_BYTES
+                && list.value_length() as usize == EMBED_DIM
+            {
+                candidates.push((r, image));
+            }
+        }
+        for chunk in candidates.chunks(64) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|(_, image)| *image).collect();
+            let want = reference_f64(&refs, &weights);
+            for ((r, _), want) in chunk.iter().zip(&want) {
+                let got = list.value(*r);
+                let got = got.as_primitive::<Float32Type>().values();
+                let scale = want.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-6);
+                let err = got
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                if err / scale <= 1e-4 {
+                    check.matching += 1;
+                }
+            }
         }
     }
-    Ok(all)
+    Ok(check)
 }
