@@ -21,7 +21,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
     echo "== machine"; nproc; nvidia-smi -L 2>/dev/null || true
     echo "== build"; cargo build --release --bin streambatch --tests 2>&1 | tail -2
     echo "== adapters"
-    CI=true cargo test --release -p streambatch --test gpu_kernels 2>&1 | grep -E "^test |test result" || true
+    CI=true cargo test --release -p streambatch-suite --test gpu_kernels 2>&1 | grep -E "^test |test result" || true
     echo "== W4: CPU then GPU, with the GPU time split"
     ./target/release/streambatch bench w4
 } 2>&1 | tee "$out/gpu-check.log"
