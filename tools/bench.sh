@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --bin streambatch
-bin=target/release/streambatch
+bin="${CARGO_TARGET_DIR:-target}/release/streambatch"
 "$bin" bench w1 --store-cap 300MiB
 "$bin" bench w1 --store-cap 4GiB
 for cap in 512MiB 1GiB 2GiB; do "$bin" bench w2 --store-cap "$cap"; done

@@ -23,5 +23,5 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
     echo "== adapters"
     CI=true cargo test --release -p streambatch-suite --test gpu_kernels 2>&1 | grep -E "^test |test result" || true
     echo "== W4: CPU then GPU, with the GPU time split"
-    ./target/release/streambatch bench w4
+    "${CARGO_TARGET_DIR:-target}/release/streambatch" bench w4
 } 2>&1 | tee "$out/gpu-check.log"

@@ -23,7 +23,8 @@ import psutil
 
 from common import W1_IDEAL_S, vmhwm_mib
 
-SB = ["target/release/streambatch", "bench"]
+# The binary run.sh built, wherever cargo puts its outputs.
+SB = [os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "streambatch"), "bench"]
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
 DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
 

@@ -33,14 +33,22 @@ def filled_rows(ids):
     return {"id": ids, "data": data}
 
 
+def taking(seconds, make):
+    """Runs `make`, then sleeps what is left of `seconds`: a stage whose
+    task takes `seconds` in all, making its rows included (as streambatch's
+    W1)."""
+    started = time.perf_counter()
+    out = make()
+    time.sleep(max(0.0, seconds - (time.perf_counter() - started)))
+    return out
+
+
 def produce(batch):
-    time.sleep(0.5)
-    return filled_rows(batch["id"])
+    return taking(0.5, lambda: filled_rows(batch["id"]))
 
 
 def consume(batch):
-    time.sleep(0.05)
-    return filled_rows(batch["id"])
+    return taking(0.05, lambda: filled_rows(batch["id"]))
 
 
 def inference(batch):
