@@ -110,17 +110,19 @@ def cases(w4_device):
     return out
 
 
-def tree_memory(proc, hwm):
-    """(RSS, PSS) in bytes summed over `proc` and its descendants. PSS
-    counts a page shared by n processes as 1/n in each, so that Ray's shared
-    object store is counted once, not once per worker. Also records each
-    process's VmHWM (its own peak RSS, which the kernel keeps between
-    samples) in `hwm` (pid -> MiB)."""
+def tree_memory(proc):
+    """(RSS, PSS) in bytes and VmHWM in MiB, each summed over `proc` and its
+    live descendants. PSS counts a page shared by n processes as 1/n in
+    each, so that Ray's shared object store is counted once, not once per
+    worker. VmHWM is each process's own peak RSS, which the kernel keeps
+    between samples; summed over the processes alive together (not over
+    every process ever seen, which would add up short-lived workers that
+    never coexisted)."""
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0, 0
-    rss = pss = 0
+        return 0, 0, 0
+    rss = pss = hwm = 0
     for p in procs:
         try:
             info = p.memory_full_info()
@@ -128,29 +130,26 @@ def tree_memory(proc, hwm):
             pss += info.pss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
-        peak = vmhwm_mib(p.pid)
-        if peak is not None:
-            hwm[p.pid] = max(hwm.get(p.pid, 0), peak)
-    return rss, pss
+        hwm += vmhwm_mib(p.pid) or 0
+    return rss, pss, hwm
 
 
 def run(cmd, limit_s):
     """Runs `cmd`; returns (its JSON lines, peak tree RSS and PSS in MiB
     (100 ms samples), the tree's VmHWM in MiB, wall seconds, whether it was
-    stopped at the limit). The tree's VmHWM is the larger of the sum of each
-    process's last VmHWM seen and the `peak_rss_mib` the run printed (its
-    own VmHWM at its end): a bound the samples cannot miss."""
+    stopped at the limit). The tree's VmHWM is the larger of the most the
+    live processes' VmHWMs summed to and the `peak_rss_mib` the run printed
+    (its own VmHWM at its end): a bound the samples cannot miss."""
     started = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     proc = psutil.Process(child.pid)
-    peak = [0, 0]
-    hwm = {}
+    peak = [0, 0, 0]
     done = threading.Event()
 
     def sample():
         while not done.is_set():
-            rss, pss = tree_memory(proc, hwm)
-            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            now = tree_memory(proc)
+            peak[:] = [max(a, b) for a, b in zip(peak, now)]
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -174,7 +173,7 @@ def run(cmd, limit_s):
     sampler.join()
     records = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     printed = [r["peak_rss_mib"] for r in records if r.get("peak_rss_mib") is not None]
-    tree_hwm = max([sum(hwm.values())] + printed)
+    tree_hwm = max([peak[2]] + printed)
     return records, peak[0] / 2**20, peak[1] / 2**20, tree_hwm, wall, timed_out
 
 
