@@ -12,11 +12,14 @@ use tracing::span::{Attributes, Id};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context as LayerContext, SubscriberExt};
 
+/// A span's fields, as (name, value) in order.
+type SpanFields = Vec<(String, String)>;
+
 /// The fields of every `task` span opened.
 #[derive(Clone, Default)]
-struct TaskSpans(Arc<Mutex<Vec<Vec<(String, String)>>>>);
+struct TaskSpans(Arc<Mutex<Vec<SpanFields>>>);
 
-struct Fields(Vec<(String, String)>);
+struct Fields(SpanFields);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
