@@ -274,8 +274,8 @@ fn filled_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBa
 }
 
 /// Runs `make`, then sleeps what is left of `total`: a task that takes
-/// `total` in all, making its rows included, as W1's ideal assumes (the
-/// sleep stands for the stage's work; filling the rows is part of it).
+/// `total` in all, its real work included, as the workloads' ideals assume
+/// (the sleep stands for the rest of the stage's work).
 fn taking<T>(total: Duration, make: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = make();
@@ -436,18 +436,15 @@ pub fn w2(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .named("expand")
         .map_batches(
             |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
-                let started = Instant::now();
                 let data = b
                     .column_by_name("data")
                     .ok_or("no column `data`")?
                     .as_binary::<i32>();
-                let sums: Int64Array = data
-                    .iter()
-                    .map(|d| d.map(|d| d.iter().map(|&x| x as i64).sum::<i64>() % 256))
-                    .collect();
-                if let Some(rest) = Duration::from_millis(20).checked_sub(started.elapsed()) {
-                    std::thread::sleep(rest);
-                }
+                let sums: Int64Array = taking(Duration::from_millis(20), || {
+                    data.iter()
+                        .map(|d| d.map(|d| d.iter().map(|&x| x as i64).sum::<i64>() % 256))
+                        .collect()
+                });
                 let key = b.column_by_name("key").ok_or("no column `key`")?.clone();
                 Ok(RecordBatch::try_from_iter([
                     ("key", key),
