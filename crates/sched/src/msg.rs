@@ -82,3 +82,9 @@ pub enum WorkerMsg {
     /// The thread caught a panic; the worker fails with it.
     Panicked(String),
 }
+
+// The build has ractor's `cluster` feature (for remote actors), under which
+// every message type says whether it can cross nodes; these stay local.
+impl ractor::Message for ExecutorMsg {}
+impl ractor::Message for NodeMsg {}
+impl ractor::Message for WorkerMsg {}

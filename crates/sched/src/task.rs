@@ -296,3 +296,6 @@ impl TaskRun {
         Error::store(format!("storing an output of stage `{stage}`"), e)
     }
 }
+
+// Local only (see `msg`).
+impl ractor::Message for TaskEvent {}

@@ -1,0 +1,227 @@
+//! A node's QUIC endpoint: it listens and connects on one UDP socket, with
+//! mutual TLS. A connection to a peer carries several bidirectional streams,
+//! each opened with one byte that says what it carries: the cluster's
+//! control protocol (ractor_cluster) or one partition fetch.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{RecvStream, SendStream, VarInt};
+
+use crate::tls::{self, Identity};
+use crate::{FrameError, NetError};
+
+/// What a stream carries, written as its first byte by the side opening it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamKind {
+    /// ractor_cluster's node protocol: one stream per connection.
+    Cluster,
+    /// One partition fetch: a request frame, a reply frame, then its bytes.
+    Fetch,
+}
+
+impl StreamKind {
+    fn byte(self) -> u8 {
+        match self {
+            Self::Cluster => b'C',
+            Self::Fetch => b'F',
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<Self> {
+        match byte {
+            b'C' => Some(Self::Cluster),
+            b'F' => Some(Self::Fetch),
+            _ => None,
+        }
+    }
+}
+
+/// Application error codes a node closes a connection with.
+pub mod close_code {
+    /// The endpoint is shutting down.
+    pub const SHUTDOWN: u32 = 0;
+    /// The peer broke the protocol (a bad frame or stream kind).
+    pub const PROTOCOL: u32 = 1;
+}
+
+/// Transport settings for every connection: keep-alives so that an idle
+/// link stays up, an idle timeout so that a dead peer is noticed within
+/// seconds, and windows large enough for a loopback link to run at full speed.
+pub(crate) fn transport() -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(Duration::from_millis(500)));
+    t.max_idle_timeout(Some(
+        VarInt::from_u32(5_000).into(), // milliseconds
+    ));
+    t.stream_receive_window(VarInt::from_u32(16 << 20));
+    t.receive_window(VarInt::from_u32(64 << 20));
+    t.send_window(64 << 20);
+    t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+    Arc::new(t)
+}
+
+/// A node's QUIC endpoint.
+#[derive(Clone)]
+pub struct Endpoint {
+    quic: quinn::Endpoint,
+    identity: Identity,
+}
+
+impl Endpoint {
+    /// Listens on `addr` (port 0 picks a free one) with `identity`. Must be
+    /// called inside a tokio runtime.
+    pub fn bind(addr: SocketAddr, identity: &Identity) -> Result<Self, NetError> {
+        crate::install_crypto();
+        let mut quic = quinn::Endpoint::server(identity.server_config()?, addr)
+            .map_err(|source| NetError::Bind { addr, source })?;
+        quic.set_default_client_config(identity.client_config()?);
+        Ok(Self {
+            quic,
+            identity: identity.clone(),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.quic
+            .local_addr()
+            .expect("a bound endpoint has an address")
+    }
+
+    /// Its identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Connects to the node at `addr`; the handshake checks both sides'
+    /// certificates.
+    pub async fn connect(&self, addr: SocketAddr) -> Result<Peer, NetError> {
+        let config = self.identity.client_config()?;
+        self.connect_with(addr, config).await
+    }
+
+    /// Connects with other client settings (tests use it to try peers the
+    /// cluster must refuse).
+    #[doc(hidden)]
+    pub async fn connect_with(
+        &self,
+        addr: SocketAddr,
+        config: quinn::ClientConfig,
+    ) -> Result<Peer, NetError> {
+        let failed =
+            |source: Box<dyn std::error::Error + Send + Sync>| NetError::Connect { addr, source };
+        let connection = self
+            .quic
+            .connect_with(config, addr, tls::SERVER_NAME)
+            .map_err(|e| failed(e.into()))?
+            .await
+            .map_err(|e| failed(e.into()))?;
+        Peer::new(connection).ok_or_else(|| failed("the peer showed no node certificate".into()))
+    }
+
+    /// The next peer that connected and passed the handshake; `None` once
+    /// the endpoint is closed. Failed handshakes (strangers) are logged and
+    /// skipped: they never reach the caller.
+    pub async fn accept(&self) -> Option<Peer> {
+        loop {
+            let incoming = self.quic.accept().await?;
+            let remote = incoming.remote_address();
+            match incoming.await {
+                Ok(connection) => match Peer::new(connection) {
+                    Some(peer) => return Some(peer),
+                    None => tracing::warn!(%remote, "peer without a node certificate refused"),
+                },
+                Err(e) => tracing::warn!(%remote, error = %e, "handshake refused"),
+            }
+        }
+    }
+
+    /// Closes every connection and stops listening.
+    pub fn close(&self) {
+        self.quic
+            .close(VarInt::from_u32(close_code::SHUTDOWN), b"node stopping");
+    }
+}
+
+/// A connection to another node that passed the handshake, named by the
+/// common name of its certificate.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    connection: quinn::Connection,
+    name: String,
+}
+
+impl Peer {
+    fn new(connection: quinn::Connection) -> Option<Self> {
+        let name = tls::peer_name(&connection)?;
+        Some(Self { connection, name })
+    }
+
+    /// The peer's node name (its certificate's common name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The peer's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.connection.remote_address()
+    }
+
+    /// The QUIC connection.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.connection
+    }
+
+    /// Opens a stream of `kind`.
+    pub async fn open(&self, kind: StreamKind) -> Result<(SendStream, RecvStream), NetError> {
+        let (mut send, recv) = self
+            .connection
+            .open_bi()
+            .await
+            .map_err(|e| self.broken(e))?;
+        send.write_all(&[kind.byte()])
+            .await
+            .map_err(|e| self.broken(e))?;
+        Ok((send, recv))
+    }
+
+    /// The next stream the peer opens, with its kind; `None` once the
+    /// connection is closed. A stream of an unknown kind closes the
+    /// connection (the peer is broken or hostile).
+    pub async fn accept(&self) -> Option<(StreamKind, SendStream, RecvStream)> {
+        let (send, mut recv) = self.connection.accept_bi().await.ok()?;
+        let mut byte = [0u8];
+        if recv.read_exact(&mut byte).await.is_err() {
+            return None;
+        }
+        match StreamKind::from_byte(byte[0]) {
+            Some(kind) => Some((kind, send, recv)),
+            None => {
+                self.refuse(&FrameError::Malformed(format!(
+                    "unknown stream kind {:#04x}",
+                    byte[0]
+                )));
+                None
+            }
+        }
+    }
+
+    /// Closes this connection, and only this one, for a protocol violation.
+    pub fn refuse(&self, error: &FrameError) {
+        tracing::warn!(peer = %self.name, addr = %self.addr(), %error, "closing a connection that broke the protocol");
+        let reason = error.to_string();
+        self.connection.close(
+            VarInt::from_u32(close_code::PROTOCOL),
+            &reason.as_bytes()[..reason.len().min(200)],
+        );
+    }
+
+    pub(crate) fn broken(&self, e: impl std::error::Error + Send + Sync + 'static) -> NetError {
+        NetError::Connection {
+            peer: self.name.clone(),
+            source: Box::new(e),
+        }
+    }
+}

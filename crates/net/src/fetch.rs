@@ -1,0 +1,197 @@
+//! Partition fetches: the node that needs a partition pulls it from the node
+//! that holds it, on a stream of its own (never inside an actor message).
+//!
+//! The puller opens a [`StreamKind::Fetch`] stream and sends a
+//! [`FetchRequest`] naming the partition and where the puller runs. The
+//! holder answers with one [`FetchReply`]: the partition's shared-memory
+//! name when both run on the same host over the same store directory (the
+//! puller maps it; no byte is copied), else its length followed by the
+//! bytes. QUIC's stream flow control is the credit: the holder writes only
+//! as far as the puller has read plus the stream window (16 MiB), so a slow
+//! reader slows the sender and nothing piles up in between.
+
+use quinn::{RecvStream, SendStream};
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::endpoint::{Peer, StreamKind};
+use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_frame};
+use crate::{FrameError, NetError};
+
+/// Where a node runs, as far as sharing memory goes: two nodes share
+/// partitions by shared memory when both fields are equal.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Locality {
+    /// The host's identity (its boot id): equal only on the same kernel.
+    pub host: String,
+    /// The store's directory on that host.
+    pub store_dir: String,
+}
+
+impl Locality {
+    /// This host, with a store in `store_dir`.
+    pub fn here(store_dir: &std::path::Path) -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+        Self {
+            host,
+            store_dir: store_dir.display().to_string(),
+        }
+    }
+}
+
+/// A puller's request.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FetchRequest {
+    /// The partition's id on the holder.
+    pub partition: u64,
+    /// Where the puller runs.
+    pub from: Locality,
+}
+
+pub use reply::FetchReply;
+
+// rkyv's derive makes an enum of resolvers with undocumented fields.
+#[allow(missing_docs)]
+mod reply {
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    /// The holder's answer.
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    pub enum FetchReply {
+        /// `len` bytes follow on the stream.
+        Bytes {
+            /// The partition's length.
+            len: u64,
+        },
+        /// Map it from shared memory under this name.
+        Shared {
+            /// The store's shared name of the partition.
+            name: String,
+        },
+        /// The holder cannot serve it.
+        Missing {
+            /// Why.
+            message: String,
+        },
+    }
+}
+
+/// How a holder serves one partition.
+pub enum Served {
+    /// By its shared-memory name.
+    Shared(String),
+    /// By its bytes; the value keeps them alive (pinned) while they are sent.
+    Bytes(Box<dyn AsRef<[u8]> + Send>),
+}
+
+/// What a node that holds partitions implements to serve them.
+pub trait PartitionServer: Send + Sync + 'static {
+    /// Serves `partition` to a puller, by shared name when `shares_memory`
+    /// (and the partition is in memory), else by bytes.
+    fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String>;
+}
+
+/// What a fetch brought.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fetched {
+    /// The shared-memory name to map.
+    Shared(String),
+    /// The bytes.
+    Bytes(Vec<u8>),
+}
+
+/// The largest partition a puller accepts over the network.
+pub const MAX_PARTITION_BYTES: u64 = 1 << 40;
+
+/// Pulls `partition` from `peer`; `here` says where this node runs.
+pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetched, NetError> {
+    let (mut send, mut recv) = peer.open(StreamKind::Fetch).await?;
+    let request = FetchRequest {
+        partition,
+        from: here.clone(),
+    };
+    write_frame(&mut send, &request)
+        .await
+        .map_err(|e| peer.broken(e))?;
+    send.finish().map_err(|e| peer.broken(e))?;
+    let frame_error = |source| NetError::Frame {
+        peer: peer.name().to_string(),
+        source,
+    };
+    let reply = read_frame::<FetchReply, _>(&mut recv, MAX_CONTROL_FRAME)
+        .await
+        .map_err(frame_error)?
+        .ok_or_else(|| {
+            frame_error(FrameError::Truncated {
+                got: 0,
+                expected: 4,
+            })
+        })?;
+    match reply {
+        FetchReply::Shared { name } => Ok(Fetched::Shared(name)),
+        FetchReply::Missing { message } => Err(NetError::Fetch {
+            peer: peer.name().to_string(),
+            partition,
+            message,
+        }),
+        FetchReply::Bytes { len } if len > MAX_PARTITION_BYTES => {
+            Err(frame_error(FrameError::Oversized {
+                len,
+                max: MAX_PARTITION_BYTES,
+            }))
+        }
+        FetchReply::Bytes { len } => {
+            let mut bytes = vec![0u8; len as usize];
+            recv.read_exact(&mut bytes).await.map_err(|e| match e {
+                quinn::ReadExactError::FinishedEarly(got) => frame_error(FrameError::Truncated {
+                    got: got as u64,
+                    expected: len,
+                }),
+                quinn::ReadExactError::ReadError(e) => peer.broken(e),
+            })?;
+            Ok(Fetched::Bytes(bytes))
+        }
+    }
+}
+
+/// Answers one fetch stream. A request that is not a valid frame closes the
+/// peer's connection (only that one).
+pub async fn serve_fetch(
+    peer: &Peer,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    server: &dyn PartitionServer,
+    here: &Locality,
+) {
+    let request = match read_frame::<FetchRequest, _>(&mut recv, MAX_CONTROL_FRAME).await {
+        Ok(Some(request)) => request,
+        Ok(None) => return,
+        Err(e) => return peer.refuse(&e),
+    };
+    let shares_memory = request.from == *here;
+    let reply = server.serve(request.partition, shares_memory);
+    let result = async {
+        match reply {
+            Ok(Served::Shared(name)) => {
+                write_frame(&mut send, &FetchReply::Shared { name }).await?;
+            }
+            Ok(Served::Bytes(bytes)) => {
+                let bytes = (*bytes).as_ref();
+                let len = bytes.len() as u64;
+                write_frame(&mut send, &FetchReply::Bytes { len }).await?;
+                // QUIC's flow control holds this back while the puller is slow.
+                for piece in bytes.chunks(1 << 20) {
+                    send.write_all(piece).await?;
+                }
+            }
+            Err(message) => write_frame(&mut send, &FetchReply::Missing { message }).await?,
+        }
+        send.finish()?;
+        std::io::Result::Ok(())
+    }
+    .await;
+    if let Err(error) = result {
+        tracing::debug!(peer = peer.name(), partition = request.partition, %error, "fetch not completed");
+    }
+}

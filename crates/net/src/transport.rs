@@ -1,0 +1,215 @@
+//! A node's transport: its QUIC endpoint, the ractor_cluster `NodeServer`
+//! that speaks the cluster's actor protocol over it, and the partitions it
+//! serves to peers.
+//!
+//! Each connection between two nodes carries one [`StreamKind::Cluster`]
+//! stream, opened by the node that dialled and handed to both sides'
+//! NodeServers (`client_connect_external` on the dialling side,
+//! `ConnectionOpenedExternal` on the other), and any number of
+//! [`StreamKind::Fetch`] streams, opened by either side.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use quinn::{RecvStream, SendStream};
+use ractor::{Actor, ActorRef};
+use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
+
+use crate::NetError;
+use crate::endpoint::{Endpoint, Peer, StreamKind};
+use crate::fetch::{self, Fetched, Locality, PartitionServer};
+use crate::frame::MAX_CONTROL_FRAME;
+
+/// A quinn stream pair as ractor_cluster's byte stream.
+struct QuicBidi {
+    send: SendStream,
+    recv: RecvStream,
+    peer: String,
+}
+
+impl ClusterBidiStream for QuicBidi {
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        (Box::new(self.recv), Box::new(self.send))
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        Some(self.peer.clone())
+    }
+}
+
+/// A node's transport. Cloning shares it.
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    endpoint: Endpoint,
+    node_server: ActorRef<NodeServerMessage>,
+    partitions: Arc<dyn PartitionServer>,
+    here: Locality,
+    peers: Mutex<HashMap<String, Peer>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Transport {
+    /// Starts node `name`'s transport on `endpoint`: spawns its NodeServer
+    /// (linked to `supervisor` when given) and accepts peers. `here` says
+    /// where its store lives; `partitions` serves its partitions to peers.
+    pub async fn start(
+        name: &str,
+        endpoint: Endpoint,
+        partitions: Arc<dyn PartitionServer>,
+        here: Locality,
+        supervisor: Option<ractor::ActorCell>,
+    ) -> Result<Self, NetError> {
+        // Mutual TLS authenticates peers; ractor_cluster's own cookie check
+        // runs inside that channel, and its TCP listener stays on loopback
+        // with no one told its port.
+        let server = NodeServer::new(
+            0,
+            "streambatch".into(),
+            name.to_string(),
+            endpoint.local_addr().to_string(),
+            None,
+            None,
+        )
+        .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
+        .with_max_inbound_frame_size(MAX_CONTROL_FRAME.into());
+        let spawned = match supervisor {
+            Some(sup) => Actor::spawn_linked(None, server, (), sup).await,
+            None => Actor::spawn(None, server, ()).await,
+        };
+        let (node_server, _) = spawned.map_err(|e| NetError::Config(format!("NodeServer: {e}")))?;
+        let transport = Self {
+            inner: Arc::new(Inner {
+                name: name.to_string(),
+                endpoint,
+                node_server,
+                partitions,
+                here,
+                peers: Mutex::new(HashMap::new()),
+                tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        let accepting = transport.clone();
+        let task = tokio::spawn(async move {
+            while let Some(peer) = accepting.inner.endpoint.accept().await {
+                accepting.attach(peer);
+            }
+        });
+        transport.inner.tasks().push(task);
+        Ok(transport)
+    }
+
+    /// This node's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.endpoint.local_addr()
+    }
+
+    /// The NodeServer, for subscribing to membership events.
+    pub fn node_server(&self) -> &ActorRef<NodeServerMessage> {
+        &self.inner.node_server
+    }
+
+    /// Where this node runs.
+    pub fn locality(&self) -> &Locality {
+        &self.inner.here
+    }
+
+    /// Connects to the node at `addr` and joins its cluster session.
+    /// Returns once the QUIC handshake passed; the actor session
+    /// authenticates right after (watch the NodeServer's events).
+    pub async fn join(&self, addr: SocketAddr) -> Result<Peer, NetError> {
+        let peer = self.inner.endpoint.connect(addr).await?;
+        let (send, recv) = peer.open(StreamKind::Cluster).await?;
+        let stream = QuicBidi {
+            send,
+            recv,
+            peer: peer.name().to_string(),
+        };
+        ractor_cluster::client_connect_external(&self.inner.node_server, Box::new(stream))
+            .await
+            .map_err(|e| peer.broken(std::io::Error::other(format!("{e:?}"))))?;
+        self.attach(peer.clone());
+        Ok(peer)
+    }
+
+    /// The connected peer named `name`.
+    pub fn peer(&self, name: &str) -> Option<Peer> {
+        let peers = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers
+            .get(name)
+            .filter(|p| p.connection().close_reason().is_none())
+            .cloned()
+    }
+
+    /// Pulls `partition` from node `holder`.
+    pub async fn fetch(&self, holder: &str, partition: u64) -> Result<Fetched, NetError> {
+        let peer = self.peer(holder).ok_or_else(|| NetError::Connection {
+            peer: holder.to_string(),
+            source: "no connection to this node".into(),
+        })?;
+        fetch::fetch(&peer, partition, &self.inner.here).await
+    }
+
+    /// Stops accepting, closes every connection and the NodeServer.
+    pub fn stop(&self) {
+        self.inner.endpoint.close();
+        self.inner.node_server.stop(None);
+        for task in self.inner.tasks().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Serves the streams `peer` opens, for as long as its connection lives.
+    fn attach(&self, peer: Peer) {
+        self.inner
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer.name().to_string(), peer.clone());
+        let inner = self.inner.clone();
+        let task = tokio::spawn(async move {
+            while let Some((kind, send, recv)) = peer.accept().await {
+                match kind {
+                    StreamKind::Cluster => {
+                        let stream = QuicBidi {
+                            send,
+                            recv,
+                            peer: peer.name().to_string(),
+                        };
+                        let msg = NodeServerMessage::ConnectionOpenedExternal {
+                            stream: Box::new(stream),
+                            is_server: true,
+                        };
+                        if inner.node_server.cast(msg).is_err() {
+                            return;
+                        }
+                    }
+                    StreamKind::Fetch => {
+                        let (peer, inner) = (peer.clone(), inner.clone());
+                        tokio::spawn(async move {
+                            let server = inner.partitions.as_ref();
+                            fetch::serve_fetch(&peer, send, recv, server, &inner.here).await;
+                        });
+                    }
+                }
+            }
+        });
+        self.inner.tasks().push(task);
+    }
+}
+
+impl Inner {
+    fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

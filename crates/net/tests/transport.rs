@@ -1,0 +1,280 @@
+//! Real QUIC between transports on 127.0.0.1: partitions fetched by bytes
+//! and by shared name, strangers refused in the handshake, bad frames closing
+//! only their own connection, and ractor_cluster's actors and membership
+//! events over the same connections.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor_cluster::{NodeEventSubscription, NodeServerMessage, RactorClusterMessage};
+use streambatch_net::{
+    Endpoint, Fetched, Identity, Locality, NetError, PartitionServer, Served, TlsFiles, Transport,
+    close_code, init_cluster,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+/// Serves fixed partitions: by name to a peer on the same host and store
+/// directory, by bytes to others.
+struct Fixed(HashMap<u64, Vec<u8>>);
+
+impl PartitionServer for Fixed {
+    fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String> {
+        let bytes = self.0.get(&partition).ok_or("no such partition")?;
+        Ok(if shares_memory {
+            Served::Shared(format!("segment@0+{}", bytes.len()))
+        } else {
+            Served::Bytes(Box::new(bytes.clone()))
+        })
+    }
+}
+
+fn identity(dir: &Path, name: &str) -> Identity {
+    Identity::load(&TlsFiles::in_dir(dir, name)).unwrap()
+}
+
+async fn transport(dir: &Path, name: &str, store_dir: &str) -> Transport {
+    let endpoint = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(dir, name)).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let server = Arc::new(Fixed(HashMap::from([(7, data)])));
+    let here = Locality::here(Path::new(store_dir));
+    Transport::start(name, endpoint, server, here, None)
+        .await
+        .unwrap()
+}
+
+fn expected() -> Vec<u8> {
+    (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1", "worker-2"]).unwrap();
+    let other = dir.path().join("other");
+    init_cluster(&other, &["intruder"]).unwrap();
+
+    let head = transport(&tls, "head", "/store/head").await;
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    let peer = worker.join(head.local_addr()).await.unwrap();
+    assert_eq!(peer.name(), "head");
+
+    // Different store directories: the bytes travel over QUIC.
+    let got = worker.fetch("head", 7).await.unwrap();
+    assert_eq!(got, Fetched::Bytes(expected()));
+    // The same host and directory: only the name travels.
+    let sharing = transport(&tls, "worker-2", "/store/head").await;
+    sharing.join(head.local_addr()).await.unwrap();
+    let got = sharing.fetch("head", 7).await.unwrap();
+    assert_eq!(got, Fetched::Shared("segment@0+3000000".into()));
+    // A partition the holder lacks: an error naming both.
+    let err = worker.fetch("head", 8).await.unwrap_err().to_string();
+    assert!(
+        err.contains("head") && err.contains('8') && err.contains("no such partition"),
+        "{err}"
+    );
+
+    // A node with a certificate of another CA (which trusts the cluster's
+    // CA, so that only the head's check can refuse it) and a client with no
+    // certificate are refused in the handshake.
+    let intruder = TlsFiles {
+        ca: tls.join("ca.pem"),
+        ..TlsFiles::in_dir(&other, "intruder")
+    };
+    let intruder = Identity::load(&intruder).unwrap();
+    let config = intruder.client_config().unwrap();
+    assert_refused(&tls, &head, config).await;
+    let config = identity(&tls, "worker-1")
+        .anonymous_client_config()
+        .unwrap();
+    assert_refused(&tls, &head, config).await;
+    // The cluster keeps running.
+    assert_eq!(
+        worker.fetch("head", 7).await.unwrap(),
+        Fetched::Bytes(expected())
+    );
+    for t in [head, worker, sharing] {
+        t.stop();
+    }
+}
+
+/// Connects to `head` with `config` and checks that the head refuses.
+async fn assert_refused(tls: &Path, head: &Transport, config: quinn::ClientConfig) {
+    let dialer =
+        Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(tls, "worker-2")).unwrap();
+    match dialer.connect_with(head.local_addr(), config).await {
+        Err(NetError::Connect { .. }) => {}
+        Err(other) => panic!("unexpected error: {other}"),
+        // TLS 1.3: the client may finish its side before the server has
+        // checked its certificate; the server then closes at once, and no
+        // stream gets through.
+        Ok(peer) => {
+            let reason = tokio::time::timeout(Duration::from_secs(5), peer.connection().closed())
+                .await
+                .expect("the head must close a connection it refused");
+            assert!(
+                reason.to_string().contains("certificate") || reason.to_string().contains("alert"),
+                "{reason}"
+            );
+        }
+    }
+}
+
+/// Sends `bytes` on a fetch stream of a fresh, legitimate connection and
+/// returns how the head closed that connection.
+async fn send_raw(tls: &Path, head: &Transport, bytes: &[u8]) -> quinn::ConnectionError {
+    let endpoint =
+        Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(tls, "worker-2")).unwrap();
+    let peer = endpoint.connect(head.local_addr()).await.unwrap();
+    let (mut send, _recv) = peer.connection().open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    send.flush().await.unwrap();
+    let _ = send.finish();
+    tokio::time::timeout(Duration::from_secs(5), peer.connection().closed())
+        .await
+        .expect("the head must close a connection that sends a bad frame")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_frame_closes_its_connection_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1", "worker-2"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    worker.join(head.local_addr()).await.unwrap();
+
+    let oversized = [b"F".as_slice(), &u32::MAX.to_le_bytes()].concat();
+    let truncated = [b"F".as_slice(), &100u32.to_le_bytes(), &[1, 2, 3]].concat();
+    let malformed = [b"F".as_slice(), &8u32.to_le_bytes(), &[0xff; 8]].concat();
+    let unknown_kind = b"Zhello".to_vec();
+    for (what, bytes) in [
+        ("oversized", oversized),
+        ("truncated", truncated),
+        ("malformed", malformed),
+        ("unknown stream kind", unknown_kind),
+    ] {
+        let reason = send_raw(&tls, &head, &bytes).await;
+        match reason {
+            quinn::ConnectionError::ApplicationClosed(close) => {
+                assert_eq!(
+                    close.error_code,
+                    quinn::VarInt::from_u32(close_code::PROTOCOL),
+                    "{what}"
+                );
+            }
+            other => panic!("{what}: closed with {other}"),
+        }
+        // The worker's own connection still serves it.
+        assert_eq!(
+            worker.fetch("head", 7).await.unwrap(),
+            Fetched::Bytes(expected()),
+            "after a {what} frame"
+        );
+    }
+    head.stop();
+    worker.stop();
+}
+
+/// A message a remote node can send: a cast and nothing else.
+#[derive(RactorClusterMessage)]
+enum Greeting {
+    Hello(String),
+}
+
+struct Greeter;
+
+impl Actor for Greeter {
+    type Msg = Greeting;
+    type State = mpsc::UnboundedSender<String>;
+    type Arguments = mpsc::UnboundedSender<String>;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<Greeting>,
+        tx: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(tx)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Greeting>,
+        Greeting::Hello(text): Greeting,
+        tx: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = tx.send(text);
+        Ok(())
+    }
+}
+
+struct Membership(mpsc::UnboundedSender<(&'static str, String)>);
+
+impl NodeEventSubscription for Membership {
+    fn node_session_opened(&self, _: ractor_cluster::node::NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(("down", ses.peer_addr));
+    }
+
+    fn node_session_authenticated(&self, ses: ractor_cluster::node::NodeServerSessionInformation) {
+        let _ = self.0.send(("up", ses.peer_addr));
+    }
+}
+
+async fn wait<T>(what: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), what)
+        .await
+        .expect("timed out")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actors_talk_across_nodes_and_a_lost_node_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    head.node_server()
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "test".into(),
+            subscription: Box::new(Membership(events_tx)),
+        })
+        .unwrap();
+
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    let (tx, mut greetings) = mpsc::unbounded_channel();
+    let (greeter, _) = Actor::spawn(None, Greeter, tx).await.unwrap();
+    let group = "greeters".to_string();
+    ractor::pg::join(group.clone(), vec![greeter.get_cell()]);
+    worker.join(head.local_addr()).await.unwrap();
+
+    let (event, peer) = wait(events.recv()).await.unwrap();
+    assert_eq!((event, peer.as_str()), ("up", "worker-1"));
+    // The head sees the worker's actor in the group and sends it a message
+    // over QUIC.
+    let remote = wait(async {
+        loop {
+            let members = ractor::pg::get_members(&group);
+            if let Some(cell) = members.into_iter().find(|c| !c.get_id().is_local()) {
+                break cell;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    ActorRef::<Greeting>::from(remote)
+        .cast(Greeting::Hello("over quic".into()))
+        .unwrap();
+    assert_eq!(wait(greetings.recv()).await.unwrap(), "over quic");
+
+    // The worker goes away: the head hears of it.
+    worker.stop();
+    let (event, peer) = wait(events.recv()).await.unwrap();
+    assert_eq!((event, peer.as_str()), ("down", "worker-1"));
+    head.stop();
+}
