@@ -1,6 +1,8 @@
-//! The `streambatch` command: `streambatch run pipeline.toml`, and
+//! The `streambatch` command: `streambatch run pipeline.toml`;
 //! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]` (the
-//! workloads live in `streambatch-bench`).
+//! workloads live in `streambatch-bench`); `streambatch node --config
+//! FILE` (a cluster node); `streambatch cluster init DIR` and
+//! `streambatch cluster status --config FILE`.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use streambatch::{NodeConfig, parse_size};
@@ -24,6 +26,16 @@ enum Command {
         /// The pipeline file (see examples/pipelines/embed.toml).
         pipeline: std::path::PathBuf,
     },
+    /// Runs a cluster node configured by a TOML file (configs/head.toml,
+    /// configs/worker.toml), until it is stopped (Ctrl-C, SIGTERM).
+    Node {
+        /// The node's config.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Sets up or inspects a cluster.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Runs one benchmark workload (docs/workloads.md) and prints its JSON line last.
     Bench {
         /// The workload.
@@ -47,6 +59,30 @@ enum Command {
         /// W3 only: partitions of the one shape to run (with --rows).
         #[arg(long, requires = "rows")]
         partitions: Option<usize>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Writes a new cluster CA and a certificate and key per node into DIR
+    /// (keys readable by their owner only).
+    Init {
+        /// The directory (made 0700).
+        dir: std::path::PathBuf,
+        /// The nodes' names, comma-separated; each gets NAME.pem and NAME.key.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "head,worker-1,worker-2,worker-3,driver"
+        )]
+        nodes: Vec<String>,
+    },
+    /// Lists the cluster's nodes with their slots and stores.
+    Status {
+        /// A config naming the head and this driver's TLS files
+        /// (configs/cluster.toml).
+        #[arg(long)]
+        config: std::path::PathBuf,
     },
 }
 
@@ -80,8 +116,65 @@ fn main() {
     }
 }
 
-fn run(cli: Cli) -> streambatch::Result<()> {
+/// Errors of the cluster commands, which are not a dataset's errors.
+type AnyError = Box<dyn std::error::Error + Send + Sync>;
+
+fn run(cli: Cli) -> Result<(), AnyError> {
     match cli.command {
+        Command::Node { config } => {
+            let mut settings = NodeConfig::load(Some(&config))?;
+            streambatch::resolve_gpu_slots(&mut settings);
+            let node = streambatch::ClusterNode::start(&settings, Some(&config))?;
+            let role = if settings.head.is_some() {
+                "worker"
+            } else {
+                "head"
+            };
+            // One line on stdout that scripts wait for.
+            println!(
+                "node {} ({role}) listening on {}",
+                settings.name,
+                node.addr()
+            );
+            node.wait()?;
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Init { dir, nodes }) => {
+            let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+            streambatch::init_cluster(&dir, &names)?;
+            println!(
+                "wrote a cluster CA and certificates for {} into {}",
+                names.join(", "),
+                dir.display()
+            );
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Status { config }) => {
+            let settings = NodeConfig::load(Some(&config))?;
+            let client = streambatch::ClusterClient::connect(&settings, Some(&config))?;
+            let members = client.members()?;
+            println!(
+                "{:<12} {:>6} {:>6} {:>10}  address",
+                "node", "cpus", "gpus", "store"
+            );
+            for n in &members.nodes {
+                println!(
+                    "{:<12} {:>6} {:>6} {:>10}  {}",
+                    n.name,
+                    n.cpus,
+                    n.gpus,
+                    streambatch::format_bytes(n.store_capacity),
+                    n.addr
+                );
+            }
+            Ok(())
+        }
+        other => Ok(run_job(other)?),
+    }
+}
+
+fn run_job(command: Command) -> streambatch::Result<()> {
+    match command {
         Command::Run { pipeline } => {
             let run = streambatch::pipeline::run_pipeline(&pipeline)?;
             if let Some(stats) = run.stats {
@@ -178,5 +271,6 @@ fn run(cli: Cli) -> streambatch::Result<()> {
             }
             Ok(())
         }
+        Command::Node { .. } | Command::Cluster(_) => unreachable!("handled by run"),
     }
 }

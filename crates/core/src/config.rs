@@ -1,6 +1,7 @@
 //! A node's settings: TOML through the `config` crate, with `STREAMBATCH_*`
 //! environment variables overriding the file (`STREAMBATCH_CPUS=4`).
 
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 use config::{Config, Environment, File, FileFormat, Value, ValueKind};
@@ -72,9 +73,23 @@ pub struct NodeConfig {
     pub spill_dir: PathBuf,
     /// How often a task whose worker panicked is retried before the job fails.
     pub max_task_retries: u32,
+    /// The node's name in a cluster: the common name of its certificate.
+    /// Default: `node`.
+    pub name: String,
+    /// Where a cluster node listens for its peers (QUIC over UDP). Default:
+    /// `127.0.0.1:0`, any free port.
+    pub listen: SocketAddr,
+    /// The head's address; unset on the head itself.
+    pub head: Option<SocketAddr>,
+    /// The cluster's CA certificate (PEM), from `streambatch cluster init`.
+    pub tls_ca: Option<PathBuf>,
+    /// This node's certificate (PEM), signed by the cluster's CA.
+    pub tls_cert: Option<PathBuf>,
+    /// This node's private key (PEM), readable by its owner only.
+    pub tls_key: Option<PathBuf>,
 }
 
-const KNOWN_KEYS: [&str; 8] = [
+const KNOWN_KEYS: [&str; 14] = [
     "cpus",
     "gpus",
     "gpu_adapter",
@@ -83,6 +98,12 @@ const KNOWN_KEYS: [&str; 8] = [
     "target_partition_bytes",
     "spill_dir",
     "max_task_retries",
+    "name",
+    "listen",
+    "head",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 ];
 
 impl Default for NodeConfig {
@@ -97,6 +118,12 @@ impl Default for NodeConfig {
             target_partition_bytes: 64 << 20,
             spill_dir: std::env::temp_dir().join("streambatch-spill"),
             max_task_retries: 3,
+            name: "node".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            head: None,
+            tls_ca: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -170,6 +197,12 @@ impl NodeConfig {
             spill_dir: reader.path("spill_dir", defaults.spill_dir)?,
             max_task_retries: reader.number("max_task_retries", defaults.max_task_retries as f64)?
                 as u32,
+            name: reader.text("name")?.unwrap_or(defaults.name),
+            listen: reader.addr("listen")?.unwrap_or(defaults.listen),
+            head: reader.addr("head")?,
+            tls_ca: reader.optional_path("tls_ca")?,
+            tls_cert: reader.optional_path("tls_cert")?,
+            tls_key: reader.optional_path("tls_key")?,
         };
         if config.store_capacity == 0 || config.target_partition_bytes == 0 {
             let key = if config.store_capacity == 0 {
@@ -252,6 +285,32 @@ impl Reader<'_> {
         }
     }
 
+    fn optional_path(&self, key: &str) -> Result<Option<PathBuf>, ConfigError> {
+        if !self.table.contains_key(key) {
+            return Ok(None);
+        }
+        self.path(key, PathBuf::new()).map(Some)
+    }
+
+    /// A socket address, `host:port`; a host name is resolved now.
+    fn addr(&self, key: &str) -> Result<Option<SocketAddr>, ConfigError> {
+        let Some(text) = self.text(key)? else {
+            return Ok(None);
+        };
+        let resolved = text
+            .to_socket_addrs()
+            .map_err(|e| {
+                self.bad(
+                    key,
+                    format!("expected an address like \"127.0.0.1:7400\", found `{text}` ({e})"),
+                )
+            })?
+            .next();
+        resolved
+            .map(Some)
+            .ok_or_else(|| self.bad(key, format!("`{text}` resolves to no address")))
+    }
+
     fn path(&self, key: &str, default: PathBuf) -> Result<PathBuf, ConfigError> {
         let Some(value) = self.table.get(key) else {
             return Ok(default);
@@ -259,6 +318,19 @@ impl Reader<'_> {
         match &value.kind {
             ValueKind::String(s) if !s.is_empty() => Ok(PathBuf::from(s)),
             other => Err(self.bad(key, format!("expected a directory path, found {other}"))),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Where the value of `key` came from, for errors about it found after
+    /// loading (a TLS file that is missing, a head that does not answer).
+    pub fn origin_of(key: &str, file: Option<&Path>) -> String {
+        let var = format!("STREAMBATCH_{}", key.to_uppercase());
+        if std::env::var_os(&var).is_some() {
+            format!("the environment ({var})")
+        } else {
+            file.map_or_else(|| "the defaults".to_string(), |f| f.display().to_string())
         }
     }
 }

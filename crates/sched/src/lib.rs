@@ -18,7 +18,11 @@
 //! and `task` on those; `msg` (every actor's messages) on `task`; the
 //! actors (`worker`, `node`, `executor`) on `msg`; `local` on the actors.
 
+mod agent;
 mod budget;
+mod client;
+mod cluster;
+mod error;
 mod executor;
 mod job;
 #[cfg(test)]
@@ -29,7 +33,14 @@ mod node;
 mod partition;
 pub mod policy;
 mod record;
+mod root;
+mod serve;
 mod task;
+mod wire;
 mod worker;
 
+pub use client::ClusterClient;
+pub use cluster::ClusterNode;
+pub use error::ClusterError;
 pub use local::LocalCluster;
+pub use wire::{Members, NodeInfo};

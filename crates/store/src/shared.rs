@@ -192,6 +192,19 @@ impl SharedStore {
             .collect()
     }
 
+    /// A partition's bytes as the store holds them (an Arrow IPC stream),
+    /// for sending to another node: a view of its shared memory, which keeps
+    /// it pinned while the buffer lives, or its spill file mapped.
+    pub fn encoded_bytes(&self, part: &PartitionRef) -> Result<arrow_buffer::Buffer, StoreError> {
+        let id = part.id();
+        match self.inner.encoded(id)? {
+            Encoded::Memory(bytes) => Ok(bytes),
+            Encoded::Disk(path) => {
+                spill::map(&path).map_err(|source| StoreError::Spill { id, source })
+            }
+        }
+    }
+
     /// Its spill directory.
     pub fn spill_dir(&self) -> &Path {
         self.inner.spill.path()
@@ -553,6 +566,19 @@ impl Inner {
     }
 
     fn read_partition(self: &Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
+        match self.encoded(id)? {
+            // SAFETY: this store encoded these bytes from a valid batch.
+            Encoded::Memory(bytes) => unsafe { ipc::decode_trusted(&bytes) }
+                .map_err(|source| StoreError::Decode { id, source }),
+            Encoded::Disk(path) => {
+                spill::read(&path).map_err(|source| StoreError::Spill { id, source })
+            }
+        }
+    }
+
+    /// The partition's IPC stream bytes where they lie: in memory (a view
+    /// that pins the partition while it lives) or in its spill file.
+    fn encoded(self: &Arc<Self>, id: PartitionId) -> Result<Encoded, StoreError> {
         let mut state = self.state();
         let tick = state.tick();
         let entry = state.entries.get_mut(&id).ok_or(StoreError::Missing(id))?;
@@ -569,21 +595,25 @@ impl Inner {
                 };
                 // SAFETY: offset..offset + len is this partition's region;
                 // the pin keeps it allocated (and unspilled) while the
-                // buffers live, and nothing writes to it after the put.
+                // buffer lives, and nothing writes to it after the put.
                 let ptr =
                     unsafe { std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset)) };
-                let bytes = unsafe { ipc::view(ptr, len, Arc::new((pin, seg))) };
-                // SAFETY: this store encoded these bytes from a valid batch.
-                unsafe { ipc::decode_trusted(&bytes) }
-                    .map_err(|source| StoreError::Decode { id, source })
+                Ok(Encoded::Memory(unsafe {
+                    ipc::view(ptr, len, Arc::new((pin, seg)))
+                }))
             }
             Place::Disk(path) => {
                 state.restored += len as u64;
-                drop(state);
-                spill::read(&path).map_err(|source| StoreError::Spill { id, source })
+                Ok(Encoded::Disk(path))
             }
         }
     }
+}
+
+/// Where a partition's encoded bytes are.
+enum Encoded {
+    Memory(arrow_buffer::Buffer),
+    Disk(PathBuf),
 }
 
 impl State {

@@ -4,6 +4,7 @@
 //! spill directory; which partition spills when is the store's business.
 
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -19,7 +20,8 @@ const MAGIC: &[u8; 8] = b"SBSPILL1";
 const TRAILER: usize = 8 + 4 + 8;
 
 /// A store's spill directory, made on first use and removed (with every
-/// file in it) when dropped.
+/// file in it) when dropped. On a shared host a node's partitions are its
+/// own: the directory is made 0700 and each file 0600, whatever the umask.
 pub struct SpillDir {
     dir: PathBuf,
 }
@@ -37,7 +39,15 @@ impl SpillDir {
 
     /// The spill file of partition `id`, making the directory if needed.
     pub fn file(&self, id: PartitionId) -> std::io::Result<PathBuf> {
-        std::fs::create_dir_all(&self.dir)?;
+        if !self.dir.is_dir() {
+            if let Some(parent) = self.dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
         Ok(self.dir.join(format!("{id}.arrows")))
     }
 }
@@ -50,7 +60,13 @@ impl Drop for SpillDir {
 
 /// Writes stream bytes (given in pieces) and the trailer to `path`.
 pub fn write<'a>(path: &Path, pieces: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<()> {
-    let mut file = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut crc = crc32fast::Hasher::new();
     let mut len = 0;
     for piece in pieces {
@@ -112,6 +128,18 @@ pub fn read(path: &Path) -> Result<RecordBatch, SpillError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spill_files_are_private_to_their_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spill = SpillDir::new(dir.path().join("shared").join("store-1"));
+        let path = spill.file(PartitionId(1)).unwrap();
+        write(&path, [b"bytes".as_slice()]).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(spill.path()), 0o700);
+        assert_eq!(mode(&path), 0o600);
+    }
 
     #[test]
     fn a_file_reads_back_and_a_flipped_byte_is_corrupt() {

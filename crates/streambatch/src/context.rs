@@ -10,6 +10,18 @@ use streambatch_store::StoreStats;
 
 use crate::progress::ProgressRunner;
 
+/// Turns `gpus = "auto"` into one slot per GPU adapter found (of the
+/// configured name and backend), opening those adapters for this process.
+pub fn resolve_gpu_slots(config: &mut NodeConfig) {
+    if config.gpus.is_none() {
+        let choice = AdapterChoice {
+            name: config.gpu_adapter.clone(),
+            backend: config.gpu_backend.clone(),
+        };
+        config.gpus = Some(GpuPool::init(&choice).len() as f64);
+    }
+}
+
 /// Where datasets run: for now an embedded one-node cluster in this process.
 ///
 /// `Context::local()` reads no file: it uses the defaults of
@@ -35,13 +47,7 @@ impl Context {
     /// An embedded node with these settings. With `gpus` unset ("auto"),
     /// each GPU adapter found (of the chosen name and backend) is one slot.
     pub fn with_config(mut config: NodeConfig) -> Result<Self> {
-        if config.gpus.is_none() {
-            let choice = AdapterChoice {
-                name: config.gpu_adapter.clone(),
-                backend: config.gpu_backend.clone(),
-            };
-            config.gpus = Some(GpuPool::init(&choice).len() as f64);
-        }
+        resolve_gpu_slots(&mut config);
         let cluster = Arc::new(LocalCluster::start(config)?);
         Ok(Self {
             runner: cluster.clone(),

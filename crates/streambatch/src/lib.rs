@@ -22,7 +22,7 @@ pub mod ops;
 pub mod pipeline;
 mod progress;
 
-pub use context::Context;
+pub use context::{Context, resolve_gpu_slots};
 
 // The README's examples compile as doc tests.
 #[cfg(doctest)]
@@ -33,11 +33,14 @@ pub use streambatch_core::{
     parse_size,
 };
 pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
+pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OpStats,
     OperatorStats, Result, Row, Stateful, UdfError, Value, col, lit,
 };
-pub use streambatch_sched::LocalCluster;
+pub use streambatch_sched::{
+    ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,
+};
 pub use streambatch_store::{ObjectStore, SharedStore, StoreConfig, StoreStats, batch_bytes};
 
 /// What most programs need: `use streambatch::prelude::*;`.

@@ -1,0 +1,261 @@
+//! A cluster node process: its tokio runtime, store, QUIC endpoint with the
+//! cluster's TLS identity, and the supervision tree under [`NodeRoot`]. A
+//! node whose config names a `head` joins it; one without is the head.
+//!
+//! [`ClusterNode::start`] checks everything a node needs before it serves:
+//! each failure names the config key and the file it came from.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorRef};
+use ractor_cluster::node::NodeServerSessionInformation;
+use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
+use streambatch_core::NodeConfig;
+use streambatch_net::{Endpoint, Identity, Locality, NetError, TlsFiles, frame};
+use streambatch_store::{SharedStore, StoreConfig};
+
+use crate::ClusterError;
+use crate::agent::{AgentMsg, HEAD_GROUP};
+use crate::root::{Children, NodeRoot, RootArgs, RootMsg};
+use crate::serve::StoreServer;
+use crate::wire::NodeInfo;
+use crate::worker::WorkerThreads;
+
+/// How long a node keeps trying to reach its head before it gives up.
+const JOIN_WITHIN: Duration = Duration::from_secs(10);
+
+/// A running cluster node.
+pub struct ClusterNode {
+    runtime: tokio::runtime::Runtime,
+    root: ActorRef<RootMsg>,
+    children: Children,
+    stopped: Arc<Mutex<Option<String>>>,
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+impl ClusterNode {
+    /// Starts the node `config` describes; `file` is where the config came
+    /// from (named in errors). Returns once the node listens and, for a
+    /// worker, has reached its head and said hello.
+    pub fn start(config: &NodeConfig, file: Option<&Path>) -> Result<Self, ClusterError> {
+        let origin = |key| NodeConfig::origin_of(key, file);
+        let identity = load_identity(config, file)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("streambatch-node")
+            .enable_all()
+            .build()
+            .map_err(|e| ClusterError::Start {
+                what: "the runtime",
+                source: e.into(),
+            })?;
+        let store_config = StoreConfig {
+            namespace: config.name.clone(),
+            ..StoreConfig::new(config.store_capacity, &config.spill_dir)
+        };
+        let store = SharedStore::open(store_config).map_err(|e| ClusterError::Start {
+            what: "the store",
+            source: e.into(),
+        })?;
+        let endpoint = runtime
+            .block_on(async { Endpoint::bind(config.listen, &identity) })
+            .map_err(|source| ClusterError::Listen {
+                origin: origin("listen"),
+                source,
+            })?;
+        let info = NodeInfo {
+            name: config.name.clone(),
+            cpus: config.cpus,
+            gpus: config.gpus.unwrap_or(0.0),
+            store_capacity: config.store_capacity,
+            locality: Locality::here(store.spill_dir()),
+            addr: endpoint.local_addr().to_string(),
+        };
+        let stopped = Arc::new(Mutex::new(None));
+        let args = RootArgs {
+            info: info.clone(),
+            head: config.head.is_none(),
+            endpoint,
+            partitions: Arc::new(StoreServer::new(store)),
+            threads: WorkerThreads::default(),
+            stopped: stopped.clone(),
+        };
+        let (root, children, done) = runtime
+            .block_on(async {
+                let (root, handle) = Actor::spawn(None, NodeRoot, args).await?;
+                let children = ractor::call!(root, RootMsg::Children)?;
+                let (tx, done) = tokio::sync::watch::channel(false);
+                tokio::spawn(async move {
+                    let _ = handle.await;
+                    let _ = tx.send(true);
+                });
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((root, children, done))
+            })
+            .map_err(|source| ClusterError::Start {
+                what: "the node's actors",
+                source,
+            })?;
+        let node = Self {
+            runtime,
+            root,
+            children,
+            stopped,
+            done,
+        };
+        match config.head {
+            None => node.watch_members()?,
+            Some(head) => node.join(head, &info, &origin("head"))?,
+        }
+        Ok(node)
+    }
+
+    /// The address the node listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.children.transport.local_addr()
+    }
+
+    /// Waits until the node stops (a child failed, or [`ClusterNode::stop`]).
+    pub fn wait(&self) -> Result<(), ClusterError> {
+        let mut done = self.done.clone();
+        let _ = self.runtime.block_on(done.wait_for(|d| *d));
+        match self
+            .stopped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            Some(why) => Err(ClusterError::Stopped(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the node.
+    pub fn stop(&self) {
+        self.root.stop(None);
+    }
+
+    /// On the head: tells its agent when a node's connection is lost.
+    fn watch_members(&self) -> Result<(), ClusterError> {
+        let subscription = Membership(self.children.agent.clone());
+        self.children
+            .transport
+            .node_server()
+            .cast(NodeServerMessage::SubscribeToEvents {
+                id: "streambatch.members".into(),
+                subscription: Box::new(subscription),
+            })
+            .map_err(|e| ClusterError::Start {
+                what: "membership events",
+                source: e.to_string().into(),
+            })
+    }
+
+    /// Reaches the head (retrying while it starts) and says hello.
+    fn join(&self, head: SocketAddr, info: &NodeInfo, origin: &str) -> Result<(), ClusterError> {
+        let transport = self.children.transport.clone();
+        let started = Instant::now();
+        let unreachable = |source| ClusterError::HeadUnreachable {
+            addr: head,
+            origin: origin.to_string(),
+            waited_s: JOIN_WITHIN.as_secs(),
+            source,
+        };
+        self.runtime.block_on(async {
+            let mut last;
+            loop {
+                match tokio::time::timeout(JOIN_WITHIN, transport.join(head)).await {
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) => last = e,
+                    Err(_) => last = NetError::Config("no answer".into()),
+                }
+                if started.elapsed() >= JOIN_WITHIN {
+                    return Err(unreachable(last));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // The head's agent shows up once the actor session is ready.
+            let agent = loop {
+                if let Some(agent) = remote_member(HEAD_GROUP) {
+                    break agent;
+                }
+                if started.elapsed() >= JOIN_WITHIN {
+                    let why = "the QUIC connection opened but the actor session did not";
+                    return Err(unreachable(NetError::Config(why.into())));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            agent
+                .cast(AgentMsg::Hello(frame::encode(info).to_vec()))
+                .map_err(|e| unreachable(NetError::Config(e.to_string())))
+        })
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.root.stop(None);
+        let mut done = self.done.clone();
+        let _ = self.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await
+        });
+    }
+}
+
+/// A member of process group `group` on another node.
+pub(crate) fn remote_member(group: &str) -> Option<ActorRef<AgentMsg>> {
+    ractor::pg::get_members(&group.to_string())
+        .into_iter()
+        .find(|cell| !cell.get_id().is_local())
+        .map(ActorRef::from)
+}
+
+/// Loads the node's TLS identity from the three keys, naming the key and
+/// the file on any failure.
+pub(crate) fn load_identity(
+    config: &NodeConfig,
+    file: Option<&Path>,
+) -> Result<Identity, ClusterError> {
+    const HINT: &str = "a cluster node needs `tls_ca`, `tls_cert` and `tls_key`; \
+                        `streambatch cluster init DIR` writes them";
+    let need = |key: &'static str, value: &Option<std::path::PathBuf>| {
+        value.clone().ok_or_else(|| ClusterError::Missing {
+            key,
+            origin: NodeConfig::origin_of(key, file),
+            hint: HINT,
+        })
+    };
+    let files = TlsFiles {
+        ca: need("tls_ca", &config.tls_ca)?,
+        cert: need("tls_cert", &config.tls_cert)?,
+        key: need("tls_key", &config.tls_key)?,
+    };
+    Identity::load(&files).map_err(|source| {
+        let key = match &source {
+            NetError::Tls { file: f, .. } if *f == files.ca => "tls_ca",
+            NetError::Tls { file: f, .. } if *f == files.key => "tls_key",
+            _ => "tls_cert",
+        };
+        ClusterError::Tls {
+            key,
+            origin: NodeConfig::origin_of(key, file),
+            source,
+        }
+    })
+}
+
+/// Forwards the NodeServer's membership events to the agent (the callbacks
+/// run inside the NodeServer and must not block).
+struct Membership(ActorRef<AgentMsg>);
+
+impl NodeEventSubscription for Membership {
+    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
+        let _ = self.0.cast(AgentMsg::NodeDown(session.peer_addr));
+    }
+
+    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
+}

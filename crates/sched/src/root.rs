@@ -1,0 +1,148 @@
+//! A cluster node's root supervisor. It starts, linked under itself, the
+//! node's NodeManager (which supervises the workers), its transport's
+//! NodeServer (ractor_cluster) and its NodeAgent. A child that fails stops
+//! the node with the child named: until lineage recovery exists, the head
+//! then sees the node leave and fails its jobs at once rather than hang.
+
+use std::sync::{Arc, Mutex};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use streambatch_core::NodeId;
+use streambatch_net::{Endpoint, PartitionServer, Transport};
+
+use crate::agent::{AgentArgs, AgentMsg, NodeAgent};
+use crate::msg::NodeMsg;
+use crate::node::{NodeArgs, NodeManager};
+use crate::wire::NodeInfo;
+use crate::worker::WorkerThreads;
+
+/// The root actor.
+pub(crate) struct NodeRoot;
+
+/// What the root starts its children with.
+pub(crate) struct RootArgs {
+    pub(crate) info: NodeInfo,
+    pub(crate) head: bool,
+    pub(crate) endpoint: Endpoint,
+    pub(crate) partitions: Arc<dyn PartitionServer>,
+    pub(crate) threads: WorkerThreads,
+    /// Set to why the node stopped, when a child failed.
+    pub(crate) stopped: Arc<Mutex<Option<String>>>,
+}
+
+/// The children, as the node's handle sees them.
+#[derive(Clone)]
+pub(crate) struct Children {
+    pub(crate) manager: ActorRef<NodeMsg>,
+    pub(crate) agent: ActorRef<AgentMsg>,
+    pub(crate) transport: Transport,
+}
+
+/// The root's state.
+pub(crate) struct RootState {
+    children: Children,
+    stopped: Arc<Mutex<Option<String>>>,
+}
+
+/// Messages of the root.
+pub(crate) enum RootMsg {
+    /// Its children.
+    Children(ractor::RpcReplyPort<Children>),
+}
+
+impl ractor::Message for RootMsg {}
+
+impl Actor for NodeRoot {
+    type Msg = RootMsg;
+    type State = RootState;
+    type Arguments = RootArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RootMsg>,
+        args: RootArgs,
+    ) -> Result<RootState, ActorProcessingErr> {
+        let cell = myself.get_cell();
+        let node_args = NodeArgs {
+            id: NodeId(0),
+            threads: args.threads,
+        };
+        let (manager, _) = Actor::spawn_linked(None, NodeManager, node_args, cell.clone()).await?;
+        let transport = Transport::start(
+            &args.info.name,
+            args.endpoint,
+            args.partitions,
+            args.info.locality.clone(),
+            Some(cell.clone()),
+        )
+        .await?;
+        let agent_args = AgentArgs {
+            info: args.info,
+            head: args.head,
+        };
+        let (agent, _) = Actor::spawn_linked(None, NodeAgent, agent_args, cell).await?;
+        Ok(RootState {
+            children: Children {
+                manager,
+                agent,
+                transport,
+            },
+            stopped: args.stopped,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<RootMsg>,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.children.transport.stop();
+        state.children.manager.stop(None);
+        state.children.agent.stop(None);
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<RootMsg>,
+        msg: RootMsg,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RootMsg::Children(reply) => {
+                let _ = reply.send(state.children.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<RootMsg>,
+        event: SupervisionEvent,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, reason) = match event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let children = &state.children;
+        let child = if cell.get_id() == children.manager.get_id() {
+            "node manager"
+        } else if cell.get_id() == children.agent.get_id() {
+            "node agent"
+        } else if cell.get_id() == children.transport.node_server().get_id() {
+            "transport (NodeServer)"
+        } else {
+            return Ok(());
+        };
+        let why = format!("its {child} stopped: {reason}");
+        tracing::error!(%why, "stopping the node");
+        *state.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        myself.stop(None);
+        Ok(())
+    }
+}
