@@ -5,6 +5,10 @@
 //! library users link (`streambatch`), whose built-in operators
 //! (`streambatch::ops`) the workloads use.
 
+mod shaped;
+
+pub use shaped::{Shape, registry, w1_pipeline};
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -244,11 +248,11 @@ impl ProgressLines {
 }
 
 /// Bytes of one W1 row.
-const W1_ROW_BYTES: usize = 10 << 20;
+pub(crate) const W1_ROW_BYTES: usize = 10 << 20;
 
 /// The byte W1's row `id` is filled with (never 0, so that filling it
 /// writes every page, as a real producer's output would).
-fn w1_byte(id: i64) -> u8 {
+pub(crate) fn w1_byte(id: i64) -> u8 {
     (id % 255 + 1) as u8
 }
 
@@ -256,7 +260,10 @@ fn w1_byte(id: i64) -> u8 {
 /// filled row by row with [`w1_byte`] of the row's id, as a producer's
 /// output would be (a one-row batch is one row in a buffer of its own). The
 /// buffer is freed with the batch's last reference.
-fn filled_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBatch, UdfError> {
+pub(crate) fn filled_rows(
+    ids: &ArrayRef,
+    row_bytes: usize,
+) -> std::result::Result<RecordBatch, UdfError> {
     let ids_i64 = ids
         .as_primitive_opt::<Int64Type>()
         .ok_or("`id` is not Int64")?;
@@ -276,7 +283,7 @@ fn filled_rows(ids: &ArrayRef, row_bytes: usize) -> std::result::Result<RecordBa
 /// Runs `make`, then sleeps what is left of `total`: a task that takes
 /// `total` in all, its real work included, as the workloads' ideals assume
 /// (the sleep stands for the rest of the stage's work).
-fn taking<T>(total: Duration, make: impl FnOnce() -> T) -> T {
+pub(crate) fn taking<T>(total: Duration, make: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = make();
     if let Some(rest) = total.checked_sub(started.elapsed()) {

@@ -121,24 +121,7 @@ type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
 fn run(cli: Cli) -> Result<(), AnyError> {
     match cli.command {
-        Command::Node { config } => {
-            let mut settings = NodeConfig::load(Some(&config))?;
-            streambatch::resolve_gpu_slots(&mut settings);
-            let node = streambatch::ClusterNode::start(&settings, Some(&config))?;
-            let role = if settings.head.is_some() {
-                "worker"
-            } else {
-                "head"
-            };
-            // One line on stdout that scripts wait for.
-            println!(
-                "node {} ({role}) listening on {}",
-                settings.name,
-                node.addr()
-            );
-            node.wait()?;
-            Ok(())
-        }
+        Command::Node { config } => streambatch::run_node(&config, &workloads::registry()),
         Command::Cluster(ClusterCommand::Init { dir, nodes }) => {
             let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
             streambatch::init_cluster(&dir, &names)?;

@@ -51,6 +51,9 @@ struct Inner {
     partitions: Arc<dyn PartitionServer>,
     here: Locality,
     peers: Mutex<HashMap<String, Peer>>,
+    /// Where nodes listen, by name: a fetch from a node with no connection
+    /// yet connects there.
+    addresses: Mutex<HashMap<String, SocketAddr>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -91,6 +94,7 @@ impl Transport {
                 partitions,
                 here,
                 peers: Mutex::new(HashMap::new()),
+                addresses: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(Vec::new()),
             }),
         };
@@ -151,13 +155,46 @@ impl Transport {
             .cloned()
     }
 
-    /// Pulls `partition` from node `holder`.
+    /// Notes where node `name` listens, for fetches from it.
+    pub fn learn(&self, name: &str, addr: SocketAddr) {
+        self.inner
+            .addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), addr);
+    }
+
+    /// Pulls `partition` from node `holder`, connecting to it first (for
+    /// data only, no actor session) when there is no connection yet.
     pub async fn fetch(&self, holder: &str, partition: u64) -> Result<Fetched, NetError> {
-        let peer = self.peer(holder).ok_or_else(|| NetError::Connection {
-            peer: holder.to_string(),
-            source: "no connection to this node".into(),
-        })?;
+        let peer = match self.peer(holder) {
+            Some(peer) => peer,
+            None => self.connect_data(holder).await?,
+        };
         fetch::fetch(&peer, partition, &self.inner.here).await
+    }
+
+    async fn connect_data(&self, name: &str) -> Result<Peer, NetError> {
+        let unknown = || NetError::Connection {
+            peer: name.to_string(),
+            source: "no connection to this node, and its address is unknown".into(),
+        };
+        let addr = *self
+            .inner
+            .addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .ok_or_else(unknown)?;
+        let peer = self.inner.endpoint.connect(addr).await?;
+        if peer.name() != name {
+            return Err(NetError::Connection {
+                peer: name.to_string(),
+                source: format!("{addr} is node {}, not {name}", peer.name()).into(),
+            });
+        }
+        self.attach(peer.clone());
+        Ok(peer)
     }
 
     /// Stops accepting, closes every connection and the NodeServer.

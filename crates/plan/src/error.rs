@@ -114,6 +114,21 @@ pub enum Error {
         /// Why.
         source: BoxError,
     },
+    /// A cluster node reported a failure of the job's work.
+    #[error("on node {node}: {message}")]
+    OnNode {
+        /// The node.
+        node: String,
+        /// Its error, as it reported it.
+        message: String,
+    },
+    /// A cluster node running the job's work was lost (it stopped or its
+    /// connection broke).
+    #[error("node {node} was lost while the job ran; its work cannot be redone yet")]
+    NodeLost {
+        /// The node.
+        node: String,
+    },
     /// The node manager stopped while the job still had tasks to run.
     #[error("the node manager has stopped; the job cannot go on")]
     NodeStopped,

@@ -11,6 +11,7 @@ mod error;
 mod expr;
 pub mod ops;
 mod plan;
+mod recipe;
 mod row;
 pub mod sink;
 mod source;
@@ -22,9 +23,10 @@ pub use error::{BoxError, Error, Result};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
+pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
-pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};
+pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats};
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
 };

@@ -102,6 +102,23 @@ pub struct JobStats {
     /// Task events in the order the executor saw them (the first
     /// [`MAX_EVENTS`] only).
     pub events: Vec<Event>,
+    /// Per cluster node (empty for a job on the embedded node).
+    pub nodes: Vec<NodeStats>,
+}
+
+/// What one cluster node did for a job.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeStats {
+    /// The node.
+    pub name: String,
+    /// Tasks it finished.
+    pub tasks: u64,
+    /// Input partitions it read from another node's shared memory.
+    pub inputs_shared: u64,
+    /// Input partitions it pulled from another node over QUIC.
+    pub inputs_quic: u64,
+    /// Bytes of those.
+    pub quic_bytes: u64,
 }
 
 /// Events kept per job; later ones are counted in stats but not recorded.
@@ -173,6 +190,17 @@ impl fmt::Display for JobStats {
             f,
             "(indented: operators fused into the stage above; their time is busy time summed over tasks)"
         )?;
+        for n in &self.nodes {
+            writeln!(
+                f,
+                "node {}: {} tasks; inputs from other nodes: {} by shared memory, {} over QUIC ({})",
+                n.name,
+                n.tasks,
+                n.inputs_shared,
+                n.inputs_quic,
+                format_bytes(n.quic_bytes)
+            )?;
+        }
         write!(
             f,
             "wall {:.2} s; peak store {} of {}; spilled {}, restored {}",

@@ -47,6 +47,11 @@ pub trait BatchUdf: Send + Sync + 'static {
     fn metrics(&self) -> Vec<(String, String)> {
         Vec::new()
     }
+    /// How another node rebuilds this operator; `None` (a closure) means it
+    /// runs only in this process. See [`Registry`](crate::Registry).
+    fn recipe(&self) -> Option<crate::Recipe> {
+        None
+    }
 }
 
 impl<F, E> BatchUdf for F

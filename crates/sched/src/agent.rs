@@ -5,13 +5,20 @@
 //! node says hello with its slots, and a node whose connection is lost is
 //! removed (ractor_cluster's membership events).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorClusterMessage;
-use streambatch_net::frame;
+use streambatch_core::JobId;
+use streambatch_net::{Transport, frame};
+use streambatch_plan::Registry;
+use streambatch_store::{ObjectStore, SharedStore};
 
-use crate::wire::{Members, NodeInfo};
+use crate::msg::NodeMsg;
+use crate::relay::{JobRelay, RelayArgs, RelayMsg};
+use crate::serve::StoreServer;
+use crate::wire::{JobKey, JobStart, Members, NodeInfo, Order};
 
 /// The process group of the head's agent.
 pub(crate) const HEAD_GROUP: &str = "streambatch.head";
@@ -31,6 +38,12 @@ pub enum AgentMsg {
     /// The cluster's members (a [`Members`]).
     #[rpc]
     GetMembers(RpcReplyPort<Vec<u8>>),
+    /// A job starts on this node (a `JobStart`); the reply is empty when
+    /// the node is ready, else why it refuses.
+    #[rpc]
+    StartJob(Vec<u8>, RpcReplyPort<String>),
+    /// An order of a running job (an `Order`).
+    Order(Vec<u8>),
 }
 
 /// The NodeAgent actor.
@@ -42,6 +55,18 @@ pub(crate) struct AgentArgs {
     pub(crate) info: NodeInfo,
     /// Whether this node is the head.
     pub(crate) head: bool,
+    /// What the node runs jobs with.
+    pub(crate) runs: JobResources,
+}
+
+/// What a node runs jobs' tasks with.
+#[derive(Clone)]
+pub(crate) struct JobResources {
+    pub(crate) registry: Registry,
+    pub(crate) store: SharedStore,
+    pub(crate) server: Arc<StoreServer>,
+    pub(crate) transport: Transport,
+    pub(crate) manager: ActorRef<NodeMsg>,
 }
 
 /// An agent's state.
@@ -49,6 +74,10 @@ pub(crate) struct AgentState {
     info: NodeInfo,
     /// On the head: the nodes that said hello, by name.
     members: BTreeMap<String, NodeInfo>,
+    runs: JobResources,
+    /// The relays of the jobs running here.
+    jobs: HashMap<JobKey, ActorRef<RelayMsg>>,
+    next_job: u64,
 }
 
 impl Actor for NodeAgent {
@@ -72,12 +101,33 @@ impl Actor for NodeAgent {
         Ok(AgentState {
             info: args.info,
             members,
+            runs: args.runs,
+            jobs: HashMap::new(),
+            next_job: 1,
         })
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _: ActorRef<AgentMsg>,
+        event: SupervisionEvent,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        // A relay that stopped (its job ended) or failed is forgotten; the
+        // driver hears of a failure through the job's membership.
+        if let SupervisionEvent::ActorTerminated(cell, ..)
+        | SupervisionEvent::ActorFailed(cell, _) = event
+        {
+            state
+                .jobs
+                .retain(|_, relay| relay.get_id() != cell.get_id());
+        }
+        Ok(())
     }
 
     async fn handle(
         &self,
-        _: ActorRef<AgentMsg>,
+        myself: ActorRef<AgentMsg>,
         msg: AgentMsg,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
@@ -95,7 +145,26 @@ impl Actor for NodeAgent {
                 if state.members.remove(&name).is_some() {
                     tracing::warn!(node = %name, "node lost");
                 }
+                // The jobs of a driver that is gone end here too.
+                for (_, relay) in state.jobs.iter().filter(|(k, _)| k.driver == name) {
+                    relay.stop(None);
+                }
             }
+            AgentMsg::StartJob(bytes, reply) => {
+                let answer = match state.start_job(&bytes, &myself).await {
+                    Ok(()) => String::new(),
+                    Err(why) => why,
+                };
+                let _ = reply.send(answer);
+            }
+            AgentMsg::Order(bytes) => match frame::decode::<Order>(&bytes) {
+                Ok(Order { key, order }) => {
+                    if let Some(relay) = state.jobs.get(&key) {
+                        let _ = relay.cast(RelayMsg::Order(order));
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "an order that is not valid was dropped"),
+            },
             AgentMsg::GetMembers(reply) => {
                 // The head first, then the others by name.
                 let head = state.members.get(&state.info.name).cloned();
@@ -112,6 +181,54 @@ impl Actor for NodeAgent {
                 let _ = reply.send(frame::encode(&Members { nodes }).to_vec());
             }
         }
+        Ok(())
+    }
+}
+
+impl AgentState {
+    /// Starts a job's relay here, or says why not (an operator this node's
+    /// binary did not register, a payload that is not valid).
+    async fn start_job(&mut self, bytes: &[u8], myself: &ActorRef<AgentMsg>) -> Result<(), String> {
+        let start = frame::decode::<JobStart>(bytes).map_err(|e| e.to_string())?;
+        let registry = &self.runs.registry;
+        let missing: Vec<String> = start
+            .plan
+            .recipe_names()
+            .into_iter()
+            .filter(|name| !registry.contains(name))
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "node {} has no operator named {} (its binary registered: {})",
+                self.info.name,
+                missing.join(", "),
+                registry.names().join(", ")
+            ));
+        }
+        let plan = start.plan.build(registry).map_err(|e| e.to_string())?;
+        for (name, addr) in &start.nodes {
+            if let Ok(addr) = addr.parse() {
+                self.runs.transport.learn(name, addr);
+            }
+        }
+        let job = JobId(self.next_job);
+        self.next_job += 1;
+        let args = RelayArgs {
+            key: start.key.clone(),
+            job,
+            plan: Arc::new(plan),
+            target_bytes: start.target_bytes,
+            reserve: start.reserve,
+            node: self.info.name.clone(),
+            store: Arc::new(self.runs.store.clone()) as Arc<dyn ObjectStore>,
+            server: self.runs.server.clone(),
+            transport: self.runs.transport.clone(),
+            manager: self.runs.manager.clone(),
+        };
+        let (relay, _) = Actor::spawn_linked(None, JobRelay, args, myself.get_cell())
+            .await
+            .map_err(|e| format!("starting the job on node {}: {e}", self.info.name))?;
+        self.jobs.insert(start.key, relay);
         Ok(())
     }
 }

@@ -1,19 +1,40 @@
 //! A driver's connection to a cluster: it joins the head as a peer with its
-//! own certificate (but no slots) and asks the head's agent what it needs.
+//! own certificate (but no slots), learns the members from the head's
+//! agent, and runs jobs on them: each job's Executor runs here, in the
+//! driver, as Ray Data's streaming executor runs in its driver, and sends
+//! tasks to the nodes' agents (docs/architecture.md, "The cluster").
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-use ractor::ActorRef;
-use streambatch_core::NodeConfig;
-use streambatch_net::{Endpoint, Locality, NetError, PartitionServer, Served, Transport, frame};
+use arrow_array::RecordBatch;
+use ractor::{Actor, ActorRef};
+use ractor_cluster::node::NodeServerSessionInformation;
+use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
+use streambatch_core::{JobId, NodeConfig, Resources};
+use streambatch_net::{
+    Endpoint, Fetched, Locality, NetError, PartitionServer, Served, Transport, frame,
+};
+use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
 use crate::ClusterError;
-use crate::agent::{AgentMsg, HEAD_GROUP};
+use crate::agent::{AgentMsg, HEAD_GROUP, node_group};
 use crate::cluster::{load_identity, remote_member};
-use crate::wire::Members;
+use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
+use crate::msg::ExecutorMsg;
+use crate::output::JobOutput;
+use crate::partition::RemoteSource;
+use crate::plan_wire::PlanSpec;
+use crate::remote::{JobPort, RemoteNode};
+use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
 
-/// How long a driver waits for the head.
+/// Running jobs' executors, each with the names of the nodes it uses.
+type RunningJobs = Arc<Mutex<Vec<(Vec<String>, ActorRef<ExecutorMsg>)>>>;
+
+/// How long a driver waits for the head, or for a node to answer.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 
 /// A driver connected to a cluster's head.
@@ -21,13 +42,17 @@ pub struct ClusterClient {
     runtime: tokio::runtime::Runtime,
     transport: Transport,
     head: ActorRef<AgentMsg>,
+    config: NodeConfig,
+    next_job: AtomicU64,
+    /// Running jobs' executors, by the nodes they use, told of node loss.
+    jobs: RunningJobs,
 }
 
 /// A driver holds no partitions of its own.
 struct NoPartitions;
 
 impl PartitionServer for NoPartitions {
-    fn serve(&self, partition: u64, _: bool) -> Result<Served, String> {
+    fn serve(&self, partition: u64, _: bool) -> std::result::Result<Served, String> {
         Err(format!("partition {partition}: a driver holds none"))
     }
 }
@@ -35,7 +60,10 @@ impl PartitionServer for NoPartitions {
 impl ClusterClient {
     /// Connects to the head named by `config` (`head`, and the TLS keys);
     /// `file` is where the config came from, for errors.
-    pub fn connect(config: &NodeConfig, file: Option<&Path>) -> Result<Self, ClusterError> {
+    pub fn connect(
+        config: &NodeConfig,
+        file: Option<&Path>,
+    ) -> std::result::Result<Self, ClusterError> {
         let origin = |key| NodeConfig::origin_of(key, file);
         let head = config.head.ok_or_else(|| ClusterError::Missing {
             key: "head",
@@ -44,7 +72,7 @@ impl ClusterClient {
         })?;
         let identity = load_identity(config, file)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(2)
             .thread_name("streambatch-driver")
             .enable_all()
             .build()
@@ -58,6 +86,7 @@ impl ClusterClient {
             waited_s: CONNECT_WITHIN.as_secs(),
             source,
         };
+        let jobs = RunningJobs::default();
         let (transport, head) = runtime.block_on(async {
             let endpoint = Endpoint::bind(config.listen, &identity).map_err(|source| {
                 ClusterError::Listen {
@@ -66,44 +95,43 @@ impl ClusterClient {
                 }
             })?;
             let here = Locality::here(&config.spill_dir);
-            let transport = Transport::start(
-                &config.name,
-                endpoint,
-                std::sync::Arc::new(NoPartitions),
-                here,
-                None,
-            )
-            .await
-            .map_err(|source| ClusterError::Start {
-                what: "the transport",
-                source: source.into(),
-            })?;
-            let started = Instant::now();
+            let transport =
+                Transport::start(&config.name, endpoint, Arc::new(NoPartitions), here, None)
+                    .await
+                    .map_err(|source| ClusterError::Start {
+                        what: "the transport",
+                        source: source.into(),
+                    })?;
+            let lost = NodeLoss(jobs.clone());
+            let _ = transport
+                .node_server()
+                .cast(NodeServerMessage::SubscribeToEvents {
+                    id: "streambatch.jobs".into(),
+                    subscription: Box::new(lost),
+                });
             match tokio::time::timeout(CONNECT_WITHIN, transport.join(head)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(unreachable(e)),
                 Err(_) => return Err(unreachable(NetError::Config("no answer".into()))),
             }
-            loop {
-                if let Some(agent) = remote_member(HEAD_GROUP) {
-                    return Ok((transport, agent));
-                }
-                if started.elapsed() >= CONNECT_WITHIN {
-                    let why = "the QUIC connection opened but the actor session did not";
-                    return Err(unreachable(NetError::Config(why.into())));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            let agent = agent_of(HEAD_GROUP).await.ok_or_else(|| {
+                let why = "the QUIC connection opened but the actor session did not";
+                unreachable(NetError::Config(why.into()))
+            })?;
+            Ok((transport, agent))
         })?;
         Ok(Self {
             runtime,
             transport,
             head,
+            config: config.clone(),
+            next_job: AtomicU64::new(1),
+            jobs,
         })
     }
 
     /// The cluster's members, as the head knows them now.
-    pub fn members(&self) -> Result<Members, ClusterError> {
+    pub fn members(&self) -> std::result::Result<Members, ClusterError> {
         let head = self.head.clone();
         let bytes = self
             .runtime
@@ -112,10 +140,228 @@ impl ClusterClient {
         frame::decode(&bytes)
             .map_err(|e| ClusterError::Stopped(format!("the head's member list: {e}")))
     }
+
+    /// Connects to each member with slots and starts job `key` there;
+    /// returns them in the order the job numbers its nodes.
+    async fn start_on_nodes(
+        &self,
+        key: &JobKey,
+        (plan, spec): (&ExecPlan, &PlanSpec),
+        members: Vec<NodeInfo>,
+    ) -> Result<Vec<RemoteNode>> {
+        let smallest = members.iter().map(|n| n.store_capacity).min().unwrap_or(1);
+        let (target_bytes, reserve) = sizing(plan, self.config.target_partition_bytes, smallest);
+        let start = JobStart {
+            key: key.clone(),
+            plan: spec.clone(),
+            target_bytes,
+            reserve,
+            nodes: members
+                .iter()
+                .map(|m| (m.name.clone(), m.addr.clone()))
+                .collect(),
+        };
+        let bytes = frame::encode(&start).to_vec();
+        let mut nodes = Vec::new();
+        for member in members {
+            let lost = || Error::NodeLost {
+                node: member.name.clone(),
+            };
+            if self.transport.peer(&member.name).is_none() {
+                let addr = member.addr.parse().map_err(|_| lost())?;
+                self.transport.join(addr).await.map_err(|e| Error::OnNode {
+                    node: member.name.clone(),
+                    message: e.to_string(),
+                })?;
+            }
+            let agent = agent_of(&node_group(&member.name)).await.ok_or_else(lost)?;
+            let answer = ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.clone())
+                .map_err(|_| lost())?;
+            if !answer.is_empty() {
+                return Err(Error::Invalid(format!("refused at submission: {answer}")));
+            }
+            nodes.push(RemoteNode {
+                name: member.name,
+                agent,
+                slots: Resources {
+                    cpus: member.cpus,
+                    gpus: member.gpus,
+                    memory_bytes: 0,
+                },
+                capacity: member.store_capacity,
+            });
+        }
+        Ok(nodes)
+    }
+}
+
+impl Runner for ClusterClient {
+    fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>> {
+        let spec = PlanSpec::of(&plan)?;
+        let members: Vec<NodeInfo> = self
+            .members()
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .nodes
+            .into_iter()
+            .filter(|n| n.cpus > 0.0 || n.gpus > 0.0)
+            .collect();
+        if members.is_empty() {
+            return Err(Error::Invalid(
+                "the cluster has no node with slots to run tasks".into(),
+            ));
+        }
+        let key = JobKey {
+            driver: self.config.name.clone(),
+            job: self.next_job.fetch_add(1, Ordering::Relaxed),
+        };
+        let (output, rx) = mpsc::channel();
+        let live = Arc::new(Mutex::new(JobStats::default()));
+        let executor_cell: Arc<OnceLock<ActorRef<ExecutorMsg>>> = Arc::default();
+        let handle = self.runtime.handle().clone();
+        let source = Arc::new(ClusterSource {
+            handle: handle.clone(),
+            transport: self.transport.clone(),
+            agents: Mutex::new(HashMap::new()),
+            key: key.clone(),
+        });
+        let (port, executor) = self.runtime.block_on(async {
+            let (port, _) = Actor::spawn(None, JobPort, (key.clone(), executor_cell.clone()))
+                .await
+                .map_err(|e| Error::Start {
+                    what: "the job's port",
+                    source: e.into(),
+                })?;
+            let nodes = match self.start_on_nodes(&key, (&plan, &spec), members).await {
+                Ok(nodes) => nodes,
+                Err(e) => {
+                    port.stop(None);
+                    return Err(e);
+                }
+            };
+            *source.agents.lock().unwrap_or_else(|p| p.into_inner()) = nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.agent.clone()))
+                .collect();
+            let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+            let args = ExecutorArgs {
+                job: JobId(key.job),
+                plan: Arc::new(plan),
+                nodes: Nodes::Remote {
+                    key: key.clone(),
+                    nodes,
+                    source: source.clone(),
+                },
+                config: self.config.clone(),
+                output,
+                live: live.clone(),
+            };
+            let (executor, _) = Actor::spawn(None, Executor, args).await.map_err(|e| {
+                port.stop(None);
+                Error::Start {
+                    what: "the executor",
+                    source: e.into(),
+                }
+            })?;
+            let _ = executor_cell.set(executor.clone());
+            self.jobs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((names, executor.clone()));
+            Ok::<_, Error>((port, executor))
+        })?;
+        let jobs = self.jobs.clone();
+        let on_done = Box::new(move || {
+            port.stop(None);
+            jobs.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(_, e)| e.get_id() != executor.get_id());
+        });
+        Ok(Box::new(JobOutput::new(rx, live, Some(on_done))))
+    }
+
+    fn config(&self) -> &NodeConfig {
+        &self.config
+    }
 }
 
 impl Drop for ClusterClient {
     fn drop(&mut self) {
         self.transport.stop();
     }
+}
+
+/// The agent in process group `group`, once it is seen (ractor_cluster
+/// announces a peer's groups right after its session is ready).
+async fn agent_of(group: &str) -> Option<ActorRef<AgentMsg>> {
+    let started = Instant::now();
+    loop {
+        if let Some(agent) = remote_member::<AgentMsg>(group) {
+            return Some(agent);
+        }
+        if started.elapsed() >= CONNECT_WITHIN {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads the job's partitions from the nodes holding them, and tells those
+/// nodes when the job is done with them.
+struct ClusterSource {
+    handle: tokio::runtime::Handle,
+    transport: Transport,
+    agents: Mutex<HashMap<String, ActorRef<AgentMsg>>>,
+    key: JobKey,
+}
+
+impl RemoteSource for ClusterSource {
+    fn fetch(&self, holder: &str, id: u64) -> Result<RecordBatch> {
+        let failed = |message: String| Error::OnNode {
+            node: holder.to_string(),
+            message: format!("fetching partition {id}: {message}"),
+        };
+        let fetched = self
+            .handle
+            .block_on(self.transport.fetch(holder, id))
+            .map_err(|e| failed(e.to_string()))?;
+        match fetched {
+            Fetched::Shared(name) => streambatch_store::open_shared(&name)
+                .map(|p| p.batch)
+                .map_err(|e| failed(e.to_string())),
+            Fetched::Bytes(bytes) => {
+                let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
+                aligned.extend_from_slice(&bytes);
+                streambatch_store::ipc::decode(&aligned.into()).map_err(|e| failed(e.to_string()))
+            }
+        }
+    }
+
+    fn release(&self, holder: &str, id: u64) {
+        let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(agent) = agents.get(holder) {
+            let order = Order {
+                key: self.key.clone(),
+                order: JobOrder::Release { ids: vec![id] },
+            };
+            let _ = agent.cast(AgentMsg::Order(frame::encode(&order).to_vec()));
+        }
+    }
+}
+
+/// Tells running jobs when one of their nodes' connections is lost.
+struct NodeLoss(RunningJobs);
+
+impl NodeEventSubscription for NodeLoss {
+    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
+        let jobs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for (nodes, executor) in jobs.iter() {
+            if nodes.contains(&session.peer_addr) {
+                let _ = executor.cast(ExecutorMsg::NodeLost(session.peer_addr.clone()));
+            }
+        }
+    }
+
+    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
 }

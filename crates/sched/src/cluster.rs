@@ -15,12 +15,12 @@ use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
 use streambatch_core::NodeConfig;
 use streambatch_net::{Endpoint, Identity, Locality, NetError, TlsFiles, frame};
+use streambatch_plan::Registry;
 use streambatch_store::{SharedStore, StoreConfig};
 
 use crate::ClusterError;
 use crate::agent::{AgentMsg, HEAD_GROUP};
 use crate::root::{Children, NodeRoot, RootArgs, RootMsg};
-use crate::serve::StoreServer;
 use crate::wire::NodeInfo;
 use crate::worker::WorkerThreads;
 
@@ -40,7 +40,11 @@ impl ClusterNode {
     /// Starts the node `config` describes; `file` is where the config came
     /// from (named in errors). Returns once the node listens and, for a
     /// worker, has reached its head and said hello.
-    pub fn start(config: &NodeConfig, file: Option<&Path>) -> Result<Self, ClusterError> {
+    pub fn start(
+        config: &NodeConfig,
+        file: Option<&Path>,
+        registry: Registry,
+    ) -> Result<Self, ClusterError> {
         let origin = |key| NodeConfig::origin_of(key, file);
         let identity = load_identity(config, file)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -71,7 +75,7 @@ impl ClusterNode {
             cpus: config.cpus,
             gpus: config.gpus.unwrap_or(0.0),
             store_capacity: config.store_capacity,
-            locality: Locality::here(store.spill_dir()),
+            locality: Locality::here(&config.spill_dir),
             addr: endpoint.local_addr().to_string(),
         };
         let stopped = Arc::new(Mutex::new(None));
@@ -79,7 +83,8 @@ impl ClusterNode {
             info: info.clone(),
             head: config.head.is_none(),
             endpoint,
-            partitions: Arc::new(StoreServer::new(store)),
+            store,
+            registry,
             threads: WorkerThreads::default(),
             stopped: stopped.clone(),
         };
@@ -105,9 +110,9 @@ impl ClusterNode {
             stopped,
             done,
         };
-        match config.head {
-            None => node.watch_members()?,
-            Some(head) => node.join(head, &info, &origin("head"))?,
+        node.watch_members()?;
+        if let Some(head) = config.head {
+            node.join(head, &info, &origin("head"))?;
         }
         Ok(node)
     }
@@ -137,7 +142,8 @@ impl ClusterNode {
         self.root.stop(None);
     }
 
-    /// On the head: tells its agent when a node's connection is lost.
+    /// Tells the agent when a peer's connection is lost (on the head: a
+    /// member; on any node: a driver whose jobs end).
     fn watch_members(&self) -> Result<(), ClusterError> {
         let subscription = Membership(self.children.agent.clone());
         self.children
@@ -178,7 +184,7 @@ impl ClusterNode {
             }
             // The head's agent shows up once the actor session is ready.
             let agent = loop {
-                if let Some(agent) = remote_member(HEAD_GROUP) {
+                if let Some(agent) = remote_member::<AgentMsg>(HEAD_GROUP) {
                     break agent;
                 }
                 if started.elapsed() >= JOIN_WITHIN {
@@ -205,7 +211,7 @@ impl Drop for ClusterNode {
 }
 
 /// A member of process group `group` on another node.
-pub(crate) fn remote_member(group: &str) -> Option<ActorRef<AgentMsg>> {
+pub(crate) fn remote_member<M: ractor::Message>(group: &str) -> Option<ActorRef<M>> {
     ractor::pg::get_members(&group.to_string())
         .into_iter()
         .find(|cell| !cell.get_id().is_local())

@@ -1,7 +1,11 @@
 //! The Executor: one actor per job, a thin shell around the job's
 //! [`JobState`]. It feeds the state every event its tasks report, then
-//! carries out the decisions the state returns: tasks go to the node,
+//! carries out the decisions the state returns: tasks go to a node,
 //! outputs of the last stage stream to the driver as soon as they exist.
+//!
+//! It runs in the process that submitted the job. Its tasks run either on
+//! the embedded node of that process ([`Local`]) or on the nodes of a
+//! cluster ([`Remote`]), reached through their agents.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -14,14 +18,36 @@ use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
-use crate::job::{Action, JobState, Memory, StageShape};
+use crate::job::{Action, Input, JobState, Memory, StageShape};
 use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
-use crate::partition::Slice;
+use crate::partition::{RemotePart, RemoteSource, Slice};
 use crate::record::Recorder;
+use crate::remote::RemoteNode;
 use crate::task::{JobCtx, TaskEvent, TaskRun};
+use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, StoreView};
 
 /// The Executor actor.
 pub(crate) struct Executor;
+
+/// Where a job's tasks run.
+pub(crate) enum Nodes {
+    /// The embedded node of this process.
+    Local {
+        /// Its NodeManager.
+        manager: ActorRef<NodeMsg>,
+        /// Its store.
+        store: Arc<dyn ObjectStore>,
+    },
+    /// Cluster nodes, each started for this job (see `JobStart`).
+    Remote {
+        /// The job's name on the nodes.
+        key: JobKey,
+        /// The nodes, in the order the job state numbers them.
+        nodes: Vec<RemoteNode>,
+        /// Reads and releases their partitions.
+        source: Arc<dyn RemoteSource>,
+    },
+}
 
 /// What a job's executor is started with.
 pub(crate) struct ExecutorArgs {
@@ -29,12 +55,11 @@ pub(crate) struct ExecutorArgs {
     pub(crate) job: JobId,
     /// The physical plan.
     pub(crate) plan: Arc<ExecPlan>,
-    /// The node that runs its tasks.
-    pub(crate) node: ActorRef<NodeMsg>,
-    /// The node's settings (slots, partition size, retries).
+    /// Where its tasks run.
+    pub(crate) nodes: Nodes,
+    /// The settings of the job (partition size, retries) and, for a local
+    /// job, of its node.
     pub(crate) config: NodeConfig,
-    /// The node's store.
-    pub(crate) store: Arc<dyn ObjectStore>,
     /// Where outputs go.
     pub(crate) output: Sender<JobItem>,
     /// Stats, updated live.
@@ -44,33 +69,84 @@ pub(crate) struct ExecutorArgs {
 /// The executor's state: the job's state and what carries out its decisions.
 pub(crate) struct ExecState {
     job: JobState<Slice>,
-    ctx: Arc<JobCtx>,
-    node: ActorRef<NodeMsg>,
-    store: Arc<dyn ObjectStore>,
-    /// Paused tasks, holding their pending outputs, until resumed.
-    paused: HashMap<TaskId, Box<TaskRun>>,
+    plan: Arc<ExecPlan>,
+    backend: Backend,
     output: Sender<JobItem>,
 }
 
-/// Memory as the store and the job's budgets have it now.
+enum Backend {
+    Local(Local),
+    Remote(Remote),
+}
+
+/// Tasks on this process's node.
+struct Local {
+    ctx: Arc<JobCtx>,
+    manager: ActorRef<NodeMsg>,
+    store: Arc<dyn ObjectStore>,
+    /// Paused tasks, holding their pending outputs, until resumed.
+    paused: HashMap<TaskId, Box<TaskRun>>,
+}
+
+/// Tasks on cluster nodes.
+struct Remote {
+    key: JobKey,
+    nodes: Vec<RemoteNode>,
+    source: Arc<dyn RemoteSource>,
+    /// Per node: the job's budgets there, as this executor accounts them
+    /// (each node enforces its own; these steer the decisions).
+    shadows: Vec<Budgets>,
+    /// Per node: its store as its last event saw it.
+    stores: Vec<StoreView>,
+}
+
+/// Partition size and each stage's memory reserve: partitions small enough
+/// that every stage's reserve holds one in the smallest store.
+pub(crate) fn sizing(plan: &ExecPlan, target: u64, capacity: u64) -> (u64, Vec<u64>) {
+    let task_stages = plan.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
+    let target_bytes = target.min(capacity / (2 * task_stages)).max(1);
+    let reserve = plan
+        .stages
+        .iter()
+        .map(|s| if s.runs_tasks() { target_bytes } else { 0 })
+        .collect();
+    (target_bytes, reserve)
+}
+
+/// Memory as the local store and the job's budgets have it now.
 struct LiveMemory<'a> {
     budgets: &'a Budgets,
     store: &'a dyn ObjectStore,
 }
 
 impl Memory for LiveMemory<'_> {
-    fn fits(&self, stage: usize, bytes: u64) -> bool {
+    fn fits(&self, _node: usize, stage: usize, bytes: u64) -> bool {
         let store = self.store.stats();
         let free = store.capacity_bytes.saturating_sub(store.used_bytes);
         self.budgets.fits(stage, bytes) && bytes <= free
     }
 
-    fn frees(&self) -> u64 {
+    fn frees(&self, _node: usize) -> u64 {
         self.store.stats().frees
     }
 
     fn held(&self, stage: usize) -> u64 {
         self.budgets.used(stage)
+    }
+}
+
+impl Memory for Remote {
+    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
+        let store = self.stores[node];
+        self.shadows[node].fits(stage, bytes) && bytes <= store.capacity.saturating_sub(store.used)
+    }
+
+    fn frees(&self, node: usize) -> u64 {
+        self.stores[node].frees
+    }
+
+    fn held(&self, stage: usize) -> u64 {
+        self.shadows.iter().map(|b| b.used(stage)).sum()
     }
 }
 
@@ -85,52 +161,79 @@ impl Actor for Executor {
         args: ExecutorArgs,
     ) -> Result<ExecState, ActorProcessingErr> {
         let plan = args.plan;
-        let capacity = args.store.stats().capacity_bytes;
-        let task_stages = plan.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
-        // Partitions small enough that every stage's reserve holds one.
-        let target_bytes = args
-            .config
-            .target_partition_bytes
-            .min(capacity / (2 * task_stages))
-            .max(1);
-        let reserve = plan
-            .stages
-            .iter()
-            .map(|s| if s.runs_tasks() { target_bytes } else { 0 })
-            .collect();
-        let notify = myself.clone();
-        let budgets = Budgets::new(
-            capacity,
-            reserve,
+        let events = myself.get_derived();
+        let notify = move || -> Arc<dyn Fn() + Send + Sync> {
+            let me = myself.clone();
             Arc::new(move || {
-                let _ = notify.cast(ExecutorMsg::MemoryFreed);
-            }),
-        );
-        let names = plan.stages.iter().map(|s| s.name.clone()).collect();
-        let recorder = Recorder::new(args.live, names, capacity);
-        let shapes = plan.stages.iter().map(StageShape::of).collect();
-        let free = Resources {
-            cpus: args.config.cpus,
-            gpus: args.config.gpus.unwrap_or(0.0),
-            memory_bytes: 0,
+                let _ = me.cast(ExecutorMsg::MemoryFreed);
+            })
         };
-        let job = JobState::new(shapes, free, args.config.max_task_retries, recorder);
-        let cancelled = plan.stages.iter().map(|_| Default::default()).collect();
-        let ctx = Arc::new(JobCtx {
-            job: args.job,
-            plan,
-            store: args.store.clone(),
-            budgets,
-            events: myself.get_derived(),
-            target_bytes,
-            cancelled,
-        });
+        let names = plan.stages.iter().map(|s| s.name.clone()).collect();
+        let shapes = plan.stages.iter().map(StageShape::of).collect();
+        let retries = args.config.max_task_retries;
+        let (backend, free, capacity) = match args.nodes {
+            Nodes::Local { manager, store } => {
+                let capacity = store.stats().capacity_bytes;
+                let (target_bytes, reserve) =
+                    sizing(&plan, args.config.target_partition_bytes, capacity);
+                let budgets = Budgets::new(capacity, reserve, notify());
+                let ctx = Arc::new(JobCtx {
+                    job: args.job,
+                    plan: plan.clone(),
+                    store: store.clone(),
+                    budgets,
+                    events,
+                    target_bytes,
+                    cancelled: plan.stages.iter().map(|_| Default::default()).collect(),
+                });
+                let free = vec![Resources {
+                    cpus: args.config.cpus,
+                    gpus: args.config.gpus.unwrap_or(0.0),
+                    memory_bytes: 0,
+                }];
+                let local = Local {
+                    ctx,
+                    manager,
+                    store,
+                    paused: HashMap::new(),
+                };
+                (Backend::Local(local), free, capacity)
+            }
+            Nodes::Remote { key, nodes, source } => {
+                let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
+                let (_, reserve) = sizing(&plan, args.config.target_partition_bytes, smallest);
+                let shadows = nodes
+                    .iter()
+                    .map(|n| Budgets::new(n.capacity, reserve.clone(), notify()))
+                    .collect();
+                let stores = nodes
+                    .iter()
+                    .map(|n| StoreView {
+                        used: 0,
+                        capacity: n.capacity,
+                        frees: 0,
+                    })
+                    .collect();
+                let free = nodes.iter().map(|n| n.slots).collect();
+                let remote = Remote {
+                    key,
+                    nodes,
+                    source,
+                    shadows,
+                    stores,
+                };
+                (Backend::Remote(remote), free, smallest)
+            }
+        };
+        let recorder = Recorder::new(args.live, names, capacity);
+        if let Backend::Remote(remote) = &backend {
+            let names: Vec<String> = remote.nodes.iter().map(|n| n.name.clone()).collect();
+            recorder.nodes(&names);
+        }
         Ok(ExecState {
-            job,
-            ctx,
-            node: args.node,
-            store: args.store,
-            paused: HashMap::new(),
+            job: JobState::new(shapes, free, retries, recorder),
+            plan,
+            backend,
             output: args.output,
         })
     }
@@ -159,6 +262,8 @@ impl Actor for Executor {
         }
         match msg {
             ExecutorMsg::Task(event) => state.on_task_event(event),
+            ExecutorMsg::Node(event) => state.on_node_event(event),
+            ExecutorMsg::NodeLost(node) => state.job.fail(Error::NodeLost { node }),
             ExecutorMsg::MemoryFreed => {}
         }
         state.carry_out(&myself);
@@ -172,13 +277,15 @@ impl ExecState {
         match event {
             TaskEvent::Output { task, seq, slice } => job.on_output(task, seq, slice),
             TaskEvent::Paused(run) => {
-                if job.on_paused(run.task, run.pending_bytes(), run.store_full_at) {
-                    self.paused.insert(run.task, run);
+                if job.on_paused(run.task, run.pending_bytes(), run.store_full_at)
+                    && let Backend::Local(local) = &mut self.backend
+                {
+                    local.paused.insert(run.task, run);
                 }
             }
             TaskEvent::Finished { task, busy } => {
                 if let Some(stage) = job.on_finished(task) {
-                    let ops = self.ctx.plan.stages[stage].op_stats();
+                    let ops = self.plan.stages[stage].op_stats();
                     job.record_finished(stage, busy, ops);
                 }
             }
@@ -187,19 +294,77 @@ impl ExecState {
         }
     }
 
-    /// Sets up the first `min` workers of each stateful stage's pool.
+    fn on_node_event(&mut self, event: NodeEvent) {
+        let Backend::Remote(remote) = &mut self.backend else {
+            return;
+        };
+        let Some(node) = remote.nodes.iter().position(|n| n.name == event.node) else {
+            return;
+        };
+        remote.stores[node] = event.store;
+        let pulled = event.pulled;
+        let job = &mut self.job;
+        job.recorder()
+            .node_inputs(node, pulled.shared, pulled.quic, pulled.quic_bytes);
+        match event.happened {
+            Happened::Output {
+                task,
+                seq,
+                id,
+                rows,
+                bytes,
+            } => {
+                let task = TaskId(task);
+                let stage = job.stage_of(task);
+                let shadow = stage.map(|s| remote.shadows[node].force_admit(s, bytes));
+                let part = RemotePart::new(
+                    (node, event.node),
+                    (id, rows as usize, bytes),
+                    remote.source.clone(),
+                    shadow,
+                );
+                job.on_output(task, seq, Slice::remote(part));
+            }
+            Happened::Paused {
+                task,
+                pending_bytes,
+                store_full_at,
+            } => {
+                job.on_paused(TaskId(task), pending_bytes, store_full_at);
+            }
+            Happened::Finished { task, busy_us } => {
+                if let Some(stage) = job.on_finished(TaskId(task)) {
+                    let busy = std::time::Duration::from_micros(busy_us);
+                    job.record_finished(stage, busy, Vec::new());
+                    job.recorder().node_finished(node);
+                }
+            }
+            Happened::Failed { message } => job.fail(Error::OnNode {
+                node: event.node,
+                message,
+            }),
+            Happened::Lost { task, message } => job.on_lost(TaskId(task), message),
+            Happened::MemoryFreed => {}
+        }
+    }
+
+    /// Sets up the first `min` workers of each stateful stage's pool (on
+    /// the local node; a cluster node sets up its pools as tasks arrive).
     fn start_pools(&self) {
-        for (stage, spec) in self.ctx.plan.stages.iter().enumerate() {
+        let Backend::Local(local) = &self.backend else {
+            return;
+        };
+        for (stage, spec) in self.plan.stages.iter().enumerate() {
             let Some(pool) = spec.options.pool else {
                 continue;
             };
             if pool.min > 0 && !spec.stateful_ops().is_empty() {
                 let msg = NodeMsg::SetUp {
-                    job: self.ctx.clone(),
+                    job: local.ctx.clone(),
                     stage,
                     workers: pool.min,
                 };
-                let _ = self.node.cast(msg);
+                let _ = local.manager.cast(msg);
             }
         }
     }
@@ -208,11 +373,13 @@ impl ExecState {
     /// the actor once the job has ended.
     fn carry_out(&mut self, myself: &ActorRef<ExecutorMsg>) {
         loop {
-            let memory = LiveMemory {
-                budgets: &self.ctx.budgets,
-                store: self.store.as_ref(),
+            let actions = match &self.backend {
+                Backend::Local(local) => self.job.advance(&LiveMemory {
+                    budgets: &local.ctx.budgets,
+                    store: local.store.as_ref(),
+                }),
+                Backend::Remote(remote) => self.job.advance(remote),
             };
-            let actions = self.job.advance(&memory);
             if actions.is_empty() {
                 break;
             }
@@ -220,15 +387,56 @@ impl ExecState {
                 self.apply(action);
             }
         }
-        self.job
-            .recorder()
-            .store_used(self.store.stats().used_bytes);
+        self.job.recorder().store_used(self.store_used());
         if self.job.ended() {
             myself.stop(None);
         }
     }
 
+    fn store_used(&self) -> u64 {
+        match &self.backend {
+            Backend::Local(local) => local.store.stats().used_bytes,
+            Backend::Remote(remote) => remote.stores.iter().map(|s| s.used).sum(),
+        }
+    }
+
     fn apply(&mut self, action: Action<Slice>) {
+        match action {
+            Action::Emit(slice) => {
+                if self.output.send(JobItem::Output(slice)).is_err() {
+                    // The driver dropped the stream: the job is cancelled.
+                    self.job.cancel();
+                }
+            }
+            Action::End(result) => {
+                match &self.backend {
+                    Backend::Local(local) => {
+                        let store = local.store.stats();
+                        self.job.recorder().ended(
+                            store.used_bytes,
+                            store.spilled_bytes,
+                            store.restored_bytes,
+                        );
+                        let msg = NodeMsg::JobEnded { job: local.ctx.job };
+                        let _ = local.manager.cast(msg);
+                    }
+                    Backend::Remote(remote) => {
+                        self.job.recorder().ended(self.store_used(), 0, 0);
+                        remote.tell_all(JobOrder::End);
+                    }
+                }
+                let _ = self.output.send(JobItem::End(result));
+            }
+            other => match &mut self.backend {
+                Backend::Local(local) => local.apply(other, &mut self.job),
+                Backend::Remote(remote) => remote.apply(other, &mut self.job),
+            },
+        }
+    }
+}
+
+impl Local {
+    fn apply(&mut self, action: Action<Slice>, job: &mut JobState<Slice>) {
         match action {
             Action::Start {
                 task,
@@ -236,21 +444,18 @@ impl ExecState {
                 input,
                 skip,
                 may_spill,
+                ..
             } => {
                 let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, skip);
                 run.may_spill = may_spill;
-                self.run(Box::new(run));
+                self.run(Box::new(run), job);
             }
-            Action::Resume { task, may_spill } => {
+            Action::Resume {
+                task, may_spill, ..
+            } => {
                 if let Some(mut run) = self.paused.remove(&task) {
                     run.may_spill = may_spill;
-                    self.run(run);
-                }
-            }
-            Action::Emit(slice) => {
-                if self.output.send(JobItem::Output(slice)).is_err() {
-                    // The driver dropped the stream: the job is cancelled.
-                    self.job.cancel();
+                    self.run(run, job);
                 }
             }
             Action::Cancel { stage } => {
@@ -258,23 +463,96 @@ impl ExecState {
                 self.paused.retain(|_, run| run.stage != stage);
             }
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
-            Action::End(result) => {
-                let store = self.store.stats();
-                self.job.recorder().ended(
-                    store.used_bytes,
-                    store.spilled_bytes,
-                    store.restored_bytes,
-                );
-                let _ = self.node.cast(NodeMsg::JobEnded { job: self.ctx.job });
-                let _ = self.output.send(JobItem::End(result));
-            }
+            Action::Emit(_) | Action::End(_) => unreachable!("handled by the executor"),
         }
     }
 
-    fn run(&mut self, run: Box<TaskRun>) {
+    fn run(&mut self, run: Box<TaskRun>, job: &mut JobState<Slice>) {
         let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
-        if self.node.cast(NodeMsg::Run { run, pool }).is_err() {
-            self.job.fail(Error::NodeStopped);
+        if self.manager.cast(NodeMsg::Run { run, pool }).is_err() {
+            job.fail(Error::NodeStopped);
+        }
+    }
+}
+
+impl Remote {
+    fn apply(&mut self, action: Action<Slice>, job: &mut JobState<Slice>) {
+        match action {
+            Action::Start {
+                task,
+                stage,
+                node,
+                input,
+                skip,
+                may_spill,
+            } => {
+                let input = match input {
+                    Input::Split(i) => InputSpec::Split(i as u64),
+                    Input::Parts(parts) => InputSpec::Parts(
+                        parts
+                            .iter()
+                            .map(|slice| {
+                                let part = slice
+                                    .remote_part()
+                                    .expect("a cluster job's partitions are on its nodes");
+                                PartSpec {
+                                    holder: part.holder.clone(),
+                                    id: part.id,
+                                    offset: slice.offset as u64,
+                                    len: slice.len as u64,
+                                }
+                            })
+                            .collect(),
+                    ),
+                };
+                let order = JobOrder::Run {
+                    task: task.0,
+                    stage: stage as u64,
+                    input,
+                    skip,
+                    may_spill,
+                };
+                self.tell(node, order, job);
+            }
+            Action::Resume {
+                task,
+                node,
+                may_spill,
+            } => {
+                let order = JobOrder::Resume {
+                    task: task.0,
+                    may_spill,
+                };
+                self.tell(node, order, job);
+            }
+            Action::Cancel { stage } => self.tell_all(JobOrder::Cancel {
+                stage: stage as u64,
+            }),
+            Action::FitReserve { stage, bytes } => {
+                for shadow in &self.shadows {
+                    shadow.fit_reserve(stage, bytes);
+                }
+                self.tell_all(JobOrder::FitReserve {
+                    stage: stage as u64,
+                    bytes,
+                });
+            }
+            Action::Emit(_) | Action::End(_) => unreachable!("handled by the executor"),
+        }
+    }
+
+    fn tell(&self, node: usize, order: JobOrder, job: &mut JobState<Slice>) {
+        let target = &self.nodes[node];
+        if target.order(&self.key, order).is_err() {
+            job.fail(Error::NodeLost {
+                node: target.name.clone(),
+            });
+        }
+    }
+
+    fn tell_all(&self, order: JobOrder) {
+        for node in &self.nodes {
+            let _ = node.order(&self.key, order.clone());
         }
     }
 }

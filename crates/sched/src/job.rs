@@ -26,16 +26,19 @@ pub(crate) trait Part: Clone {
     fn bytes(&self) -> u64;
     /// Rows `offset..offset + len` of this part.
     fn sub(&self, offset: usize, len: usize) -> Self;
+    /// The node that holds it.
+    fn node(&self) -> usize;
 }
 
-/// What the job state asks of memory when it decides.
+/// What the job state asks of memory when it decides. Each node has its
+/// own store and its own budgets: an output counts where it is stored.
 pub(crate) trait Memory {
     /// Whether an output of `bytes` bytes of `stage` fits its budget and
-    /// the store now.
-    fn fits(&self, stage: usize, bytes: u64) -> bool;
-    /// Partitions the store has freed so far.
-    fn frees(&self) -> u64;
-    /// Bytes of `stage`'s outputs held now.
+    /// the store of `node` now.
+    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool;
+    /// Partitions the store of `node` has freed so far.
+    fn frees(&self, node: usize) -> u64;
+    /// Bytes of `stage`'s outputs held now, on all nodes.
     fn held(&self, stage: usize) -> u64;
 }
 
@@ -56,12 +59,17 @@ pub(crate) enum Action<P> {
     Start {
         task: TaskId,
         stage: usize,
+        node: usize,
         input: Input<P>,
         skip: u32,
         may_spill: bool,
     },
-    /// Resume the paused `task`.
-    Resume { task: TaskId, may_spill: bool },
+    /// Resume the paused `task` on `node`, where it paused.
+    Resume {
+        task: TaskId,
+        node: usize,
+        may_spill: bool,
+    },
     /// Hand an output of the last stage to the driver.
     Emit(P),
     /// `stage`'s remaining work is not needed: its tasks stop early and its
@@ -122,6 +130,7 @@ impl StageShape {
 /// the store's free count then (only a later free can make room).
 struct Paused {
     task: TaskId,
+    node: usize,
     pending_bytes: u64,
     store_full_at: Option<u64>,
 }
@@ -174,6 +183,8 @@ impl<P> StageState<P> {
 /// A task from its start to its end: its input is kept for a retry.
 struct TaskRecord<P> {
     stage: usize,
+    /// The node it runs on (or last ran on).
+    node: usize,
     input: Input<P>,
     attempts: u32,
     delivered: u32,
@@ -184,7 +195,11 @@ pub(crate) struct JobState<P> {
     shapes: Vec<StageShape>,
     stages: Vec<StageState<P>>,
     tasks: HashMap<TaskId, TaskRecord<P>>,
-    free: Resources,
+    /// Free slots per node.
+    free: Vec<Resources>,
+    /// The node the next round of decisions starts with, so that work
+    /// spreads over nodes.
+    next_node: usize,
     next_task: u64,
     max_retries: u32,
     recorder: Recorder,
@@ -193,11 +208,11 @@ pub(crate) struct JobState<P> {
 }
 
 impl<P: Part> JobState<P> {
-    /// A job of `shapes` on a node with `free` slots, retrying a task whose
-    /// worker died up to `max_retries` times.
+    /// A job of `shapes` on nodes with `free` slots each (at least one
+    /// node), retrying a task whose worker died up to `max_retries` times.
     pub(crate) fn new(
         shapes: Vec<StageShape>,
-        free: Resources,
+        free: Vec<Resources>,
         max_retries: u32,
         recorder: Recorder,
     ) -> Self {
@@ -207,6 +222,7 @@ impl<P: Part> JobState<P> {
             stages,
             tasks: HashMap::new(),
             free,
+            next_node: 0,
             next_task: 0,
             max_retries,
             recorder,
@@ -225,20 +241,31 @@ impl<P: Part> JobState<P> {
         self.ended
     }
 
-    /// A stage whose task needs more than the node has would never run:
+    /// A stage whose task needs more than any node has would never run:
     /// an error naming it, instead of waiting forever.
     pub(crate) fn check_resources(&self) -> Result<(), Error> {
         for shape in self.shapes.iter().filter(|s| s.kind.runs_tasks()) {
             let need = shape.resources;
-            if !need.fits_in(&self.free) {
+            if !self.free.iter().any(|f| need.fits_in(f)) {
+                let have = self
+                    .free
+                    .iter()
+                    .copied()
+                    .max_by(|a, b| (a.cpus + a.gpus).total_cmp(&(b.cpus + b.gpus)))
+                    .unwrap_or_default();
                 return Err(Error::NoSlots {
                     operator: shape.name.clone(),
                     need,
-                    have: self.free,
+                    have,
                 });
             }
         }
         Ok(())
+    }
+
+    /// The stage of a task that has not finished.
+    pub(crate) fn stage_of(&self, task: TaskId) -> Option<usize> {
+        self.tasks.get(&task).map(|r| r.stage)
     }
 
     /// Task `task` stored its `seq`-th output.
@@ -279,10 +306,10 @@ impl<P: Part> JobState<P> {
         pending_bytes: u64,
         store_full_at: Option<u64>,
     ) -> bool {
-        let Some(stage) = self.tasks.get(&task).map(|r| r.stage) else {
+        let Some((stage, node)) = self.tasks.get(&task).map(|r| (r.stage, r.node)) else {
             return false;
         };
-        self.release(stage);
+        self.release(node, stage);
         self.recorder.event(stage, task, EventKind::TaskSuspended);
         let s = &mut self.stages[stage];
         if s.cancelled || self.ended {
@@ -290,6 +317,7 @@ impl<P: Part> JobState<P> {
         }
         s.paused.push(Paused {
             task,
+            node,
             pending_bytes,
             store_full_at,
         });
@@ -301,7 +329,7 @@ impl<P: Part> JobState<P> {
     pub(crate) fn on_finished(&mut self, task: TaskId) -> Option<usize> {
         let record = self.tasks.remove(&task)?;
         let stage = record.stage;
-        self.release(stage);
+        self.release(record.node, stage);
         self.recorder.event(stage, task, EventKind::TaskFinished);
         Some(stage)
     }
@@ -318,8 +346,8 @@ impl<P: Part> JobState<P> {
             return;
         };
         record.attempts += 1;
-        let (stage, attempts) = (record.stage, record.attempts);
-        self.release(stage);
+        let (stage, node, attempts) = (record.stage, record.node, record.attempts);
+        self.release(node, stage);
         if attempts > self.max_retries {
             let operator = self.shapes[stage].name.clone();
             self.end(Err(Error::Panicked {
@@ -354,9 +382,14 @@ impl<P: Part> JobState<P> {
     pub(crate) fn advance(&mut self, memory: &impl Memory) -> Vec<Action<P>> {
         if !self.ended {
             loop {
-                while let Some(decision) = policy::next_decision(&self.snapshot(memory)) {
-                    self.carry_out(decision, false);
+                let nodes = self.free.len();
+                for i in 0..nodes {
+                    let node = (self.next_node + i) % nodes;
+                    while let Some(decision) = policy::next_decision(&self.snapshot(memory, node)) {
+                        self.carry_out(decision, node, false);
+                    }
                 }
+                self.next_node = (self.next_node + 1) % nodes;
                 if self.settle() {
                     continue;
                 }
@@ -371,7 +404,9 @@ impl<P: Part> JobState<P> {
         std::mem::take(&mut self.actions)
     }
 
-    fn snapshot(&self, memory: &impl Memory) -> Snapshot {
+    /// What the policy sees of node `node`: its free slots, the tasks
+    /// paused there, and its memory.
+    fn snapshot(&self, memory: &impl Memory, node: usize) -> Snapshot {
         let stages = self
             .stages
             .iter()
@@ -379,47 +414,59 @@ impl<P: Part> JobState<P> {
             .enumerate()
             .map(|(i, (s, shape))| {
                 let runs = shape.kind.runs_tasks() && !s.done;
-                let paused_fits = s
-                    .paused
-                    .iter()
+                let here = || s.paused.iter().filter(|p| p.node == node);
+                let paused_fits = here()
                     .map(|p| {
-                        let freed_since = p.store_full_at.is_none_or(|at| memory.frees() > at);
-                        freed_since && memory.fits(i, p.pending_bytes)
+                        let freed_since = p.store_full_at.is_none_or(|at| memory.frees(node) > at);
+                        freed_since && memory.fits(node, i, p.pending_bytes)
                     })
                     .collect();
                 StageView {
                     waiting_inputs: if runs { s.waiting() } else { 0 },
                     paused_fits,
-                    paused: s.paused.iter().map(|p| p.pending_bytes).collect(),
+                    paused: here().map(|p| p.pending_bytes).collect(),
                     running: s.running,
                     resources: shape.resources,
                     max_running: shape.max_running,
-                    budget_fits_typical: memory.fits(i, s.typical_bytes),
+                    budget_fits_typical: memory.fits(node, i, s.typical_bytes),
                 }
             })
             .collect();
         Snapshot {
             stages,
-            free: self.free,
+            free: self.free[node],
         }
     }
 
-    /// Starts or resumes a task as decided.
-    fn carry_out(&mut self, decision: Decision, may_spill: bool) {
+    /// Starts or resumes a task on `node` as decided (a decision's paused
+    /// index counts the tasks paused on that node).
+    fn carry_out(&mut self, decision: Decision, node: usize, may_spill: bool) {
         let (stage, task, kind) = match decision {
             Decision::Resume { stage, index } => {
-                let task = self.stages[stage].paused.remove(index).task;
-                self.actions.push(Action::Resume { task, may_spill });
+                let paused = &mut self.stages[stage].paused;
+                let at = paused
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.node == node)
+                    .nth(index)
+                    .map(|(at, _)| at)
+                    .expect("the policy resumes a task paused on this node");
+                let task = paused.remove(at).task;
+                self.actions.push(Action::Resume {
+                    task,
+                    node,
+                    may_spill,
+                });
                 (stage, task, EventKind::TaskResumed)
             }
             Decision::Dispatch { stage } => {
-                let task = self.start(stage, may_spill);
+                let task = self.start(stage, node, may_spill);
                 (stage, task, EventKind::TaskStarted)
             }
         };
         let resources = self.shapes[stage].resources;
-        self.free.cpus -= resources.cpus;
-        self.free.gpus -= resources.gpus;
+        self.free[node].cpus -= resources.cpus;
+        self.free[node].gpus -= resources.gpus;
         let s = &mut self.stages[stage];
         s.running += 1;
         let running = s.running;
@@ -427,14 +474,20 @@ impl<P: Part> JobState<P> {
         self.recorder.event(stage, task, kind);
     }
 
-    /// A new task of `stage`: a retry first, else the next split or input.
-    fn start(&mut self, stage: usize, may_spill: bool) -> TaskId {
+    /// A new task of `stage` on `node`: a retry first, else the next split,
+    /// else the first input held on that node, else the oldest input.
+    fn start(&mut self, stage: usize, node: usize, may_spill: bool) -> TaskId {
         let s = &mut self.stages[stage];
         if let Some(task) = s.retry.pop_front() {
-            let record = &self.tasks[&task];
+            let record = self
+                .tasks
+                .get_mut(&task)
+                .expect("a retried task has a record");
+            record.node = node;
             self.actions.push(Action::Start {
                 task,
                 stage,
+                node,
                 input: record.input.clone(),
                 skip: record.delivered,
                 may_spill,
@@ -445,9 +498,14 @@ impl<P: Part> JobState<P> {
             s.next_split += 1;
             Input::Split(s.next_split - 1)
         } else {
+            let local = s
+                .queue
+                .iter()
+                .position(|parts| parts.first().is_some_and(|p| p.node() == node))
+                .unwrap_or(0);
             Input::Parts(
                 s.queue
-                    .pop_front()
+                    .remove(local)
                     .expect("the policy dispatches only stages with input"),
             )
         };
@@ -457,6 +515,7 @@ impl<P: Part> JobState<P> {
             task,
             TaskRecord {
                 stage,
+                node,
                 input: input.clone(),
                 attempts: 0,
                 delivered: 0,
@@ -465,6 +524,7 @@ impl<P: Part> JobState<P> {
         self.actions.push(Action::Start {
             task,
             stage,
+            node,
             input,
             skip: 0,
             may_spill,
@@ -472,11 +532,11 @@ impl<P: Part> JobState<P> {
         task
     }
 
-    /// A task of `stage` gave its slot back.
-    fn release(&mut self, stage: usize) {
+    /// A task of `stage` gave its slot on `node` back.
+    fn release(&mut self, node: usize, stage: usize) {
         let resources = self.shapes[stage].resources;
-        self.free.cpus += resources.cpus;
-        self.free.gpus += resources.gpus;
+        self.free[node].cpus += resources.cpus;
+        self.free[node].gpus += resources.gpus;
         self.stages[stage].running -= 1;
         self.recorder
             .task_stopped(stage, self.stages[stage].running);
@@ -496,15 +556,18 @@ impl<P: Part> JobState<P> {
         if running || memory.held(last) > 0 || self.stages.iter().all(|s| s.done) {
             return false;
         }
-        let Some(decision) = policy::forced_decision(&self.snapshot(memory)) else {
-            return false;
-        };
-        tracing::debug!(
-            ?decision,
-            "memory is full and nothing can run: letting a task spill"
-        );
-        self.carry_out(decision, true);
-        true
+        for node in 0..self.free.len() {
+            if let Some(decision) = policy::forced_decision(&self.snapshot(memory, node)) {
+                tracing::debug!(
+                    ?decision,
+                    node,
+                    "memory is full and nothing can run: letting a task spill"
+                );
+                self.carry_out(decision, node, true);
+                return true;
+            }
+        }
+        false
     }
 
     /// Hands an output of stage `to - 1` to stage `to` (or the driver).

@@ -1,10 +1,10 @@
 //! Property tests of the job state machine, with no actor, thread or store:
-//! a simulated node runs what [`JobState`] decides, in an order proptest
-//! picks (outputs, pauses for memory, finishes and lost workers
-//! interleaved), with the real [`Budgets`] as memory. Whatever the order,
-//! every source row reaches the driver exactly once, a limit lets exactly
-//! its rows through, a repartition keeps every row, and admitted outputs
-//! never exceed the store's capacity.
+//! simulated nodes (one to three) run what [`JobState`] decides, in an
+//! order proptest picks (outputs, pauses for memory, finishes and lost
+//! workers interleaved), each with the real [`Budgets`] as its memory.
+//! Whatever the order, every source row reaches the driver exactly once, a
+//! limit lets exactly its rows through, a repartition keeps every row, and
+//! the outputs admitted on each node never exceed its store's capacity.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +31,7 @@ struct Rows {
     start: u64,
     len: usize,
     bytes: u64,
+    node: usize,
     _held: Arc<Held>,
 }
 
@@ -65,27 +66,33 @@ impl Part for Rows {
             ..self.clone()
         }
     }
+
+    fn node(&self) -> usize {
+        self.node
+    }
 }
 
-struct SimMemory<'a>(&'a Budgets);
+/// Each node's budgets.
+struct SimMemory<'a>(&'a [Budgets]);
 
 impl Memory for SimMemory<'_> {
-    fn fits(&self, stage: usize, bytes: u64) -> bool {
-        self.0.fits(stage, bytes)
+    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
+        self.0[node].fits(stage, bytes)
     }
 
-    fn frees(&self) -> u64 {
+    fn frees(&self, _node: usize) -> u64 {
         0
     }
 
     fn held(&self, stage: usize) -> u64 {
-        self.0.used(stage)
+        self.0.iter().map(|b| b.used(stage)).sum()
     }
 }
 
 /// A task the simulated node runs: the rows of each output it will yield.
 struct SimTask {
     stage: usize,
+    node: usize,
     outputs: Vec<(u64, usize)>,
     next: usize,
     skip: usize,
@@ -137,12 +144,13 @@ struct Outcome {
     lost: u64,
 }
 
-/// Runs a job over splits of `split_rows` rows each, taking the next event
-/// from `choices` (then always the first task's next step).
+/// Runs a job over splits of `split_rows` rows each on `nodes` nodes of
+/// `cpus` slots, taking the next event from `choices` (then always the
+/// first task's next step).
 fn simulate(
     tail: &Tail,
     split_rows: &[usize],
-    cpus: f64,
+    (nodes, cpus): (usize, f64),
     pooled: bool,
     choices: &[u16],
 ) -> Result<Outcome, TestCaseError> {
@@ -150,16 +158,19 @@ fn simulate(
     let names = shapes.iter().map(|s| s.name.clone()).collect();
     let live = Arc::new(Mutex::new(JobStats::default()));
     let recorder = Recorder::new(live, names, CAPACITY);
-    let reserves = shapes
+    let reserves: Vec<u64> = shapes
         .iter()
         .map(|s| match s.kind {
             ShapeKind::Source { .. } | ShapeKind::Map => RESERVE,
             _ => 0,
         })
         .collect();
-    let budgets = Budgets::new(CAPACITY, reserves, Arc::new(|| {}));
+    let budgets: Vec<Budgets> = (0..nodes)
+        .map(|_| Budgets::new(CAPACITY, reserves.clone(), Arc::new(|| {})))
+        .collect();
     let forced = Arc::new(AtomicUsize::new(0));
-    let mut job = JobState::<Rows>::new(shapes, Resources::cpu(cpus), 3, recorder);
+    let free = vec![Resources::cpu(cpus); nodes];
+    let mut job = JobState::<Rows>::new(shapes, free, 3, recorder);
     let bases: Vec<u64> = split_rows
         .iter()
         .scan(0u64, |next, &n| {
@@ -181,6 +192,7 @@ fn simulate(
                 Action::Start {
                     task,
                     stage,
+                    node,
                     input,
                     skip,
                     may_spill,
@@ -199,6 +211,7 @@ fn simulate(
                         task,
                         SimTask {
                             stage,
+                            node,
                             outputs,
                             next: 0,
                             skip: skip as usize,
@@ -206,8 +219,13 @@ fn simulate(
                         },
                     );
                 }
-                Action::Resume { task, may_spill } => {
+                Action::Resume {
+                    task,
+                    node,
+                    may_spill,
+                } => {
                     let mut t = paused.remove(&task).expect("only a paused task resumes");
+                    prop_assert_eq!(t.node, node, "a task resumes where it paused");
                     t.may_spill = may_spill;
                     running.insert(task, t);
                 }
@@ -216,7 +234,9 @@ fn simulate(
                     cancelled.insert(stage);
                     paused.retain(|_, t| t.stage != stage);
                 }
-                Action::FitReserve { stage, bytes } => budgets.fit_reserve(stage, bytes),
+                Action::FitReserve { stage, bytes } => {
+                    budgets.iter().for_each(|b| b.fit_reserve(stage, bytes))
+                }
                 Action::End(result) => ended = Some(result),
             }
         }
@@ -224,8 +244,13 @@ fn simulate(
             break;
         }
         if forced.load(Ordering::SeqCst) == 0 {
-            let held: u64 = (0..job_stages(tail)).map(|s| budgets.used(s)).sum();
-            prop_assert!(held <= CAPACITY, "{held} bytes admitted over {CAPACITY}");
+            for (node, b) in budgets.iter().enumerate() {
+                let held: u64 = (0..job_stages(tail)).map(|s| b.used(s)).sum();
+                prop_assert!(
+                    held <= CAPACITY,
+                    "node {node}: {held} bytes admitted over {CAPACITY}"
+                );
+            }
         }
         prop_assert!(!running.is_empty(), "the job is stuck: nothing runs");
         step += 1;
@@ -252,13 +277,15 @@ fn simulate(
         }
         let (start, len) = t.outputs[t.next];
         let bytes = len as u64 * ROW_BYTES;
+        let node = t.node;
+        let budget = &budgets[node];
         let held = if t.may_spill {
             forced.fetch_add(1, Ordering::SeqCst);
             Held {
-                _reservation: budgets.force_admit(t.stage, bytes),
+                _reservation: budget.force_admit(t.stage, bytes),
                 forced: Some(forced.clone()),
             }
-        } else if let Ok(reservation) = budgets.try_admit(t.stage, bytes) {
+        } else if let Ok(reservation) = budget.try_admit(t.stage, bytes) {
             Held {
                 _reservation: reservation,
                 forced: None,
@@ -276,6 +303,7 @@ fn simulate(
             start,
             len,
             bytes,
+            node,
             _held: Arc::new(held),
         };
         job.on_output(id, seq, part);
@@ -321,11 +349,12 @@ proptest! {
     fn every_source_row_reaches_the_driver_once_under_retries(
         split_rows in prop::collection::vec(0usize..12, 1..8),
         maps in 1usize..4,
+        nodes in 1usize..4,
         cpus in 1u32..4,
         pooled in any::<bool>(),
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Maps(maps), &split_rows, cpus as f64, pooled, &choices)?;
+        let out = simulate(&Tail::Maps(maps), &split_rows, (nodes, cpus as f64), pooled, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let retries: u64 = out.stats.operators.iter().map(|o| o.retries).sum();
         prop_assert_eq!(retries, out.lost, "every lost task is retried and counted");
@@ -335,10 +364,11 @@ proptest! {
     fn a_limit_lets_exactly_its_rows_through(
         split_rows in prop::collection::vec(0usize..12, 1..8),
         n in 0usize..60,
+        nodes in 1usize..4,
         cpus in 1u32..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Limit(n), &split_rows, cpus as f64, false, &choices)?;
+        let out = simulate(&Tail::Limit(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
         let all = source_rows(&split_rows);
         let got = sorted(out.rows);
         prop_assert_eq!(got.len(), n.min(all.len()));
@@ -350,10 +380,11 @@ proptest! {
     fn a_repartition_keeps_every_row(
         split_rows in prop::collection::vec(0usize..12, 1..8),
         n in 1usize..6,
+        nodes in 1usize..4,
         cpus in 1u32..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Repartition(n), &split_rows, cpus as f64, false, &choices)?;
+        let out = simulate(&Tail::Repartition(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let total = split_rows.iter().sum::<usize>();
         let concat_tasks = out.stats.operators[3].tasks as usize;

@@ -2,18 +2,18 @@
 //! workers, and a store, all in this process. It runs jobs for `Dataset`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
-use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
 use streambatch_core::{JobId, NodeConfig, NodeId};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
-use crate::executor::{Executor, ExecutorArgs};
+use crate::executor::{Executor, ExecutorArgs, Nodes};
 use crate::msg::{JobItem, NodeMsg};
 use crate::node::{NodeArgs, NodeManager};
+use crate::output::JobOutput;
 use crate::worker::WorkerThreads;
 
 /// One node running in this process.
@@ -100,9 +100,11 @@ impl Runner for LocalCluster {
         let args = ExecutorArgs {
             job: JobId(self.next_job.fetch_add(1, Ordering::Relaxed)),
             plan: Arc::new(plan),
-            node: self.node.clone(),
+            nodes: Nodes::Local {
+                manager: self.node.clone(),
+                store: self.store.clone(),
+            },
             config: self.config.clone(),
-            store: self.store.clone(),
             output: output.clone(),
             live: live.clone(),
         };
@@ -115,11 +117,7 @@ impl Runner for LocalCluster {
                 })));
             }
         });
-        Ok(Box::new(LocalJob {
-            rx,
-            live,
-            ended: false,
-        }))
+        Ok(Box::new(JobOutput::new(rx, live, None)))
     }
 
     fn config(&self) -> &NodeConfig {
@@ -144,40 +142,5 @@ impl Drop for LocalCluster {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
-    }
-}
-
-/// The driver's end of a job: output partitions as the executor sends them.
-struct LocalJob {
-    rx: Receiver<JobItem>,
-    live: Arc<Mutex<JobStats>>,
-    ended: bool,
-}
-
-impl Iterator for LocalJob {
-    type Item = Result<RecordBatch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.ended {
-            return None;
-        }
-        let item = self.rx.recv();
-        match item {
-            Ok(JobItem::Output(slice)) => Some(slice.read()),
-            Ok(JobItem::End(result)) => {
-                self.ended = true;
-                result.err().map(Err)
-            }
-            Err(_) => {
-                self.ended = true;
-                Some(Err(Error::JobLost))
-            }
-        }
-    }
-}
-
-impl JobStream for LocalJob {
-    fn live_stats(&self) -> Arc<Mutex<JobStats>> {
-        self.live.clone()
     }
 }

@@ -13,6 +13,10 @@ use crate::task::{JobCtx, TaskEvent, TaskRun};
 pub enum ExecutorMsg {
     /// A task of the job reported.
     Task(TaskEvent),
+    /// A cluster node reported on one of the job's tasks.
+    Node(crate::wire::NodeEvent),
+    /// A cluster node of the job was lost.
+    NodeLost(String),
     /// Output memory was returned; paused work may fit now.
     MemoryFreed,
 }

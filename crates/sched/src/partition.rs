@@ -30,12 +30,86 @@ impl Output {
     }
 }
 
+impl Output {
+    /// The stored partition.
+    pub fn part(&self) -> &PartitionRef {
+        &self.part
+    }
+}
+
+/// Where a partition held by another node comes from and goes back to: the
+/// driver's connection to the cluster.
+pub trait RemoteSource: Send + Sync {
+    /// Reads partition `id` from node `holder`.
+    fn fetch(&self, holder: &str, id: u64) -> Result<RecordBatch>;
+    /// Tells `holder` that the job is done with partition `id`.
+    fn release(&self, holder: &str, id: u64);
+}
+
+/// A partition stored on another node, as the driver's executor holds it.
+/// When the last slice of it is dropped, its holder is told to free it.
+pub struct RemotePart {
+    /// The holder's index among the job's nodes.
+    pub node: usize,
+    /// The holder's name.
+    pub holder: String,
+    /// Its id in the holder's store.
+    pub id: u64,
+    /// Rows.
+    pub rows: usize,
+    /// Arrow bytes.
+    pub bytes: u64,
+    /// How to read and release it.
+    pub source: Arc<dyn RemoteSource>,
+    /// Its share of the holder's budget, as the driver accounts it;
+    /// returned when the part is dropped.
+    _shadow: Option<Reservation>,
+}
+
+impl RemotePart {
+    /// Partition `id` of `holder` (the job's `node`-th node), holding
+    /// `shadow` of the driver's account of that node's budget.
+    pub fn new(
+        (node, holder): (usize, String),
+        (id, rows, bytes): (u64, usize, u64),
+        source: Arc<dyn RemoteSource>,
+        shadow: Option<Reservation>,
+    ) -> Self {
+        Self {
+            node,
+            holder,
+            id,
+            rows,
+            bytes,
+            source,
+            _shadow: shadow,
+        }
+    }
+}
+
+impl Drop for RemotePart {
+    fn drop(&mut self) {
+        self.source.release(&self.holder, self.id);
+    }
+}
+
+/// What a slice's rows are in.
+#[derive(Clone)]
+enum Data {
+    /// A partition of this process's store.
+    Stored(Arc<Output>),
+    /// A partition another node holds.
+    Remote(Arc<RemotePart>),
+    /// A partition read from another node, held by the task that reads it.
+    Fetched(RecordBatch),
+}
+
 /// Rows `offset..offset + len` of an output partition. The unit the executor
 /// queues: limit and repartition cut partitions by slicing references, not
 /// data.
 #[derive(Clone)]
 pub struct Slice {
-    output: Arc<Output>,
+    data: Data,
     /// First row.
     pub offset: usize,
     /// Rows.
@@ -47,7 +121,27 @@ impl Slice {
     pub fn whole(output: Arc<Output>) -> Self {
         let len = output.part.rows();
         Self {
-            output,
+            data: Data::Stored(output),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// The whole of a partition another node holds.
+    pub fn remote(part: RemotePart) -> Self {
+        let len = part.rows;
+        Self {
+            data: Data::Remote(Arc::new(part)),
+            offset: 0,
+            len,
+        }
+    }
+
+    /// Rows read from another node.
+    pub fn fetched(batch: RecordBatch) -> Self {
+        let len = batch.num_rows();
+        Self {
+            data: Data::Fetched(batch),
             offset: 0,
             len,
         }
@@ -56,24 +150,47 @@ impl Slice {
     /// Rows `offset..offset + len` of this slice.
     pub fn sub(&self, offset: usize, len: usize) -> Self {
         Self {
-            output: self.output.clone(),
+            data: self.data.clone(),
             offset: self.offset + offset,
             len,
         }
     }
 
+    /// The stored partition behind this slice, when it is in this process.
+    pub fn stored(&self) -> Option<&Arc<Output>> {
+        match &self.data {
+            Data::Stored(output) => Some(output),
+            _ => None,
+        }
+    }
+
+    /// The remote partition behind this slice, when another node holds it.
+    pub fn remote_part(&self) -> Option<&RemotePart> {
+        match &self.data {
+            Data::Remote(part) => Some(part),
+            _ => None,
+        }
+    }
+
     /// Arrow bytes of the partition behind this slice.
     pub fn partition_bytes(&self) -> u64 {
-        self.output.bytes
+        match &self.data {
+            Data::Stored(output) => output.bytes,
+            Data::Remote(part) => part.bytes,
+            Data::Fetched(batch) => batch_bytes(batch),
+        }
     }
 
     /// Reads the rows.
     pub fn read(&self) -> Result<RecordBatch> {
-        let batch = self
-            .output
-            .part
-            .get()
-            .map_err(|e| Error::store("reading a stored partition", e))?;
+        let batch = match &self.data {
+            Data::Stored(output) => output
+                .part
+                .get()
+                .map_err(|e| Error::store("reading a stored partition", e))?,
+            Data::Remote(part) => part.source.fetch(&part.holder, part.id)?,
+            Data::Fetched(batch) => batch.clone(),
+        };
         if self.offset == 0 && self.len == batch.num_rows() {
             return Ok(batch);
         }
@@ -92,6 +209,13 @@ impl Part for Slice {
 
     fn sub(&self, offset: usize, len: usize) -> Self {
         Slice::sub(self, offset, len)
+    }
+
+    fn node(&self) -> usize {
+        match &self.data {
+            Data::Remote(part) => part.node,
+            _ => 0,
+        }
     }
 }
 

@@ -42,6 +42,31 @@ impl Recorder {
         lock(&self.live)
     }
 
+    /// The job runs on cluster nodes named `names` (in the job state's order).
+    pub(crate) fn nodes(&self, names: &[String]) {
+        self.stats().nodes = names
+            .iter()
+            .map(|name| streambatch_plan::NodeStats {
+                name: name.clone(),
+                ..Default::default()
+            })
+            .collect();
+    }
+
+    /// Cluster node `node` finished a task.
+    pub(crate) fn node_finished(&self, node: usize) {
+        if let Some(n) = self.stats().nodes.get_mut(node) {
+            n.tasks += 1;
+        }
+    }
+
+    /// Cluster node `node`'s inputs from other nodes so far.
+    pub(crate) fn node_inputs(&self, node: usize, shared: u64, quic: u64, quic_bytes: u64) {
+        if let Some(n) = self.stats().nodes.get_mut(node) {
+            (n.inputs_shared, n.inputs_quic, n.quic_bytes) = (shared, quic, quic_bytes);
+        }
+    }
+
     /// Records `kind` for `task` of `stage`, with its time since the job started.
     pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind) {
         let at = self.started.elapsed();

@@ -8,11 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::NodeId;
-use streambatch_net::{Endpoint, PartitionServer, Transport};
+use streambatch_net::{Endpoint, Transport};
+use streambatch_plan::Registry;
+use streambatch_store::SharedStore;
 
-use crate::agent::{AgentArgs, AgentMsg, NodeAgent};
+use crate::agent::{AgentArgs, AgentMsg, JobResources, NodeAgent};
 use crate::msg::NodeMsg;
 use crate::node::{NodeArgs, NodeManager};
+use crate::serve::StoreServer;
 use crate::wire::NodeInfo;
 use crate::worker::WorkerThreads;
 
@@ -24,7 +27,8 @@ pub(crate) struct RootArgs {
     pub(crate) info: NodeInfo,
     pub(crate) head: bool,
     pub(crate) endpoint: Endpoint,
-    pub(crate) partitions: Arc<dyn PartitionServer>,
+    pub(crate) store: SharedStore,
+    pub(crate) registry: Registry,
     pub(crate) threads: WorkerThreads,
     /// Set to why the node stopped, when a child failed.
     pub(crate) stopped: Arc<Mutex<Option<String>>>,
@@ -68,10 +72,11 @@ impl Actor for NodeRoot {
             threads: args.threads,
         };
         let (manager, _) = Actor::spawn_linked(None, NodeManager, node_args, cell.clone()).await?;
+        let server = Arc::new(StoreServer::new(args.store.clone()));
         let transport = Transport::start(
             &args.info.name,
             args.endpoint,
-            args.partitions,
+            server.clone(),
             args.info.locality.clone(),
             Some(cell.clone()),
         )
@@ -79,6 +84,13 @@ impl Actor for NodeRoot {
         let agent_args = AgentArgs {
             info: args.info,
             head: args.head,
+            runs: JobResources {
+                registry: args.registry,
+                store: args.store,
+                server,
+                transport: transport.clone(),
+                manager: manager.clone(),
+            },
         };
         let (agent, _) = Actor::spawn_linked(None, NodeAgent, agent_args, cell).await?;
         Ok(RootState {

@@ -8,12 +8,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use streambatch_net::{PartitionServer, Served};
-use streambatch_store::{PartitionRef, SharedStore};
+use streambatch_store::{ObjectStore, PartitionRef, PinGuard, SharedStore};
 
 /// Serves a node's offered partitions from its store.
 pub(crate) struct StoreServer {
     store: SharedStore,
-    offered: Mutex<HashMap<u64, PartitionRef>>,
+    /// Each offered partition, with the pins that keep it in place while
+    /// peers map it.
+    offered: Mutex<HashMap<u64, (PartitionRef, Vec<PinGuard>)>>,
 }
 
 impl StoreServer {
@@ -24,38 +26,39 @@ impl StoreServer {
         }
     }
 
-    /// The store.
-    #[allow(dead_code)] // used once tasks run on cluster nodes
-    pub(crate) fn store(&self) -> &SharedStore {
-        &self.store
-    }
-
     /// Lets peers fetch `part` until [`StoreServer::withdraw`].
-    #[allow(dead_code)] // used once tasks run on cluster nodes
     pub(crate) fn offer(&self, part: PartitionRef) {
-        self.offered().insert(part.id().0, part);
+        self.offered().insert(part.id().0, (part, Vec::new()));
     }
 
     /// Stops serving partition `id` and lets the store free it.
-    #[allow(dead_code)] // used once tasks run on cluster nodes
     pub(crate) fn withdraw(&self, id: u64) {
         self.offered().remove(&id);
     }
 
-    fn offered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, PartitionRef>> {
+    fn offered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (PartitionRef, Vec<PinGuard>)>> {
         self.offered.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl PartitionServer for StoreServer {
     fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String> {
+        let missing = || format!("partition {partition} is not offered by this node");
         let part = self
             .offered()
             .get(&partition)
-            .cloned()
-            .ok_or_else(|| format!("partition {partition} is not offered by this node"))?;
-        if shares_memory && let Some(name) = self.store.shared_name(&part) {
-            return Ok(Served::Shared(name));
+            .map(|(part, _)| part.clone())
+            .ok_or_else(missing)?;
+        if shares_memory {
+            // Pinned until withdrawn: a peer maps its bytes where they are,
+            // so the store must neither spill nor move them meanwhile.
+            let pin = self.store.pin(part.id()).map_err(|e| e.to_string())?;
+            if let Some(name) = self.store.shared_name(&part) {
+                let mut offered = self.offered();
+                let (_, pins) = offered.get_mut(&partition).ok_or_else(missing)?;
+                pins.push(pin);
+                return Ok(Served::Shared(name));
+            }
         }
         let bytes = self.store.encoded_bytes(&part).map_err(|e| e.to_string())?;
         Ok(Served::Bytes(Box::new(BufferBytes(bytes))))

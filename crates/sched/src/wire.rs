@@ -29,3 +29,137 @@ pub struct Members {
     /// Every node that said hello and has not gone, the head first.
     pub nodes: Vec<NodeInfo>,
 }
+
+/// A job's identity across the cluster: the driver's name and its job id.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct JobKey {
+    pub(crate) driver: String,
+    pub(crate) job: u64,
+}
+
+impl JobKey {
+    /// The process group of the job's port on its driver.
+    pub(crate) fn port_group(&self) -> String {
+        format!("streambatch.job.{}.{}", self.driver, self.job)
+    }
+}
+
+/// Driver to node: a job starts. The node rebuilds the plan from its
+/// registry, or refuses naming the operators it lacks.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct JobStart {
+    pub(crate) key: JobKey,
+    pub(crate) plan: crate::plan_wire::PlanSpec,
+    /// Partition size target.
+    pub(crate) target_bytes: u64,
+    /// Each stage's memory reserve.
+    pub(crate) reserve: Vec<u64>,
+    /// The job's nodes and where they listen (name, address), so that
+    /// nodes can pull partitions from each other.
+    pub(crate) nodes: Vec<(String, String)>,
+}
+
+/// Where a task's input partition lies.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct PartSpec {
+    /// The node holding it.
+    pub(crate) holder: String,
+    /// Its id in the holder's store.
+    pub(crate) id: u64,
+    /// First row.
+    pub(crate) offset: u64,
+    /// Rows.
+    pub(crate) len: u64,
+}
+
+/// Driver to node: a task's input.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum InputSpec {
+    Split(u64),
+    Parts(Vec<PartSpec>),
+}
+
+/// Driver to node: what the job asks of it.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum JobOrder {
+    /// Run a task.
+    Run {
+        task: u64,
+        stage: u64,
+        input: InputSpec,
+        skip: u32,
+        may_spill: bool,
+    },
+    /// Resume a task paused here.
+    Resume { task: u64, may_spill: bool },
+    /// The driver is done with these partitions (they may be freed).
+    Release { ids: Vec<u64> },
+    /// A stage's remaining work is not needed.
+    Cancel { stage: u64 },
+    /// A stage's reserve fits its largest output.
+    FitReserve { stage: u64, bytes: u64 },
+    /// The job ended: free all it holds here.
+    End,
+}
+
+/// Driver to node: an order of a job.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct Order {
+    pub(crate) key: JobKey,
+    pub(crate) order: JobOrder,
+}
+
+/// A node's store as its last event saw it.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub(crate) struct StoreView {
+    pub(crate) used: u64,
+    pub(crate) capacity: u64,
+    pub(crate) frees: u64,
+}
+
+/// Node to driver: what a task did.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum Happened {
+    Output {
+        task: u64,
+        seq: u32,
+        id: u64,
+        rows: u64,
+        bytes: u64,
+    },
+    Paused {
+        task: u64,
+        pending_bytes: u64,
+        store_full_at: Option<u64>,
+    },
+    Finished {
+        task: u64,
+        busy_us: u64,
+    },
+    Failed {
+        message: String,
+    },
+    Lost {
+        task: u64,
+        message: String,
+    },
+    MemoryFreed,
+}
+
+/// A node's inputs pulled from other nodes for a job, so far.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub(crate) struct Pulled {
+    pub(crate) shared: u64,
+    pub(crate) quic: u64,
+    pub(crate) quic_bytes: u64,
+}
+
+/// Node to driver: an event of a job, with the node's store as it is now.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct NodeEvent {
+    pub(crate) node: String,
+    pub(crate) job: u64,
+    pub(crate) happened: Happened,
+    pub(crate) store: StoreView,
+    pub(crate) pulled: Pulled,
+}

@@ -5,7 +5,7 @@ use arrow_array::RecordBatch;
 use streambatch_core::NodeConfig;
 use streambatch_gpu::{AdapterChoice, GpuPool};
 use streambatch_plan::{Dataset, Result, Runner};
-use streambatch_sched::LocalCluster;
+use streambatch_sched::{ClusterClient, LocalCluster};
 use streambatch_store::StoreStats;
 
 use crate::progress::ProgressRunner;
@@ -22,14 +22,18 @@ pub fn resolve_gpu_slots(config: &mut NodeConfig) {
     }
 }
 
-/// Where datasets run: for now an embedded one-node cluster in this process.
+/// Where datasets run: an embedded one-node cluster in this process
+/// (`Context::local()`), or a cluster of node processes
+/// (`Context::connect("configs/cluster.toml")`). The same `Dataset` code
+/// runs on either.
 ///
 /// `Context::local()` reads no file: it uses the defaults of
 /// `configs/local.toml` (cores detected, no GPU, 30% of RAM for the store)
 /// with `STREAMBATCH_*` environment overrides.
 #[derive(Clone)]
 pub struct Context {
-    cluster: Arc<LocalCluster>,
+    /// The embedded node, for a local context.
+    local: Option<Arc<LocalCluster>>,
     runner: Arc<dyn Runner>,
 }
 
@@ -51,7 +55,27 @@ impl Context {
         let cluster = Arc::new(LocalCluster::start(config)?);
         Ok(Self {
             runner: cluster.clone(),
-            cluster,
+            local: Some(cluster),
+        })
+    }
+
+    /// A driver of the cluster whose head `path` names (with this driver's
+    /// TLS files; see `configs/cluster.toml`). Jobs run on the cluster's
+    /// nodes; each operator must be one every node can rebuild (made from a
+    /// [`Registry`](crate::Registry), a built-in or a WGSL kernel), else the
+    /// job is refused at submission, naming it.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let config = NodeConfig::load(Some(path))?;
+        let client = ClusterClient::connect(&config, Some(path)).map_err(|e| {
+            streambatch_plan::Error::Start {
+                what: "the connection to the cluster",
+                source: e.into(),
+            }
+        })?;
+        Ok(Self {
+            local: None,
+            runner: Arc::new(client),
         })
     }
 
@@ -59,8 +83,8 @@ impl Context {
     /// when it is a terminal) while jobs run.
     pub fn with_progress(&self) -> Self {
         Self {
-            cluster: self.cluster.clone(),
-            runner: Arc::new(ProgressRunner::new(self.cluster.clone())),
+            local: self.local.clone(),
+            runner: Arc::new(ProgressRunner::new(self.runner.clone())),
         }
     }
 
@@ -77,9 +101,13 @@ impl Context {
         GpuPool::global().labels()
     }
 
-    /// The store's counters.
+    /// The embedded node's store counters (zeros for a cluster driver,
+    /// whose partitions live on the nodes; see a job's stats).
     pub fn store_stats(&self) -> StoreStats {
-        self.cluster.store().stats()
+        self.local
+            .as_ref()
+            .map(|l| l.store().stats())
+            .unwrap_or_default()
     }
 
     /// Integers `0..n` in a column `id`, in `partitions` partitions.

@@ -17,11 +17,13 @@
 //! assert_eq!(evens, 500);
 //! ```
 
+mod cluster;
 mod context;
 pub mod ops;
 pub mod pipeline;
 mod progress;
 
+pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
 
 // The README's examples compile as doc tests.
@@ -35,8 +37,9 @@ pub use streambatch_core::{
 pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::{
-    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, OpStats,
-    OperatorStats, Result, Row, Stateful, UdfError, Value, col, lit,
+    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
+    NodeStats, OpStats, OperatorStats, Recipe, Registry, Result, Row, Stateful, UdfError, Value,
+    col, lit,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

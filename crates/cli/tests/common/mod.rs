@@ -1,0 +1,156 @@
+//! Real clusters for tests: node processes of the `streambatch` binary on
+//! 127.0.0.1, with certificates from `streambatch cluster init`, killed when
+//! the cluster is dropped.
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_streambatch");
+
+/// A node process, killed when dropped.
+pub struct Node {
+    pub child: Child,
+    pub addr: String,
+    pub name: String,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one worker node has.
+#[derive(Clone)]
+pub struct NodeSpec {
+    pub name: String,
+    pub cpus: u32,
+    pub gpus: u32,
+    /// The node whose store directory it shares (for shared memory).
+    pub store_of: Option<String>,
+}
+
+impl NodeSpec {
+    pub fn cpu(name: &str, cpus: u32) -> Self {
+        Self {
+            name: name.into(),
+            cpus,
+            gpus: 0,
+            store_of: None,
+        }
+    }
+
+    pub fn gpu(name: &str, gpus: u32) -> Self {
+        Self {
+            name: name.into(),
+            cpus: 0,
+            gpus,
+            store_of: None,
+        }
+    }
+
+    pub fn sharing_store_with(mut self, other: &str) -> Self {
+        self.store_of = Some(other.into());
+        self
+    }
+}
+
+/// A head (no slots) and worker nodes.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub head: Node,
+    pub nodes: Vec<Node>,
+}
+
+impl Cluster {
+    pub fn start(specs: &[NodeSpec]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut names = vec!["head".to_string(), "driver".to_string()];
+        names.extend(specs.iter().map(|s| s.name.clone()));
+        let init = Command::new(BIN)
+            .current_dir(dir.path())
+            .args(["cluster", "init", "tls", "--nodes", &names.join(",")])
+            .output()
+            .unwrap();
+        assert!(
+            init.status.success(),
+            "{}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let head_config = config(dir.path(), "head", None, 0, 0, "head");
+        let head = start(dir.path(), &head_config, "head");
+        let nodes = specs
+            .iter()
+            .map(|s| {
+                let store = s.store_of.as_deref().unwrap_or(&s.name);
+                let path = config(dir.path(), &s.name, Some(&head.addr), s.cpus, s.gpus, store);
+                start(dir.path(), &path, &s.name)
+            })
+            .collect();
+        config(dir.path(), "driver", Some(&head.addr), 0, 0, "driver");
+        Self { dir, head, nodes }
+    }
+
+    pub fn driver_config(&self) -> PathBuf {
+        self.dir.path().join("driver.toml")
+    }
+}
+
+pub fn config(
+    dir: &Path,
+    name: &str,
+    head: Option<&str>,
+    cpus: u32,
+    gpus: u32,
+    store: &str,
+) -> PathBuf {
+    let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
+    let tls = dir.join("tls");
+    let spill = dir.join("spill").join(store);
+    let text = format!(
+        "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{head}\
+         tls_ca = \"{tls}/ca.pem\"\ntls_cert = \"{tls}/{name}.pem\"\ntls_key = \"{tls}/{name}.key\"\n\
+         cpus = {cpus}\ngpus = {gpus}\nstore_capacity = \"128MiB\"\nspill_dir = \"{spill}\"\n",
+        tls = tls.display(),
+        spill = spill.display(),
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Starts a node and waits for its "listening on" line.
+pub fn start(dir: &Path, config: &Path, name: &str) -> Node {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let mut child = Command::new(BIN)
+        .current_dir(dir)
+        .args(["node", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|_| line.contains("listening on"))
+        .unwrap_or_else(|| {
+            let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+            panic!("node {name} did not start: {line:?}\n{log}")
+        })
+        .to_string();
+    Node {
+        child,
+        addr,
+        name: name.into(),
+    }
+}

@@ -1,0 +1,288 @@
+//! A physical plan as it travels to the nodes of a cluster: its stages with
+//! each operator's recipe (see `streambatch_plan::Registry`), the source's
+//! splits, and each stage's options. A node rebuilds the same stages from its
+//! own registry, so stage and operator positions agree on every node.
+//!
+//! What cannot travel is refused before the job starts, naming it: an
+//! operator given as a closure, a filter or projection expression.
+
+use std::sync::Arc;
+
+use rkyv::{Archive, Deserialize, Serialize};
+use streambatch_core::{PoolSize, Resources, StageOptions};
+use streambatch_plan::{
+    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, SourceSplit, Stage, StageKind,
+};
+
+/// A plan that can travel.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct PlanSpec {
+    pub(crate) stages: Vec<StageSpec>,
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct StageSpec {
+    name: String,
+    kind: KindSpec,
+    options: OptionsSpec,
+    op_names: Vec<String>,
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum KindSpec {
+    Source {
+        splits: Vec<SplitSpec>,
+        ops: Vec<OpWire>,
+    },
+    Map {
+        ops: Vec<OpWire>,
+    },
+    Limit(u64),
+    Repartition(u64),
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct OpWire {
+    index: u64,
+    name: String,
+    options: OptionsSpec,
+    kind: OpKindSpec,
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum OpKindSpec {
+    Recipe { name: String, params: Vec<u8> },
+    WriteParquet(String),
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum SplitSpec {
+    Range {
+        start: i64,
+        end: i64,
+    },
+    Parquet {
+        path: String,
+        columns: Option<Vec<String>>,
+    },
+    BinaryFiles(Vec<String>),
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct OptionsSpec {
+    cpus: f64,
+    gpus: f64,
+    memory_bytes: u64,
+    batch_rows: Option<u64>,
+    pool: Option<(u64, u64)>,
+    no_fuse: bool,
+}
+
+impl From<&StageOptions> for OptionsSpec {
+    fn from(o: &StageOptions) -> Self {
+        Self {
+            cpus: o.resources.cpus,
+            gpus: o.resources.gpus,
+            memory_bytes: o.resources.memory_bytes,
+            batch_rows: o.batch_rows.map(|r| r as u64),
+            pool: o.pool.map(|p| (p.min as u64, p.max as u64)),
+            no_fuse: o.no_fuse,
+        }
+    }
+}
+
+impl From<&OptionsSpec> for StageOptions {
+    fn from(o: &OptionsSpec) -> Self {
+        Self {
+            resources: Resources {
+                cpus: o.cpus,
+                gpus: o.gpus,
+                memory_bytes: o.memory_bytes,
+            },
+            batch_rows: o.batch_rows.map(|r| r as usize),
+            pool: o.pool.map(|(min, max)| PoolSize {
+                min: min as usize,
+                max: max as usize,
+            }),
+            no_fuse: o.no_fuse,
+        }
+    }
+}
+
+impl PlanSpec {
+    /// The travelling form of `plan`, or an error naming what cannot travel.
+    pub(crate) fn of(plan: &ExecPlan) -> Result<Self, Error> {
+        let stages = plan
+            .stages
+            .iter()
+            .map(|stage| {
+                let kind = match &stage.kind {
+                    StageKind::Source { splits, ops } => KindSpec::Source {
+                        splits: splits.iter().map(split_spec).collect::<Result<_, _>>()?,
+                        ops: ops_spec(ops)?,
+                    },
+                    StageKind::Map { ops } => KindSpec::Map {
+                        ops: ops_spec(ops)?,
+                    },
+                    StageKind::Limit(n) => KindSpec::Limit(*n as u64),
+                    StageKind::Repartition(n) => KindSpec::Repartition(*n as u64),
+                };
+                Ok(StageSpec {
+                    name: stage.name.clone(),
+                    kind,
+                    options: (&stage.options).into(),
+                    op_names: stage.op_names.clone(),
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(Self { stages })
+    }
+
+    /// The recipes' names, to check against a node's registry.
+    pub(crate) fn recipe_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .stages
+            .iter()
+            .flat_map(|s| match &s.kind {
+                KindSpec::Source { ops, .. } | KindSpec::Map { ops } => ops.as_slice(),
+                _ => &[],
+            })
+            .filter_map(|op| match &op.kind {
+                OpKindSpec::Recipe { name, .. } => Some(name.clone()),
+                OpKindSpec::WriteParquet(_) => None,
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Rebuilds the plan with operators from `registry`.
+    pub(crate) fn build(&self, registry: &Registry) -> Result<ExecPlan, Error> {
+        let stages = self
+            .stages
+            .iter()
+            .map(|spec| {
+                let kind = match &spec.kind {
+                    KindSpec::Source { splits, ops } => StageKind::Source {
+                        splits: splits.iter().map(split_of).collect(),
+                        ops: ops_of(ops, registry)?,
+                    },
+                    KindSpec::Map { ops } => StageKind::Map {
+                        ops: ops_of(ops, registry)?,
+                    },
+                    KindSpec::Limit(n) => StageKind::Limit(*n as usize),
+                    KindSpec::Repartition(n) => StageKind::Repartition(*n as usize),
+                };
+                Ok(Stage {
+                    name: spec.name.clone(),
+                    kind,
+                    options: (&spec.options).into(),
+                    op_names: spec.op_names.clone(),
+                    counters: spec.op_names.iter().map(|_| Default::default()).collect(),
+                })
+            })
+            .collect::<Result<_, Error>>()?;
+        Ok(ExecPlan { stages })
+    }
+}
+
+fn cannot_travel(what: &str, why: &str) -> Error {
+    Error::Invalid(format!(
+        "{what} cannot run on a cluster: {why}; run it with Context::local(), or make it \
+         from a Registry so that every node can rebuild it"
+    ))
+}
+
+fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
+    Ok(match split {
+        SourceSplit::Range { start, end } => SplitSpec::Range {
+            start: *start,
+            end: *end,
+        },
+        SourceSplit::Parquet { path, columns } => SplitSpec::Parquet {
+            path: path.display().to_string(),
+            columns: columns.as_ref().map(|c| c.to_vec()),
+        },
+        SourceSplit::BinaryFiles(paths) => {
+            SplitSpec::BinaryFiles(paths.iter().map(|p| p.display().to_string()).collect())
+        }
+        SourceSplit::Batch(_) => {
+            return Err(cannot_travel(
+                "the source `from_batches`",
+                "its batches live in the driver",
+            ));
+        }
+        SourceSplit::Csv { .. } => {
+            return Err(cannot_travel("the source `read_csv`", "not supported yet"));
+        }
+    })
+}
+
+fn split_of(spec: &SplitSpec) -> SourceSplit {
+    match spec {
+        SplitSpec::Range { start, end } => SourceSplit::Range {
+            start: *start,
+            end: *end,
+        },
+        SplitSpec::Parquet { path, columns } => SourceSplit::Parquet {
+            path: path.into(),
+            columns: columns.clone().map(Arc::new),
+        },
+        SplitSpec::BinaryFiles(paths) => {
+            SourceSplit::BinaryFiles(Arc::new(paths.iter().map(Into::into).collect()))
+        }
+    }
+}
+
+fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
+    ops.iter()
+        .map(|(index, op)| {
+            let what = || format!("the operator `{}`", op.name);
+            let kind = match &op.kind {
+                OpKind::MapBatches(udf) => {
+                    let Recipe { name, params } = udf
+                        .recipe()
+                        .ok_or_else(|| cannot_travel(&what(), "it is a closure"))?;
+                    OpKindSpec::Recipe { name, params }
+                }
+                OpKind::WriteParquet(dir) => OpKindSpec::WriteParquet(dir.display().to_string()),
+                OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
+                    return Err(cannot_travel(&what(), "it is a closure"));
+                }
+                OpKind::Filter(_) | OpKind::Select(_) | OpKind::WithColumn(..) => {
+                    return Err(cannot_travel(&what(), "expressions do not travel yet"));
+                }
+            };
+            Ok(OpWire {
+                index: *index as u64,
+                name: op.name.clone(),
+                options: (&op.options).into(),
+                kind,
+            })
+        })
+        .collect()
+}
+
+fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, Error> {
+    ops.iter()
+        .map(|op| {
+            let kind = match &op.kind {
+                OpKindSpec::Recipe { name, params } => {
+                    let recipe = Recipe {
+                        name: name.clone(),
+                        params: params.clone(),
+                    };
+                    OpKind::MapBatches(Arc::new(registry.rebuild(&recipe)?))
+                }
+                OpKindSpec::WriteParquet(dir) => OpKind::WriteParquet(dir.into()),
+            };
+            let spec = OpSpec {
+                name: op.name.clone(),
+                kind,
+                options: (&op.options).into(),
+            };
+            Ok((op.index as usize, spec))
+        })
+        .collect()
+}

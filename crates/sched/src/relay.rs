@@ -1,0 +1,406 @@
+//! A job's relay on a cluster node: one actor per job and node, started by
+//! the node's agent when the job starts there. It runs the driver's orders
+//! (tasks go to the node's NodeManager, inputs held elsewhere are pulled
+//! first), keeps the job's outputs here (offered to peers) until the driver
+//! releases them, holds tasks paused for memory, and reports every task
+//! event to the job's port on the driver.
+//!
+//! The job's budgets here are this node's: an output that does not fit this
+//! node's share pauses its task, whatever other nodes hold.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use streambatch_core::{JobId, TaskId};
+use streambatch_net::{Fetched, Transport, frame};
+use streambatch_plan::{Error, ExecPlan};
+use streambatch_store::ObjectStore;
+
+use crate::budget::Budgets;
+use crate::cluster::remote_member;
+use crate::job::Input;
+use crate::msg::NodeMsg;
+use crate::partition::{Output, Slice};
+use crate::remote::PortMsg;
+use crate::serve::StoreServer;
+use crate::task::{JobCtx, TaskEvent, TaskRun};
+use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};
+
+/// The relay actor.
+pub(crate) struct JobRelay;
+
+/// Messages of a relay.
+pub(crate) enum RelayMsg {
+    /// A task of the job reported (on this node).
+    Task(TaskEvent),
+    /// The job's outputs here gave memory back.
+    MemoryFreed,
+    /// The driver's order.
+    Order(JobOrder),
+}
+
+impl ractor::Message for RelayMsg {}
+
+impl From<TaskEvent> for RelayMsg {
+    fn from(event: TaskEvent) -> Self {
+        Self::Task(event)
+    }
+}
+
+impl TryFrom<RelayMsg> for TaskEvent {
+    type Error = RelayMsg;
+
+    fn try_from(msg: RelayMsg) -> Result<Self, RelayMsg> {
+        match msg {
+            RelayMsg::Task(event) => Ok(event),
+            other => Err(other),
+        }
+    }
+}
+
+/// What a relay is started with.
+pub(crate) struct RelayArgs {
+    pub(crate) key: JobKey,
+    /// The node-local id of the job.
+    pub(crate) job: JobId,
+    pub(crate) plan: Arc<ExecPlan>,
+    pub(crate) target_bytes: u64,
+    pub(crate) reserve: Vec<u64>,
+    /// This node's name.
+    pub(crate) node: String,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) server: Arc<StoreServer>,
+    pub(crate) transport: Transport,
+    pub(crate) manager: ActorRef<NodeMsg>,
+}
+
+/// A relay's state.
+pub(crate) struct RelayState {
+    key: JobKey,
+    node: String,
+    ctx: Arc<JobCtx>,
+    port: ActorRef<PortMsg>,
+    server: Arc<StoreServer>,
+    transport: Transport,
+    manager: ActorRef<NodeMsg>,
+    /// The job's outputs stored here, by partition id, until released.
+    outputs: HashMap<u64, Arc<Output>>,
+    /// Tasks paused for memory.
+    paused: HashMap<TaskId, Box<TaskRun>>,
+    pulled: Arc<PullCounts>,
+    /// The job ended; the relay stops once the driver has released the
+    /// outputs it still reads.
+    ending: bool,
+}
+
+/// Inputs this node pulled for the job: by shared memory, over QUIC.
+#[derive(Default)]
+struct PullCounts {
+    shared: AtomicU64,
+    quic: AtomicU64,
+    quic_bytes: AtomicU64,
+}
+
+impl Actor for JobRelay {
+    type Msg = RelayMsg;
+    type State = RelayState;
+    type Arguments = RelayArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RelayMsg>,
+        args: RelayArgs,
+    ) -> Result<RelayState, ActorProcessingErr> {
+        // The driver's port joined its group before it started the job; the
+        // group reaches this node over the same session, so it is seen soon.
+        let group = args.key.port_group();
+        let mut port = None;
+        for _ in 0..250 {
+            port = remote_member::<PortMsg>(&group);
+            if port.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let port = port.ok_or_else(|| format!("the job's port ({group}) is not reachable"))?;
+        let notify = myself.clone();
+        let budgets = Budgets::new(
+            args.store.stats().capacity_bytes,
+            args.reserve,
+            Arc::new(move || {
+                let _ = notify.cast(RelayMsg::MemoryFreed);
+            }),
+        );
+        let ctx = Arc::new(JobCtx {
+            job: args.job,
+            cancelled: args
+                .plan
+                .stages
+                .iter()
+                .map(|_| Default::default())
+                .collect(),
+            plan: args.plan,
+            store: args.store,
+            budgets,
+            events: myself.get_derived(),
+            target_bytes: args.target_bytes,
+        });
+        Ok(RelayState {
+            key: args.key,
+            node: args.node,
+            ctx,
+            port,
+            server: args.server,
+            transport: args.transport,
+            manager: args.manager,
+            outputs: HashMap::new(),
+            paused: HashMap::new(),
+            pulled: Arc::default(),
+            ending: false,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<RelayMsg>,
+        state: &mut RelayState,
+    ) -> Result<(), ActorProcessingErr> {
+        for id in state.outputs.keys() {
+            state.server.withdraw(*id);
+        }
+        state.outputs.clear();
+        state.paused.clear();
+        let _ = state.manager.cast(NodeMsg::JobEnded { job: state.ctx.job });
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<RelayMsg>,
+        msg: RelayMsg,
+        state: &mut RelayState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RelayMsg::Task(event) => state.on_task_event(event),
+            RelayMsg::MemoryFreed => state.report(Happened::MemoryFreed),
+            RelayMsg::Order(order) => state.on_order(order, &myself),
+        }
+        Ok(())
+    }
+}
+
+impl RelayState {
+    fn report(&self, happened: Happened) {
+        let stats = self.ctx.store.stats();
+        let event = NodeEvent {
+            node: self.node.clone(),
+            job: self.key.job,
+            happened,
+            store: StoreView {
+                used: stats.used_bytes,
+                capacity: stats.capacity_bytes,
+                frees: stats.frees,
+            },
+            pulled: Pulled {
+                shared: self.pulled.shared.load(Ordering::Relaxed),
+                quic: self.pulled.quic.load(Ordering::Relaxed),
+                quic_bytes: self.pulled.quic_bytes.load(Ordering::Relaxed),
+            },
+        };
+        let _ = self
+            .port
+            .cast(PortMsg::Event(frame::encode(&event).to_vec()));
+    }
+
+    fn on_task_event(&mut self, event: TaskEvent) {
+        let happened = match event {
+            TaskEvent::Output { task, seq, slice } => {
+                let Some(output) = slice.stored() else {
+                    return;
+                };
+                let id = output.part().id().0;
+                self.server.offer(output.part().clone());
+                self.outputs.insert(id, output.clone());
+                Happened::Output {
+                    task: task.0,
+                    seq,
+                    id,
+                    rows: slice.len as u64,
+                    bytes: slice.partition_bytes(),
+                }
+            }
+            TaskEvent::Paused(run) => {
+                let happened = Happened::Paused {
+                    task: run.task.0,
+                    pending_bytes: run.pending_bytes(),
+                    store_full_at: run.store_full_at,
+                };
+                self.paused.insert(run.task, run);
+                happened
+            }
+            TaskEvent::Finished { task, busy } => Happened::Finished {
+                task: task.0,
+                busy_us: busy.as_micros() as u64,
+            },
+            TaskEvent::Failed(error) => Happened::Failed {
+                message: error.to_string(),
+            },
+            TaskEvent::Lost { task, message } => Happened::Lost {
+                task: task.0,
+                message,
+            },
+        };
+        self.report(happened);
+    }
+
+    fn on_order(&mut self, order: JobOrder, myself: &ActorRef<RelayMsg>) {
+        match order {
+            JobOrder::Run {
+                task,
+                stage,
+                input,
+                skip,
+                may_spill,
+            } => self.run(TaskId(task), stage as usize, input, skip, may_spill, myself),
+            JobOrder::Resume { task, may_spill } => {
+                if let Some(mut run) = self.paused.remove(&TaskId(task)) {
+                    run.may_spill = may_spill;
+                    self.dispatch(run);
+                }
+            }
+            JobOrder::Release { ids } => {
+                for id in ids {
+                    self.server.withdraw(id);
+                    self.outputs.remove(&id);
+                }
+                if self.ending && self.outputs.is_empty() {
+                    myself.stop(None);
+                }
+            }
+            JobOrder::Cancel { stage } => {
+                let stage = stage as usize;
+                if let Some(flag) = self.ctx.cancelled.get(stage) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+                self.paused.retain(|_, run| run.stage != stage);
+            }
+            JobOrder::FitReserve { stage, bytes } => {
+                self.ctx.budgets.fit_reserve(stage as usize, bytes)
+            }
+            JobOrder::End => {
+                self.ending = true;
+                self.paused.clear();
+                let _ = self.manager.cast(NodeMsg::JobEnded { job: self.ctx.job });
+                if self.outputs.is_empty() {
+                    myself.stop(None);
+                }
+            }
+        }
+    }
+
+    /// Starts a task: inputs held here are sliced from the store; inputs
+    /// held elsewhere are pulled first (on a task of their own, so that the
+    /// relay keeps reporting meanwhile).
+    fn run(
+        &mut self,
+        task: TaskId,
+        stage: usize,
+        input: InputSpec,
+        skip: u32,
+        may_spill: bool,
+        myself: &ActorRef<RelayMsg>,
+    ) {
+        let parts = match input {
+            InputSpec::Split(i) => {
+                let mut run = TaskRun::new(
+                    self.ctx.clone(),
+                    task,
+                    stage,
+                    Input::Split(i as usize),
+                    skip,
+                );
+                run.may_spill = may_spill;
+                return self.dispatch(Box::new(run));
+            }
+            InputSpec::Parts(parts) => parts,
+        };
+        let mut local = Vec::new();
+        let mut pulls = Vec::new();
+        for (at, part) in parts.into_iter().enumerate() {
+            match self
+                .outputs
+                .get(&part.id)
+                .filter(|_| part.holder == self.node)
+            {
+                Some(output) => local.push((
+                    at,
+                    Slice::whole(output.clone()).sub(part.offset as usize, part.len as usize),
+                )),
+                None => pulls.push((at, part)),
+            }
+        }
+        let ctx = self.ctx.clone();
+        let transport = self.transport.clone();
+        let manager = self.manager.clone();
+        let relay = myself.clone();
+        let counts = self.pulled.clone();
+        tokio::spawn(async move {
+            let mut slices = local;
+            for (at, part) in pulls {
+                match pull(&transport, &part, &counts).await {
+                    Ok(slice) => slices.push((at, slice)),
+                    Err(error) => {
+                        let event = TaskEvent::Failed(error);
+                        let _ = relay.cast(RelayMsg::Task(event));
+                        return;
+                    }
+                }
+            }
+            slices.sort_by_key(|(at, _)| *at);
+            let input = Input::Parts(slices.into_iter().map(|(_, s)| s).collect());
+            let mut run = TaskRun::new(ctx.clone(), task, stage, input, skip);
+            run.may_spill = may_spill;
+            let pool = ctx.plan.stages[stage].options.pool.map(|p| p.max);
+            let _ = manager.cast(NodeMsg::Run {
+                run: Box::new(run),
+                pool,
+            });
+        });
+    }
+
+    fn dispatch(&self, run: Box<TaskRun>) {
+        let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
+        let _ = self.manager.cast(NodeMsg::Run { run, pool });
+    }
+}
+
+/// Pulls one input partition from its holder: mapped from shared memory
+/// when the holder shares this node's store directory, else over QUIC.
+async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Result<Slice, Error> {
+    let failed = |message: String| Error::OnNode {
+        node: part.holder.clone(),
+        message: format!("fetching partition {}: {message}", part.id),
+    };
+    let batch = match transport.fetch(&part.holder, part.id).await {
+        Ok(Fetched::Shared(name)) => {
+            counts.shared.fetch_add(1, Ordering::Relaxed);
+            streambatch_store::open_shared(&name)
+                .map_err(|e| failed(e.to_string()))?
+                .batch
+        }
+        Ok(Fetched::Bytes(bytes)) => {
+            counts.quic.fetch_add(1, Ordering::Relaxed);
+            counts
+                .quic_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            // Arrow needs its buffers aligned; bytes off the wire are not.
+            let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
+            aligned.extend_from_slice(&bytes);
+            streambatch_store::ipc::decode(&aligned.into()).map_err(|e| failed(e.to_string()))?
+        }
+        Err(e) => return Err(failed(e.to_string())),
+    };
+    Ok(Slice::fetched(batch).sub(part.offset as usize, part.len as usize))
+}
