@@ -5,8 +5,10 @@
 //! library users link (`streambatch`), whose built-in operators
 //! (`streambatch::ops`) the workloads use.
 
+mod net;
 mod shaped;
 
+pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 
 use std::path::Path;

@@ -103,6 +103,9 @@ enum Workload {
     W4,
     /// The object store's put and get against memcpy.
     Store,
+    /// Moving a partition between two nodes: over QUIC against a bare quinn
+    /// stream, and by shared memory (1 MiB against 1 GiB).
+    Net,
 }
 
 fn main() {
@@ -226,6 +229,12 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                         "correct": gpu.correct && cpu.correct,
                     });
                     println!("{summary}");
+                    return Ok(());
+                }
+                Workload::Net => {
+                    std::fs::create_dir_all(&base.spill_dir)
+                        .map_err(|e| streambatch::Error::io("creating", &base.spill_dir, e))?;
+                    println!("{}", workloads::net_bench(&base.spill_dir)?);
                     return Ok(());
                 }
                 Workload::Store => {

@@ -1,0 +1,280 @@
+//! `streambatch bench net`: what moving a partition between two nodes
+//! costs. Two transports (each a node's: its own certificate, endpoint and
+//! store) in this process, on 127.0.0.1:
+//!
+//! - over QUIC: a 256 MiB partition pulled by a fetch (request, reply,
+//!   bytes on a stream of their own, mutual TLS), against a bare quinn
+//!   stream carrying the same bytes with the same TLS and transport
+//!   settings, measured in the same run;
+//! - by shared memory: two nodes over the same store directory hand over
+//!   the segment's name, and the puller maps it: the time for 1 MiB and for
+//!   1 GiB, which should be about the same (no byte is copied).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
+use arrow_buffer::{Buffer, OffsetBuffer};
+use streambatch::{Error, Result};
+use streambatch_net::{
+    Endpoint, Fetched, Identity, Locality, PartitionServer, Served, TlsFiles, Transport,
+    init_cluster,
+};
+use streambatch_store::{ObjectStore, PartitionRef, PinGuard, SharedStore, StoreConfig};
+
+/// The partition moved over QUIC.
+const QUIC_BYTES: usize = 256 << 20;
+
+/// Serves the partitions of a store, as a node serves its own.
+struct StoreParts {
+    store: SharedStore,
+    parts: Mutex<HashMap<u64, (PartitionRef, Vec<PinGuard>)>>,
+}
+
+impl PartitionServer for StoreParts {
+    fn serve(&self, id: u64, shares_memory: bool) -> std::result::Result<Served, String> {
+        let mut parts = self.parts.lock().map_err(|e| e.to_string())?;
+        let (part, pins) = parts.get_mut(&id).ok_or("no such partition")?;
+        if shares_memory {
+            pins.push(self.store.pin(part.id()).map_err(|e| e.to_string())?);
+            if let Some(name) = self.store.shared_name(part) {
+                return Ok(Served::Shared(name));
+            }
+        }
+        let bytes = self.store.encoded_bytes(part).map_err(|e| e.to_string())?;
+        Ok(Served::Bytes(Box::new(BufferBytes(bytes))))
+    }
+}
+
+struct BufferBytes(Buffer);
+
+impl AsRef<[u8]> for BufferBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+fn bytes_batch(len: usize) -> RecordBatch {
+    let offsets = OffsetBuffer::from_lengths([len]);
+    let data: ArrayRef = Arc::new(BinaryArray::new(
+        offsets,
+        Buffer::from_vec(vec![7u8; len]),
+        None,
+    ));
+    RecordBatch::try_from_iter([("data", data)]).expect("one column")
+}
+
+fn failed(what: &str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> Error + '_ {
+    move |e| Error::Start {
+        what: "the network benchmark",
+        source: format!("{what}: {e}").into(),
+    }
+}
+
+/// Runs the benchmark; `dir` holds its certificates and store directories.
+pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
+    let tls = dir.join("bench-net-tls");
+    let _ = std::fs::remove_dir_all(&tls);
+    init_cluster(&tls, &["holder", "puller", "sharer"]).map_err(|e| failed("certificates")(e.into()))?;
+    let identity = |name: &str| {
+        Identity::load(&TlsFiles::in_dir(&tls, name)).map_err(|e| failed("certificates")(e.into()))
+    };
+    let (holder_id, puller_id, sharer_id) = (identity("holder")?, identity("puller")?, identity("sharer")?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| failed("runtime")(e.into()))?;
+
+    let holder_dir = dir.join("bench-net-holder");
+    let store = SharedStore::open(StoreConfig::new((1 << 30) + (QUIC_BYTES as u64) + (64 << 20), &holder_dir))
+        .map_err(|e| failed("store")(e.into()))?;
+    let put = |len: usize| {
+        store
+            .put(bytes_batch(len))
+            .map_err(|e| failed("store")(e.into()))
+    };
+    let (quic_part, small, large) = (put(QUIC_BYTES)?, put(1 << 20)?, put(1 << 30)?);
+    let ids = [quic_part.id().0, small.id().0, large.id().0];
+    let parts = ids
+        .iter()
+        .zip([quic_part, small, large])
+        .map(|(id, p)| (*id, (p, Vec::new())))
+        .collect();
+    let server = Arc::new(StoreParts {
+        store: store.clone(),
+        parts: Mutex::new(parts),
+    });
+
+    let result = runtime.block_on(async {
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let start = |name: &str, id: &Identity, store_dir: &Path, server: Arc<dyn PartitionServer>| {
+            let endpoint = Endpoint::bind(any, id);
+            let name = name.to_string();
+            let here = Locality::here(store_dir);
+            async move {
+                let endpoint = endpoint.map_err(|e| failed("endpoint")(e.into()))?;
+                Transport::start(&name, endpoint, server, here, None)
+                    .await
+                    .map_err(|e| failed("transport")(e.into()))
+            }
+        };
+        let holder = start("holder", &holder_id, &holder_dir, server.clone()).await?;
+        let none: Arc<dyn PartitionServer> = Arc::new(StoreParts {
+            store: store.clone(),
+            parts: Mutex::new(HashMap::new()),
+        });
+        let puller = start("puller", &puller_id, &dir.join("bench-net-puller"), none.clone()).await?;
+        let sharer = start("sharer", &sharer_id, &holder_dir, none).await?;
+        for node in [&puller, &sharer] {
+            node.join(holder.local_addr())
+                .await
+                .map_err(|e| failed("connecting")(e.into()))?;
+        }
+
+        // Bare quinn: the same bytes on one stream of a connection with the
+        // same TLS and transport settings; no request frame, no reply frame.
+        let bare = BareQuinn::start(&holder_id, &puller_id, QUIC_BYTES).await?;
+        let mut bare_best = Duration::MAX;
+        let mut quic_best = Duration::MAX;
+        for _ in 0..3 {
+            bare_best = bare_best.min(bare.pull().await?);
+            let t = Instant::now();
+            match puller.fetch("holder", ids[0]).await {
+                Ok(Fetched::Bytes(bytes)) if bytes.len() > QUIC_BYTES => {}
+                Ok(other) => {
+                    let why = format!("unexpected reply: {}", kind(&other));
+                    return Err(failed("fetch")(why.into()));
+                }
+                Err(e) => return Err(failed("fetch")(e.into())),
+            }
+            quic_best = quic_best.min(t.elapsed());
+        }
+        bare.close();
+
+        // Shared memory: the name travels; the puller maps the segment.
+        let shared = |id: u64| {
+            let sharer = sharer.clone();
+            async move {
+                let mut best = Duration::MAX;
+                for _ in 0..5 {
+                    let t = Instant::now();
+                    let name = match sharer.fetch("holder", id).await {
+                        Ok(Fetched::Shared(name)) => name,
+                        Ok(other) => {
+                            let why = format!("unexpected reply: {}", kind(&other));
+                            return Err(failed("shared fetch")(why.into()));
+                        }
+                        Err(e) => return Err(failed("shared fetch")(e.into())),
+                    };
+                    let part = streambatch_store::open_shared(&name).map_err(|e| failed("mapping")(e.into()))?;
+                    std::hint::black_box(part.batch.num_rows());
+                    best = best.min(t.elapsed());
+                }
+                Ok::<_, Error>(best)
+            }
+        };
+        let shm_small = shared(ids[1]).await?;
+        let shm_large = shared(ids[2]).await?;
+        for node in [&holder, &puller, &sharer] {
+            node.stop();
+        }
+        Ok::<_, Error>((bare_best, quic_best, shm_small, shm_large))
+    })?;
+    let (bare, quic, shm_small, shm_large) = result;
+    let gbps = |d: Duration| QUIC_BYTES as f64 / d.as_secs_f64() / 1e9;
+    let quic_gbps = gbps(quic);
+    let bare_gbps = gbps(bare);
+    Ok(serde_json::json!({
+        "workload": "net",
+        "system": "streambatch",
+        "config": "256MiB over QUIC; 1MiB and 1GiB by shared memory; best of 3 and 5",
+        "quic_gbps": quic_gbps,
+        "bare_quinn_gbps": bare_gbps,
+        "quic_vs_bare": quic_gbps / bare_gbps,
+        "shm_1mib_s": shm_small.as_secs_f64(),
+        "shm_1gib_s": shm_large.as_secs_f64(),
+        "shm_1gib_vs_1mib": shm_large.as_secs_f64() / shm_small.as_secs_f64(),
+        "correct": true,
+    }))
+}
+
+/// A bare quinn connection: the server sends `len` bytes on each stream
+/// the client opens (after one byte of request), the client reads them into
+/// a buffer, as a fetch does.
+struct BareQuinn {
+    server: quinn::Endpoint,
+    client: quinn::Endpoint,
+    connection: quinn::Connection,
+    len: usize,
+}
+
+impl BareQuinn {
+    async fn start(server_id: &Identity, client_id: &Identity, len: usize) -> Result<Self> {
+        let e = |e: Box<dyn std::error::Error + Send + Sync>| failed("bare quinn")(e);
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
+        let server_config = server_id.server_config().map_err(|x| e(x.into()))?;
+        let server = quinn::Endpoint::server(server_config, any).map_err(|x| e(x.into()))?;
+        let addr = server.local_addr().map_err(|x| e(x.into()))?;
+        let payload = Arc::new(vec![7u8; len]);
+        let accepting = server.clone();
+        tokio::spawn(async move {
+            let Some(incoming) = accepting.accept().await else {
+                return;
+            };
+            let Ok(connection) = incoming.await else {
+                return;
+            };
+            while let Ok((mut send, mut recv)) = connection.accept_bi().await {
+                let payload = payload.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8];
+                    if recv.read_exact(&mut request).await.is_ok() {
+                        let _ = send.write_all(&payload).await;
+                        let _ = send.finish();
+                    }
+                });
+            }
+        });
+        let mut client = quinn::Endpoint::client(any).map_err(|x| e(x.into()))?;
+        client.set_default_client_config(client_id.client_config().map_err(|x| e(x.into()))?);
+        let connection = client
+            .connect(addr, streambatch_net::tls::SERVER_NAME)
+            .map_err(|x| e(x.into()))?
+            .await
+            .map_err(|x| e(x.into()))?;
+        Ok(Self {
+            server,
+            client,
+            connection,
+            len,
+        })
+    }
+
+    /// One transfer, timed from opening the stream to the last byte read.
+    async fn pull(&self) -> Result<Duration> {
+        let e = |e: Box<dyn std::error::Error + Send + Sync>| failed("bare quinn")(e);
+        let t = Instant::now();
+        let (mut send, mut recv) = self.connection.open_bi().await.map_err(|x| e(x.into()))?;
+        send.write_all(&[1]).await.map_err(|x| e(x.into()))?;
+        let mut bytes = vec![0u8; self.len];
+        recv.read_exact(&mut bytes).await.map_err(|x| e(x.into()))?;
+        std::hint::black_box(&bytes);
+        Ok(t.elapsed())
+    }
+
+    fn close(&self) {
+        self.connection.close(0u32.into(), b"done");
+        self.client.close(0u32.into(), b"done");
+        self.server.close(0u32.into(), b"done");
+    }
+}
+
+fn kind(f: &Fetched) -> &'static str {
+    match f {
+        Fetched::Shared(_) => "shared",
+        Fetched::Bytes(_) => "bytes",
+    }
+}
