@@ -7,9 +7,11 @@
 
 mod net;
 mod shaped;
+mod w5;
 
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
+pub use w5::w5;
 
 use std::path::Path;
 use std::sync::Arc;

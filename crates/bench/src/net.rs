@@ -77,11 +77,16 @@ fn failed(what: &str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> Er
 pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
     let tls = dir.join("bench-net-tls");
     let _ = std::fs::remove_dir_all(&tls);
-    init_cluster(&tls, &["holder", "puller", "sharer"]).map_err(|e| failed("certificates")(e.into()))?;
+    init_cluster(&tls, &["holder", "puller", "sharer"])
+        .map_err(|e| failed("certificates")(e.into()))?;
     let identity = |name: &str| {
         Identity::load(&TlsFiles::in_dir(&tls, name)).map_err(|e| failed("certificates")(e.into()))
     };
-    let (holder_id, puller_id, sharer_id) = (identity("holder")?, identity("puller")?, identity("sharer")?);
+    let (holder_id, puller_id, sharer_id) = (
+        identity("holder")?,
+        identity("puller")?,
+        identity("sharer")?,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -89,8 +94,11 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
         .map_err(|e| failed("runtime")(e.into()))?;
 
     let holder_dir = dir.join("bench-net-holder");
-    let store = SharedStore::open(StoreConfig::new((1 << 30) + (QUIC_BYTES as u64) + (64 << 20), &holder_dir))
-        .map_err(|e| failed("store")(e.into()))?;
+    let store = SharedStore::open(StoreConfig::new(
+        (1 << 30) + (QUIC_BYTES as u64) + (64 << 20),
+        &holder_dir,
+    ))
+    .map_err(|e| failed("store")(e.into()))?;
     let put = |len: usize| {
         store
             .put(bytes_batch(len))
@@ -110,23 +118,30 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
 
     let result = runtime.block_on(async {
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
-        let start = |name: &str, id: &Identity, store_dir: &Path, server: Arc<dyn PartitionServer>| {
-            let endpoint = Endpoint::bind(any, id);
-            let name = name.to_string();
-            let here = Locality::here(store_dir);
-            async move {
-                let endpoint = endpoint.map_err(|e| failed("endpoint")(e.into()))?;
-                Transport::start(&name, endpoint, server, here, None)
-                    .await
-                    .map_err(|e| failed("transport")(e.into()))
-            }
-        };
+        let start =
+            |name: &str, id: &Identity, store_dir: &Path, server: Arc<dyn PartitionServer>| {
+                let endpoint = Endpoint::bind(any, id);
+                let name = name.to_string();
+                let here = Locality::here(store_dir);
+                async move {
+                    let endpoint = endpoint.map_err(|e| failed("endpoint")(e.into()))?;
+                    Transport::start(&name, endpoint, server, here, None)
+                        .await
+                        .map_err(|e| failed("transport")(e.into()))
+                }
+            };
         let holder = start("holder", &holder_id, &holder_dir, server.clone()).await?;
         let none: Arc<dyn PartitionServer> = Arc::new(StoreParts {
             store: store.clone(),
             parts: Mutex::new(HashMap::new()),
         });
-        let puller = start("puller", &puller_id, &dir.join("bench-net-puller"), none.clone()).await?;
+        let puller = start(
+            "puller",
+            &puller_id,
+            &dir.join("bench-net-puller"),
+            none.clone(),
+        )
+        .await?;
         let sharer = start("sharer", &sharer_id, &holder_dir, none).await?;
         for node in [&puller, &sharer] {
             node.join(holder.local_addr())
@@ -169,7 +184,8 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
                         }
                         Err(e) => return Err(failed("shared fetch")(e.into())),
                     };
-                    let part = streambatch_store::open_shared(&name).map_err(|e| failed("mapping")(e.into()))?;
+                    let part = streambatch_store::open_shared(&name)
+                        .map_err(|e| failed("mapping")(e.into()))?;
                     std::hint::black_box(part.batch.num_rows());
                     best = best.min(t.elapsed());
                 }

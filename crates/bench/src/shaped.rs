@@ -8,7 +8,7 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use streambatch::{Dataset, Registry, Resources, Result, UdfError};
+use streambatch::{BatchFn, BatchUdf, Dataset, Registry, Resources, Result, UdfError};
 
 use crate::{filled_rows, taking, w1_byte};
 
@@ -22,11 +22,7 @@ pub fn registry() -> Registry {
     let mut registry = streambatch::registry();
     registry.register("w1.produce", |params| {
         let (ms, row_bytes) = two(params)?;
-        Ok(move |b: RecordBatch| {
-            taking(Duration::from_millis(ms), || {
-                filled_rows(b.column(0), row_bytes as usize)
-            })
-        })
+        Ok(Produce { ms, row_bytes })
     });
     registry.register("w1.consume", |params| {
         let (ms, row_bytes) = two(params)?;
@@ -47,6 +43,37 @@ pub fn registry() -> Registry {
         )
     });
     registry
+}
+
+/// W1's producer: a call takes `ms` and yields each row of its batch in a
+/// buffer of its own, as a producer of rows makes them.
+#[derive(Clone, Copy)]
+struct Produce {
+    ms: u64,
+    row_bytes: u64,
+}
+
+impl BatchUdf for Produce {
+    fn instantiate(&self) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
+        Ok(Box::new(*self))
+    }
+}
+
+impl BatchFn for Produce {
+    fn call(&mut self, b: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
+        taking(Duration::from_millis(self.ms), || {
+            filled_rows(b.column(0), self.row_bytes as usize)
+        })
+    }
+
+    fn call_many(&mut self, b: RecordBatch) -> std::result::Result<Vec<RecordBatch>, UdfError> {
+        let ids = b.column(0);
+        taking(Duration::from_millis(self.ms), || {
+            (0..ids.len())
+                .map(|i| filled_rows(&ids.slice(i, 1), self.row_bytes as usize))
+                .collect()
+        })
+    }
 }
 
 /// Checks that each row holds its id's bytes, as W1's inference does.

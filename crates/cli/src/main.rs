@@ -59,6 +59,9 @@ enum Command {
         /// W3 only: partitions of the one shape to run (with --rows).
         #[arg(long, requires = "rows")]
         partitions: Option<usize>,
+        /// W5 only: the numbers of CPU nodes to run with, one run each.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        nodes: Vec<usize>,
     },
 }
 
@@ -103,6 +106,8 @@ enum Workload {
     W4,
     /// The object store's put and get against memcpy.
     Store,
+    /// Scale-out: N CPU nodes feeding a GPU node, each a process (--nodes).
+    W5,
     /// Moving a partition between two nodes: over QUIC against a bare quinn
     /// stream, and by shared memory (1 MiB against 1 GiB).
     Net,
@@ -177,6 +182,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             progress_lines,
             rows,
             partitions,
+            nodes,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
             let mut progress = workloads::ProgressLines::new(progress_lines);
@@ -229,6 +235,15 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                         "correct": gpu.correct && cpu.correct,
                     });
                     println!("{summary}");
+                    return Ok(());
+                }
+                Workload::W5 => {
+                    let dir = base.spill_dir.join("w5");
+                    for n in nodes {
+                        let r = workloads::w5(n, &dir, &mut progress)?;
+                        println!("{}", r.to_json());
+                        progress = workloads::ProgressLines::new(progress_lines);
+                    }
                     return Ok(());
                 }
                 Workload::Net => {

@@ -217,9 +217,16 @@ pub fn apply(
                 Some(rows) => Box::new(Rebatch::new(input, rows, arrow_error.clone())),
                 None => non_empty(input),
             };
-            Box::new(input.map(move |b| {
-                let mut f = instance.lock().unwrap_or_else(|p| p.into_inner());
-                f.call(b?).map_err(&udf_error)
+            Box::new(input.flat_map(move |b| {
+                let out = b.and_then(|b| {
+                    let mut f = instance.lock().unwrap_or_else(|p| p.into_inner());
+                    f.call_many(b).map_err(&udf_error)
+                });
+                let out: Vec<Result<RecordBatch>> = match out {
+                    Ok(batches) => batches.into_iter().map(Ok).collect(),
+                    Err(e) => vec![Err(e)],
+                };
+                out
             }))
         }
         OpKind::WriteParquet(dir) => {

@@ -15,6 +15,13 @@ pub type UdfError = Box<dyn std::error::Error + Send + Sync>;
 pub trait BatchFn: Send {
     /// Transforms one batch.
     fn call(&mut self, batch: RecordBatch) -> Result<RecordBatch, UdfError>;
+
+    /// Transforms one batch into any number of batches, each with buffers
+    /// of its own (an operator that makes large rows one at a time gives
+    /// each its own buffer). Defaults to [`BatchFn::call`].
+    fn call_many(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>, UdfError> {
+        Ok(vec![self.call(batch)?])
+    }
 }
 
 impl<F> BatchFn for F

@@ -26,7 +26,7 @@ use crate::cluster::{load_identity, remote_member};
 use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
 use crate::msg::ExecutorMsg;
 use crate::output::JobOutput;
-use crate::partition::RemoteSource;
+use crate::partition::{RemotePart, RemoteSource};
 use crate::plan_wire::PlanSpec;
 use crate::remote::{JobPort, RemoteNode};
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
@@ -315,7 +315,7 @@ struct ClusterSource {
 }
 
 impl RemoteSource for ClusterSource {
-    fn fetch(&self, holder: &str, id: u64) -> Result<RecordBatch> {
+    fn fetch(&self, holder: &str, id: u64, keep: Arc<RemotePart>) -> Result<RecordBatch> {
         let failed = |message: String| Error::OnNode {
             node: holder.to_string(),
             message: format!("fetching partition {id}: {message}"),
@@ -325,7 +325,9 @@ impl RemoteSource for ClusterSource {
             .block_on(self.transport.fetch(holder, id))
             .map_err(|e| failed(e.to_string()))?;
         match fetched {
-            Fetched::Shared(name) => streambatch_store::open_shared(&name)
+            // The holder frees the bytes once released: the batch keeps the
+            // part (whose drop releases it) while its buffers live.
+            Fetched::Shared(name) => streambatch_store::open_shared_keeping(&name, keep)
                 .map(|p| p.batch)
                 .map_err(|e| failed(e.to_string())),
             Fetched::Bytes(bytes) => {

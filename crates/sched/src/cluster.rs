@@ -122,10 +122,26 @@ impl ClusterNode {
         self.children.transport.local_addr()
     }
 
-    /// Waits until the node stops (a child failed, or [`ClusterNode::stop`]).
+    /// Waits until the node stops: a child failed, [`ClusterNode::stop`],
+    /// or SIGTERM or SIGINT, on which it stops cleanly (its store removes
+    /// its shared-memory segments and spill files).
     pub fn wait(&self) -> Result<(), ClusterError> {
         let mut done = self.done.clone();
-        let _ = self.runtime.block_on(done.wait_for(|d| *d));
+        self.runtime.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                let _ = done.wait_for(|d| *d).await;
+                return;
+            };
+            tokio::select! {
+                _ = done.wait_for(|d| *d) => {}
+                _ = term.recv() => self.root.stop(None),
+                _ = int.recv() => self.root.stop(None),
+            }
+        });
         match self
             .stopped
             .lock()

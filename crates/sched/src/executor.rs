@@ -222,7 +222,8 @@ impl Actor for Executor {
                     shadows,
                     stores,
                 };
-                (Backend::Remote(remote), free, smallest)
+                let total = remote.nodes.iter().map(|n| n.capacity).sum();
+                (Backend::Remote(remote), free, total)
             }
         };
         let recorder = Recorder::new(args.live, names, capacity);

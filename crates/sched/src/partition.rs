@@ -40,8 +40,10 @@ impl Output {
 /// Where a partition held by another node comes from and goes back to: the
 /// driver's connection to the cluster.
 pub trait RemoteSource: Send + Sync {
-    /// Reads partition `id` from node `holder`.
-    fn fetch(&self, holder: &str, id: u64) -> Result<RecordBatch>;
+    /// Reads partition `id` from node `holder`. A batch mapped from the
+    /// holder's memory holds `keep` (the part, whose drop releases it) as
+    /// long as any of its buffers lives.
+    fn fetch(&self, holder: &str, id: u64, keep: Arc<RemotePart>) -> Result<RecordBatch>;
     /// Tells `holder` that the job is done with partition `id`.
     fn release(&self, holder: &str, id: u64);
 }
@@ -188,7 +190,7 @@ impl Slice {
                 .part
                 .get()
                 .map_err(|e| Error::store("reading a stored partition", e))?,
-            Data::Remote(part) => part.source.fetch(&part.holder, part.id)?,
+            Data::Remote(part) => part.source.fetch(&part.holder, part.id, part.clone())?,
             Data::Fetched(batch) => batch.clone(),
         };
         if self.offset == 0 && self.len == batch.num_rows() {

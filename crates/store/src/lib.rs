@@ -37,7 +37,10 @@ mod spill;
 
 pub use error::{PutError, SpillError, StoreError};
 pub use partition::{PartitionRef, PinGuard};
-pub use shared::{SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_unchecked};
+pub use shared::{
+    SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_keeping,
+    open_shared_unchecked,
+};
 pub use streambatch_core::batch_bytes;
 
 use std::sync::Arc;

@@ -724,7 +724,18 @@ pub struct SharedPartition {
 /// Validation reads the data once (a pass over string columns); a reader
 /// that trusts the writer can skip it with [`open_shared_unchecked`].
 pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
-    let (bytes, mapping, place) = map_shared(name)?;
+    open_shared_keeping(name, Arc::new(()))
+}
+
+/// [`open_shared`], with `keep` held as long as any buffer of the batch: a
+/// reader that must tell the owner when it is done (so that the owner frees
+/// the bytes) holds that notice in `keep`, and the owner hears of it only
+/// once the last buffer is gone.
+pub fn open_shared_keeping(
+    name: &str,
+    keep: Arc<dyn std::any::Any + Send + Sync>,
+) -> Result<SharedPartition, StoreError> {
+    let (bytes, mapping, place) = map_shared(name, keep)?;
     let batch = ipc::decode(&bytes).map_err(|source| place.invalid(source))?;
     Ok(SharedPartition { batch, mapping })
 }
@@ -742,7 +753,7 @@ pub fn open_shared(name: &str) -> Result<SharedPartition, StoreError> {
 /// batch's offsets point outside its buffers: reading them is undefined
 /// behaviour.
 pub unsafe fn open_shared_unchecked(name: &str) -> Result<SharedPartition, StoreError> {
-    let (bytes, mapping, place) = map_shared(name)?;
+    let (bytes, mapping, place) = map_shared(name, Arc::new(()))?;
     // SAFETY: the caller vouches that a store wrote these bytes from a valid
     // batch and keeps them unchanged.
     let batch = unsafe { ipc::decode_trusted(&bytes) }.map_err(|source| place.invalid(source))?;
@@ -772,6 +783,7 @@ impl SharedPlace {
 /// (which holds the segment mapped) and the mapping's address range.
 fn map_shared(
     name: &str,
+    keep: Arc<dyn std::any::Any + Send + Sync>,
 ) -> Result<(arrow_buffer::Buffer, std::ops::Range<usize>, SharedPlace), StoreError> {
     let bad = || StoreError::BadName {
         name: name.to_string(),
@@ -802,7 +814,10 @@ fn map_shared(
     // SAFETY: start + size <= the segment's length (checked above).
     let ptr = unsafe { std::ptr::NonNull::new_unchecked(segment.base().as_ptr().add(start)) };
     // SAFETY: within the segment, which stays mapped while the buffer holds it.
-    let bytes = unsafe { ipc::view(ptr, size, segment) };
+    // `keep` is only held and dropped, never read, so a panic cannot see
+    // it half-changed.
+    let owner = Arc::new((segment, std::panic::AssertUnwindSafe(keep)));
+    let bytes = unsafe { ipc::view(ptr, size, owner) };
     let place = SharedPlace {
         segment: segment_name.to_string(),
         offset,

@@ -1,0 +1,249 @@
+//! W5, scale-out: N CPU-only nodes (8 logical CPU slots, 300 MiB store
+//! each) feeding one node with 4N logical GPU slots (no CPU slots, 300 MiB
+//! store), every node a process of this binary on 127.0.0.1, started from
+//! TOML with certificates of a fresh cluster CA; W1's pipeline over 800N
+//! rows in 160N partitions, so every row crosses from a CPU node to the GPU
+//! node. The nodes share one store directory, as nodes on one host do, so
+//! partitions cross by shared memory. Ideal: 15 s at every N.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use streambatch::{Context, Error, Result};
+
+use crate::{BenchResult, ProgressLines, Shape, registry, w1_pipeline};
+
+/// A node process, stopped when dropped.
+struct NodeProcess {
+    child: Child,
+    addr: String,
+}
+
+impl NodeProcess {
+    /// Its peak resident memory (VmHWM) in MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()));
+        status
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_string();
+                line.split_whitespace().nth(1)?.parse::<f64>().ok()
+            })
+            .map_or(0.0, |kib| kib / 1024.0)
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        // SIGTERM: the node stops cleanly and its store removes its segments.
+        // SAFETY: kill(2) on the pid of a child this process has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn failed(what: String) -> Error {
+    Error::Start {
+        what: "a W5 node",
+        source: what.into(),
+    }
+}
+
+/// Writes a node's config; `head` is the head's address for other nodes.
+fn node_config(dir: &Path, name: &str, head: Option<&str>, slots: (u32, u32)) -> PathBuf {
+    let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
+    let tls = dir.join("tls");
+    let text = format!(
+        "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{head}\
+         tls_ca = \"{tls}/ca.pem\"\ntls_cert = \"{tls}/{name}.pem\"\ntls_key = \"{tls}/{name}.key\"\n\
+         cpus = {}\ngpus = {}\nstore_capacity = \"300MiB\"\nspill_dir = \"{}\"\n",
+        slots.0,
+        slots.1,
+        dir.join("store").display(),
+        tls = tls.display(),
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("writing a node config");
+    path
+}
+
+fn start_node(exe: &Path, dir: &Path, config: &Path, name: &str) -> Result<NodeProcess> {
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))
+        .map_err(|e| Error::io("creating", dir, e))?;
+    let mut child = Command::new(exe)
+        .args(["node", "--config"])
+        .arg(config)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| Error::io("starting", exe, e))?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Error::io("reading from", exe, e))?;
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|_| line.contains("listening on"))
+        .ok_or_else(|| {
+            failed(format!(
+                "{name} did not start; see {}/{name}.log",
+                dir.display()
+            ))
+        })?
+        .to_string();
+    Ok(NodeProcess { child, addr })
+}
+
+/// Runs W5 with `n` CPU nodes; `dir` holds the cluster's files.
+pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchResult> {
+    let dir = dir.join(format!("w5-{n}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+    let exe = std::env::current_exe().map_err(|e| Error::io("finding", "this program", e))?;
+    let cpu_names: Vec<String> = (1..=n).map(|i| format!("cpu-{i}")).collect();
+    let mut names = vec!["head".to_string(), "gpu".to_string(), "driver".to_string()];
+    names.extend(cpu_names.iter().cloned());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    streambatch::init_cluster(&dir.join("tls"), &names)
+        .map_err(|e| failed(format!("certificates: {e}")))?;
+
+    let head = start_node(&exe, &dir, &node_config(&dir, "head", None, (0, 0)), "head")?;
+    let mut nodes = vec![];
+    for name in &cpu_names {
+        let config = node_config(&dir, name, Some(&head.addr), (8, 0));
+        nodes.push(start_node(&exe, &dir, &config, name)?);
+    }
+    let gpu_config = node_config(&dir, "gpu", Some(&head.addr), (0, 4 * n as u32));
+    nodes.push(start_node(&exe, &dir, &gpu_config, "gpu")?);
+    node_config(&dir, "driver", Some(&head.addr), (0, 0));
+    let ctx = Context::connect(dir.join("driver.toml"))?;
+
+    let rows = 800 * n as u64;
+    let shape = Shape {
+        partitions: 160 * n,
+        ..Shape::w1(rows)
+    };
+    let started = Instant::now();
+    let ds = w1_pipeline(ctx.range(rows, shape.partitions), &registry(), shape)?;
+    let mut id_sum = 0i64;
+    for batch in ds.iter_batches()? {
+        let batch = batch?;
+        progress.add(batch.num_rows() as u64);
+        id_sum += batch
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .sum::<i64>();
+    }
+    let wall = started.elapsed();
+    let stats = ds.stats().unwrap_or_default();
+    if std::env::var_os("W5_PRINT_STATS").is_some() {
+        print_task_times(&stats);
+    }
+    let out_rows = progress.rows();
+    let correct = out_rows == rows && id_sum == (0..rows as i64).sum::<i64>();
+    if !correct {
+        eprintln!(
+            "w5: {out_rows} rows of {rows}, id sum {id_sum} of {}",
+            (0..rows as i64).sum::<i64>()
+        );
+    }
+    let rss: f64 = nodes
+        .iter()
+        .chain([&head])
+        .map(NodeProcess::peak_rss_mib)
+        .sum::<f64>()
+        + crate::peak_rss_mib().unwrap_or(0.0);
+    let mut result = BenchResult {
+        ideal: Some(Duration::from_secs(15)),
+        ..BenchResult::new(
+            "w5",
+            format!("nodes={n}"),
+            wall,
+            out_rows,
+            &stats,
+            &Default::default(),
+            correct,
+        )
+    };
+    result.store_peak_bytes = stats.peak_store_bytes;
+    result.extra = vec![
+        ("nodes".into(), n.into()),
+        (
+            "peak_rss_mib".into(),
+            ((rss * 1000.0).round() / 1000.0).into(),
+        ),
+        (
+            "inputs_by_shared_memory".into(),
+            stats
+                .nodes
+                .iter()
+                .map(|s| s.inputs_shared)
+                .sum::<u64>()
+                .into(),
+        ),
+        (
+            "inputs_over_quic".into(),
+            stats
+                .nodes
+                .iter()
+                .map(|s| s.inputs_quic)
+                .sum::<u64>()
+                .into(),
+        ),
+    ];
+    Ok(result)
+}
+
+/// With `W5_PRINT_STATS` set: the job's stats, its pauses for memory and how
+/// long its tasks took from dispatch to finish, per stage (where a run
+/// loses time against the ideal).
+fn print_task_times(stats: &streambatch::JobStats) {
+    use streambatch::EventKind;
+    eprintln!("{stats}");
+    let paused = stats
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::TaskSuspended)
+        .count();
+    eprintln!("pauses for memory: {paused}");
+    let mut started = std::collections::HashMap::new();
+    let mut spans = vec![Vec::new(); stats.operators.len()];
+    for e in &stats.events {
+        match e.kind {
+            EventKind::TaskStarted => {
+                started.insert(e.task, e.at);
+            }
+            EventKind::TaskFinished => {
+                if let Some(s) = started.get(&e.task) {
+                    spans[e.stage.0].push((e.at - *s).as_secs_f64());
+                }
+            }
+            _ => {}
+        }
+    }
+    for (stage, s) in spans.iter().enumerate() {
+        let mean = s.iter().sum::<f64>() / s.len().max(1) as f64;
+        let max = s.iter().copied().fold(0.0, f64::max);
+        eprintln!(
+            "stage {stage}: {} tasks, mean {mean:.3} s, max {max:.3} s",
+            s.len()
+        );
+    }
+}
