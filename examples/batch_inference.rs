@@ -1,7 +1,8 @@
-//! cargo run --release --example batch_inference
+//! cargo run --release --example batch_inference [-- --cluster configs/cluster.toml]
 //!
 //! The main job: batch inference over a synthetic image dataset on the
-//! embedded one-node default. Makes `data/images/` (400 64x64x3 images in 8
+//! embedded one-node default, or with `--cluster FILE` on the cluster whose
+//! head FILE names (the same code; see the README). Makes `data/images/` (400 64x64x3 images in 8
 //! Parquet files, fixed seed) if absent, then runs
 //! read_parquet -> preprocess (CPU) -> embed (a 12,288 x 256 matmul: a WGSL
 //! kernel on the GPU where an adapter exists, else a stateful CPU operator
@@ -9,13 +10,13 @@
 //! with live progress per operator and a stats table at the end. It checks
 //! every embedding against a direct computation.
 //!
-//! The pipeline uses only the public API (`streambatch::ops` holds the
-//! built-in preprocessing and the demo model); making the images and the
-//! check come from the benchmark crate (`streambatch-bench`).
+//! The pipeline uses only the public API: its operators come from the
+//! built-in registry (`streambatch::registry()`), so that any node can
+//! rebuild them; making the images and the check come from the benchmark
+//! crate (`streambatch-bench`).
 
 use std::path::Path;
 
-use streambatch::ops::{self, CpuEmbedder};
 use streambatch::prelude::*;
 use streambatch_bench as bench;
 
@@ -27,29 +28,45 @@ fn main() -> Result<()> {
         println!("making 400 synthetic images in {}", images.display());
         bench::make_images(images, 8, 50, SEED)?;
     }
-    let ctx = Context::local()?.with_progress();
-    println!(
-        "node: {} CPU slots, {} GPU slots, store {}",
-        ctx.config().cpus,
-        ctx.config().gpus.unwrap_or(0.0),
-        streambatch::format_bytes(ctx.config().store_capacity)
-    );
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ctx = match args.as_slice() {
+        [flag, file] if flag == "--cluster" => {
+            println!("connecting to the cluster of {file}");
+            Context::connect(file)?.with_progress()
+        }
+        [] => {
+            let ctx = Context::local()?.with_progress();
+            println!(
+                "node: {} CPU slots, {} GPU slots, store {}",
+                ctx.config().cpus,
+                ctx.config().gpus.unwrap_or(0.0),
+                streambatch::format_bytes(ctx.config().store_capacity)
+            );
+            ctx
+        }
+        _ => {
+            return Err(streambatch::Error::Invalid(
+                "usage: batch_inference [--cluster CLUSTER.toml]".into(),
+            ));
+        }
+    };
+    let registry = streambatch::registry();
+    let seed = SEED.to_le_bytes();
     let pixels = ctx
         .read_parquet("data/images")?
-        .map_batches(ops::preprocess, Resources::cpu(1.0))
-        .named("preprocess");
-    // The embedding runs as a WGSL kernel where a GPU adapter exists, and
-    // as a CPU matmul otherwise.
-    let devices = ctx.gpu_devices();
-    let ds = match devices.first() {
+        .map_batches(registry.udf("preprocess", b"")?, Resources::cpu(1.0));
+    // The embedding runs as a WGSL kernel where this process found a GPU
+    // adapter, and as a CPU matmul (set up once per worker) otherwise.
+    let ds = match ctx.gpu_devices().first() {
         Some(device) => {
             println!("embedding on the GPU: {device}");
-            pixels.map_batches(ops::gpu_embedder(SEED)?, Resources::gpu(1.0).batch_rows(64))
+            let embed = registry.udf("gpu_embedder", &seed)?;
+            pixels.map_batches(embed, Resources::gpu(1.0).batch_rows(64))
         }
         None => {
-            println!("embedding on the CPU (no GPU adapter found)");
+            println!("embedding on the CPU");
             let cpus = ctx.config().cpus.ceil().max(1.0) as usize;
-            let embed = Stateful::new("embed", || Ok::<_, UdfError>(CpuEmbedder::new(SEED)));
+            let embed = registry.udf("cpu_embedder", &seed)?;
             pixels.map_batches(embed, Resources::cpu(1.0).batch_rows(64).pool(1, cpus))
         }
     };

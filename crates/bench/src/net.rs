@@ -231,7 +231,8 @@ impl BareQuinn {
     async fn start(server_id: &Identity, client_id: &Identity, len: usize) -> Result<Self> {
         let e = |e: Box<dyn std::error::Error + Send + Sync>| failed("bare quinn")(e);
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
-        let server_config = server_id.server_config().map_err(|x| e(x.into()))?;
+        let mut server_config = server_id.server_config().map_err(|x| e(x.into()))?;
+        server_config.transport_config(streambatch_net::transport());
         let server = quinn::Endpoint::server(server_config, any).map_err(|x| e(x.into()))?;
         let addr = server.local_addr().map_err(|x| e(x.into()))?;
         let payload = Arc::new(vec![7u8; len]);
@@ -255,7 +256,9 @@ impl BareQuinn {
             }
         });
         let mut client = quinn::Endpoint::client(any).map_err(|x| e(x.into()))?;
-        client.set_default_client_config(client_id.client_config().map_err(|x| e(x.into()))?);
+        let mut client_config = client_id.client_config().map_err(|x| e(x.into()))?;
+        client_config.transport_config(streambatch_net::transport());
+        client.set_default_client_config(client_config);
         let connection = client
             .connect(addr, streambatch_net::tls::SERVER_NAME)
             .map_err(|x| e(x.into()))?

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Cluster, NodeSpec};
-use streambatch::Context;
+use streambatch::{Context, Resources};
 use streambatch_bench::{Shape, registry, w1_pipeline};
 
 /// A small W1: 40 rows of 64 KiB, quick sleeps.
@@ -79,4 +79,159 @@ fn a_w1_shaped_job_gives_the_single_node_output_on_1_2_and_4_nodes() {
             );
         }
     }
+}
+
+#[test]
+fn a_w4_shaped_job_writes_the_single_node_output() {
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let dir = cluster.dir.path();
+    let images = dir.join("images");
+    streambatch_bench::make_images(&images, 4, 25, 7).unwrap();
+    let local = Context::with_config(streambatch::NodeConfig {
+        cpus: 2.0,
+        gpus: Some(0.0),
+        store_capacity: 256 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let remote = Context::connect(cluster.driver_config()).unwrap();
+    let embed = |ctx: &Context, out: &std::path::Path| {
+        let registry = streambatch::registry();
+        let ds = ctx
+            .read_parquet(images.to_str().unwrap())
+            .unwrap()
+            .map_batches(
+                registry.udf("preprocess", b"").unwrap(),
+                Resources::cpu(1.0),
+            )
+            .map_batches(
+                registry.udf("cpu_embedder", &7u64.to_le_bytes()).unwrap(),
+                Resources::cpu(1.0).batch_rows(16).pool(1, 2),
+            );
+        ds.write_parquet(out).unwrap();
+        ds.stats().unwrap()
+    };
+    embed(&local, &dir.join("out-local"));
+    let stats = embed(&remote, &dir.join("out-cluster"));
+    for node in &stats.nodes {
+        assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
+    }
+    let read = |out: &str| {
+        let mut rows: Vec<(i64, Vec<f32>)> = Vec::new();
+        for b in local
+            .read_parquet(dir.join(out).to_str().unwrap())
+            .unwrap()
+            .collect()
+            .unwrap()
+        {
+            let ids = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+                .unwrap();
+            let emb = b
+                .column(1)
+                .as_any()
+                .downcast_ref::<arrow_array::FixedSizeListArray>()
+                .unwrap();
+            for i in 0..b.num_rows() {
+                let v = emb.value(i);
+                let v = v
+                    .as_any()
+                    .downcast_ref::<arrow_array::Float32Array>()
+                    .unwrap();
+                rows.push((ids.value(i), v.values().to_vec()));
+            }
+        }
+        rows.sort_by_key(|(id, _)| *id);
+        rows
+    };
+    let (a, b) = (read("out-local"), read("out-cluster"));
+    assert_eq!(a.len(), 100);
+    assert_eq!(
+        a, b,
+        "the cluster wrote other embeddings than the single node"
+    );
+    let check =
+        streambatch_bench::check_embeddings(&local, &images, &dir.join("out-cluster"), 7).unwrap();
+    assert!(check.all_match(), "{check:?}");
+}
+
+#[test]
+fn an_operator_a_node_lacks_is_refused_at_submission() {
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let mut mine = streambatch::registry();
+    mine.register("only_in_the_driver", |_| {
+        Ok(|b: arrow_array::RecordBatch| Ok::<_, streambatch::UdfError>(b))
+    });
+    let op = mine.udf("only_in_the_driver", b"").unwrap();
+    let err = ctx
+        .range(10, 2)
+        .map_batches(op, Resources::cpu(1.0))
+        .count()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("worker-1") && err.contains("only_in_the_driver"),
+        "{err}"
+    );
+    // A closure cannot travel at all: refused before any node is asked.
+    let err = ctx
+        .range(10, 2)
+        .map_batches(
+            |b: arrow_array::RecordBatch| Ok::<_, streambatch::UdfError>(b),
+            Resources::cpu(1.0),
+        )
+        .count()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("map_batches") && err.contains("closure"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_lost_node_fails_the_job_at_once_naming_it() {
+    let mut cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::gpu("gpu", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // About 20 s of work: the kill comes long before it could end.
+    let shape = Shape {
+        rows: 200,
+        partitions: 40,
+        row_bytes: 1 << 10,
+        millis: (500, 50, 50),
+    };
+    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+    let started = std::time::Instant::now();
+    let mut stream = ds.iter_batches().unwrap();
+    let first = stream.next().unwrap();
+    assert!(first.is_ok());
+    let gpu = cluster.nodes.iter_mut().find(|n| n.name == "gpu").unwrap();
+    gpu.child.kill().unwrap();
+    let killed = std::time::Instant::now();
+    // A killed node cannot remove its segments; a store of its namespace
+    // would at its next start. This test removes them itself.
+    let pid = gpu.child.id();
+    let _ = gpu.child.wait();
+    for entry in std::fs::read_dir("/dev/shm").unwrap().flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("sb-gpu-{pid}-"))
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let err = stream
+        .find_map(|b| b.err())
+        .expect("the job must fail when a node it uses is lost");
+    assert!(err.to_string().contains("gpu"), "{err}");
+    assert!(
+        killed.elapsed() < std::time::Duration::from_secs(15),
+        "took {:?}",
+        killed.elapsed()
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }

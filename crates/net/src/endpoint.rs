@@ -49,7 +49,7 @@ pub mod close_code {
 /// Transport settings for every connection: keep-alives so that an idle
 /// link stays up, an idle timeout so that a dead peer is noticed within
 /// seconds, and windows large enough for a loopback link to run at full speed.
-pub(crate) fn transport() -> Arc<quinn::TransportConfig> {
+pub fn transport() -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(Duration::from_millis(500)));
     t.max_idle_timeout(Some(
@@ -74,9 +74,11 @@ impl Endpoint {
     /// called inside a tokio runtime.
     pub fn bind(addr: SocketAddr, identity: &Identity) -> Result<Self, NetError> {
         crate::install_crypto();
-        let mut quic = quinn::Endpoint::server(identity.server_config()?, addr)
+        let mut server = identity.server_config()?;
+        server.transport_config(transport());
+        let mut quic = quinn::Endpoint::server(server, addr)
             .map_err(|source| NetError::Bind { addr, source })?;
-        quic.set_default_client_config(identity.client_config()?);
+        quic.set_default_client_config(client_settings(identity.client_config()?));
         Ok(Self {
             quic,
             identity: identity.clone(),
@@ -98,7 +100,7 @@ impl Endpoint {
     /// Connects to the node at `addr`; the handshake checks both sides'
     /// certificates.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Peer, NetError> {
-        let config = self.identity.client_config()?;
+        let config = client_settings(self.identity.client_config()?);
         self.connect_with(addr, config).await
     }
 
@@ -143,6 +145,11 @@ impl Endpoint {
         self.quic
             .close(VarInt::from_u32(close_code::SHUTDOWN), b"node stopping");
     }
+}
+
+fn client_settings(mut config: quinn::ClientConfig) -> quinn::ClientConfig {
+    config.transport_config(transport());
+    config
 }
 
 /// A connection to another node that passed the handshake, named by the

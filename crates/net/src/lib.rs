@@ -30,7 +30,7 @@ mod transport;
 
 use std::sync::Arc;
 
-pub use endpoint::{Endpoint, Peer, StreamKind, close_code};
+pub use endpoint::{Endpoint, Peer, StreamKind, close_code, transport};
 pub use error::{FrameError, NetError};
 pub use fetch::{Fetched, Locality, PartitionServer, Served};
 pub use tls::{Identity, TlsFiles, init_cluster};

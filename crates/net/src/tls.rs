@@ -124,6 +124,8 @@ fn write_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
 /// A node's loaded identity: the CA to trust and its own chain and key.
 #[derive(Debug)]
 pub struct Identity {
+    /// Names the cluster: a hash of its CA certificate.
+    cluster_id: String,
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -132,6 +134,7 @@ pub struct Identity {
 impl Clone for Identity {
     fn clone(&self) -> Self {
         Self {
+            cluster_id: self.cluster_id.clone(),
             roots: self.roots.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
@@ -150,6 +153,10 @@ impl Identity {
         let ca: Vec<_> = CertificateDer::pem_file_iter(&files.ca)
             .and_then(|certs| certs.collect::<Result<_, _>>())
             .map_err(|e| bad(&files.ca, format!("cannot read the CA certificate: {e}")))?;
+        let cluster_id = ca
+            .first()
+            .map(|c| format!("{:08x}", crc32fast::hash(c.as_ref())))
+            .unwrap_or_default();
         let mut roots = RootCertStore::empty();
         for cert in ca {
             roots
@@ -181,13 +188,23 @@ impl Identity {
         let key = PrivateKeyDer::from_pem_file(&files.key)
             .map_err(|e| bad(&files.key, format!("cannot read the key: {e}")))?;
         Ok(Self {
+            cluster_id,
             roots: Arc::new(roots),
             chain,
             key,
         })
     }
 
-    /// QUIC server settings: TLS 1.3, a client certificate of the CA required.
+    /// The cluster's id: a hash of its CA certificate, the same on every
+    /// node of the cluster and different for another cluster. Names kept
+    /// by a process (actor groups) carry it, so that one process can be a
+    /// driver of two clusters at once.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// QUIC server settings: TLS 1.3, a client certificate of the CA
+    /// required; the endpoint adds its transport settings.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, NetError> {
         let provider = crate::provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
@@ -205,9 +222,7 @@ impl Identity {
         tls.alpn_protocols = vec![ALPN.to_vec()];
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
             .map_err(|e| NetError::Config(e.to_string()))?;
-        let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        config.transport_config(crate::endpoint::transport());
-        Ok(config)
+        Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
     }
 
     /// QUIC client settings: the server must show a certificate of the CA
@@ -239,9 +254,7 @@ fn client_from_tls(mut tls: rustls::ClientConfig) -> Result<quinn::ClientConfig,
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
         .map_err(|e| NetError::Config(e.to_string()))?;
-    let mut config = quinn::ClientConfig::new(Arc::new(quic));
-    config.transport_config(crate::endpoint::transport());
-    Ok(config)
+    Ok(quinn::ClientConfig::new(Arc::new(quic)))
 }
 
 /// The common name of the certificate a peer showed, which names the node.

@@ -27,7 +27,7 @@ pub type UdfFactory =
 ///
 /// ```
 /// use arrow_array::RecordBatch;
-/// use streambatch_plan::{Registry, UdfError};
+/// use streambatch_plan::{BatchUdf, Registry, UdfError};
 ///
 /// let mut registry = Registry::default();
 /// registry.register("identity", |_params| {

@@ -15,18 +15,11 @@ use streambatch_net::{Transport, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore};
 
+use crate::groups::{head_group, node_group};
 use crate::msg::NodeMsg;
 use crate::relay::{JobRelay, RelayArgs, RelayMsg};
 use crate::serve::StoreServer;
 use crate::wire::{JobKey, JobStart, Members, NodeInfo, Order};
-
-/// The process group of the head's agent.
-pub(crate) const HEAD_GROUP: &str = "streambatch.head";
-
-/// The process group of node `name`'s agent.
-pub(crate) fn node_group(name: &str) -> String {
-    format!("streambatch.node.{name}")
-}
 
 /// Messages of the NodeAgent. Payloads are rkyv archives (see `wire`).
 #[derive(RactorClusterMessage)]
@@ -66,6 +59,8 @@ pub(crate) struct JobResources {
     pub(crate) store: SharedStore,
     pub(crate) server: Arc<StoreServer>,
     pub(crate) transport: Transport,
+    /// The cluster's id (see `Identity::cluster_id`).
+    pub(crate) cluster: String,
     pub(crate) manager: ActorRef<NodeMsg>,
 }
 
@@ -90,9 +85,13 @@ impl Actor for NodeAgent {
         myself: ActorRef<AgentMsg>,
         args: AgentArgs,
     ) -> Result<AgentState, ActorProcessingErr> {
-        ractor::pg::join(node_group(&args.info.name), vec![myself.get_cell()]);
+        let cluster = args.runs.cluster.clone();
+        ractor::pg::join(
+            node_group(&cluster, &args.info.name),
+            vec![myself.get_cell()],
+        );
         if args.head {
-            ractor::pg::join(HEAD_GROUP.into(), vec![myself.get_cell()]);
+            ractor::pg::join(head_group(&cluster), vec![myself.get_cell()]);
         }
         let mut members = BTreeMap::new();
         if args.head {

@@ -20,19 +20,24 @@ use streambatch_net::{
 };
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
-use crate::ClusterError;
-use crate::agent::{AgentMsg, HEAD_GROUP, node_group};
-use crate::cluster::{load_identity, remote_member};
+use crate::agent::AgentMsg;
+use crate::cluster::load_identity;
+use crate::error::ClusterError;
 use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
+use crate::groups::{head_group, node_group, remote_member};
 use crate::msg::ExecutorMsg;
 use crate::output::JobOutput;
 use crate::partition::{RemotePart, RemoteSource};
 use crate::plan_wire::PlanSpec;
-use crate::remote::{JobPort, RemoteNode};
+use crate::port::JobPort;
+use crate::remote::RemoteNode;
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
 
 /// Running jobs' executors, each with the names of the nodes it uses.
 type RunningJobs = Arc<Mutex<Vec<(Vec<String>, ActorRef<ExecutorMsg>)>>>;
+
+/// Job ids, unique in this process (a process may hold several clients).
+static NEXT_JOB: AtomicU64 = AtomicU64::new(1);
 
 /// How long a driver waits for the head, or for a node to answer.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
@@ -43,7 +48,8 @@ pub struct ClusterClient {
     transport: Transport,
     head: ActorRef<AgentMsg>,
     config: NodeConfig,
-    next_job: AtomicU64,
+    /// The cluster's id.
+    cluster: String,
     /// Running jobs' executors, by the nodes they use, told of node loss.
     jobs: RunningJobs,
 }
@@ -71,6 +77,7 @@ impl ClusterClient {
             hint: "a driver needs the head's address, as \"127.0.0.1:7400\"",
         })?;
         let identity = load_identity(config, file)?;
+        let cluster = identity.cluster_id().to_string();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("streambatch-driver")
@@ -114,7 +121,7 @@ impl ClusterClient {
                 Ok(Err(e)) => return Err(unreachable(e)),
                 Err(_) => return Err(unreachable(NetError::Config("no answer".into()))),
             }
-            let agent = agent_of(HEAD_GROUP).await.ok_or_else(|| {
+            let agent = agent_of(&head_group(&cluster)).await.ok_or_else(|| {
                 let why = "the QUIC connection opened but the actor session did not";
                 unreachable(NetError::Config(why.into()))
             })?;
@@ -125,7 +132,7 @@ impl ClusterClient {
             transport,
             head,
             config: config.clone(),
-            next_job: AtomicU64::new(1),
+            cluster,
             jobs,
         })
     }
@@ -174,7 +181,9 @@ impl ClusterClient {
                     message: e.to_string(),
                 })?;
             }
-            let agent = agent_of(&node_group(&member.name)).await.ok_or_else(lost)?;
+            let agent = agent_of(&node_group(&self.cluster, &member.name))
+                .await
+                .ok_or_else(lost)?;
             let answer = ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.clone())
                 .map_err(|_| lost())?;
             if !answer.is_empty() {
@@ -211,8 +220,9 @@ impl Runner for ClusterClient {
             ));
         }
         let key = JobKey {
+            cluster: self.cluster.clone(),
             driver: self.config.name.clone(),
-            job: self.next_job.fetch_add(1, Ordering::Relaxed),
+            job: NEXT_JOB.fetch_add(1, Ordering::Relaxed),
         };
         let (output, rx) = mpsc::channel();
         let live = Arc::new(Mutex::new(JobStats::default()));

@@ -18,8 +18,9 @@ use streambatch_net::{Endpoint, Identity, Locality, NetError, TlsFiles, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{SharedStore, StoreConfig};
 
-use crate::ClusterError;
-use crate::agent::{AgentMsg, HEAD_GROUP};
+use crate::agent::AgentMsg;
+use crate::error::ClusterError;
+use crate::groups::{head_group, remote_member};
 use crate::root::{Children, NodeRoot, RootArgs, RootMsg};
 use crate::wire::NodeInfo;
 use crate::worker::WorkerThreads;
@@ -85,6 +86,7 @@ impl ClusterNode {
             endpoint,
             store,
             registry,
+            cluster: identity.cluster_id().to_string(),
             threads: WorkerThreads::default(),
             stopped: stopped.clone(),
         };
@@ -112,7 +114,7 @@ impl ClusterNode {
         };
         node.watch_members()?;
         if let Some(head) = config.head {
-            node.join(head, &info, &origin("head"))?;
+            node.join(head, &info, &origin("head"), identity.cluster_id())?;
         }
         Ok(node)
     }
@@ -176,7 +178,13 @@ impl ClusterNode {
     }
 
     /// Reaches the head (retrying while it starts) and says hello.
-    fn join(&self, head: SocketAddr, info: &NodeInfo, origin: &str) -> Result<(), ClusterError> {
+    fn join(
+        &self,
+        head: SocketAddr,
+        info: &NodeInfo,
+        origin: &str,
+        cluster: &str,
+    ) -> Result<(), ClusterError> {
         let transport = self.children.transport.clone();
         let started = Instant::now();
         let unreachable = |source| ClusterError::HeadUnreachable {
@@ -200,7 +208,7 @@ impl ClusterNode {
             }
             // The head's agent shows up once the actor session is ready.
             let agent = loop {
-                if let Some(agent) = remote_member::<AgentMsg>(HEAD_GROUP) {
+                if let Some(agent) = remote_member::<AgentMsg>(&head_group(cluster)) {
                     break agent;
                 }
                 if started.elapsed() >= JOIN_WITHIN {
@@ -224,14 +232,6 @@ impl Drop for ClusterNode {
             tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await
         });
     }
-}
-
-/// A member of process group `group` on another node.
-pub(crate) fn remote_member<M: ractor::Message>(group: &str) -> Option<ActorRef<M>> {
-    ractor::pg::get_members(&group.to_string())
-        .into_iter()
-        .find(|cell| !cell.get_id().is_local())
-        .map(ActorRef::from)
 }
 
 /// Loads the node's TLS identity from the three keys, naming the key and

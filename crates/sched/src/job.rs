@@ -382,14 +382,23 @@ impl<P: Part> JobState<P> {
     pub(crate) fn advance(&mut self, memory: &impl Memory) -> Vec<Action<P>> {
         if !self.ended {
             loop {
+                // One decision per node per pass, so that tasks spread over
+                // the nodes (a stage capped by its pool too).
                 let nodes = self.free.len();
-                for i in 0..nodes {
-                    let node = (self.next_node + i) % nodes;
-                    while let Some(decision) = policy::next_decision(&self.snapshot(memory, node)) {
-                        self.carry_out(decision, node, false);
+                loop {
+                    let mut decided = false;
+                    for i in 0..nodes {
+                        let node = (self.next_node + i) % nodes;
+                        if let Some(d) = policy::next_decision(&self.snapshot(memory, node)) {
+                            self.carry_out(d, node, false);
+                            decided = true;
+                        }
+                    }
+                    self.next_node = (self.next_node + 1) % nodes;
+                    if !decided {
+                        break;
                     }
                 }
-                self.next_node = (self.next_node + 1) % nodes;
                 if self.settle() {
                     continue;
                 }

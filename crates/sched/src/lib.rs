@@ -24,6 +24,7 @@ mod client;
 mod cluster;
 mod error;
 mod executor;
+mod groups;
 mod job;
 #[cfg(test)]
 mod job_tests;
@@ -34,6 +35,7 @@ mod output;
 mod partition;
 mod plan_wire;
 pub mod policy;
+mod port;
 mod record;
 mod relay;
 mod remote;

@@ -201,11 +201,11 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             end: *end,
         },
         SourceSplit::Parquet { path, columns } => SplitSpec::Parquet {
-            path: path.display().to_string(),
+            path: absolute(path),
             columns: columns.as_ref().map(|c| c.to_vec()),
         },
         SourceSplit::BinaryFiles(paths) => {
-            SplitSpec::BinaryFiles(paths.iter().map(|p| p.display().to_string()).collect())
+            SplitSpec::BinaryFiles(paths.iter().map(|p| absolute(p)).collect())
         }
         SourceSplit::Batch(_) => {
             return Err(cannot_travel(
@@ -217,6 +217,14 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             return Err(cannot_travel("the source `read_csv`", "not supported yet"));
         }
     })
+}
+
+/// A path as the driver means it: nodes run in other directories.
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
 }
 
 fn split_of(spec: &SplitSpec) -> SourceSplit {
@@ -246,7 +254,7 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         .ok_or_else(|| cannot_travel(&what(), "it is a closure"))?;
                     OpKindSpec::Recipe { name, params }
                 }
-                OpKind::WriteParquet(dir) => OpKindSpec::WriteParquet(dir.display().to_string()),
+                OpKind::WriteParquet(dir) => OpKindSpec::WriteParquet(absolute(dir)),
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }

@@ -19,11 +19,11 @@ use streambatch_plan::{Error, ExecPlan};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
-use crate::cluster::remote_member;
+use crate::groups::remote_member;
 use crate::job::Input;
 use crate::msg::NodeMsg;
 use crate::partition::{Output, Slice};
-use crate::remote::PortMsg;
+use crate::port::PortMsg;
 use crate::serve::StoreServer;
 use crate::task::{JobCtx, TaskEvent, TaskRun};
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};

@@ -29,6 +29,8 @@ pub(crate) struct RootArgs {
     pub(crate) endpoint: Endpoint,
     pub(crate) store: SharedStore,
     pub(crate) registry: Registry,
+    /// The cluster's id.
+    pub(crate) cluster: String,
     pub(crate) threads: WorkerThreads,
     /// Set to why the node stopped, when a child failed.
     pub(crate) stopped: Arc<Mutex<Option<String>>>,
@@ -89,6 +91,7 @@ impl Actor for NodeRoot {
                 store: args.store,
                 server,
                 transport: transport.clone(),
+                cluster: args.cluster,
                 manager: manager.clone(),
             },
         };

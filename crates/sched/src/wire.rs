@@ -30,9 +30,11 @@ pub struct Members {
     pub nodes: Vec<NodeInfo>,
 }
 
-/// A job's identity across the cluster: the driver's name and its job id.
+/// A job's identity across the cluster: its cluster, its driver's name and
+/// its id (unique in the driver's process).
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct JobKey {
+    pub(crate) cluster: String,
     pub(crate) driver: String,
     pub(crate) job: u64,
 }
@@ -40,7 +42,10 @@ pub(crate) struct JobKey {
 impl JobKey {
     /// The process group of the job's port on its driver.
     pub(crate) fn port_group(&self) -> String {
-        format!("streambatch.job.{}.{}", self.driver, self.job)
+        format!(
+            "streambatch.{}.job.{}.{}",
+            self.cluster, self.driver, self.job
+        )
     }
 }
 

@@ -23,6 +23,7 @@ use crate::{ops, resolve_gpu_slots};
 /// | `gpu_embedder` | the seed, 8 bytes little-endian | [`ops::gpu_embedder`] |
 ///
 /// ```
+/// use streambatch::BatchUdf;
 /// let registry = streambatch::registry();
 /// let op = registry.udf("cpu_embedder", &7u64.to_le_bytes()).unwrap();
 /// assert_eq!(op.recipe().unwrap().name, "cpu_embedder");

@@ -34,6 +34,8 @@ pub fn resolve_gpu_slots(config: &mut NodeConfig) {
 pub struct Context {
     /// The embedded node, for a local context.
     local: Option<Arc<LocalCluster>>,
+    /// The connection to a cluster, for a driver.
+    client: Option<Arc<ClusterClient>>,
     runner: Arc<dyn Runner>,
 }
 
@@ -56,6 +58,7 @@ impl Context {
         Ok(Self {
             runner: cluster.clone(),
             local: Some(cluster),
+            client: None,
         })
     }
 
@@ -73,9 +76,11 @@ impl Context {
                 source: e.into(),
             }
         })?;
+        let client = Arc::new(client);
         Ok(Self {
             local: None,
-            runner: Arc::new(client),
+            runner: client.clone(),
+            client: Some(client),
         })
     }
 
@@ -84,6 +89,7 @@ impl Context {
     pub fn with_progress(&self) -> Self {
         Self {
             local: self.local.clone(),
+            client: self.client.clone(),
             runner: Arc::new(ProgressRunner::new(self.runner.clone())),
         }
     }
@@ -93,8 +99,17 @@ impl Context {
         self.runner.config()
     }
 
-    /// GPU adapters this node uses, one per slot ("name (backend)").
+    /// GPU adapters this node uses, one per slot ("name (backend)"); for a
+    /// cluster driver, the nodes with GPU slots ("node: N GPU slots").
     pub fn gpu_devices(&self) -> Vec<String> {
+        if let Some(client) = &self.client {
+            let members = client.members().map(|m| m.nodes).unwrap_or_default();
+            return members
+                .iter()
+                .filter(|n| n.gpus > 0.0)
+                .map(|n| format!("{}: {} GPU slots", n.name, n.gpus))
+                .collect();
+        }
         if self.config().gpus == Some(0.0) {
             return Vec::new();
         }

@@ -18,7 +18,18 @@ pub struct Node {
 }
 
 impl Drop for Node {
+    /// SIGTERM first: the node stops cleanly and its store removes its
+    /// shared-memory segments; SIGKILL if it has not stopped within 5 s.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        for _ in 0..250 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

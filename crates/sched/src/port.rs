@@ -1,0 +1,63 @@
+//! A job's port on its driver: where the job's nodes report.
+
+use std::sync::{Arc, OnceLock};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor_cluster::RactorClusterMessage;
+use streambatch_net::frame;
+
+use crate::msg::ExecutorMsg;
+use crate::wire::{JobKey, NodeEvent};
+
+/// Messages of a job's port.
+#[derive(RactorClusterMessage)]
+pub enum PortMsg {
+    /// A node's event (a [`NodeEvent`]).
+    Event(Vec<u8>),
+}
+
+/// A job's port on its driver: a remote actor, in the process group
+/// `JobKey::port_group`, through which nodes report to the executor. It
+/// exists before the job starts on the nodes (they look for it then), and
+/// the executor after (it dispatches at once): the executor's reference is
+/// set once it exists; no event comes before the first task.
+pub(crate) struct JobPort;
+
+/// The executor a port forwards to, once it exists.
+pub(crate) type ExecutorCell = Arc<OnceLock<ActorRef<ExecutorMsg>>>;
+
+impl Actor for JobPort {
+    type Msg = PortMsg;
+    type State = ExecutorCell;
+    type Arguments = (JobKey, ExecutorCell);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<PortMsg>,
+        (key, executor): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(key.port_group(), vec![myself.get_cell()]);
+        Ok(executor)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<PortMsg>,
+        PortMsg::Event(bytes): PortMsg,
+        executor: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match frame::decode::<NodeEvent>(&bytes) {
+            Ok(event) => {
+                let Some(executor) = executor.get() else {
+                    tracing::warn!(node = %event.node, "an event before the job started was dropped");
+                    return Ok(());
+                };
+                if executor.cast(ExecutorMsg::Node(event)).is_err() {
+                    myself.stop(None);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "a node event that is not valid was dropped"),
+        }
+        Ok(())
+    }
+}
