@@ -74,11 +74,12 @@ class Progress:
             print(json.dumps({"progress": {"rows": self.rows, "partitions": self.partitions, "elapsed_s": round(now - self.started, 3)}}), flush=True)
 
 
-def line(system, workload, config, wall, rows, partitions, correct, ideal_s=None):
-    """Prints the result with the keys `streambatch bench` prints."""
+def line(system, workload, config, wall, rows, partitions, correct, ideal_s=None, **extra):
+    """Prints the result with the keys `streambatch bench` prints (and any
+    workload's own, as W5's `nodes`)."""
     print(
         json.dumps(
-            {
+            extra | {
                 "workload": workload,
                 "system": system,
                 "config": config,
@@ -132,5 +133,6 @@ def main(workloads, default_output):
     parser.add_argument("--store-cap", type=parse_size, default=None, help="W1, W2: object store memory")
     parser.add_argument("--tuned", action="store_true", help="W1: the documented GPU-stage settings that help Ray Data")
     parser.add_argument("--block-size", type=parse_size, default=None, help="W1, W2: Ray Data's target_max_block_size")
+    parser.add_argument("--nodes", type=int, default=1, help="W5: CPU nodes")
     args = parser.parse_args()
     workloads[args.workload](args)

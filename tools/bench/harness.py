@@ -5,7 +5,7 @@ with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
 chart (PNG).
 
-    .venv-bench/bin/python tools/bench/harness.py [--limit-s 240] [--only w1,w3]
+    .venv-bench/bin/python tools/bench/harness.py [--limit-s 240] [--only w1,w3,w5]
 """
 
 import argparse
@@ -34,6 +34,7 @@ METRICS = {
     "w2": ("wall_s", False),
     "w3": ("partitions_per_s", True),
     "w4": ("rows_per_s", True),
+    "w5": ("efficiency", True),
 }
 W1_ROWS = 800
 
@@ -92,6 +93,18 @@ def cases(w4_device):
                 {"streambatch": SB + ["w3"] + shape, "ray-data": RAY + ["w3"] + shape, "daft": DAFT + ["w3"] + shape},
                 pick=f"rows={rows},partitions={partitions}",
                 partitions=partitions,
+            )
+        )
+    for n in [1, 2, 4]:
+        out.append(
+            Case(
+                "w5",
+                f"{n} CPU node{'s' if n > 1 else ''} + 1 GPU node",
+                {
+                    "streambatch": SB + ["w5", "--nodes", str(n)],
+                    "ray-data": RAY + ["w5", "--nodes", str(n)],
+                },
+                pick=f"nodes={n}",
             )
         )
     out.append(
@@ -297,6 +310,12 @@ def targets(rows):
                 f"streambatch {fmt(sb['value'])}, {fmt(sb['value'] / ray_v) if sb['value'] and ray_v else '-'}x Ray Data, "
                 f"{fmt(sb['value'] / daft_v) if sb['value'] and daft_v else '-'}x Daft",
             )
+        elif case.workload == "w5" and case.pick == "nodes=4":
+            check(
+                "W5 at 4 CPU nodes: efficiency >= 0.9, output checked",
+                sb["value"] is not None and sb["value"] >= 0.9 and sb["correct"],
+                f"streambatch {fmt(sb['value'])}, Ray Data ({ray[0] if ray else '-'}) {fmt(ray_v)}",
+            )
         elif case.workload == "w4":
             daft_v = daft[1]["value"] if daft else None
             peers_pss = [r["pss_mib"] for s, r in results.items() if s != "streambatch"]
@@ -350,7 +369,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,w5", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")

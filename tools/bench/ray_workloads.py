@@ -7,6 +7,7 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py w2 --store-cap 512MiB
     python tools/bench/ray_workloads.py w3
     python tools/bench/ray_workloads.py w4 --input data/w4-images --output out/w4-ray
+    python tools/bench/ray_workloads.py w5 --nodes 4
 """
 
 import os
@@ -161,5 +162,45 @@ def w4(args):
     line("ray-data", "w4", "device=cpu", wall, len(out), len(os.listdir(args.input)), correct)
 
 
+def w5(args):
+    """W5 on a local multi-node Ray cluster (`ray.cluster_utils.Cluster`, each
+    node its own raylet and object store on this host): a head with no slots,
+    N nodes of 8 CPUs and one of 4N GPUs (no CPU), 300 MiB of object store
+    each, as streambatch's W5. The GPU stage asks for no CPU (the GPU node
+    has none: Ray's default of one CPU per task would never be placed) and
+    reuses its workers (`max_calls=0`)."""
+    from ray.cluster_utils import Cluster
+
+    n = args.nodes
+    store = 300 << 20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "num_gpus": 0, "object_store_memory": store, "include_dashboard": False},
+    )
+    for _ in range(n):
+        cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
+    cluster.add_node(num_cpus=0, num_gpus=4 * n, object_store_memory=store)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    rows = 800 * n
+    started = time.perf_counter()
+    ds = (
+        ray.data.range(rows, override_num_blocks=160 * n)
+        .map_batches(produce, batch_size=5, num_cpus=1)
+        .map_batches(consume, batch_size=1, num_cpus=1)
+        .map_batches(inference, batch_size=1, num_gpus=1, num_cpus=0, max_calls=0)
+    )
+    progress = Progress(started)
+    id_sum = 0
+    for batch in ds.iter_batches(batch_size=None):
+        progress.add(len(batch["id"]))
+        id_sum += int(batch["id"].sum())
+    wall = time.perf_counter() - started
+    correct = progress.rows == rows and id_sum == sum(range(rows))
+    line("ray-data", "w5", f"nodes={n}", wall, progress.rows, 160 * n, correct, W1_IDEAL_S, nodes=n)
+    ray.shutdown()
+    cluster.shutdown()
+
+
 if __name__ == "__main__":
-    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4}, "out/w4-ray")
+    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5}, "out/w4-ray")

@@ -25,6 +25,10 @@ enum Command {
     Run {
         /// The pipeline file (see examples/pipelines/embed.toml).
         pipeline: std::path::PathBuf,
+        /// Run it on this cluster (a driver's config naming the head, as
+        /// configs/cluster.toml) instead of on an embedded node.
+        #[arg(long)]
+        cluster: Option<std::path::PathBuf>,
     },
     /// Runs a cluster node configured by a TOML file (configs/head.toml,
     /// configs/worker.toml), until it is stopped (Ctrl-C, SIGTERM).
@@ -166,8 +170,8 @@ fn run(cli: Cli) -> Result<(), AnyError> {
 
 fn run_job(command: Command) -> streambatch::Result<()> {
     match command {
-        Command::Run { pipeline } => {
-            let run = streambatch::pipeline::run_pipeline(&pipeline)?;
+        Command::Run { pipeline, cluster } => {
+            let run = streambatch::pipeline::run_pipeline_on(&pipeline, cluster.as_deref())?;
             if let Some(stats) = run.stats {
                 println!("{stats}");
             }

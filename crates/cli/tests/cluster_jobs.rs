@@ -235,3 +235,88 @@ fn a_lost_node_fails_the_job_at_once_naming_it() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
 }
+
+#[test]
+fn the_shipped_toml_pipeline_runs_on_a_cluster_as_on_one_node() {
+    if streambatch::GpuPool::global().is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no GPU adapter: install mesa-vulkan-drivers"
+        );
+        eprintln!(
+            "test the_shipped_toml_pipeline_runs_on_a_cluster_as_on_one_node: SKIPPED (no GPU adapter; CI=true makes this a failure)"
+        );
+        return;
+    }
+    let cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2),
+        NodeSpec::auto_gpu("worker-2", 1),
+    ]);
+    let dir = cluster.dir.path();
+    streambatch_bench::make_images(&dir.join("images"), 2, 20, 42).unwrap();
+    // The shipped pipeline, reading and writing in this test's directory.
+    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pipelines");
+    std::fs::copy(format!("{shipped}/embed.wgsl"), dir.join("embed.wgsl")).unwrap();
+    let text = std::fs::read_to_string(format!("{shipped}/embed.toml"))
+        .unwrap()
+        .replace("../../data/images", "images")
+        .replace("../../out/embeddings-pipeline", "OUT");
+    for (name, out) in [("local", "out-local"), ("cluster", "out-cluster")] {
+        std::fs::write(dir.join(format!("{name}.toml")), text.replace("OUT", out)).unwrap();
+    }
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    run(&["run", "local.toml"]);
+    let driver = cluster.driver_config();
+    let stdout = run(&["run", "cluster.toml", "--cluster", driver.to_str().unwrap()]);
+    assert!(stdout.contains("node worker-2"), "{stdout}");
+    let local = Context::with_config(streambatch::NodeConfig {
+        gpus: Some(0.0),
+        ..Default::default()
+    })
+    .unwrap();
+    let check = |out: &str| {
+        streambatch_bench::check_embeddings(&local, &dir.join("images"), &dir.join(out), 42)
+            .unwrap()
+    };
+    let (a, b) = (check("out-local"), check("out-cluster"));
+    assert!(a.all_match() && b.all_match(), "{a:?} {b:?}");
+    assert_eq!(b.rows, 40);
+}
+
+#[test]
+fn backpressure_holds_per_node() {
+    // 128 MiB of rows through a CPU node and a GPU node of 24 MiB stores
+    // each: only backpressure (no spilling) keeps each store under its cap.
+    let cluster = Cluster::start_with_store(
+        &[NodeSpec::cpu("worker-1", 2), NodeSpec::gpu("gpu", 1)],
+        "24MiB",
+    );
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let shape = Shape {
+        rows: 128,
+        partitions: 16,
+        row_bytes: 1 << 20,
+        millis: (5, 1, 2),
+    };
+    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+    assert_eq!(ds.count().unwrap(), 128);
+    let stats = ds.stats().unwrap();
+    for node in &stats.nodes {
+        assert!(node.peak_store_bytes <= 24 << 20, "{stats}");
+        assert_eq!(node.spilled_bytes, 0, "{stats}");
+    }
+    let worker = stats.nodes.iter().find(|n| n.name == "worker-1").unwrap();
+    assert!(worker.peak_store_bytes > 0, "{stats}");
+}

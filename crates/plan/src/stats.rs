@@ -119,6 +119,10 @@ pub struct NodeStats {
     pub inputs_quic: u64,
     /// Bytes of those.
     pub quic_bytes: u64,
+    /// The most bytes its store held (as its events reported).
+    pub peak_store_bytes: u64,
+    /// Bytes its store spilled during the job.
+    pub spilled_bytes: u64,
 }
 
 /// Events kept per job; later ones are counted in stats but not recorded.
@@ -193,12 +197,14 @@ impl fmt::Display for JobStats {
         for n in &self.nodes {
             writeln!(
                 f,
-                "node {}: {} tasks; inputs from other nodes: {} by shared memory, {} over QUIC ({})",
+                "node {}: {} tasks; inputs from other nodes: {} by shared memory, {} over QUIC ({}); store peak {}, spilled {}",
                 n.name,
                 n.tasks,
                 n.inputs_shared,
                 n.inputs_quic,
-                format_bytes(n.quic_bytes)
+                format_bytes(n.quic_bytes),
+                format_bytes(n.peak_store_bytes),
+                format_bytes(n.spilled_bytes)
             )?;
         }
         write!(

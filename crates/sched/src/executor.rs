@@ -209,9 +209,8 @@ impl Actor for Executor {
                 let stores = nodes
                     .iter()
                     .map(|n| StoreView {
-                        used: 0,
                         capacity: n.capacity,
-                        frees: 0,
+                        ..Default::default()
                     })
                     .collect();
                 let free = nodes.iter().map(|n| n.slots).collect();
@@ -307,6 +306,8 @@ impl ExecState {
         let job = &mut self.job;
         job.recorder()
             .node_inputs(node, pulled.shared, pulled.quic, pulled.quic_bytes);
+        job.recorder()
+            .node_store(node, event.store.used, event.store.spilled);
         match event.happened {
             Happened::Output {
                 task,

@@ -67,6 +67,14 @@ impl Recorder {
         }
     }
 
+    /// Cluster node `node`'s store now: bytes held and spilled so far.
+    pub(crate) fn node_store(&self, node: usize, used: u64, spilled: u64) {
+        if let Some(n) = self.stats().nodes.get_mut(node) {
+            n.peak_store_bytes = n.peak_store_bytes.max(used);
+            n.spilled_bytes = spilled;
+        }
+    }
+
     /// Records `kind` for `task` of `stage`, with its time since the job started.
     pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind) {
         let at = self.started.elapsed();

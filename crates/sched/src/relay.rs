@@ -202,6 +202,7 @@ impl RelayState {
                 used: stats.used_bytes,
                 capacity: stats.capacity_bytes,
                 frees: stats.frees,
+                spilled: stats.spilled_bytes,
             },
             pulled: Pulled {
                 shared: self.pulled.shared.load(Ordering::Relaxed),

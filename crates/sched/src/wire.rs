@@ -120,6 +120,7 @@ pub(crate) struct StoreView {
     pub(crate) used: u64,
     pub(crate) capacity: u64,
     pub(crate) frees: u64,
+    pub(crate) spilled: u64,
 }
 
 /// Node to driver: what a task did.

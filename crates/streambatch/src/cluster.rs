@@ -21,6 +21,7 @@ use crate::{ops, resolve_gpu_slots};
 /// | `preprocess` | none | 64x64x3 image bytes to normalised f32 `pixels` |
 /// | `cpu_embedder` | the seed, 8 bytes little-endian | [`ops::CpuEmbedder`], one per worker |
 /// | `gpu_embedder` | the seed, 8 bytes little-endian | [`ops::gpu_embedder`] |
+/// | `wgsl` | a kernel's settings and WGSL source, as TOML | a kernel of a TOML pipeline |
 ///
 /// ```
 /// use streambatch::BatchUdf;
@@ -40,6 +41,7 @@ pub fn registry() -> Registry {
     registry.register("gpu_embedder", |params| {
         ops::gpu_embedder(seed(params)?).map_err(Into::into)
     });
+    registry.register("wgsl", crate::pipeline::wgsl_from_recipe);
     registry
 }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     Context, Dataset, Error, GpuKernel, JobStats, NodeConfig, Resources, Result, StageOptions, ops,
@@ -48,7 +48,7 @@ enum Op {
     Wgsl(Kernel),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields)]
 struct Kernel {
     name: String,
@@ -67,7 +67,7 @@ struct Kernel {
     constants: BTreeMap<String, Constant>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize, Clone)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 enum Constant {
     /// `len` floats uniform in `low..high` from `seed`.
@@ -96,8 +96,17 @@ pub struct PipelineRun {
     pub stats: Option<JobStats>,
 }
 
-/// Runs the pipeline in `file`; relative paths in it are relative to the file.
+/// Runs the pipeline in `file` on the embedded node its `[node]` section
+/// describes; relative paths in it are relative to the file.
 pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
+    run_pipeline_on(file, None)
+}
+
+/// Runs the pipeline in `file`, on the cluster whose head `cluster` names
+/// (a driver's config, as `configs/cluster.toml`) when given, else on the
+/// embedded node. Its operators are built-ins and WGSL kernels, which travel
+/// to the nodes inside the plan (the kernel's source with it).
+pub fn run_pipeline_on(file: &Path, cluster: Option<&Path>) -> Result<PipelineRun> {
     let text = std::fs::read_to_string(file).map_err(|e| Error::io("reading", file, e))?;
     let spec: PipelineFile = toml::from_str(&text).map_err(|e| Error::BadFile {
         path: file.to_path_buf(),
@@ -116,7 +125,11 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
         &toml::to_string(&spec.node).unwrap_or_default(),
         &format!("{} [node]", file.display()),
     )?;
-    let ctx = Context::with_config(node)?.with_progress();
+    let ctx = match cluster {
+        Some(cluster) => Context::connect(cluster)?.with_progress(),
+        None => Context::with_config(node)?.with_progress(),
+    };
+    let registry = crate::registry();
     let mut ds: Dataset = match &spec.source {
         Source::ReadParquet(p) => ctx.read_parquet(&resolve(p))?,
         Source::ReadCsv(p) => ctx.read_csv(&resolve(p))?,
@@ -126,14 +139,28 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
     for op in &spec.ops {
         ds = match op {
             Op::PreprocessImages => ds
-                .map_batches(ops::preprocess, Resources::cpu(1.0))
+                .map_batches(registry.udf("preprocess", b"")?, Resources::cpu(1.0))
                 .named("preprocess_images"),
             Op::Select { columns } => ds.select(columns.iter().map(|c| crate::col(c))),
             Op::Limit { n } => ds.limit(*n),
             Op::Repartition { n } => ds.repartition(*n),
             Op::Wgsl(k) => {
-                let (kernel, options) = kernel(k, base, file)?;
-                ds.map_batches(kernel, options)
+                let path = base.join(&k.file);
+                let source = std::fs::read_to_string(&path)
+                    .map_err(|e| Error::io("reading kernel", &path, e))?;
+                // Built here first, so that a bad kernel fails naming the file.
+                build_kernel(k, &source).map_err(|message| Error::BadFile {
+                    path: file.to_path_buf(),
+                    message: format!("kernel `{}`: {message} ({})", k.name, path.display()),
+                })?;
+                let recipe = WgslRecipe {
+                    kernel: k.clone(),
+                    source,
+                };
+                let params = toml::to_string(&recipe)
+                    .map_err(|e| Error::Invalid(format!("kernel `{}`: {e}", k.name)))?;
+                let op = registry.udf("wgsl", params.as_bytes())?;
+                ds.map_batches(op, kernel_options(k)).named(&k.name)
             }
         };
     }
@@ -154,16 +181,23 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
     })
 }
 
-fn kernel(k: &Kernel, base: &Path, file: &Path) -> Result<(GpuKernel, StageOptions)> {
-    let path = base.join(&k.file);
-    let source =
-        std::fs::read_to_string(&path).map_err(|e| Error::io("reading kernel", &path, e))?;
-    let bad = |message: String| Error::BadFile {
-        path: file.to_path_buf(),
-        message: format!("kernel `{}`: {message}", k.name),
-    };
-    let mut kernel = GpuKernel::from_wgsl(&k.name, &source)
-        .map_err(|e| bad(format!("{} ({})", e, path.display())))?;
+/// A WGSL kernel as it travels: its settings from the pipeline file and
+/// its source (the `wgsl` operator of [`registry`](crate::registry)).
+#[derive(Serialize, Deserialize)]
+struct WgslRecipe {
+    kernel: Kernel,
+    source: String,
+}
+
+/// Makes the `wgsl` operator from its recipe (TOML text).
+pub(crate) fn wgsl_from_recipe(params: &[u8]) -> std::result::Result<GpuKernel, crate::UdfError> {
+    let text = std::str::from_utf8(params)?;
+    let recipe: WgslRecipe = toml::from_str(text)?;
+    build_kernel(&recipe.kernel, &recipe.source).map_err(Into::into)
+}
+
+fn build_kernel(k: &Kernel, source: &str) -> std::result::Result<GpuKernel, String> {
+    let mut kernel = GpuKernel::from_wgsl(&k.name, source).map_err(|e| e.to_string())?;
     for (name, width) in &k.outputs {
         kernel = kernel.output(name, *width);
     }
@@ -186,16 +220,20 @@ fn kernel(k: &Kernel, base: &Path, file: &Path) -> Result<(GpuKernel, StageOptio
     if let Some(dims) = &k.dispatch {
         let dims = dims
             .iter()
-            .map(|d| parse_dim(d).map_err(&bad))
-            .collect::<Result<Vec<_>>>()?;
+            .map(|d| parse_dim(d))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         kernel = kernel
             .dispatch(move |rows| [dims[0].eval(rows), dims[1].eval(rows), dims[2].eval(rows)]);
     }
+    Ok(kernel)
+}
+
+fn kernel_options(k: &Kernel) -> StageOptions {
     let mut options: StageOptions = Resources::gpu(k.gpus.unwrap_or(1.0)).into();
     if let Some(rows) = k.batch_rows {
         options = options.batch_rows(rows);
     }
-    Ok((kernel, options))
+    options
 }
 
 /// One dispatch dimension: a number, `rows`, or `rows/N` (rounded up).

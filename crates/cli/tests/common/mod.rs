@@ -40,7 +40,8 @@ impl Drop for Node {
 pub struct NodeSpec {
     pub name: String,
     pub cpus: u32,
-    pub gpus: u32,
+    /// GPU slots; `None`: "auto", one per adapter found.
+    pub gpus: Option<u32>,
     /// The node whose store directory it shares (for shared memory).
     pub store_of: Option<String>,
 }
@@ -50,7 +51,7 @@ impl NodeSpec {
         Self {
             name: name.into(),
             cpus,
-            gpus: 0,
+            gpus: Some(0),
             store_of: None,
         }
     }
@@ -59,7 +60,17 @@ impl NodeSpec {
         Self {
             name: name.into(),
             cpus: 0,
-            gpus,
+            gpus: Some(gpus),
+            store_of: None,
+        }
+    }
+
+    /// A node with one GPU slot per adapter it finds, and `cpus` CPU slots.
+    pub fn auto_gpu(name: &str, cpus: u32) -> Self {
+        Self {
+            name: name.into(),
+            cpus,
+            gpus: None,
             store_of: None,
         }
     }
@@ -79,6 +90,11 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(specs: &[NodeSpec]) -> Self {
+        Self::start_with_store(specs, "128MiB")
+    }
+
+    /// A cluster whose nodes' stores hold `store` each (as "24MiB").
+    pub fn start_with_store(specs: &[NodeSpec], store: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut names = vec!["head".to_string(), "driver".to_string()];
         names.extend(specs.iter().map(|s| s.name.clone()));
@@ -92,17 +108,33 @@ impl Cluster {
             "{}",
             String::from_utf8_lossy(&init.stderr)
         );
-        let head_config = config(dir.path(), "head", None, 0, 0, "head");
+        let head_config = config(dir.path(), "head", None, 0, Some(0), "head", store);
         let head = start(dir.path(), &head_config, "head");
         let nodes = specs
             .iter()
             .map(|s| {
-                let store = s.store_of.as_deref().unwrap_or(&s.name);
-                let path = config(dir.path(), &s.name, Some(&head.addr), s.cpus, s.gpus, store);
+                let spill = s.store_of.as_deref().unwrap_or(&s.name);
+                let path = config(
+                    dir.path(),
+                    &s.name,
+                    Some(&head.addr),
+                    s.cpus,
+                    s.gpus,
+                    spill,
+                    store,
+                );
                 start(dir.path(), &path, &s.name)
             })
             .collect();
-        config(dir.path(), "driver", Some(&head.addr), 0, 0, "driver");
+        config(
+            dir.path(),
+            "driver",
+            Some(&head.addr),
+            0,
+            Some(0),
+            "driver",
+            store,
+        );
         Self { dir, head, nodes }
     }
 
@@ -116,16 +148,18 @@ pub fn config(
     name: &str,
     head: Option<&str>,
     cpus: u32,
-    gpus: u32,
-    store: &str,
+    gpus: Option<u32>,
+    spill_dir: &str,
+    store_capacity: &str,
 ) -> PathBuf {
+    let gpus = gpus.map_or("\"auto\"".to_string(), |g| g.to_string());
     let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
     let tls = dir.join("tls");
-    let spill = dir.join("spill").join(store);
+    let spill = dir.join("spill").join(spill_dir);
     let text = format!(
         "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{head}\
          tls_ca = \"{tls}/ca.pem\"\ntls_cert = \"{tls}/{name}.pem\"\ntls_key = \"{tls}/{name}.key\"\n\
-         cpus = {cpus}\ngpus = {gpus}\nstore_capacity = \"128MiB\"\nspill_dir = \"{spill}\"\n",
+         cpus = {cpus}\ngpus = {gpus}\nstore_capacity = \"{store_capacity}\"\nspill_dir = \"{spill}\"\n",
         tls = tls.display(),
         spill = spill.display(),
     );
