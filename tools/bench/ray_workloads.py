@@ -179,9 +179,19 @@ def w5(args):
     )
     for _ in range(n):
         cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
-    cluster.add_node(num_cpus=0, num_gpus=4 * n, object_store_memory=store)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        cluster.add_node(num_cpus=0, num_gpus=4 * n, object_store_memory=store)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        w5_run(n)
+    finally:
+        # The nodes are daemons of their own: shut them down whatever
+        # happened, or they outlive this run and slow the next one.
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def w5_run(n):
     rows = 800 * n
     started = time.perf_counter()
     ds = (
@@ -198,8 +208,6 @@ def w5(args):
     wall = time.perf_counter() - started
     correct = progress.rows == rows and id_sum == sum(range(rows))
     line("ray-data", "w5", f"nodes={n}", wall, progress.rows, 160 * n, correct, W1_IDEAL_S, nodes=n)
-    ray.shutdown()
-    cluster.shutdown()
 
 
 if __name__ == "__main__":

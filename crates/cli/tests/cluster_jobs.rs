@@ -71,6 +71,8 @@ fn a_w1_shaped_job_gives_the_single_node_output_on_1_2_and_4_nodes() {
             assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
         }
         let gpu = stats.nodes.iter().find(|n| n.name == "gpu").unwrap();
+        // The GPU stage ran on the GPU node only, the CPU stage elsewhere.
+        assert_eq!(gpu.tasks, stats.operators[1].tasks, "{stats}");
         assert!(gpu.inputs_shared > 0, "none by shared memory: {stats}");
         if workers > 1 {
             assert!(
@@ -82,11 +84,21 @@ fn a_w1_shaped_job_gives_the_single_node_output_on_1_2_and_4_nodes() {
 }
 
 #[test]
-fn a_w4_shaped_job_writes_the_single_node_output() {
-    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+fn a_w4_shaped_job_writes_the_single_node_output_on_1_2_and_4_nodes() {
+    for workers in [1, 2, 4] {
+        let specs: Vec<NodeSpec> = (1..=workers)
+            .map(|i| NodeSpec::cpu(&format!("worker-{i}"), 2))
+            .collect();
+        w4_shaped_on(&Cluster::start(&specs), 2 * workers);
+    }
+}
+
+/// Runs W4's shape on one node and on `cluster` (whose stateful embedder may
+/// have `pool` workers at once) and compares what they wrote.
+fn w4_shaped_on(cluster: &Cluster, pool: usize) {
     let dir = cluster.dir.path();
     let images = dir.join("images");
-    streambatch_bench::make_images(&images, 4, 25, 7).unwrap();
+    streambatch_bench::make_images(&images, 8, 25, 7).unwrap();
     let local = Context::with_config(streambatch::NodeConfig {
         cpus: 2.0,
         gpus: Some(0.0),
@@ -95,7 +107,7 @@ fn a_w4_shaped_job_writes_the_single_node_output() {
     })
     .unwrap();
     let remote = Context::connect(cluster.driver_config()).unwrap();
-    let embed = |ctx: &Context, out: &std::path::Path| {
+    let embed = |ctx: &Context, out: &std::path::Path, pool: usize| {
         let registry = streambatch::registry();
         let ds = ctx
             .read_parquet(images.to_str().unwrap())
@@ -106,13 +118,13 @@ fn a_w4_shaped_job_writes_the_single_node_output() {
             )
             .map_batches(
                 registry.udf("cpu_embedder", &7u64.to_le_bytes()).unwrap(),
-                Resources::cpu(1.0).batch_rows(16).pool(1, 2),
+                Resources::cpu(1.0).batch_rows(16).pool(1, pool),
             );
         ds.write_parquet(out).unwrap();
         ds.stats().unwrap()
     };
-    embed(&local, &dir.join("out-local"));
-    let stats = embed(&remote, &dir.join("out-cluster"));
+    embed(&local, &dir.join("out-local"), 2);
+    let stats = embed(&remote, &dir.join("out-cluster"), pool);
     for node in &stats.nodes {
         assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
     }
@@ -147,7 +159,7 @@ fn a_w4_shaped_job_writes_the_single_node_output() {
         rows
     };
     let (a, b) = (read("out-local"), read("out-cluster"));
-    assert_eq!(a.len(), 100);
+    assert_eq!(a.len(), 200);
     assert_eq!(
         a, b,
         "the cluster wrote other embeddings than the single node"
@@ -248,12 +260,20 @@ fn the_shipped_toml_pipeline_runs_on_a_cluster_as_on_one_node() {
         );
         return;
     }
-    let cluster = Cluster::start(&[
-        NodeSpec::cpu("worker-1", 2),
-        NodeSpec::auto_gpu("worker-2", 1),
-    ]);
+    for workers in [1, 2, 4] {
+        // CPU workers for reading and preprocessing, and a node with the
+        // GPU slots (one per adapter) for the kernel.
+        let mut specs: Vec<NodeSpec> = (1..=workers)
+            .map(|i| NodeSpec::cpu(&format!("worker-{i}"), 1))
+            .collect();
+        specs.push(NodeSpec::auto_gpu("gpu", 0));
+        toml_pipeline_on(&Cluster::start(&specs));
+    }
+}
+
+fn toml_pipeline_on(cluster: &Cluster) {
     let dir = cluster.dir.path();
-    streambatch_bench::make_images(&dir.join("images"), 2, 20, 42).unwrap();
+    streambatch_bench::make_images(&dir.join("images"), 4, 10, 42).unwrap();
     // The shipped pipeline, reading and writing in this test's directory.
     let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/pipelines");
     std::fs::copy(format!("{shipped}/embed.wgsl"), dir.join("embed.wgsl")).unwrap();
@@ -280,7 +300,12 @@ fn the_shipped_toml_pipeline_runs_on_a_cluster_as_on_one_node() {
     run(&["run", "local.toml"]);
     let driver = cluster.driver_config();
     let stdout = run(&["run", "cluster.toml", "--cluster", driver.to_str().unwrap()]);
-    assert!(stdout.contains("node worker-2"), "{stdout}");
+    // Every node ran tasks: "node NAME: N tasks; ..."
+    let per_node: Vec<&str> = stdout.lines().filter(|l| l.starts_with("node ")).collect();
+    assert_eq!(per_node.len(), cluster.nodes.len(), "{stdout}");
+    for line in per_node {
+        assert!(!line.contains(": 0 tasks"), "{line}\n{stdout}");
+    }
     let local = Context::with_config(streambatch::NodeConfig {
         gpus: Some(0.0),
         ..Default::default()
@@ -292,7 +317,7 @@ fn the_shipped_toml_pipeline_runs_on_a_cluster_as_on_one_node() {
     };
     let (a, b) = (check("out-local"), check("out-cluster"));
     assert!(a.all_match() && b.all_match(), "{a:?} {b:?}");
-    assert_eq!(b.rows, 40);
+    assert_eq!((a.rows, b.rows), (40, 40));
 }
 
 #[test]

@@ -176,6 +176,27 @@ async fn a_bad_frame_closes_its_connection_only() {
             "after a {what} frame"
         );
     }
+    // Garbage on the actor protocol's stream: ractor_cluster ends that
+    // session (it closes the stream), and nothing else.
+    let endpoint =
+        Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(&tls, "worker-2")).unwrap();
+    let peer = endpoint.connect(head.local_addr()).await.unwrap();
+    let (mut send, mut recv) = peer
+        .open(streambatch_net::StreamKind::Cluster)
+        .await
+        .unwrap();
+    send.write_all(&[0xff; 64]).await.unwrap();
+    send.flush().await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), recv.read_to_end(1 << 20)).await;
+    assert!(
+        ended.is_ok(),
+        "the head must end a session that sends garbage"
+    );
+    assert_eq!(
+        worker.fetch("head", 7).await.unwrap(),
+        Fetched::Bytes(expected()),
+        "after garbage on a cluster stream"
+    );
     head.stop();
     worker.stop();
 }

@@ -43,6 +43,8 @@ mod root;
 mod serve;
 mod task;
 mod wire;
+#[cfg(test)]
+mod wire_fuzz;
 mod worker;
 
 pub use client::ClusterClient;

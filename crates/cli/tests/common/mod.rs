@@ -23,6 +23,7 @@ impl Drop for Node {
     fn drop(&mut self) {
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
             .status();
         for _ in 0..250 {
             if let Ok(Some(_)) = self.child.try_wait() {
