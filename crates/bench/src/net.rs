@@ -22,7 +22,7 @@ use streambatch_net::{
     Endpoint, Fetched, Identity, Locality, PartitionServer, Served, TlsFiles, Transport,
     init_cluster,
 };
-use streambatch_store::{ObjectStore, PartitionRef, PinGuard, SharedStore, StoreConfig};
+use streambatch_store::{ObjectStore, PartitionRef, SharedStore, StoreConfig};
 
 /// The partition moved over QUIC.
 const QUIC_BYTES: usize = 256 << 20;
@@ -30,17 +30,17 @@ const QUIC_BYTES: usize = 256 << 20;
 /// Serves the partitions of a store, as a node serves its own.
 struct StoreParts {
     store: SharedStore,
-    parts: Mutex<HashMap<u64, (PartitionRef, Vec<PinGuard>)>>,
+    parts: Mutex<HashMap<u64, PartitionRef>>,
 }
 
 impl PartitionServer for StoreParts {
     fn serve(&self, id: u64, shares_memory: bool) -> std::result::Result<Served, String> {
-        let mut parts = self.parts.lock().map_err(|e| e.to_string())?;
-        let (part, pins) = parts.get_mut(&id).ok_or("no such partition")?;
+        let parts = self.parts.lock().map_err(|e| e.to_string())?;
+        let part = parts.get(&id).ok_or("no such partition")?;
         if shares_memory {
-            pins.push(self.store.pin(part.id()).map_err(|e| e.to_string())?);
+            let pin = self.store.pin(part.id()).map_err(|e| e.to_string())?;
             if let Some(name) = self.store.shared_name(part) {
-                return Ok(Served::Shared(name));
+                return Ok(Served::Shared(name, Box::new(pin)));
             }
         }
         let bytes = self.store.encoded_bytes(part).map_err(|e| e.to_string())?;
@@ -109,7 +109,7 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
     let parts = ids
         .iter()
         .zip([quic_part, small, large])
-        .map(|(id, p)| (*id, (p, Vec::new())))
+        .map(|(id, p)| (*id, p))
         .collect();
     let server = Arc::new(StoreParts {
         store: store.clone(),
@@ -176,8 +176,8 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
                 let mut best = Duration::MAX;
                 for _ in 0..5 {
                     let t = Instant::now();
-                    let name = match sharer.fetch("holder", id).await {
-                        Ok(Fetched::Shared(name)) => name,
+                    let (name, lease) = match sharer.fetch("holder", id).await {
+                        Ok(Fetched::Shared(name, lease)) => (name, lease),
                         Ok(other) => {
                             let why = format!("unexpected reply: {}", kind(&other));
                             return Err(failed("shared fetch")(why.into()));
@@ -188,6 +188,7 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
                         .map_err(|e| failed("mapping")(e.into()))?;
                     std::hint::black_box(part.batch.num_rows());
                     best = best.min(t.elapsed());
+                    drop((part, lease));
                 }
                 Ok::<_, Error>(best)
             }
@@ -293,7 +294,7 @@ impl BareQuinn {
 
 fn kind(f: &Fetched) -> &'static str {
     match f {
-        Fetched::Shared(_) => "shared",
+        Fetched::Shared(..) => "shared",
         Fetched::Bytes(_) => "bytes",
     }
 }

@@ -79,8 +79,10 @@ mod reply {
 
 /// How a holder serves one partition.
 pub enum Served {
-    /// By its shared-memory name.
-    Shared(String),
+    /// By its shared-memory name, with what keeps the bytes in place (a
+    /// pin): held until the reader closes the fetch stream, which it does
+    /// once it has unmapped them.
+    Shared(String, Box<dyn std::any::Any + Send>),
     /// By its bytes; the value keeps them alive (pinned) while they are sent.
     Bytes(Box<dyn AsRef<[u8]> + Send>),
 }
@@ -93,12 +95,32 @@ pub trait PartitionServer: Send + Sync + 'static {
 }
 
 /// What a fetch brought.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Fetched {
-    /// The shared-memory name to map.
-    Shared(String),
+    /// The shared-memory name to map, and the open fetch stream: the holder
+    /// keeps the bytes in place until it is dropped, so keep it as long as
+    /// anything maps them.
+    Shared(String, MappedLease),
     /// The bytes.
     Bytes(Vec<u8>),
+}
+
+/// The reader's side of a partition mapped from another node's memory:
+/// dropping it closes the fetch stream, and the holder lets the bytes go.
+#[derive(Debug)]
+pub struct MappedLease {
+    _send: SendStream,
+    _recv: RecvStream,
+}
+
+impl PartialEq for Fetched {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Fetched::Shared(a, _), Fetched::Shared(b, _)) => a == b,
+            (Fetched::Bytes(a), Fetched::Bytes(b)) => a == b,
+            _ => false,
+        }
+    }
 }
 
 /// The largest partition a puller accepts over the network.
@@ -114,7 +136,6 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
     write_frame(&mut send, &request)
         .await
         .map_err(|e| peer.broken(e))?;
-    send.finish().map_err(|e| peer.broken(e))?;
     let frame_error = |source| NetError::Frame {
         peer: peer.name().to_string(),
         source,
@@ -129,7 +150,13 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
             })
         })?;
     match reply {
-        FetchReply::Shared { name } => Ok(Fetched::Shared(name)),
+        FetchReply::Shared { name } => Ok(Fetched::Shared(
+            name,
+            MappedLease {
+                _send: send,
+                _recv: recv,
+            },
+        )),
         FetchReply::Missing { message } => Err(NetError::Fetch {
             peer: peer.name().to_string(),
             partition,
@@ -142,6 +169,7 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
             }))
         }
         FetchReply::Bytes { len } => {
+            let _ = send.finish();
             let mut bytes = vec![0u8; len as usize];
             recv.read_exact(&mut bytes).await.map_err(|e| match e {
                 quinn::ReadExactError::FinishedEarly(got) => frame_error(FrameError::Truncated {
@@ -173,8 +201,12 @@ pub async fn serve_fetch(
     let reply = server.serve(request.partition, shares_memory);
     let result = async {
         match reply {
-            Ok(Served::Shared(name)) => {
+            Ok(Served::Shared(name, pin)) => {
                 write_frame(&mut send, &FetchReply::Shared { name }).await?;
+                // The reader maps the bytes where they are: hold them until
+                // it closes its side (or the connection goes).
+                let _ = recv.read_to_end(1).await;
+                drop(pin);
             }
             Ok(Served::Bytes(bytes)) => {
                 let bytes = (*bytes).as_ref();

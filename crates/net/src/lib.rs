@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 pub use endpoint::{Endpoint, Peer, StreamKind, close_code, transport};
 pub use error::{FrameError, NetError};
-pub use fetch::{Fetched, Locality, PartitionServer, Served};
+pub use fetch::{Fetched, Locality, MappedLease, PartitionServer, Served};
 pub use tls::{Identity, TlsFiles, init_cluster};
 pub use transport::Transport;
 

@@ -4,7 +4,7 @@
 //! must still decode after the fuzzer's mutations leave it intact.
 //!
 //! The suite runs 20,000 inputs per target; the documented long run is
-//! `STREAMBATCH_FUZZ_CASES=1000000 cargo test --release -p streambatch-net --test fuzz_decoders`.
+//! `STREAMBATCH_FUZZ_CASES=1000000 cargo test -p streambatch-net --test fuzz_decoders`.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};

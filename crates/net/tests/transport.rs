@@ -25,7 +25,7 @@ impl PartitionServer for Fixed {
     fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String> {
         let bytes = self.0.get(&partition).ok_or("no such partition")?;
         Ok(if shares_memory {
-            Served::Shared(format!("segment@0+{}", bytes.len()))
+            Served::Shared(format!("segment@0+{}", bytes.len()), Box::new(()))
         } else {
             Served::Bytes(Box::new(bytes.clone()))
         })
@@ -69,8 +69,10 @@ async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
     // The same host and directory: only the name travels.
     let sharing = transport(&tls, "worker-2", "/store/head").await;
     sharing.join(head.local_addr()).await.unwrap();
-    let got = sharing.fetch("head", 7).await.unwrap();
-    assert_eq!(got, Fetched::Shared("segment@0+3000000".into()));
+    match sharing.fetch("head", 7).await.unwrap() {
+        Fetched::Shared(name, _lease) => assert_eq!(name, "segment@0+3000000"),
+        Fetched::Bytes(_) => panic!("the same host and store directory: a name, not bytes"),
+    }
     // A partition the holder lacks: an error naming both.
     let err = worker.fetch("head", 8).await.unwrap_err().to_string();
     assert!(

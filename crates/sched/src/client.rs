@@ -169,26 +169,49 @@ impl ClusterClient {
                 .collect(),
         };
         let bytes = frame::encode(&start).to_vec();
-        let mut nodes = Vec::new();
+        let mut nodes: Vec<RemoteNode> = Vec::new();
+        // A node that refuses (or fails) ends the job on those that started it.
+        let undo = |nodes: &[RemoteNode]| {
+            for node in nodes {
+                let _ = node.order(key, JobOrder::End);
+            }
+        };
         for member in members {
             let lost = || Error::NodeLost {
                 node: member.name.clone(),
             };
-            if self.transport.peer(&member.name).is_none() {
-                let addr = member.addr.parse().map_err(|_| lost())?;
-                self.transport.join(addr).await.map_err(|e| Error::OnNode {
-                    node: member.name.clone(),
-                    message: e.to_string(),
-                })?;
-            }
-            let agent = agent_of(&node_group(&self.cluster, &member.name))
-                .await
-                .ok_or_else(lost)?;
-            let answer = ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.clone())
-                .map_err(|_| lost())?;
-            if !answer.is_empty() {
-                return Err(Error::Invalid(format!("refused at submission: {answer}")));
-            }
+            let started = async {
+                if self.transport.peer(&member.name).is_none() {
+                    let addr = member.addr.parse().map_err(|_| lost())?;
+                    self.transport.join(addr).await.map_err(|e| Error::OnNode {
+                        node: member.name.clone(),
+                        message: e.to_string(),
+                    })?;
+                }
+                let agent = agent_of(&node_group(&self.cluster, &member.name))
+                    .await
+                    .ok_or_else(lost)?;
+                let answer = ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.clone())
+                    .map_err(|_| lost())?;
+                if !answer.is_empty() {
+                    let _ = agent.cast(AgentMsg::Order(
+                        frame::encode(&Order {
+                            key: key.clone(),
+                            order: JobOrder::End,
+                        })
+                        .to_vec(),
+                    ));
+                    return Err(Error::Invalid(format!("refused at submission: {answer}")));
+                }
+                Ok(agent)
+            };
+            let agent = match started.await {
+                Ok(agent) => agent,
+                Err(e) => {
+                    undo(&nodes);
+                    return Err(e);
+                }
+            };
             nodes.push(RemoteNode {
                 name: member.name,
                 agent,
@@ -258,6 +281,7 @@ impl Runner for ClusterClient {
                 plan: Arc::new(plan),
                 nodes: Nodes::Remote {
                     key: key.clone(),
+                    port: executor_cell.clone(),
                     nodes,
                     source: source.clone(),
                 },
@@ -272,7 +296,6 @@ impl Runner for ClusterClient {
                     source: e.into(),
                 }
             })?;
-            let _ = executor_cell.set(executor.clone());
             self.jobs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -281,6 +304,9 @@ impl Runner for ClusterClient {
         })?;
         let jobs = self.jobs.clone();
         let on_done = Box::new(move || {
+            // Ended, or the driver dropped the stream: either way the job
+            // ends (a no-op if it has), and then its port.
+            let _ = executor.cast(ExecutorMsg::Cancel);
             port.stop(None);
             jobs.lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -335,11 +361,13 @@ impl RemoteSource for ClusterSource {
             .block_on(self.transport.fetch(holder, id))
             .map_err(|e| failed(e.to_string()))?;
         match fetched {
-            // The holder frees the bytes once released: the batch keeps the
-            // part (whose drop releases it) while its buffers live.
-            Fetched::Shared(name) => streambatch_store::open_shared_keeping(&name, keep)
-                .map(|p| p.batch)
-                .map_err(|e| failed(e.to_string())),
+            // The batch holds the part (whose drop releases it) and the
+            // lease (the holder's pin) while its buffers live.
+            Fetched::Shared(name, lease) => {
+                streambatch_store::open_shared_keeping(&name, Arc::new((keep, lease)))
+                    .map(|p| p.batch)
+                    .map_err(|e| failed(e.to_string()))
+            }
             Fetched::Bytes(bytes) => {
                 let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
                 aligned.extend_from_slice(&bytes);

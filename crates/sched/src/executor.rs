@@ -42,6 +42,9 @@ pub(crate) enum Nodes {
     Remote {
         /// The job's name on the nodes.
         key: JobKey,
+        /// Where the job's port finds this executor: set before the first
+        /// task goes out, so that no event of the job is dropped.
+        port: crate::port::ExecutorCell,
         /// The nodes, in the order the job state numbers them.
         nodes: Vec<RemoteNode>,
         /// Reads and releases their partitions.
@@ -161,6 +164,7 @@ impl Actor for Executor {
         args: ExecutorArgs,
     ) -> Result<ExecState, ActorProcessingErr> {
         let plan = args.plan;
+        let me = myself.clone();
         let events = myself.get_derived();
         let notify = move || -> Arc<dyn Fn() + Send + Sync> {
             let me = myself.clone();
@@ -199,7 +203,13 @@ impl Actor for Executor {
                 };
                 (Backend::Local(local), free, capacity)
             }
-            Nodes::Remote { key, nodes, source } => {
+            Nodes::Remote {
+                key,
+                port,
+                nodes,
+                source,
+            } => {
+                let _ = port.set(me.clone());
                 let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
                 let (_, reserve) = sizing(&plan, args.config.target_partition_bytes, smallest);
                 let shadows = nodes
@@ -264,6 +274,7 @@ impl Actor for Executor {
             ExecutorMsg::Task(event) => state.on_task_event(event),
             ExecutorMsg::Node(event) => state.on_node_event(event),
             ExecutorMsg::NodeLost(node) => state.job.fail(Error::NodeLost { node }),
+            ExecutorMsg::Cancel => state.job.cancel(),
             ExecutorMsg::MemoryFreed => {}
         }
         state.carry_out(&myself);

@@ -49,7 +49,9 @@ impl Actor for JobPort {
         match frame::decode::<NodeEvent>(&bytes) {
             Ok(event) => {
                 let Some(executor) = executor.get() else {
-                    tracing::warn!(node = %event.node, "an event before the job started was dropped");
+                    // The executor sets the cell before its first task goes
+                    // out: no event of a started job comes before it.
+                    tracing::warn!(node = %event.node, "an event of a job that did not start was dropped");
                     return Ok(());
                 };
                 if executor.cast(ExecutorMsg::Node(event)).is_err() {

@@ -385,9 +385,11 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
         message: format!("fetching partition {}: {message}", part.id),
     };
     let batch = match transport.fetch(&part.holder, part.id).await {
-        Ok(Fetched::Shared(name)) => {
+        Ok(Fetched::Shared(name, lease)) => {
             counts.shared.fetch_add(1, Ordering::Relaxed);
-            streambatch_store::open_shared(&name)
+            // The batch holds the lease: the holder keeps the bytes until
+            // the last buffer mapping them is gone.
+            streambatch_store::open_shared_keeping(&name, Arc::new(lease))
                 .map_err(|e| failed(e.to_string()))?
                 .batch
         }

@@ -8,14 +8,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use streambatch_net::{PartitionServer, Served};
-use streambatch_store::{ObjectStore, PartitionRef, PinGuard, SharedStore};
+use streambatch_store::{ObjectStore, PartitionRef, SharedStore};
 
 /// Serves a node's offered partitions from its store.
 pub(crate) struct StoreServer {
     store: SharedStore,
-    /// Each offered partition, with the pins that keep it in place while
-    /// peers map it.
-    offered: Mutex<HashMap<u64, (PartitionRef, Vec<PinGuard>)>>,
+    /// Each offered partition. A peer that maps one holds a pin on it for
+    /// as long as its fetch stream is open (see `Served::Shared`).
+    offered: Mutex<HashMap<u64, PartitionRef>>,
 }
 
 impl StoreServer {
@@ -28,7 +28,7 @@ impl StoreServer {
 
     /// Lets peers fetch `part` until [`StoreServer::withdraw`].
     pub(crate) fn offer(&self, part: PartitionRef) {
-        self.offered().insert(part.id().0, (part, Vec::new()));
+        self.offered().insert(part.id().0, part);
     }
 
     /// Stops serving partition `id` and lets the store free it.
@@ -36,7 +36,7 @@ impl StoreServer {
         self.offered().remove(&id);
     }
 
-    fn offered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (PartitionRef, Vec<PinGuard>)>> {
+    fn offered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, PartitionRef>> {
         self.offered.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -47,17 +47,15 @@ impl PartitionServer for StoreServer {
         let part = self
             .offered()
             .get(&partition)
-            .map(|(part, _)| part.clone())
+            .cloned()
             .ok_or_else(missing)?;
         if shares_memory {
-            // Pinned until withdrawn: a peer maps its bytes where they are,
-            // so the store must neither spill nor move them meanwhile.
+            // A peer maps the bytes where they are: the pin keeps the store
+            // from spilling, moving or freeing them (even once withdrawn)
+            // until the peer closes its fetch stream.
             let pin = self.store.pin(part.id()).map_err(|e| e.to_string())?;
             if let Some(name) = self.store.shared_name(&part) {
-                let mut offered = self.offered();
-                let (_, pins) = offered.get_mut(&partition).ok_or_else(missing)?;
-                pins.push(pin);
-                return Ok(Served::Shared(name));
+                return Ok(Served::Shared(name, Box::new(pin)));
             }
         }
         let bytes = self.store.encoded_bytes(&part).map_err(|e| e.to_string())?;
