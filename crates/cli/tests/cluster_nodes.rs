@@ -3,37 +3,13 @@
 //! keeps running; a killed worker leaves the member list; bad configs fail
 //! at start naming the key and the file.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_streambatch");
-
-/// A node process, killed when dropped.
-struct Node {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Node {
-    /// SIGTERM first: the node stops cleanly and its store removes its
-    /// shared-memory segments; SIGKILL if it has not stopped within 5 s.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status();
-        for _ in 0..250 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{BIN, Node};
 
 fn write_config(dir: &Path, name: &str, head: Option<&str>, ca_dir: &str) -> PathBuf {
     let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
@@ -47,28 +23,10 @@ fn write_config(dir: &Path, name: &str, head: Option<&str>, ca_dir: &str) -> Pat
     path
 }
 
-/// Starts a node and waits for its "listening on" line.
+/// Starts the node of `config`, named by its file.
 fn start(dir: &Path, config: &Path) -> Node {
-    let mut child = Command::new(BIN)
-        .current_dir(dir)
-        .args(["node", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .filter(|_| line.contains("listening on"))
-        .unwrap_or_else(|| panic!("the node did not start: {line:?}"))
-        .to_string();
-    Node { child, addr }
+    let name = config.file_stem().unwrap().to_str().unwrap();
+    common::start(dir, config, name)
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -141,6 +99,18 @@ fn nodes_from_toml_form_a_cluster_and_strangers_are_refused() {
 
     // A worker that dies leaves the member list (QUIC's idle timeout).
     w2.child.kill().unwrap();
+    // A killed node cannot remove its shared-memory segments: this test does.
+    let pid = w2.child.id();
+    let _ = w2.child.wait();
+    for entry in std::fs::read_dir("/dev/shm").unwrap().flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("sb-worker_2-{pid}-"))
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let now = members(dir, &driver);
