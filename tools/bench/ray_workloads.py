@@ -57,6 +57,17 @@ def inference(batch):
     return {"id": batch["id"]}
 
 
+def sum_ids(ds, started):
+    """Reads a W1-shaped dataset's output, printing progress; returns the
+    progress and the sum of the ids (to check the output by)."""
+    progress = Progress(started)
+    id_sum = 0
+    for batch in ds.iter_batches(batch_size=None):
+        progress.add(len(batch["id"]))
+        id_sum += int(batch["id"].sum())
+    return progress, id_sum
+
+
 def w1(args):
     """8 CPU and 4 GPU logical slots, the object store capped. Tuned: the GPU
     stage reuses its workers (`max_calls=0`; Ray's default of 1 for GPU tasks
@@ -71,11 +82,7 @@ def w1(args):
         .map_batches(consume, batch_size=1, num_cpus=1)
         .map_batches(inference, batch_size=1, num_gpus=1, **gpu_stage)
     )
-    progress = Progress(started)
-    id_sum = 0
-    for batch in ds.iter_batches(batch_size=None):
-        progress.add(len(batch["id"]))
-        id_sum += int(batch["id"].sum())
+    progress, id_sum = sum_ids(ds, started)
     wall = time.perf_counter() - started
     config = f"store_cap={args.store_cap >> 20}MiB" + (",tuned" if args.tuned else "") + (f",block_size={args.block_size >> 20}MiB" if args.block_size else "")
     line("ray-data", "w1", config, wall, progress.rows, 160, progress.rows == 800 and id_sum == sum(range(800)), W1_IDEAL_S)
@@ -200,11 +207,7 @@ def w5_run(n):
         .map_batches(consume, batch_size=1, num_cpus=1)
         .map_batches(inference, batch_size=1, num_gpus=1, num_cpus=0, max_calls=0)
     )
-    progress = Progress(started)
-    id_sum = 0
-    for batch in ds.iter_batches(batch_size=None):
-        progress.add(len(batch["id"]))
-        id_sum += int(batch["id"].sum())
+    progress, id_sum = sum_ids(ds, started)
     wall = time.perf_counter() - started
     correct = progress.rows == rows and id_sum == sum(range(rows))
     line("ray-data", "w5", f"nodes={n}", wall, progress.rows, 160 * n, correct, W1_IDEAL_S, nodes=n)

@@ -198,6 +198,23 @@ fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// Reads a W1-shaped job's output (an `id` column first), counting its rows
+/// in `progress`; returns the sum of the ids, to check the output by.
+pub(crate) fn sum_ids(ds: &streambatch::Dataset, progress: &mut ProgressLines) -> Result<i64> {
+    let mut id_sum = 0i64;
+    for batch in ds.iter_batches()? {
+        let batch = batch?;
+        progress.add(batch.num_rows() as u64);
+        id_sum += batch
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .sum::<i64>();
+    }
+    Ok(id_sum)
+}
+
 /// This process's peak resident memory in MiB (VmHWM), where Linux reports it.
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -350,18 +367,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
             Resources::gpu(1.0).batch_rows(1),
         )
         .named("inference");
-    let mut id_sum = 0i64;
-    let mut stream = ds.iter_batches()?;
-    for batch in stream.by_ref() {
-        let batch = batch?;
-        progress.add(batch.num_rows() as u64);
-        id_sum += batch
-            .column(0)
-            .as_primitive::<Int64Type>()
-            .values()
-            .iter()
-            .sum::<i64>();
-    }
+    let id_sum = sum_ids(&ds, progress)?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     let config = format!("store_cap={}", streambatch::format_bytes(store_cap));

@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
 use streambatch::{Context, Error, Result};
 
 use crate::{BenchResult, ProgressLines, Shape, registry, w1_pipeline};
@@ -140,17 +138,7 @@ pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchRes
     };
     let started = Instant::now();
     let ds = w1_pipeline(ctx.range(rows, shape.partitions), &registry(), shape)?;
-    let mut id_sum = 0i64;
-    for batch in ds.iter_batches()? {
-        let batch = batch?;
-        progress.add(batch.num_rows() as u64);
-        id_sum += batch
-            .column(0)
-            .as_primitive::<Int64Type>()
-            .values()
-            .iter()
-            .sum::<i64>();
-    }
+    let id_sum = crate::sum_ids(&ds, progress)?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     if std::env::var_os("W5_PRINT_STATS").is_some() {

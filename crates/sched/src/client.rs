@@ -21,7 +21,7 @@ use streambatch_net::{
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
 use crate::agent::AgentMsg;
-use crate::cluster::load_identity;
+use crate::cluster::{load_identity, runtime};
 use crate::error::ClusterError;
 use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
 use crate::groups::{head_group, node_group, remote_member};
@@ -78,15 +78,7 @@ impl ClusterClient {
         })?;
         let identity = load_identity(config, file)?;
         let cluster = identity.cluster_id().to_string();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("streambatch-driver")
-            .enable_all()
-            .build()
-            .map_err(|e| ClusterError::Start {
-                what: "the runtime",
-                source: e.into(),
-            })?;
+        let runtime = runtime("streambatch-driver")?;
         let unreachable = |source| ClusterError::HeadUnreachable {
             addr: head,
             origin: origin("head"),

@@ -48,15 +48,7 @@ impl ClusterNode {
     ) -> Result<Self, ClusterError> {
         let origin = |key| NodeConfig::origin_of(key, file);
         let identity = load_identity(config, file)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("streambatch-node")
-            .enable_all()
-            .build()
-            .map_err(|e| ClusterError::Start {
-                what: "the runtime",
-                source: e.into(),
-            })?;
+        let runtime = runtime("streambatch-node")?;
         let store_config = StoreConfig {
             namespace: config.name.clone(),
             ..StoreConfig::new(config.store_capacity, &config.spill_dir)
@@ -232,6 +224,19 @@ impl Drop for ClusterNode {
             tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await
         });
     }
+}
+
+/// The tokio runtime of a node or driver process, its threads named `name`.
+pub(crate) fn runtime(name: &str) -> Result<tokio::runtime::Runtime, ClusterError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| ClusterError::Start {
+            what: "the runtime",
+            source: e.into(),
+        })
 }
 
 /// Loads the node's TLS identity from the three keys, naming the key and
