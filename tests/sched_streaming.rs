@@ -446,3 +446,44 @@ fn a_repartition_larger_than_the_store_spills_instead_of_stalling() {
     assert!(stats.spilled_bytes > 0, "nothing spilled");
     assert!(stats.peak_store_bytes <= cap && ctx.store_stats().peak_bytes <= cap);
 }
+
+#[test]
+fn an_output_buffer_is_written_in_the_store_and_read_downstream() {
+    const ROW: usize = 2 << 20;
+    let ctx = ctx_with(|c| c.store_capacity = 64 << 20);
+    let placed = Arc::new(AtomicUsize::new(0));
+    let counter = placed.clone();
+    let ds = ctx
+        .range(20, 20)
+        .map_batches(
+            move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                let id = b.column(0).as_primitive::<Int64Type>().value(0);
+                let bytes = streambatch::OutputBuffer::filled(ROW, id as u8);
+                if bytes.is_in_store() {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+                let offsets = arrow_buffer::OffsetBuffer::from_lengths([ROW]);
+                let data = arrow_array::BinaryArray::new(offsets, bytes.into_buffer(), None);
+                Ok(RecordBatch::try_from_iter([
+                    ("id", b.column(0).clone()),
+                    ("data", Arc::new(data) as ArrayRef),
+                ])?)
+            },
+            Resources::cpu(1.0).batch_rows(1),
+        )
+        .map_batches(
+            |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                let id = b.column(0).as_primitive::<Int64Type>().value(0);
+                let data = b.column(1).as_binary::<i32>().value(0);
+                assert!(data.len() == ROW && data.iter().all(|&x| x == id as u8));
+                Ok(b.project(&[0])?)
+            },
+            Resources::cpu(0.5),
+        );
+    let out = ds.collect().unwrap();
+    assert_eq!(sorted_i64(&out, "id"), (0..20).collect::<Vec<_>>());
+    // Every output fit: none was made on the heap and copied.
+    assert_eq!(placed.load(Ordering::Relaxed), 20);
+    drop((out, ds));
+    assert_eq!(ctx.store_stats().used_bytes, 0);
+}

@@ -24,7 +24,9 @@ use arrow_buffer::{Buffer, OffsetBuffer};
 use parquet::arrow::ArrowWriter;
 use rand::{Rng, SeedableRng};
 use streambatch::ops::{self, CpuEmbedder, EMBED_DIM, IMAGE_BYTES};
-use streambatch::{Context, Error, JobStats, NodeConfig, Resources, Result, StoreStats, UdfError};
+use streambatch::{
+    Context, Error, JobStats, NodeConfig, OutputBuffer, Resources, Result, StoreStats, UdfError,
+};
 
 /// Writes `files` Parquet files of `rows_per_file` synthetic images (`id`,
 /// `image`: 12,288 bytes) into `dir`, from a fixed seed.
@@ -284,21 +286,46 @@ pub(crate) fn w1_byte(id: i64) -> u8 {
 pub(crate) fn filled_rows(
     ids: &ArrayRef,
     row_bytes: usize,
+    place: Rows,
 ) -> std::result::Result<RecordBatch, UdfError> {
     let ids_i64 = ids
         .as_primitive_opt::<Int64Type>()
         .ok_or("`id` is not Int64")?;
     let rows = ids_i64.len();
-    let mut bytes = Vec::with_capacity(rows * row_bytes);
-    for &id in ids_i64.values() {
-        bytes.resize(bytes.len() + row_bytes, w1_byte(id));
-    }
+    let bytes = match place {
+        Rows::Output => {
+            let first = ids_i64.values().first().map_or(0, |&id| w1_byte(id));
+            let mut buffer = OutputBuffer::filled(rows * row_bytes, first);
+            let chunks = buffer.as_mut_slice().chunks_mut(row_bytes.max(1));
+            for (row, &id) in chunks.zip(ids_i64.values()).skip(1) {
+                row.fill(w1_byte(id));
+            }
+            buffer.into_buffer()
+        }
+        Rows::Heap => {
+            let mut bytes = Vec::with_capacity(rows * row_bytes);
+            for &id in ids_i64.values() {
+                bytes.resize(bytes.len() + row_bytes, w1_byte(id));
+            }
+            Buffer::from_vec(bytes)
+        }
+    };
     let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(row_bytes, rows));
-    let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(bytes), None));
+    let data: ArrayRef = Arc::new(BinaryArray::new(offsets, bytes, None));
     Ok(RecordBatch::try_from_iter([
         ("id", ids.clone()),
         ("data", data),
     ])?)
+}
+
+/// Where [`filled_rows`] makes its bytes.
+#[derive(Clone, Copy)]
+pub(crate) enum Rows {
+    /// On the heap: rows that the next operator of the task consumes.
+    Heap,
+    /// In the task's store ([`OutputBuffer`]): a stage's output, stored
+    /// without a copy.
+    Output,
 }
 
 /// Runs `make`, then sleeps what is left of `total`: a task that takes
@@ -334,7 +361,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
                 let ids = b.column(0);
                 taking(Duration::from_millis(500), || {
                     (0..ids.len())
-                        .map(|i| filled_rows(&ids.slice(i, 1), W1_ROW_BYTES))
+                        .map(|i| filled_rows(&ids.slice(i, 1), W1_ROW_BYTES, Rows::Heap))
                         .collect::<Vec<_>>()
                 })
             },
@@ -344,7 +371,7 @@ pub fn w1(store_cap: u64, base: &NodeConfig, progress: &mut ProgressLines) -> Re
         .map_batches(
             |b: RecordBatch| {
                 taking(Duration::from_millis(50), || {
-                    filled_rows(b.column(0), W1_ROW_BYTES)
+                    filled_rows(b.column(0), W1_ROW_BYTES, Rows::Output)
                 })
             },
             Resources::cpu(1.0).batch_rows(1),

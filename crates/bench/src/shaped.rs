@@ -10,7 +10,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use streambatch::{BatchFn, BatchUdf, Dataset, Registry, Resources, Result, UdfError};
 
-use crate::{filled_rows, taking, w1_byte};
+use crate::{Rows, filled_rows, taking, w1_byte};
 
 /// The stock operators and W1's: `w1.produce`, `w1.consume`, `w1.inference`.
 ///
@@ -28,7 +28,7 @@ pub fn registry() -> Registry {
         let (ms, row_bytes) = two(params)?;
         Ok(move |b: RecordBatch| {
             taking(Duration::from_millis(ms), || {
-                filled_rows(b.column(0), row_bytes as usize)
+                filled_rows(b.column(0), row_bytes as usize, Rows::Output)
             })
         })
     });
@@ -62,7 +62,7 @@ impl BatchUdf for Produce {
 impl BatchFn for Produce {
     fn call(&mut self, b: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
         taking(Duration::from_millis(self.ms), || {
-            filled_rows(b.column(0), self.row_bytes as usize)
+            filled_rows(b.column(0), self.row_bytes as usize, Rows::Heap)
         })
     }
 
@@ -70,7 +70,7 @@ impl BatchFn for Produce {
         let ids = b.column(0);
         taking(Duration::from_millis(self.ms), || {
             (0..ids.len())
-                .map(|i| filled_rows(&ids.slice(i, 1), self.row_bytes as usize))
+                .map(|i| filled_rows(&ids.slice(i, 1), self.row_bytes as usize, Rows::Heap))
                 .collect()
         })
     }

@@ -14,7 +14,7 @@ use streambatch_core::{JobId, TaskId};
 use streambatch_plan::{
     BatchIter, BatchUdf, Error, ExecPlan, OpKind, SharedInstance, TaskEnv, TaskInput, UdfError,
 };
-use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes};
+use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
 use crate::budget::Budgets;
 use crate::job::Input;
@@ -185,7 +185,9 @@ impl TaskRun {
     /// Runs the task until it finishes, fails or must pause.
     pub fn drive(mut self, instances: &mut InstanceCache) -> Outcome {
         let started = Instant::now();
-        let outcome = self.drive_inner(instances);
+        // Operators that make an `OutputBuffer` get it in this job's store.
+        let store = self.job.store.clone();
+        let outcome = with_output_store(store, || self.drive_inner(instances));
         self.busy += started.elapsed();
         match outcome {
             Ok(true) => Outcome::Finished { busy: self.busy },

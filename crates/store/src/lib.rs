@@ -30,12 +30,14 @@
 mod alloc;
 mod error;
 pub mod ipc;
+mod output;
 mod partition;
 mod segment;
 mod shared;
 mod spill;
 
 pub use error::{PutError, SpillError, StoreError};
+pub use output::{OutputBuffer, with_output_store};
 pub use partition::{PartitionRef, PinGuard};
 pub use shared::{
     SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_keeping,
@@ -83,6 +85,13 @@ pub trait ObjectStore: Send + Sync + 'static {
     fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError>;
     /// The store's counters.
     fn stats(&self) -> StoreStats;
+    /// Room for a `len`-byte output buffer in the store's memory, which a
+    /// later put of a batch holding it adopts without a copy; `None` (the
+    /// default) when the store has no room or does not place buffers.
+    fn reserve(&self, len: usize) -> Option<OutputBuffer> {
+        let _ = len;
+        None
+    }
 }
 
 /// Frees and reads partitions for [`PartitionRef`]. Implemented by stores.

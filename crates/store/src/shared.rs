@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use arrow_array::RecordBatch;
 use streambatch_core::PartitionId;
 
-use crate::alloc::{Allocator, aligned};
+use crate::alloc::{ALIGN, Allocator, aligned};
 use crate::ipc;
+use crate::output::OutputBuffer;
 use crate::segment::{self, Segment};
 use crate::spill::{self, SpillDir};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
@@ -82,6 +83,8 @@ struct State {
     spilled: u64,
     restored: u64,
     frees: u64,
+    /// Reserved regions by their buffer's address.
+    reserved: HashMap<usize, Reserved>,
     /// Background pre-faults still running; each holds its segment.
     prefaulting: Vec<std::thread::JoinHandle<()>>,
     entries: HashMap<PartitionId, Entry>,
@@ -104,6 +107,36 @@ struct Entry {
     last_use: u64,
     /// The last reference is gone; freed when the last pin goes.
     released: bool,
+    /// The reserved region its bytes lie in (by its buffer's address), when
+    /// the put adopted an [`OutputBuffer`] instead of copying.
+    reserved: Option<usize>,
+}
+
+/// A region handed out as an [`OutputBuffer`]: room for the IPC framing
+/// before and after the buffer, so that a put can adopt it in place.
+#[derive(Clone, Copy)]
+struct Reserved {
+    segment: usize,
+    offset: usize,
+    total: usize,
+    len: usize,
+    /// The buffer's owner and, once adopted, the partition.
+    holders: u32,
+    adopted: bool,
+}
+
+/// Holds a reserved region for the buffer made from it.
+struct ReservedOwner {
+    inner: Arc<Inner>,
+    addr: usize,
+    _segment: Arc<Segment>,
+}
+
+impl Drop for ReservedOwner {
+    fn drop(&mut self) {
+        let mut state = self.inner.state();
+        self.inner.drop_holder(&mut state, self.addr);
+    }
 }
 
 #[derive(Clone)]
@@ -213,6 +246,9 @@ impl SharedStore {
     fn store(&self, batch: RecordBatch, may_spill: bool) -> Result<PartitionRef, PutError> {
         let rows = batch.num_rows();
         let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Encode(e)))?;
+        if let Some(part) = self.adopt(&encoded, rows) {
+            return Ok(part);
+        }
         let len = encoded.len;
         let capacity = self.inner.capacity;
         if len as u64 > capacity && !may_spill {
@@ -256,6 +292,7 @@ impl SharedStore {
                         pins: 0,
                         last_use: state.tick(),
                         released: false,
+                        reserved: None,
                     };
                     state.entries.insert(id, entry);
                     return Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()));
@@ -276,13 +313,118 @@ impl SharedStore {
             pins: 0,
             last_use: state.tick(),
             released: false,
+            reserved: None,
         };
         state.entries.insert(id, entry);
         Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()))
     }
 }
 
+/// Room before a reserved buffer for the IPC framing and the batch's
+/// smaller buffers that come before it, and after it for those that follow.
+const RESERVE_HEAD: usize = 64 << 10;
+const RESERVE_TAIL: usize = 4 << 10;
+/// Below this a copy costs less than the room reserved around the buffer.
+const RESERVE_MIN: usize = 1 << 20;
+
+impl SharedStore {
+    /// Stores `encoded` in place if one of its pieces is a reserved buffer
+    /// not yet adopted and the rest of the stream fits around it: the
+    /// pieces before it are written in the room before, those after it in
+    /// the room after, and the partition's bytes are exactly the stream a
+    /// copying put would write. `None`: it must be copied.
+    fn adopt(&self, encoded: &ipc::Encoded, rows: usize) -> Option<PartitionRef> {
+        let mut state = self.inner.state();
+        let pieces: Vec<&[u8]> = encoded.pieces().collect();
+        let (at, addr, reserved) = pieces.iter().enumerate().find_map(|(at, p)| {
+            let addr = p.as_ptr() as usize;
+            let r = state.reserved.get(&addr)?;
+            (!r.adopted && p.len() <= r.len).then_some((at, addr, *r))
+        })?;
+        let before: usize = pieces[..at].iter().map(|p| p.len()).sum();
+        let after: usize = pieces[at + 1..].iter().map(|p| p.len()).sum();
+        let data = reserved.offset + RESERVE_HEAD;
+        let end = data + pieces[at].len() + after;
+        if before > RESERVE_HEAD
+            || !before.is_multiple_of(ALIGN)
+            || end > reserved.offset + reserved.total
+        {
+            return None;
+        }
+        let segment = state.segments[&reserved.segment].segment.clone();
+        let write = |mut offset: usize, pieces: &[&[u8]]| {
+            for piece in pieces {
+                // SAFETY: inside the reserved region, around the buffer (which
+                // is not written), and nobody else writes there.
+                unsafe { segment.region_mut(offset, piece.len()) }.copy_from_slice(piece);
+                offset += piece.len();
+            }
+        };
+        write(data - before, &pieces[..at]);
+        write(data + pieces[at].len(), &pieces[at + 1..]);
+        let r = state.reserved.get_mut(&addr).expect("found above");
+        r.adopted = true;
+        r.holders += 1;
+        let id = PartitionId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        let entry = Entry {
+            place: Place::Memory {
+                segment: reserved.segment,
+                offset: data - before,
+            },
+            len: encoded.len,
+            pins: 0,
+            last_use: state.tick(),
+            released: false,
+            reserved: Some(addr),
+        };
+        state.entries.insert(id, entry);
+        Some(PartitionRef::new(
+            id,
+            rows,
+            encoded.len as u64,
+            self.inner.clone(),
+        ))
+    }
+}
+
 impl ObjectStore for SharedStore {
+    fn reserve(&self, len: usize) -> Option<OutputBuffer> {
+        if len < RESERVE_MIN {
+            return None;
+        }
+        let total = RESERVE_HEAD + aligned(len) + RESERVE_TAIL;
+        let (mut state, place) = self.inner.allocate(self.inner.state(), total);
+        let Some(Place::Memory { segment, offset }) = place else {
+            return None;
+        };
+        let seg = state.segments[&segment].segment.clone();
+        // SAFETY: inside the region just allocated.
+        let ptr = unsafe {
+            std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset + RESERVE_HEAD))
+        };
+        let addr = ptr.as_ptr() as usize;
+        state.reserved.insert(
+            addr,
+            Reserved {
+                segment,
+                offset,
+                total,
+                len,
+                holders: 1,
+                adopted: false,
+            },
+        );
+        drop(state);
+        let owner = Arc::new(ReservedOwner {
+            inner: self.inner.clone(),
+            addr,
+            _segment: seg,
+        });
+        // SAFETY: the region is this buffer's alone until the owner drops
+        // (a partition adopting it holds it too, and only reads it).
+        Some(unsafe { OutputBuffer::in_store(ptr, len, owner) })
+    }
+
     fn try_put(&self, batch: RecordBatch) -> Result<PartitionRef, PutError> {
         self.store(batch, false)
     }
@@ -471,11 +613,40 @@ impl Inner {
         state.frees += 1;
         match entry.place {
             Place::Memory { segment, offset } => {
-                self.free_region(state, segment, offset, entry.len)
+                self.release_memory(state, segment, offset, entry.len, entry.reserved)
             }
             Place::Disk(path) => {
                 let _ = std::fs::remove_file(path);
             }
+        }
+    }
+
+    /// Gives back a partition's memory: its region, or its hold on the
+    /// reserved region it was adopted in.
+    fn release_memory(
+        &self,
+        state: &mut State,
+        segment: usize,
+        offset: usize,
+        len: usize,
+        reserved: Option<usize>,
+    ) {
+        match reserved {
+            Some(addr) => self.drop_holder(state, addr),
+            None => self.free_region(state, segment, offset, len),
+        }
+    }
+
+    /// One holder of a reserved region lets go; the last frees it.
+    fn drop_holder(&self, state: &mut State, addr: usize) {
+        let r = state
+            .reserved
+            .get_mut(&addr)
+            .expect("a held region is listed");
+        r.holders -= 1;
+        if r.holders == 0 {
+            let r = state.reserved.remove(&addr).expect("present");
+            self.free_region(state, r.segment, r.offset, r.total);
         }
     }
 
@@ -501,7 +672,9 @@ impl Inner {
     /// Moves a partition from memory to a spill file.
     fn spill(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
         let entry = &state.entries[&id];
-        let (len, Place::Memory { segment, offset }) = (entry.len, entry.place.clone()) else {
+        let (len, reserved, Place::Memory { segment, offset }) =
+            (entry.len, entry.reserved, entry.place.clone())
+        else {
             return Ok(());
         };
         let path = self.spill_file(id)?;
@@ -510,9 +683,11 @@ impl Inner {
         // (no pins) or writes (written before it was listed).
         let bytes = unsafe { seg.region_mut(offset, len) };
         spill::write(&path, [&*bytes]).map_err(|e| StoreError::io(&path, e))?;
-        self.free_region(state, segment, offset, len);
+        self.release_memory(state, segment, offset, len, reserved);
         state.spilled += len as u64;
-        state.entries.get_mut(&id).expect("present").place = Place::Disk(path);
+        let entry = state.entries.get_mut(&id).expect("present");
+        entry.place = Place::Disk(path);
+        entry.reserved = None;
         Ok(())
     }
 

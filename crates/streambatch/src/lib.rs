@@ -44,7 +44,9 @@ pub use streambatch_plan::{
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,
 };
-pub use streambatch_store::{ObjectStore, SharedStore, StoreConfig, StoreStats, batch_bytes};
+pub use streambatch_store::{
+    ObjectStore, OutputBuffer, SharedStore, StoreConfig, StoreStats, batch_bytes,
+};
 
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
