@@ -202,6 +202,17 @@ fn an_operator_a_node_lacks_is_refused_at_submission() {
         err.contains("map_batches") && err.contains("closure"),
         "{err}"
     );
+    // A plan too large for one cluster message is refused before it is
+    // sent (sent, it would close the session), and the cluster goes on.
+    let heavy = mine.udf("only_in_the_driver", &vec![7u8; 2 << 20]).unwrap();
+    let err = ctx
+        .range(10, 2)
+        .map_batches(heavy, Resources::cpu(1.0))
+        .count()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bytes on the wire"), "{err}");
+    assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
 }
 
 #[test]

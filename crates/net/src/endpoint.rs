@@ -128,22 +128,42 @@ impl Endpoint {
     /// skipped: they never reach the caller.
     pub async fn accept(&self) -> Option<Peer> {
         loop {
-            let incoming = self.quic.accept().await?;
-            let remote = incoming.remote_address();
-            match incoming.await {
-                Ok(connection) => match Peer::new(connection) {
-                    Some(peer) => return Some(peer),
-                    None => tracing::warn!(%remote, "peer without a node certificate refused"),
-                },
-                Err(e) => tracing::warn!(%remote, error = %e, "handshake refused"),
+            if let Some(peer) = handshake(self.incoming().await?).await {
+                return Some(peer);
             }
         }
+    }
+
+    /// The next connection attempt, before its handshake; `None` once the
+    /// endpoint is closed. A server finishes each with [`handshake`] on a
+    /// task of its own, so that a slow or silent stranger holds up nobody.
+    pub async fn incoming(&self) -> Option<quinn::Incoming> {
+        self.quic.accept().await
     }
 
     /// Closes every connection and stops listening.
     pub fn close(&self) {
         self.quic
             .close(VarInt::from_u32(close_code::SHUTDOWN), b"node stopping");
+    }
+}
+
+/// Completes a connection attempt: the peer, if it passed the handshake
+/// with a node certificate of this cluster. Refusals are logged.
+pub async fn handshake(incoming: quinn::Incoming) -> Option<Peer> {
+    let remote = incoming.remote_address();
+    match incoming.await {
+        Ok(connection) => {
+            let peer = Peer::new(connection);
+            if peer.is_none() {
+                tracing::warn!(%remote, "peer without a node certificate refused");
+            }
+            peer
+        }
+        Err(e) => {
+            tracing::warn!(%remote, error = %e, "handshake refused");
+            None
+        }
     }
 }
 

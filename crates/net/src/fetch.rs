@@ -123,6 +123,10 @@ impl PartialEq for Fetched {
     }
 }
 
+/// How long a puller waits for the holder's answer (not for the bytes,
+/// which flow control paces).
+const REPLY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The largest partition a puller accepts over the network.
 pub const MAX_PARTITION_BYTES: u64 = 1 << 40;
 
@@ -140,15 +144,23 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
         peer: peer.name().to_string(),
         source,
     };
-    let reply = read_frame::<FetchReply, _>(&mut recv, MAX_CONTROL_FRAME)
-        .await
-        .map_err(frame_error)?
-        .ok_or_else(|| {
-            frame_error(FrameError::Truncated {
-                got: 0,
-                expected: 4,
-            })
-        })?;
+    let reply = tokio::time::timeout(
+        REPLY_WITHIN,
+        read_frame::<FetchReply, _>(&mut recv, MAX_CONTROL_FRAME),
+    )
+    .await
+    .map_err(|_| NetError::Fetch {
+        peer: peer.name().to_string(),
+        partition,
+        message: format!("no answer within {} s", REPLY_WITHIN.as_secs()),
+    })?
+    .map_err(frame_error)?
+    .ok_or_else(|| {
+        frame_error(FrameError::Truncated {
+            got: 0,
+            expected: 4,
+        })
+    })?;
     match reply {
         FetchReply::Shared { name } => Ok(Fetched::Shared(
             name,
@@ -170,14 +182,21 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
         }
         FetchReply::Bytes { len } => {
             let _ = send.finish();
-            let mut bytes = vec![0u8; len as usize];
-            recv.read_exact(&mut bytes).await.map_err(|e| match e {
-                quinn::ReadExactError::FinishedEarly(got) => frame_error(FrameError::Truncated {
-                    got: got as u64,
-                    expected: len,
+            // Memory grows with the bytes that arrive, not with the length
+            // the holder announced.
+            let bytes = recv.read_to_end(len as usize).await.map_err(|e| match e {
+                quinn::ReadToEndError::TooLong => frame_error(FrameError::Oversized {
+                    len: len + 1,
+                    max: len,
                 }),
-                quinn::ReadExactError::ReadError(e) => peer.broken(e),
+                quinn::ReadToEndError::Read(e) => peer.broken(e),
             })?;
+            if bytes.len() as u64 != len {
+                return Err(frame_error(FrameError::Truncated {
+                    got: bytes.len() as u64,
+                    expected: len,
+                }));
+            }
             Ok(Fetched::Bytes(bytes))
         }
     }

@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorRef};
+use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
 
 use crate::NetError;
-use crate::endpoint::{Endpoint, Peer, StreamKind};
+use crate::endpoint::{Endpoint, Peer, StreamKind, handshake};
 use crate::fetch::{self, Fetched, Locality, PartitionServer};
 use crate::frame::MAX_CONTROL_FRAME;
 
@@ -98,10 +99,25 @@ impl Transport {
                 tasks: Mutex::new(Vec::new()),
             }),
         };
+        let check = SessionCheck(Arc::downgrade(&transport.inner));
+        let subscribe = NodeServerMessage::SubscribeToEvents {
+            id: "streambatch.session-check".into(),
+            subscription: Box::new(check),
+        };
+        transport
+            .inner
+            .node_server
+            .cast(subscribe)
+            .map_err(|e| NetError::Config(format!("NodeServer: {e}")))?;
         let accepting = transport.clone();
         let task = tokio::spawn(async move {
-            while let Some(peer) = accepting.inner.endpoint.accept().await {
-                accepting.attach(peer);
+            while let Some(incoming) = accepting.inner.endpoint.incoming().await {
+                let attaching = accepting.clone();
+                tokio::spawn(async move {
+                    if let Some(peer) = handshake(incoming).await {
+                        attaching.attach(peer);
+                    }
+                });
             }
         });
         transport.inner.tasks().push(task);
@@ -133,6 +149,8 @@ impl Transport {
     /// authenticates right after (watch the NodeServer's events).
     pub async fn join(&self, addr: SocketAddr) -> Result<Peer, NetError> {
         let peer = self.inner.endpoint.connect(addr).await?;
+        // Known before its session authenticates (see `SessionCheck`).
+        self.inner.remember(&peer);
         let (send, recv) = peer.open(StreamKind::Cluster).await?;
         let stream = QuicBidi {
             send,
@@ -148,8 +166,8 @@ impl Transport {
 
     /// The connected peer named `name`.
     pub fn peer(&self, name: &str) -> Option<Peer> {
-        let peers = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner());
-        peers
+        self.inner
+            .peers()
             .get(name)
             .filter(|p| p.connection().close_reason().is_none())
             .cloned()
@@ -208,11 +226,7 @@ impl Transport {
 
     /// Serves the streams `peer` opens, for as long as its connection lives.
     fn attach(&self, peer: Peer) {
-        self.inner
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(peer.name().to_string(), peer.clone());
+        self.inner.remember(&peer);
         let inner = self.inner.clone();
         let task = tokio::spawn(async move {
             while let Some((kind, send, recv)) = peer.accept().await {
@@ -245,7 +259,51 @@ impl Transport {
     }
 }
 
+/// Stops an actor session whose peer is not who its certificate says. The
+/// name a peer declares in ractor_cluster's handshake must be the name in
+/// its certificate, on a QUIC connection of this transport. ractor_cluster
+/// also listens on loopback TCP (it cannot be turned off, and its cookie is
+/// no secret): a session from there has no certificate and is stopped as
+/// soon as it authenticates.
+struct SessionCheck(std::sync::Weak<Inner>);
+
+impl ractor_cluster::NodeEventSubscription for SessionCheck {
+    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
+
+    fn node_session_disconnected(&self, _: NodeServerSessionInformation) {}
+
+    fn node_session_authenticated(&self, session: NodeServerSessionInformation) {
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
+        // A session's label is its certificate's name (see `QuicBidi`).
+        let certified = &session.peer_addr;
+        let known = inner.peers().contains_key(certified);
+        // ractor_cluster declares `name@host`.
+        let declared = session.peer_name.as_ref().map(|n| n.name.as_str());
+        let name = declared.and_then(|d| d.split('@').next());
+        if !known || name != Some(certified.as_str()) {
+            tracing::warn!(
+                declared = declared.unwrap_or("-"),
+                certificate = %certified,
+                "an actor session whose name is not its certificate's was stopped"
+            );
+            session
+                .actor
+                .stop(Some(format!("not node {certified} by its certificate")));
+        }
+    }
+}
+
 impl Inner {
+    fn peers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Peer>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remember(&self, peer: &Peer) {
+        self.peers().insert(peer.name().to_string(), peer.clone());
+    }
+
     fn tasks(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -301,3 +301,48 @@ async fn actors_talk_across_nodes_and_a_lost_node_is_seen() {
     assert_eq!((event, peer.as_str()), ("down", "worker-1"));
     head.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_under_another_name_than_its_certificate_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    head.node_server()
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "test".into(),
+            subscription: Box::new(Membership(events_tx)),
+        })
+        .unwrap();
+
+    // worker-1's certificate, declaring itself "mallory" in the actor protocol.
+    let endpoint =
+        Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(&tls, "worker-1")).unwrap();
+    let server = Arc::new(Fixed(HashMap::new()));
+    let here = Locality::here(Path::new("/store/mallory"));
+    let mallory = Transport::start("mallory", endpoint, server, here, None)
+        .await
+        .unwrap();
+    mallory.join(head.local_addr()).await.unwrap();
+    let mut seen = Vec::new();
+    while !seen.contains(&("down", "worker-1".to_string())) {
+        seen.push(wait(events.recv()).await.unwrap());
+    }
+    mallory.stop();
+
+    // Under its own name the same certificate keeps its session.
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    worker.join(head.local_addr()).await.unwrap();
+    loop {
+        let (event, peer) = wait(events.recv()).await.unwrap();
+        if event == "up" {
+            assert_eq!(peer, "worker-1");
+            break;
+        }
+    }
+    let later = tokio::time::timeout(Duration::from_millis(500), events.recv()).await;
+    assert!(later.is_err(), "the session ended: {later:?}");
+    worker.stop();
+    head.stop();
+}

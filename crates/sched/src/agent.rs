@@ -205,6 +205,13 @@ impl AgentState {
             ));
         }
         let plan = start.plan.build(registry).map_err(|e| e.to_string())?;
+        if start.reserve.len() != plan.stages.len() {
+            return Err(format!(
+                "{} memory reserves for a plan of {} stages",
+                start.reserve.len(),
+                plan.stages.len()
+            ));
+        }
         for (name, addr) in &start.nodes {
             if let Ok(addr) = addr.parse() {
                 self.runs.transport.learn(name, addr);

@@ -33,6 +33,9 @@ use crate::port::JobPort;
 use crate::remote::RemoteNode;
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
 
+/// Room in a cluster frame for ractor_cluster's envelope around a payload.
+const ENVELOPE_BYTES: usize = 64 << 10;
+
 /// Running jobs' executors, each with the names of the nodes it uses.
 type RunningJobs = Arc<Mutex<Vec<(Vec<String>, ActorRef<ExecutorMsg>)>>>;
 
@@ -161,6 +164,17 @@ impl ClusterClient {
                 .collect(),
         };
         let bytes = frame::encode(&start).to_vec();
+        // A frame over ractor_cluster's limit would close the session (and
+        // the node would look lost): refuse such a plan here, saying why.
+        let limit = frame::MAX_CONTROL_FRAME as usize - ENVELOPE_BYTES;
+        if bytes.len() > limit {
+            return Err(Error::Invalid(format!(
+                "the plan takes {} bytes on the wire, over the {limit} a cluster message \
+                 carries: give operators large parameters (weights, tables) as files \
+                 they read on the node",
+                bytes.len()
+            )));
+        }
         let mut nodes: Vec<RemoteNode> = Vec::new();
         // A node that refuses (or fails) ends the job on those that started it.
         let undo = |nodes: &[RemoteNode]| {

@@ -315,6 +315,17 @@ impl ExecState {
         remote.stores[node] = event.store;
         let pulled = event.pulled;
         let job = &mut self.job;
+        // A node speaks only for the tasks placed on it.
+        let task = match event.happened {
+            Happened::Output { task, .. }
+            | Happened::Paused { task, .. }
+            | Happened::Finished { task, .. }
+            | Happened::Lost { task, .. } => Some(TaskId(task)),
+            Happened::Failed { .. } | Happened::MemoryFreed => None,
+        };
+        if task.is_some_and(|task| job.node_of(task) != Some(node)) {
+            return;
+        }
         job.recorder()
             .node_inputs(node, pulled.shared, pulled.quic, pulled.quic_bytes);
         job.recorder()

@@ -268,6 +268,11 @@ impl<P: Part> JobState<P> {
         self.tasks.get(&task).map(|r| r.stage)
     }
 
+    /// The node task `task` was placed on, while it runs.
+    pub(crate) fn node_of(&self, task: TaskId) -> Option<usize> {
+        self.tasks.get(&task).map(|r| r.node)
+    }
+
     /// Task `task` stored its `seq`-th output.
     pub(crate) fn on_output(&mut self, task: TaskId, seq: u32, part: P) {
         let Some(record) = self.tasks.get_mut(&task) else {
@@ -276,7 +281,7 @@ impl<P: Part> JobState<P> {
         if seq < record.delivered {
             return;
         }
-        record.delivered = seq + 1;
+        record.delivered = seq.saturating_add(1);
         let stage = record.stage;
         if self.stages[stage].cancelled {
             return;

@@ -150,6 +150,13 @@ impl Slice {
     }
 
     /// Rows `offset..offset + len` of this slice.
+    /// [`Slice::sub`] for a range from elsewhere (a peer's order): `None`
+    /// when it does not lie within this slice.
+    pub fn sub_within(&self, offset: u64, len: u64) -> Option<Self> {
+        let end = offset.checked_add(len)?;
+        (end <= self.len as u64).then(|| self.sub(offset as usize, len as usize))
+    }
+
     pub fn sub(&self, offset: usize, len: usize) -> Self {
         Self {
             data: self.data.clone(),

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
 use streambatch_net::{Fetched, Transport, frame};
-use streambatch_plan::{Error, ExecPlan};
+use streambatch_plan::{Error, ExecPlan, StageKind};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
@@ -246,7 +246,7 @@ impl RelayState {
                 busy_us: busy.as_micros() as u64,
             },
             TaskEvent::Failed(error) => Happened::Failed {
-                message: error.to_string(),
+                message: within_a_frame(error.to_string()),
             },
             TaskEvent::Lost { task, message } => Happened::Lost {
                 task: task.0,
@@ -257,6 +257,13 @@ impl RelayState {
     }
 
     fn on_order(&mut self, order: JobOrder, myself: &ActorRef<RelayMsg>) {
+        if let Err(why) = check_order(&self.ctx.plan, &order) {
+            let message = format!(
+                "node {}: an order that does not fit the job: {why}",
+                self.node
+            );
+            return self.report(Happened::Failed { message });
+        }
         match order {
             JobOrder::Run {
                 task,
@@ -335,10 +342,12 @@ impl RelayState {
                 .get(&part.id)
                 .filter(|_| part.holder == self.node)
             {
-                Some(output) => local.push((
-                    at,
-                    Slice::whole(output.clone()).sub(part.offset as usize, part.len as usize),
-                )),
+                Some(output) => {
+                    match Slice::whole(output.clone()).sub_within(part.offset, part.len) {
+                        Some(slice) => local.push((at, slice)),
+                        None => return self.on_task_event(TaskEvent::Failed(rows_outside(&part))),
+                    }
+                }
                 None => pulls.push((at, part)),
             }
         }
@@ -405,5 +414,132 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
         }
         Err(e) => return Err(failed(e.to_string())),
     };
-    Ok(Slice::fetched(batch).sub(part.offset as usize, part.len as usize))
+    Slice::fetched(batch)
+        .sub_within(part.offset, part.len)
+        .ok_or_else(|| rows_outside(part))
+}
+
+/// A UDF's error message may be long; the event carrying it must fit in a
+/// cluster frame (one over the limit would close the session).
+fn within_a_frame(mut message: String) -> String {
+    const MAX: usize = 16 << 10;
+    if message.len() > MAX {
+        let mut end = MAX;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" [...]");
+    }
+    message
+}
+
+fn rows_outside(part: &PartSpec) -> Error {
+    Error::OnNode {
+        node: part.holder.clone(),
+        message: format!(
+            "rows {}..+{} are outside partition {}",
+            part.offset, part.len, part.id
+        ),
+    }
+}
+
+/// Checks an order's indexes against the plan before any is used, so that
+/// an order that does not fit (a peer's bug, or bytes from a stranger that
+/// still validate) fails the job with a message instead of panicking.
+fn check_order(plan: &ExecPlan, order: &JobOrder) -> Result<(), String> {
+    let stage = |stage: u64| {
+        plan.stages
+            .get(stage as usize)
+            .ok_or_else(|| format!("stage {stage} of a plan of {}", plan.stages.len()))
+    };
+    match order {
+        JobOrder::Run {
+            stage: at, input, ..
+        } => {
+            let s = stage(*at)?;
+            match (&s.kind, input) {
+                (StageKind::Source { splits, .. }, InputSpec::Split(i))
+                    if *i < splits.len() as u64 =>
+                {
+                    Ok(())
+                }
+                (StageKind::Map { .. }, InputSpec::Parts(_)) => Ok(()),
+                _ => Err(format!("stage {at} (`{}`) cannot run that input", s.name)),
+            }
+        }
+        JobOrder::Cancel { stage: at } | JobOrder::FitReserve { stage: at, .. } => {
+            stage(*at).map(|_| ())
+        }
+        JobOrder::Resume { .. } | JobOrder::Release { .. } | JobOrder::End => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use streambatch_core::{NodeConfig, Resources};
+    use streambatch_plan::{Dataset, JobStream, Runner};
+
+    use super::*;
+
+    /// Keeps the plan of the job it is asked to run, and runs nothing.
+    struct Capture(Mutex<Option<ExecPlan>>, NodeConfig);
+
+    impl Runner for Capture {
+        fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>, Error> {
+            *self.0.lock().unwrap() = Some(plan);
+            Err(Error::NodeLost {
+                node: "none: the plan is captured".into(),
+            })
+        }
+
+        fn config(&self) -> &NodeConfig {
+            &self.1
+        }
+    }
+
+    fn plan() -> ExecPlan {
+        let capture = Arc::new(Capture(Mutex::new(None), NodeConfig::default()));
+        let ds = Dataset::range(capture.clone(), 10, 2).map_batches(
+            |b: arrow_array::RecordBatch| Ok::<_, streambatch_plan::UdfError>(b),
+            Resources::gpu(1.0),
+        );
+        let _ = ds.count();
+        capture.0.lock().unwrap().take().expect("the plan was run")
+    }
+
+    fn run(stage: u64, input: InputSpec) -> JobOrder {
+        JobOrder::Run {
+            task: 1,
+            stage,
+            input,
+            skip: 0,
+            may_spill: false,
+        }
+    }
+
+    #[test]
+    fn orders_that_do_not_fit_the_plan_are_refused() {
+        let plan = plan();
+        assert_eq!(plan.stages.len(), 2);
+        assert!(check_order(&plan, &run(0, InputSpec::Split(1))).is_ok());
+        assert!(check_order(&plan, &run(1, InputSpec::Parts(vec![]))).is_ok());
+        let refused = [
+            run(2, InputSpec::Split(0)),
+            run(0, InputSpec::Split(2)),
+            run(0, InputSpec::Parts(vec![])),
+            run(1, InputSpec::Split(0)),
+            JobOrder::Cancel { stage: 9 },
+            JobOrder::FitReserve {
+                stage: u64::MAX,
+                bytes: 1,
+            },
+        ];
+        for order in refused {
+            let why = check_order(&plan, &order).unwrap_err();
+            assert!(why.contains("stage"), "{order:?}: {why}");
+        }
+    }
 }
