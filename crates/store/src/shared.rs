@@ -67,6 +67,8 @@ struct Inner {
     prefix: String,
     spill: SpillDir,
     next_id: AtomicU64,
+    /// Reserved regions alive: a put skips looking for one when there are none.
+    reservations: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -175,6 +177,7 @@ impl SharedStore {
                 spill: SpillDir::new(config.spill_dir.join(&prefix)),
                 prefix,
                 next_id: AtomicU64::new(1),
+                reservations: AtomicU64::new(0),
                 state: Mutex::new(State::default()),
             }),
         })
@@ -334,6 +337,9 @@ impl SharedStore {
     /// the room after, and the partition's bytes are exactly the stream a
     /// copying put would write. `None`: it must be copied.
     fn adopt(&self, encoded: &ipc::Encoded, rows: usize) -> Option<PartitionRef> {
+        if self.inner.reservations.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let mut state = self.inner.state();
         let pieces: Vec<&[u8]> = encoded.pieces().collect();
         let (at, addr, reserved) = pieces.iter().enumerate().find_map(|(at, p)| {
@@ -403,6 +409,7 @@ impl ObjectStore for SharedStore {
             std::ptr::NonNull::new_unchecked(seg.base().as_ptr().add(offset + RESERVE_HEAD))
         };
         let addr = ptr.as_ptr() as usize;
+        self.inner.reservations.fetch_add(1, Ordering::Relaxed);
         state.reserved.insert(
             addr,
             Reserved {
@@ -646,6 +653,7 @@ impl Inner {
         r.holders -= 1;
         if r.holders == 0 {
             let r = state.reserved.remove(&addr).expect("present");
+            self.reservations.fetch_sub(1, Ordering::Relaxed);
             self.free_region(state, r.segment, r.offset, r.total);
         }
     }
