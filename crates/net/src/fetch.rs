@@ -182,15 +182,22 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
         }
         FetchReply::Bytes { len } => {
             let _ = send.finish();
-            // Memory grows with the bytes that arrive, not with the length
-            // the holder announced.
-            let bytes = recv.read_to_end(len as usize).await.map_err(|e| match e {
-                quinn::ReadToEndError::TooLong => frame_error(FrameError::Oversized {
-                    len: len + 1,
-                    max: len,
-                }),
-                quinn::ReadToEndError::Read(e) => peer.broken(e),
-            })?;
+            // Room for the announced length up to 1 GiB (mapped lazily, so
+            // it costs what arrives); past that it grows with the bytes.
+            let mut bytes = Vec::with_capacity(len.min(1 << 30) as usize);
+            while let Some(chunk) = recv
+                .read_chunk(usize::MAX, true)
+                .await
+                .map_err(|e| peer.broken(e))?
+            {
+                if bytes.len() as u64 + chunk.bytes.len() as u64 > len {
+                    return Err(frame_error(FrameError::Oversized {
+                        len: bytes.len() as u64 + chunk.bytes.len() as u64,
+                        max: len,
+                    }));
+                }
+                bytes.extend_from_slice(&chunk.bytes);
+            }
             if bytes.len() as u64 != len {
                 return Err(frame_error(FrameError::Truncated {
                     got: bytes.len() as u64,
