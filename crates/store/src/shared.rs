@@ -345,7 +345,9 @@ impl SharedStore {
         let (at, addr, reserved) = pieces.iter().enumerate().find_map(|(at, p)| {
             let addr = p.as_ptr() as usize;
             let r = state.reserved.get(&addr)?;
-            (!r.adopted && p.len() <= r.len).then_some((at, addr, *r))
+            // The whole buffer: the pieces after it are written right behind
+            // it, which must not be bytes of the buffer the batch still reads.
+            (!r.adopted && p.len() == r.len).then_some((at, addr, *r))
         })?;
         let before: usize = pieces[..at].iter().map(|p| p.len()).sum();
         let after: usize = pieces[at + 1..].iter().map(|p| p.len()).sum();

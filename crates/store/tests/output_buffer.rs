@@ -140,3 +140,18 @@ fn a_full_store_gives_a_heap_buffer() {
     assert!(!second.is_in_store());
     drop(first);
 }
+
+#[test]
+fn a_buffer_stored_in_part_is_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(64 << 20, &dir);
+    // The array uses half the buffer: the stream's next bytes would land on
+    // the other half, which the batch still holds.
+    let offsets = OffsetBuffer::from_lengths([ROW / 2]);
+    let data = BinaryArray::new(offsets, in_store(&store, 4).into_buffer(), None);
+    let batch = RecordBatch::try_from_iter([("data", Arc::new(data) as ArrayRef)]).unwrap();
+    let reserved = store.stats().used_bytes;
+    let part = store.try_put(batch.clone()).unwrap();
+    assert!(store.stats().used_bytes > reserved, "copied, not adopted");
+    assert_eq!(part.get().unwrap(), batch);
+}
