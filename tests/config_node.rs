@@ -85,3 +85,24 @@ fn node_config_from_toml_and_environment() {
         Some(streambatch::GpuPool::global().len() as f64)
     );
 }
+
+#[test]
+fn failure_keys_are_read_and_checked() {
+    let c = NodeConfig::from_toml_str(
+        "retry_user_errors = true\nmax_errored_partitions = 5",
+        "inline",
+    )
+    .unwrap();
+    assert!(c.retry_user_errors);
+    assert_eq!(c.max_errored_partitions, 5);
+    let d = NodeConfig::default();
+    assert!(!d.retry_user_errors);
+    assert_eq!(d.max_errored_partitions, 0);
+    let err = NodeConfig::from_toml_str("retry_user_errors = 3", "inline.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("retry_user_errors") && err.contains("true or false"),
+        "{err}"
+    );
+}

@@ -71,8 +71,18 @@ pub struct NodeConfig {
     pub target_partition_bytes: u64,
     /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill`.
     pub spill_dir: PathBuf,
-    /// How often a task whose worker panicked is retried before the job fails.
+    /// How often a task that met a system failure (its worker panicked, an
+    /// input could not be fetched, the store failed) is retried before the
+    /// job fails. Default: 3.
     pub max_task_retries: u32,
+    /// Whether an operator's own error (a UDF's `Err`, a file it cannot
+    /// decode) is retried like a system failure. Default: false (the job
+    /// fails, unless `max_errored_partitions` allows skipping the input).
+    pub retry_user_errors: bool,
+    /// How many tasks whose operator failed the job may skip (their input
+    /// left out of the output, each listed in the job's stats) before it
+    /// fails, as Ray Data's `max_errored_blocks`. Default: 0.
+    pub max_errored_partitions: u32,
     /// The node's name in a cluster: the common name of its certificate.
     /// Default: `node`.
     pub name: String,
@@ -89,7 +99,7 @@ pub struct NodeConfig {
     pub tls_key: Option<PathBuf>,
 }
 
-const KNOWN_KEYS: [&str; 14] = [
+const KNOWN_KEYS: [&str; 16] = [
     "cpus",
     "gpus",
     "gpu_adapter",
@@ -98,6 +108,8 @@ const KNOWN_KEYS: [&str; 14] = [
     "target_partition_bytes",
     "spill_dir",
     "max_task_retries",
+    "retry_user_errors",
+    "max_errored_partitions",
     "name",
     "listen",
     "head",
@@ -118,6 +130,8 @@ impl Default for NodeConfig {
             target_partition_bytes: 64 << 20,
             spill_dir: std::env::temp_dir().join("streambatch-spill"),
             max_task_retries: 3,
+            retry_user_errors: false,
+            max_errored_partitions: 0,
             name: "node".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             head: None,
@@ -197,6 +211,11 @@ impl NodeConfig {
             spill_dir: reader.path("spill_dir", defaults.spill_dir)?,
             max_task_retries: reader.number("max_task_retries", defaults.max_task_retries as f64)?
                 as u32,
+            retry_user_errors: reader.flag("retry_user_errors", defaults.retry_user_errors)?,
+            max_errored_partitions: reader.number(
+                "max_errored_partitions",
+                defaults.max_errored_partitions as f64,
+            )? as u32,
             name: reader.text("name")?.unwrap_or(defaults.name),
             listen: reader.addr("listen")?.unwrap_or(defaults.listen),
             head: reader.addr("head")?,
@@ -252,6 +271,20 @@ impl Reader<'_> {
             return Err(self.bad(key, format!("expected a non-negative number, found {n}")));
         }
         Ok(n)
+    }
+
+    fn flag(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.table.get(key).map(|v| &v.kind) {
+            None => Ok(default),
+            Some(ValueKind::Boolean(b)) => Ok(*b),
+            // From an environment variable.
+            Some(ValueKind::String(s)) => match s.trim() {
+                "true" | "1" => Ok(true),
+                "false" | "0" => Ok(false),
+                _ => Err(self.bad(key, format!("expected true or false, found `{s}`"))),
+            },
+            Some(other) => Err(self.bad(key, format!("expected true or false, found {other}"))),
+        }
     }
 
     fn gpus(&self) -> Result<Option<f64>, ConfigError> {

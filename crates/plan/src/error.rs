@@ -141,6 +141,18 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// True for an operator's own failure (a UDF's `Err`, output Arrow
+    /// rejects, an input file it cannot decode): the same input would fail
+    /// again, so it is retried only if the job asks (`retry_user_errors`)
+    /// and may be skipped (`max_errored_partitions`). Anything else met by
+    /// a task is a system failure, retried up to `max_task_retries`.
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            Self::Udf { .. } | Self::Arrow { .. } | Self::BadFile { .. }
+        )
+    }
+
     /// Wraps an Arrow error raised while running `operator`.
     pub fn arrow(operator: &str, source: ArrowError) -> Self {
         Self::Arrow {

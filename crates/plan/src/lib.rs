@@ -26,7 +26,9 @@ pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
-pub use stats::{Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats};
+pub use stats::{
+    ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
+};
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
 };

@@ -67,6 +67,8 @@ pub enum EventKind {
     TaskRetried,
     /// A task finished.
     TaskFinished,
+    /// A task whose operator failed was skipped (`max_errored_partitions`).
+    TaskSkipped,
 }
 
 /// A recorded event: which task of which stage did what.
@@ -104,6 +106,22 @@ pub struct JobStats {
     pub events: Vec<Event>,
     /// Per cluster node (empty for a job on the embedded node).
     pub nodes: Vec<NodeStats>,
+    /// Tasks whose operator failed and that the job skipped, as
+    /// `max_errored_partitions` allows: their input is not in the output.
+    pub errored: Vec<ErroredTask>,
+}
+
+/// A task the job skipped after its operator failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ErroredTask {
+    /// The stage (its fused operators' names).
+    pub stage: String,
+    /// The task.
+    pub task: TaskId,
+    /// What it read: a source split, or how many input partitions and rows.
+    pub input: String,
+    /// The error.
+    pub message: String,
 }
 
 /// What one cluster node did for a job.
@@ -194,6 +212,13 @@ impl fmt::Display for JobStats {
             f,
             "(indented: operators fused into the stage above; their time is busy time summed over tasks)"
         )?;
+        for e in &self.errored {
+            writeln!(
+                f,
+                "skipped: task {} of `{}` ({}): {}",
+                e.task, e.stage, e.input, e.message
+            )?;
+        }
         for n in &self.nodes {
             writeln!(
                 f,

@@ -18,7 +18,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
-use crate::job::{Action, Input, JobState, Memory, StageShape};
+use crate::job::{Action, FailurePolicy, Input, JobState, Memory, StageShape};
 use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
 use crate::partition::{RemotePart, RemoteSource, Slice};
 use crate::record::Recorder;
@@ -174,7 +174,7 @@ impl Actor for Executor {
         };
         let names = plan.stages.iter().map(|s| s.name.clone()).collect();
         let shapes = plan.stages.iter().map(StageShape::of).collect();
-        let retries = args.config.max_task_retries;
+        let failures = FailurePolicy::of(&args.config);
         let (backend, free, capacity) = match args.nodes {
             Nodes::Local { manager, store } => {
                 let capacity = store.stats().capacity_bytes;
@@ -241,7 +241,7 @@ impl Actor for Executor {
             recorder.nodes(&names);
         }
         Ok(ExecState {
-            job: JobState::new(shapes, free, retries, recorder),
+            job: JobState::new(shapes, free, failures, recorder),
             plan,
             backend,
             output: args.output,
@@ -301,6 +301,10 @@ impl ExecState {
                 }
             }
             TaskEvent::Failed(error) => job.fail(error),
+            TaskEvent::Errored { task, error } => {
+                let user_error = error.is_user_error();
+                job.on_errored(task, error, user_error)
+            }
             TaskEvent::Lost { task, message } => job.on_lost(task, message),
         }
     }
@@ -318,6 +322,7 @@ impl ExecState {
         // A node speaks only for the tasks placed on it.
         let task = match event.happened {
             Happened::Output { task, .. }
+            | Happened::Errored { task, .. }
             | Happened::Paused { task, .. }
             | Happened::Finished { task, .. }
             | Happened::Lost { task, .. } => Some(TaskId(task)),
@@ -367,6 +372,17 @@ impl ExecState {
                 node: event.node,
                 message,
             }),
+            Happened::Errored {
+                message,
+                user_error,
+                ..
+            } => {
+                let error = Error::OnNode {
+                    node: event.node,
+                    message,
+                };
+                job.on_errored(task.expect("an errored task names it"), error, user_error)
+            }
             Happened::Lost { task, message } => job.on_lost(TaskId(task), message),
             Happened::MemoryFreed => {}
         }

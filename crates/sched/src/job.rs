@@ -190,6 +190,28 @@ struct TaskRecord<P> {
     delivered: u32,
 }
 
+/// What a job does when a task fails (see `NodeConfig`'s keys of the same
+/// names).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FailurePolicy {
+    /// Tries after the first for a system failure (and for an operator's
+    /// error when `retry_user_errors`).
+    pub(crate) max_task_retries: u32,
+    pub(crate) retry_user_errors: bool,
+    /// Tasks whose operator failed that may be skipped.
+    pub(crate) max_errored_partitions: u32,
+}
+
+impl FailurePolicy {
+    pub(crate) fn of(config: &streambatch_core::NodeConfig) -> Self {
+        Self {
+            max_task_retries: config.max_task_retries,
+            retry_user_errors: config.retry_user_errors,
+            max_errored_partitions: config.max_errored_partitions,
+        }
+    }
+}
+
 /// The state of one job.
 pub(crate) struct JobState<P> {
     shapes: Vec<StageShape>,
@@ -201,7 +223,9 @@ pub(crate) struct JobState<P> {
     /// spreads over nodes.
     next_node: usize,
     next_task: u64,
-    max_retries: u32,
+    failures: FailurePolicy,
+    /// Tasks skipped so far under `max_errored_partitions`.
+    skipped: u32,
     recorder: Recorder,
     actions: Vec<Action<P>>,
     ended: bool,
@@ -209,11 +233,11 @@ pub(crate) struct JobState<P> {
 
 impl<P: Part> JobState<P> {
     /// A job of `shapes` on nodes with `free` slots each (at least one
-    /// node), retrying a task whose worker died up to `max_retries` times.
+    /// node), meeting failed tasks as `failures` says.
     pub(crate) fn new(
         shapes: Vec<StageShape>,
         free: Vec<Resources>,
-        max_retries: u32,
+        failures: FailurePolicy,
         recorder: Recorder,
     ) -> Self {
         let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
@@ -224,7 +248,8 @@ impl<P: Part> JobState<P> {
             free,
             next_node: 0,
             next_task: 0,
-            max_retries,
+            failures,
+            skipped: 0,
             recorder,
             actions: Vec::new(),
             ended: false,
@@ -345,24 +370,64 @@ impl<P: Part> JobState<P> {
     }
 
     /// Task `task`'s worker died (`message`): the task is retried, or the
-    /// job fails once it has been tried `max_retries + 1` times.
+    /// job fails once it has been tried `max_task_retries + 1` times.
     pub(crate) fn on_lost(&mut self, task: TaskId, message: String) {
-        let Some(record) = self.tasks.get_mut(&task) else {
+        let Some(record) = self.tasks.get(&task) else {
             return;
         };
+        let operator = self.shapes[record.stage].name.clone();
+        self.retry_or(task, message.clone(), |attempts| Error::Panicked {
+            operator,
+            attempts,
+            message,
+        });
+    }
+
+    /// Task `task` failed with `error`, an operator's own (`user_error`) or
+    /// a system failure. A system failure is retried up to
+    /// `max_task_retries`, and so is an operator's error when
+    /// `retry_user_errors`; an operator's error that is not (or no longer)
+    /// retried skips the task while `max_errored_partitions` allows, listing
+    /// it in the stats. Otherwise the job fails with `error`.
+    pub(crate) fn on_errored(&mut self, task: TaskId, error: Error, user_error: bool) {
+        let Some(record) = self.tasks.get(&task) else {
+            return;
+        };
+        let retried = !user_error || self.failures.retry_user_errors;
+        if retried && record.attempts < self.failures.max_task_retries {
+            self.retry_or(task, error.to_string(), |_| unreachable!("tries remain"));
+            return;
+        }
+        if user_error && self.skipped < self.failures.max_errored_partitions {
+            self.skipped += 1;
+            let record = self.tasks.remove(&task).expect("looked up above");
+            self.release(record.node, record.stage);
+            self.recorder
+                .event(record.stage, task, EventKind::TaskSkipped);
+            self.recorder.errored(streambatch_plan::ErroredTask {
+                stage: self.shapes[record.stage].name.clone(),
+                task,
+                input: describe(&record.input),
+                message: error.to_string(),
+            });
+            tracing::warn!(%task, %error, "task skipped (max_errored_partitions)");
+            return;
+        }
+        self.end(Err(error));
+    }
+
+    /// Queues `task` again, or fails the job with `give_up(attempts)` once
+    /// it has been tried `max_task_retries + 1` times.
+    fn retry_or(&mut self, task: TaskId, message: String, give_up: impl FnOnce(u32) -> Error) {
+        let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.attempts += 1;
         let (stage, node, attempts) = (record.stage, record.node, record.attempts);
         self.release(node, stage);
-        if attempts > self.max_retries {
-            let operator = self.shapes[stage].name.clone();
-            self.end(Err(Error::Panicked {
-                operator,
-                attempts,
-                message,
-            }));
+        if attempts > self.failures.max_task_retries {
+            self.end(Err(give_up(attempts)));
             return;
         }
-        tracing::warn!(%task, attempts, %message, "task lost with its worker; retrying");
+        tracing::warn!(%task, attempts, %message, "task failed; retrying");
         self.recorder.retry(stage);
         self.recorder.event(stage, task, EventKind::TaskRetried);
         if !self.stages[stage].cancelled {
@@ -703,4 +768,15 @@ fn regroup<P: Part>(parts: Vec<P>, n: usize) -> Vec<Vec<P>> {
     }
     groups.retain(|g| !g.is_empty());
     groups
+}
+
+/// What a task read, for the stats of a skipped one.
+fn describe<P: Part>(input: &Input<P>) -> String {
+    match input {
+        Input::Split(i) => format!("source split {i}"),
+        Input::Parts(parts) => {
+            let rows: usize = parts.iter().map(Part::rows).sum();
+            format!("{} input partition(s), {rows} rows", parts.len())
+        }
+    }
 }

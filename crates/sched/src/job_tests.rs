@@ -15,7 +15,7 @@ use streambatch_core::{Resources, TaskId};
 use streambatch_plan::JobStats;
 
 use crate::budget::{Budgets, Reservation};
-use crate::job::{Action, Input, JobState, Memory, Part, ShapeKind, StageShape};
+use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Part, ShapeKind, StageShape};
 use crate::record::Recorder;
 
 const ROW_BYTES: u64 = 100;
@@ -170,7 +170,15 @@ fn simulate(
         .collect();
     let forced = Arc::new(AtomicUsize::new(0));
     let free = vec![Resources::cpu(cpus); nodes];
-    let mut job = JobState::<Rows>::new(shapes, free, 3, recorder);
+    let mut job = JobState::<Rows>::new(
+        shapes,
+        free,
+        FailurePolicy {
+            max_task_retries: 3,
+            ..Default::default()
+        },
+        recorder,
+    );
     let bases: Vec<u64> = split_rows
         .iter()
         .scan(0u64, |next, &n| {

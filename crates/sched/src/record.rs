@@ -121,6 +121,11 @@ impl Recorder {
         stats.operators[stage].bytes += bytes;
     }
 
+    /// A task was skipped after its operator failed.
+    pub(crate) fn errored(&self, task: streambatch_plan::ErroredTask) {
+        self.stats().errored.push(task);
+    }
+
     /// A task of `stage` is retried.
     pub(crate) fn retry(&self, stage: usize) {
         self.stats().operators[stage].retries += 1;

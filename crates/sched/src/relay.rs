@@ -248,6 +248,11 @@ impl RelayState {
             TaskEvent::Failed(error) => Happened::Failed {
                 message: within_a_frame(error.to_string()),
             },
+            TaskEvent::Errored { task, error } => Happened::Errored {
+                task: task.0,
+                user_error: error.is_user_error(),
+                message: within_a_frame(error.to_string()),
+            },
             TaskEvent::Lost { task, message } => Happened::Lost {
                 task: task.0,
                 message,
@@ -362,7 +367,8 @@ impl RelayState {
                 match pull(&transport, &part, &counts).await {
                     Ok(slice) => slices.push((at, slice)),
                     Err(error) => {
-                        let event = TaskEvent::Failed(error);
+                        // A system failure: the driver may retry the task.
+                        let event = TaskEvent::Errored { task, error };
                         let _ = relay.cast(RelayMsg::Task(event));
                         return;
                     }

@@ -41,8 +41,16 @@ pub enum TaskEvent {
         /// Time it computed.
         busy: Duration,
     },
-    /// An operator failed (in a task or its set-up): the job ends.
+    /// A stage's set-up failed, or the job cannot go on: it ends.
     Failed(Error),
+    /// A task failed; the job retries it, skips it or ends (see
+    /// `JobState::on_errored`).
+    Errored {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        error: Error,
+    },
     /// The task's worker died (a panic); the task is retried.
     Lost {
         /// The task.

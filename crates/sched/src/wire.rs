@@ -145,6 +145,11 @@ pub(crate) enum Happened {
     Failed {
         message: String,
     },
+    Errored {
+        task: u64,
+        message: String,
+        user_error: bool,
+    },
     Lost {
         task: u64,
         message: String,

@@ -132,7 +132,7 @@ fn report(task: TaskId, outcome: Outcome) -> TaskEvent {
     match outcome {
         Outcome::Finished { busy } => TaskEvent::Finished { task, busy },
         Outcome::Paused(run) => TaskEvent::Paused(run),
-        Outcome::Failed(error) => TaskEvent::Failed(error),
+        Outcome::Failed(error) => TaskEvent::Errored { task, error },
     }
 }
 
