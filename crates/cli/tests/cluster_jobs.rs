@@ -356,3 +356,49 @@ fn backpressure_holds_per_node() {
     let worker = stats.nodes.iter().find(|n| n.name == "worker-1").unwrap();
     assert!(worker.peak_store_bytes > 0, "{stats}");
 }
+
+#[test]
+fn worker_panics_on_a_tenth_of_tasks_change_nothing_but_the_retry_count() {
+    let ids = |ctx: &Context| {
+        let ds = w1_pipeline(
+            ctx.range(shape().rows, shape().partitions),
+            &registry(),
+            shape(),
+        )
+        .unwrap();
+        let mut ids = Vec::new();
+        for batch in ds.iter_batches().unwrap() {
+            let batch = batch.unwrap();
+            let column = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()
+                .unwrap();
+            ids.extend_from_slice(column.values());
+        }
+        ids.sort_unstable();
+        (ids, ds.stats().unwrap())
+    };
+    let clean = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::gpu("gpu", 2)]);
+    let (expected, clean_stats) = ids(&Context::connect(clean.driver_config()).unwrap());
+    assert_eq!(expected, (0..40).collect::<Vec<i64>>());
+    assert!(clean_stats.operators.iter().all(|o| o.retries == 0));
+    drop(clean);
+
+    // Seeded: about one task in ten panics once on each node (48 tasks).
+    let faults = "worker.panic=7:10";
+    let cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", faults),
+        NodeSpec::gpu("gpu", 2).with_env("SB_FAILPOINTS", faults),
+    ]);
+    let (got, stats) = ids(&Context::connect(cluster.driver_config()).unwrap());
+    assert_eq!(got, expected);
+    let retries: u64 = stats.operators.iter().map(|o| o.retries).sum();
+    assert!(retries > 0, "no task was retried: {stats}");
+    let retried = stats
+        .events
+        .iter()
+        .filter(|e| e.kind == streambatch::EventKind::TaskRetried)
+        .count() as u64;
+    assert_eq!(retried, retries, "{stats}");
+}

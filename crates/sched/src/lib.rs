@@ -24,6 +24,8 @@ mod client;
 mod cluster;
 mod error;
 mod executor;
+#[cfg(feature = "failpoints")]
+mod failpoint;
 mod groups;
 mod job;
 #[cfg(test)]

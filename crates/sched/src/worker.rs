@@ -98,7 +98,11 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
                     node = %args.node_id,
                 );
                 let _entered = span.enter();
-                let outcome = catch_unwind(AssertUnwindSafe(|| run.drive(&mut instances)));
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    #[cfg(feature = "failpoints")]
+                    crate::failpoint::worker(task);
+                    run.drive(&mut instances)
+                }));
                 (events, outcome.map(|o| Some(report(task, o))))
             }
             Work::SetUp(job, stage) => {

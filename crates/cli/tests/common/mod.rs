@@ -45,6 +45,8 @@ pub struct NodeSpec {
     pub gpus: Option<u32>,
     /// The node whose store directory it shares (for shared memory).
     pub store_of: Option<String>,
+    /// Variables set for its process only (as `SB_FAILPOINTS`).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeSpec {
@@ -54,6 +56,7 @@ impl NodeSpec {
             cpus,
             gpus: Some(0),
             store_of: None,
+            env: Vec::new(),
         }
     }
 
@@ -63,6 +66,7 @@ impl NodeSpec {
             cpus: 0,
             gpus: Some(gpus),
             store_of: None,
+            env: Vec::new(),
         }
     }
 
@@ -73,11 +77,18 @@ impl NodeSpec {
             cpus,
             gpus: None,
             store_of: None,
+            env: Vec::new(),
         }
     }
 
     pub fn sharing_store_with(mut self, other: &str) -> Self {
         self.store_of = Some(other.into());
+        self
+    }
+
+    /// Sets `key` to `value` in the node's environment.
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
         self
     }
 }
@@ -124,7 +135,7 @@ impl Cluster {
                     spill,
                     store,
                 );
-                start(dir.path(), &path, &s.name)
+                start_with_env(dir.path(), &path, &s.name, &s.env)
             })
             .collect();
         config(
@@ -171,9 +182,15 @@ pub fn config(
 
 /// Starts a node and waits for its "listening on" line.
 pub fn start(dir: &Path, config: &Path, name: &str) -> Node {
+    start_with_env(dir, config, name, &[])
+}
+
+/// [`start`], with `env` set for the node's process.
+pub fn start_with_env(dir: &Path, config: &Path, name: &str, env: &[(String, String)]) -> Node {
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     let mut child = Command::new(BIN)
         .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(["node", "--config"])
         .arg(config)
         .stdout(Stdio::piped())
