@@ -71,9 +71,12 @@ pub fn write_parquet_part(
     Ok(vec![(path, rows)])
 }
 
-/// A fresh staging directory inside `dir` for one write.
+/// A fresh staging directory inside `dir` for one write. The staging
+/// directories that writers killed before they finished left in `dir`
+/// (their process is gone) are removed first.
 pub fn create_staging(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+    remove_abandoned(dir);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -83,6 +86,27 @@ pub fn create_staging(dir: &Path) -> Result<PathBuf> {
     ));
     std::fs::create_dir(&staging).map_err(|e| Error::io("creating", &staging, e))?;
     Ok(staging)
+}
+
+/// Removes `dir`'s staging directories whose writer process is dead.
+fn remove_abandoned(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(".streambatch-staging-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let dead = pid.is_some_and(|pid| {
+            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        });
+        if dead {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// Moves the staged files into `dir`, replacing its earlier `part-*.parquet`

@@ -5,6 +5,8 @@
 //! - `worker.panic=SEED:PERCENT`: a worker panics before running a task,
 //!   for about PERCENT % of task ids, chosen by a hash of SEED and the id;
 //!   each chosen task panics once per process, so its retry runs.
+//! - `worker.sleep=MS`: a worker sleeps MS milliseconds before each task
+//!   (a job slow enough to be killed half-way).
 //!
 //! (Not a `STREAMBATCH_` variable: those are config keys.)
 
@@ -15,6 +17,7 @@ use streambatch_core::TaskId;
 
 struct Faults {
     worker_panic: Option<(u64, u64)>,
+    worker_sleep: Option<u64>,
     panicked: Mutex<HashSet<TaskId>>,
 }
 
@@ -26,16 +29,24 @@ fn faults() -> &'static Faults {
             let (seed, percent) = f.strip_prefix("worker.panic=")?.split_once(':')?;
             Some((seed.parse().ok()?, percent.parse().ok()?))
         });
+        let worker_sleep = spec
+            .split(';')
+            .find_map(|f| f.strip_prefix("worker.sleep=")?.parse().ok());
         Faults {
             worker_panic,
+            worker_sleep,
             panicked: Mutex::default(),
         }
     })
 }
 
-/// Panics if `worker.panic` chose `task` and it has not panicked here yet.
+/// Sleeps as `worker.sleep` says, then panics if `worker.panic` chose
+/// `task` and it has not panicked here yet.
 pub(crate) fn worker(task: TaskId) {
     let faults = faults();
+    if let Some(ms) = faults.worker_sleep {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let Some((seed, percent)) = faults.worker_panic else {
         return;
     };
