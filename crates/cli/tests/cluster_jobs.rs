@@ -357,48 +357,65 @@ fn backpressure_holds_per_node() {
     assert!(worker.peak_store_bytes > 0, "{stats}");
 }
 
-#[test]
-fn worker_panics_on_a_tenth_of_tasks_change_nothing_but_the_retry_count() {
-    let ids = |ctx: &Context| {
-        let ds = w1_pipeline(
-            ctx.range(shape().rows, shape().partitions),
-            &registry(),
-            shape(),
-        )
-        .unwrap();
-        let mut ids = Vec::new();
-        for batch in ds.iter_batches().unwrap() {
-            let batch = batch.unwrap();
-            let column = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<arrow_array::Int64Array>()
-                .unwrap();
-            ids.extend_from_slice(column.values());
-        }
-        ids.sort_unstable();
-        (ids, ds.stats().unwrap())
-    };
-    let clean = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::gpu("gpu", 2)]);
-    let (expected, clean_stats) = ids(&Context::connect(clean.driver_config()).unwrap());
-    assert_eq!(expected, (0..40).collect::<Vec<i64>>());
-    assert!(clean_stats.operators.iter().all(|o| o.retries == 0));
-    drop(clean);
+/// The sorted ids a W1-shaped job outputs, and its stats.
+fn w1_ids(ctx: &Context) -> (Vec<i64>, streambatch::JobStats) {
+    let ds = w1_pipeline(
+        ctx.range(shape().rows, shape().partitions),
+        &registry(),
+        shape(),
+    )
+    .unwrap();
+    let mut ids = Vec::new();
+    for batch in ds.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        let column = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        ids.extend_from_slice(column.values());
+    }
+    ids.sort_unstable();
+    (ids, ds.stats().unwrap())
+}
 
-    // Seeded: about one task in ten panics once on each node (48 tasks).
-    let faults = "worker.panic=7:10";
+/// Runs the W1-shaped job on a CPU node and a GPU node whose processes
+/// inject `faults` (`SB_FAILPOINTS`): the ids are a clean run's, and the
+/// retries (more than none) match the retry events.
+fn w1_with_faults(faults: &str) {
+    let (expected, _) = w1_ids(
+        &Context::with_config(streambatch::NodeConfig {
+            cpus: 2.0,
+            gpus: Some(2.0),
+            store_capacity: 256 << 20,
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    assert_eq!(expected, (0..40).collect::<Vec<i64>>());
     let cluster = Cluster::start(&[
         NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", faults),
         NodeSpec::gpu("gpu", 2).with_env("SB_FAILPOINTS", faults),
     ]);
-    let (got, stats) = ids(&Context::connect(cluster.driver_config()).unwrap());
-    assert_eq!(got, expected);
+    let (got, stats) = w1_ids(&Context::connect(cluster.driver_config()).unwrap());
+    assert_eq!(got, expected, "{faults}");
     let retries: u64 = stats.operators.iter().map(|o| o.retries).sum();
-    assert!(retries > 0, "no task was retried: {stats}");
+    assert!(retries > 0, "no task was retried with {faults}: {stats}");
     let retried = stats
         .events
         .iter()
         .filter(|e| e.kind == streambatch::EventKind::TaskRetried)
         .count() as u64;
     assert_eq!(retried, retries, "{stats}");
+}
+
+#[test]
+fn worker_panics_on_a_tenth_of_tasks_change_nothing_but_the_retry_count() {
+    // Seeded: about one task in ten panics once on each node (48 tasks).
+    w1_with_faults("worker.panic=7:10");
+}
+
+#[test]
+fn failed_puts_and_fetches_are_retried_as_system_failures() {
+    w1_with_faults("store.put=11:10;fetch=13:20");
 }

@@ -7,6 +7,11 @@
 //!   each chosen task panics once per process, so its retry runs.
 //! - `worker.sleep=MS`: a worker sleeps MS milliseconds before each task
 //!   (a job slow enough to be killed half-way).
+//! - `store.put=SEED:PERCENT`: storing a task's output fails (a store
+//!   error, a system failure) for about PERCENT % of (task, output) pairs,
+//!   each once per process.
+//! - `fetch=SEED:PERCENT`: pulling an input partition from another node
+//!   fails for about PERCENT % of (task, partition) pairs, once each.
 //!
 //! (Not a `STREAMBATCH_` variable: those are config keys.)
 
@@ -18,24 +23,32 @@ use streambatch_core::TaskId;
 struct Faults {
     worker_panic: Option<(u64, u64)>,
     worker_sleep: Option<u64>,
-    panicked: Mutex<HashSet<TaskId>>,
+    store_put: Option<(u64, u64)>,
+    fetch: Option<(u64, u64)>,
+    /// What each fault has hit in this process, so that each hits once.
+    hit: Mutex<HashSet<(&'static str, u64, u64)>>,
 }
 
 fn faults() -> &'static Faults {
     static FAULTS: OnceLock<Faults> = OnceLock::new();
     FAULTS.get_or_init(|| {
         let spec = std::env::var("SB_FAILPOINTS").unwrap_or_default();
-        let worker_panic = spec.split(';').find_map(|f| {
-            let (seed, percent) = f.strip_prefix("worker.panic=")?.split_once(':')?;
-            Some((seed.parse().ok()?, percent.parse().ok()?))
-        });
+        let chance = |name: &str| {
+            spec.split(';').find_map(|f| {
+                let (seed, percent) = f.strip_prefix(name)?.strip_prefix('=')?.split_once(':')?;
+                Some((seed.parse().ok()?, percent.parse().ok()?))
+            })
+        };
+        let worker_panic = chance("worker.panic");
         let worker_sleep = spec
             .split(';')
             .find_map(|f| f.strip_prefix("worker.sleep=")?.parse().ok());
         Faults {
             worker_panic,
             worker_sleep,
-            panicked: Mutex::default(),
+            store_put: chance("store.put"),
+            fetch: chance("fetch"),
+            hit: Mutex::default(),
         }
     })
 }
@@ -47,17 +60,40 @@ pub(crate) fn worker(task: TaskId) {
     if let Some(ms) = faults.worker_sleep {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
-    let Some((seed, percent)) = faults.worker_panic else {
-        return;
-    };
-    if mix(seed ^ task.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)) % 100 < percent
-        && faults
-            .panicked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(task)
-    {
+    if faults.hits("worker.panic", faults.worker_panic, task.0, 0) {
         panic!("failpoint worker.panic: task {task}");
+    }
+}
+
+/// An error if `store.put` chose output `seq` of `task` (once).
+pub(crate) fn store_put(task: TaskId, seq: u32) -> Option<String> {
+    let faults = faults();
+    faults
+        .hits("store.put", faults.store_put, task.0, seq.into())
+        .then(|| format!("failpoint store.put: task {task}, output {seq}"))
+}
+
+/// An error if `fetch` chose partition `partition` for `task` (once).
+pub(crate) fn fetch(task: TaskId, partition: u64) -> Option<String> {
+    let faults = faults();
+    faults
+        .hits("fetch", faults.fetch, task.0, partition)
+        .then(|| format!("failpoint fetch: task {task}, partition {partition}"))
+}
+
+impl Faults {
+    /// True the first time `fault` (set to `chance`) chooses `(a, b)`.
+    fn hits(&self, fault: &'static str, chance: Option<(u64, u64)>, a: u64, b: u64) -> bool {
+        let Some((seed, percent)) = chance else {
+            return false;
+        };
+        let key = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03);
+        mix(seed ^ key) % 100 < percent
+            && self
+                .hit
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((fault, a, b))
     }
 }
 

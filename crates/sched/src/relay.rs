@@ -364,6 +364,15 @@ impl RelayState {
         tokio::spawn(async move {
             let mut slices = local;
             for (at, part) in pulls {
+                #[cfg(feature = "failpoints")]
+                if let Some(message) = crate::failpoint::fetch(task, part.id) {
+                    let error = Error::OnNode {
+                        node: part.holder.clone(),
+                        message,
+                    };
+                    let _ = relay.cast(RelayMsg::Task(TaskEvent::Errored { task, error }));
+                    return;
+                }
                 match pull(&transport, &part, &counts).await {
                     Ok(slice) => slices.push((at, slice)),
                     Err(error) => {

@@ -255,6 +255,10 @@ impl TaskRun {
             self.next_seq += 1;
             return Ok(None);
         }
+        #[cfg(feature = "failpoints")]
+        if let Some(message) = crate::failpoint::store_put(self.task, seq) {
+            return Err(Error::store("storing an output", message));
+        }
         let bytes = batch_bytes(&batch);
         let budgets = &self.job.budgets;
         let reservation = if self.may_spill {
