@@ -419,3 +419,54 @@ fn worker_panics_on_a_tenth_of_tasks_change_nothing_but_the_retry_count() {
 fn failed_puts_and_fetches_are_retried_as_system_failures() {
     w1_with_faults("store.put=11:10;fetch=13:20");
 }
+
+#[test]
+fn a_lost_head_ends_running_jobs_and_workers_join_a_new_one() {
+    // Slow tasks: 60 of 300 ms on 2 slots outlast the 5 s it takes to see
+    // that a killed node is gone.
+    let mut cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", "worker.sleep=300")
+    ]);
+    let dir = cluster.dir.path().to_path_buf();
+    let head_pid = cluster.head.child.id().to_string();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        std::process::Command::new("kill")
+            .args(["-9", &head_pid])
+            .status()
+            .unwrap();
+    });
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let err = ctx.range(60, 60).count().unwrap_err().to_string();
+    killer.join().unwrap();
+    assert!(err.contains("head"), "{err}");
+    let _ = cluster.head.child.wait();
+
+    // A new head at the same address: the worker joins it by itself.
+    let config = std::fs::read_to_string(dir.join("head.toml"))
+        .unwrap()
+        .replace("127.0.0.1:0", &cluster.head.addr);
+    std::fs::write(dir.join("head-again.toml"), config).unwrap();
+    cluster.head = common::start(&dir, &dir.join("head-again.toml"), "head");
+    let started = std::time::Instant::now();
+    loop {
+        let out = std::process::Command::new(common::BIN)
+            .current_dir(&dir)
+            .args(["cluster", "status", "--config"])
+            .arg(cluster.driver_config())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("worker-1") {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the worker did not join the new head: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    // And the cluster runs jobs again.
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
+}

@@ -122,6 +122,13 @@ pub enum Error {
         /// Its error, as it reported it.
         message: String,
     },
+    /// The cluster's head was lost while the job ran (its membership is
+    /// gone; the job ends, as a Ray job ends with its GCS).
+    #[error("the cluster's head, node {node}, was lost while the job ran")]
+    HeadLost {
+        /// The head.
+        node: String,
+    },
     /// A cluster node running the job's work was lost (it stopped or its
     /// connection broke).
     #[error("node {node} was lost while the job ran; its work cannot be redone yet")]

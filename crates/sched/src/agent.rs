@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use ractor_cluster::RactorClusterMessage;
@@ -15,7 +16,7 @@ use streambatch_net::{Transport, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore};
 
-use crate::groups::{head_group, node_group};
+use crate::groups::{head_group, node_group, remote_member};
 use crate::msg::NodeMsg;
 use crate::relay::{JobRelay, RelayArgs, RelayMsg};
 use crate::serve::StoreServer;
@@ -48,6 +49,9 @@ pub(crate) struct AgentArgs {
     pub(crate) info: NodeInfo,
     /// Whether this node is the head.
     pub(crate) head: bool,
+    /// On a worker, the head's address: when the head is lost the worker
+    /// keeps its slots and store and joins again once a head answers there.
+    pub(crate) rejoin: Option<std::net::SocketAddr>,
     /// What the node runs jobs with.
     pub(crate) runs: JobResources,
 }
@@ -73,6 +77,9 @@ pub(crate) struct AgentState {
     /// The relays of the jobs running here.
     jobs: HashMap<JobKey, ActorRef<RelayMsg>>,
     next_job: u64,
+    rejoin: Option<std::net::SocketAddr>,
+    /// The rejoining loop, while the head is away.
+    rejoining: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Actor for NodeAgent {
@@ -103,7 +110,20 @@ impl Actor for NodeAgent {
             runs: args.runs,
             jobs: HashMap::new(),
             next_job: 1,
+            rejoin: args.rejoin,
+            rejoining: None,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<AgentMsg>,
+        state: &mut AgentState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(task) = state.rejoining.take() {
+            task.abort();
+        }
+        Ok(())
     }
 
     async fn handle_supervisor_evt(
@@ -144,6 +164,7 @@ impl Actor for NodeAgent {
                 if state.members.remove(&name).is_some() {
                     tracing::warn!(node = %name, "node lost");
                 }
+                state.rejoin_if_headless();
                 // The jobs of a driver that is gone end here too.
                 for (_, relay) in state.jobs.iter().filter(|(k, _)| k.driver == name) {
                     relay.stop(None);
@@ -185,6 +206,41 @@ impl Actor for NodeAgent {
 }
 
 impl AgentState {
+    /// On a worker whose head may be gone: unless a loop already runs,
+    /// starts one that waits a second, and while the head's agent is not
+    /// reachable joins the head's address again and says hello.
+    fn rejoin_if_headless(&mut self) {
+        let Some(head) = self.rejoin else {
+            return;
+        };
+        if self.rejoining.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let transport = self.runs.transport.clone();
+        let group = head_group(&self.runs.cluster);
+        let hello = frame::encode(&self.info).to_vec();
+        self.rejoining = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if remote_member::<AgentMsg>(&group).is_some() {
+                    return;
+                }
+                let joined = tokio::time::timeout(Duration::from_secs(2), transport.join(head));
+                if !matches!(joined.await, Ok(Ok(_))) {
+                    continue;
+                }
+                for _ in 0..250 {
+                    if let Some(agent) = remote_member::<AgentMsg>(&group) {
+                        let _ = agent.cast(AgentMsg::Hello(hello));
+                        tracing::info!(%head, "joined the head again");
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }));
+    }
+
     /// Starts a job's relay here, or says why not (an operator this node's
     /// binary did not register, a payload that is not valid).
     async fn start_job(&mut self, bytes: &[u8], myself: &ActorRef<AgentMsg>) -> Result<(), String> {

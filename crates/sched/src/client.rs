@@ -104,7 +104,11 @@ impl ClusterClient {
                         what: "the transport",
                         source: source.into(),
                     })?;
-            let lost = NodeLoss(jobs.clone());
+            let head_name: Arc<Mutex<String>> = Arc::default();
+            let lost = NodeLoss {
+                jobs: jobs.clone(),
+                head: head_name.clone(),
+            };
             let _ = transport
                 .node_server()
                 .cast(NodeServerMessage::SubscribeToEvents {
@@ -112,7 +116,9 @@ impl ClusterClient {
                     subscription: Box::new(lost),
                 });
             match tokio::time::timeout(CONNECT_WITHIN, transport.join(head)).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(peer)) => {
+                    *head_name.lock().unwrap_or_else(|p| p.into_inner()) = peer.name().into()
+                }
                 Ok(Err(e)) => return Err(unreachable(e)),
                 Err(_) => return Err(unreachable(NetError::Config("no answer".into()))),
             }
@@ -395,16 +401,24 @@ impl RemoteSource for ClusterSource {
 }
 
 /// Tells running jobs when one of their nodes' connections is lost.
-struct NodeLoss(RunningJobs);
+struct NodeLoss {
+    jobs: RunningJobs,
+    /// The head's name: its loss ends every running job.
+    head: Arc<Mutex<String>>,
+}
 
 impl NodeEventSubscription for NodeLoss {
     fn node_session_opened(&self, _: NodeServerSessionInformation) {}
 
     fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
-        let jobs = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let lost = &session.peer_addr;
+        let head = *self.head.lock().unwrap_or_else(|p| p.into_inner()) == *lost;
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         for (nodes, executor) in jobs.iter() {
-            if nodes.contains(&session.peer_addr) {
-                let _ = executor.cast(ExecutorMsg::NodeLost(session.peer_addr.clone()));
+            if head {
+                let _ = executor.cast(ExecutorMsg::HeadLost(lost.clone()));
+            } else if nodes.contains(lost) {
+                let _ = executor.cast(ExecutorMsg::NodeLost(lost.clone()));
             }
         }
     }

@@ -75,6 +75,7 @@ impl ClusterNode {
         let args = RootArgs {
             info: info.clone(),
             head: config.head.is_none(),
+            rejoin: config.head,
             endpoint,
             store,
             registry,

@@ -274,6 +274,7 @@ impl Actor for Executor {
             ExecutorMsg::Task(event) => state.on_task_event(event),
             ExecutorMsg::Node(event) => state.on_node_event(event),
             ExecutorMsg::NodeLost(node) => state.job.fail(Error::NodeLost { node }),
+            ExecutorMsg::HeadLost(node) => state.job.fail(Error::HeadLost { node }),
             ExecutorMsg::Cancel => state.job.cancel(),
             ExecutorMsg::MemoryFreed => {}
         }

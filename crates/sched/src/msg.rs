@@ -17,6 +17,8 @@ pub enum ExecutorMsg {
     Node(crate::wire::NodeEvent),
     /// A cluster node of the job was lost.
     NodeLost(String),
+    /// The cluster's head, named, was lost: the job ends.
+    HeadLost(String),
     /// The driver dropped the job's output: the job ends.
     Cancel,
     /// Output memory was returned; paused work may fit now.

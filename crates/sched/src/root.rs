@@ -26,6 +26,8 @@ pub(crate) struct NodeRoot;
 pub(crate) struct RootArgs {
     pub(crate) info: NodeInfo,
     pub(crate) head: bool,
+    /// On a worker, the head's address (see `AgentArgs::rejoin`).
+    pub(crate) rejoin: Option<std::net::SocketAddr>,
     pub(crate) endpoint: Endpoint,
     pub(crate) store: SharedStore,
     pub(crate) registry: Registry,
@@ -86,6 +88,7 @@ impl Actor for NodeRoot {
         let agent_args = AgentArgs {
             info: args.info,
             head: args.head,
+            rejoin: args.rejoin,
             runs: JobResources {
                 registry: args.registry,
                 store: args.store,
