@@ -375,12 +375,17 @@ impl<P: Part> JobState<P> {
         let Some(record) = self.tasks.get(&task) else {
             return;
         };
-        let operator = self.shapes[record.stage].name.clone();
-        self.retry_or(task, message.clone(), |attempts| Error::Panicked {
+        if record.attempts < self.failures.max_task_retries {
+            return self.retry(task, message);
+        }
+        let (stage, node, attempts) = (record.stage, record.node, record.attempts + 1);
+        self.release(node, stage);
+        let operator = self.shapes[stage].name.clone();
+        self.end(Err(Error::Panicked {
             operator,
             attempts,
             message,
-        });
+        }));
     }
 
     /// Task `task` failed with `error`, an operator's own (`user_error`) or
@@ -395,8 +400,7 @@ impl<P: Part> JobState<P> {
         };
         let retried = !user_error || self.failures.retry_user_errors;
         if retried && record.attempts < self.failures.max_task_retries {
-            self.retry_or(task, error.to_string(), |_| unreachable!("tries remain"));
-            return;
+            return self.retry(task, error.to_string());
         }
         if user_error && self.skipped < self.failures.max_errored_partitions {
             self.skipped += 1;
@@ -416,17 +420,12 @@ impl<P: Part> JobState<P> {
         self.end(Err(error));
     }
 
-    /// Queues `task` again, or fails the job with `give_up(attempts)` once
-    /// it has been tried `max_task_retries + 1` times.
-    fn retry_or(&mut self, task: TaskId, message: String, give_up: impl FnOnce(u32) -> Error) {
+    /// Lets go of `task`'s slot and queues it again (`message` says why).
+    fn retry(&mut self, task: TaskId, message: String) {
         let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.attempts += 1;
         let (stage, node, attempts) = (record.stage, record.node, record.attempts);
         self.release(node, stage);
-        if attempts > self.failures.max_task_retries {
-            self.end(Err(give_up(attempts)));
-            return;
-        }
         tracing::warn!(%task, attempts, %message, "task failed; retrying");
         self.recorder.retry(stage);
         self.recorder.event(stage, task, EventKind::TaskRetried);
