@@ -470,3 +470,24 @@ fn a_lost_head_ends_running_jobs_and_workers_join_a_new_one() {
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
 }
+
+#[test]
+fn a_node_that_joins_a_running_job_gets_tasks() {
+    let slow = "worker.sleep=100";
+    let mut cluster =
+        Cluster::start(&[NodeSpec::cpu("worker-1", 1).with_env("SB_FAILPOINTS", slow)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // 60 tasks of 100 ms on one slot take 6 s; a node joins after the first.
+    let ds = ctx.range(60, 60);
+    let mut batches = ds.iter_batches().unwrap();
+    let mut rows = batches.next().unwrap().unwrap().num_rows();
+    cluster.add(NodeSpec::cpu("spare-1", 2).with_env("SB_FAILPOINTS", slow));
+    for batch in batches {
+        rows += batch.unwrap().num_rows();
+    }
+    assert_eq!(rows, 60);
+    let stats = ds.stats().unwrap();
+    let spare = stats.nodes.iter().find(|n| n.name == "spare-1");
+    let spare = spare.unwrap_or_else(|| panic!("spare-1 never joined: {stats}"));
+    assert!(spare.tasks > 0, "{stats}");
+}

@@ -156,7 +156,7 @@ impl ClusterClient {
         key: &JobKey,
         (plan, spec): (&ExecPlan, &PlanSpec),
         members: Vec<NodeInfo>,
-    ) -> Result<Vec<RemoteNode>> {
+    ) -> Result<(Vec<RemoteNode>, JobStart)> {
         let smallest = members.iter().map(|n| n.store_capacity).min().unwrap_or(1);
         let (target_bytes, reserve) = sizing(plan, self.config.target_partition_bytes, smallest);
         let start = JobStart {
@@ -189,34 +189,7 @@ impl ClusterClient {
             }
         };
         for member in members {
-            let lost = || Error::NodeLost {
-                node: member.name.clone(),
-            };
-            let started = async {
-                if self.transport.peer(&member.name).is_none() {
-                    let addr = member.addr.parse().map_err(|_| lost())?;
-                    self.transport.join(addr).await.map_err(|e| Error::OnNode {
-                        node: member.name.clone(),
-                        message: e.to_string(),
-                    })?;
-                }
-                let agent = agent_of(&node_group(&self.cluster, &member.name))
-                    .await
-                    .ok_or_else(lost)?;
-                let answer = ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.clone())
-                    .map_err(|_| lost())?;
-                if !answer.is_empty() {
-                    let _ = agent.cast(AgentMsg::Order(
-                        frame::encode(&Order {
-                            key: key.clone(),
-                            order: JobOrder::End,
-                        })
-                        .to_vec(),
-                    ));
-                    return Err(Error::Invalid(format!("refused at submission: {answer}")));
-                }
-                Ok(agent)
-            };
+            let started = start_on(&self.transport, &self.cluster, key, &member, &bytes);
             let agent = match started.await {
                 Ok(agent) => agent,
                 Err(e) => {
@@ -226,6 +199,7 @@ impl ClusterClient {
             };
             nodes.push(RemoteNode {
                 name: member.name,
+                addr: member.addr,
                 agent,
                 slots: Resources {
                     cpus: member.cpus,
@@ -235,7 +209,109 @@ impl ClusterClient {
                 capacity: member.store_capacity,
             });
         }
-        Ok(nodes)
+        Ok((nodes, start))
+    }
+}
+
+/// Connects to `member` (unless connected) and starts job `key` there with
+/// the `JobStart` in `bytes`; its agent, or why not.
+async fn start_on(
+    transport: &Transport,
+    cluster: &str,
+    key: &JobKey,
+    member: &NodeInfo,
+    bytes: &[u8],
+) -> Result<ActorRef<AgentMsg>> {
+    let lost = || Error::NodeLost {
+        node: member.name.clone(),
+    };
+    if transport.peer(&member.name).is_none() {
+        let addr = member.addr.parse().map_err(|_| lost())?;
+        transport.join(addr).await.map_err(|e| Error::OnNode {
+            node: member.name.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    let agent = agent_of(&node_group(cluster, &member.name))
+        .await
+        .ok_or_else(lost)?;
+    let answer =
+        ractor::call_t!(agent, AgentMsg::StartJob, 10_000, bytes.to_vec()).map_err(|_| lost())?;
+    if !answer.is_empty() {
+        let _ = agent.cast(AgentMsg::Order(
+            frame::encode(&Order {
+                key: key.clone(),
+                order: JobOrder::End,
+            })
+            .to_vec(),
+        ));
+        return Err(Error::Invalid(format!("refused at submission: {answer}")));
+    }
+    Ok(agent)
+}
+
+/// While job `key` runs: every second, asks the head for its members and
+/// starts the job on each node with slots that joined since, then hands it
+/// to the executor (which gives it tasks at its next decision).
+async fn take_in_new_nodes(
+    transport: Transport,
+    head: ActorRef<AgentMsg>,
+    cluster: String,
+    mut start: JobStart,
+    executor: ActorRef<ExecutorMsg>,
+    jobs: RunningJobs,
+    source: Arc<ClusterSource>,
+) {
+    let mut known: std::collections::HashSet<String> =
+        start.nodes.iter().map(|(name, _)| name.clone()).collect();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(bytes) = ractor::call_t!(head, AgentMsg::GetMembers, 2_000) else {
+            continue;
+        };
+        let Ok(members) = frame::decode::<Members>(&bytes) else {
+            continue;
+        };
+        for member in members.nodes {
+            if known.contains(&member.name) || (member.cpus <= 0.0 && member.gpus <= 0.0) {
+                continue;
+            }
+            known.insert(member.name.clone());
+            start.nodes.push((member.name.clone(), member.addr.clone()));
+            let bytes = frame::encode(&start).to_vec();
+            match start_on(&transport, &cluster, &start.key, &member, &bytes).await {
+                Ok(agent) => {
+                    tracing::info!(node = %member.name, job = start.key.job, "a node joined the job");
+                    source
+                        .agents
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(member.name.clone(), agent.clone());
+                    for (names, e) in jobs.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+                        if e.get_id() == executor.get_id() {
+                            names.push(member.name.clone());
+                        }
+                    }
+                    let node = RemoteNode {
+                        name: member.name,
+                        addr: member.addr,
+                        agent,
+                        slots: Resources {
+                            cpus: member.cpus,
+                            gpus: member.gpus,
+                            memory_bytes: 0,
+                        },
+                        capacity: member.store_capacity,
+                    };
+                    if executor.cast(ExecutorMsg::NodeJoined(node)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node = %member.name, error = %e, "a new node did not take the job")
+                }
+            }
+        }
     }
 }
 
@@ -269,15 +345,15 @@ impl Runner for ClusterClient {
             agents: Mutex::new(HashMap::new()),
             key: key.clone(),
         });
-        let (port, executor) = self.runtime.block_on(async {
+        let (port, executor, watcher) = self.runtime.block_on(async {
             let (port, _) = Actor::spawn(None, JobPort, (key.clone(), executor_cell.clone()))
                 .await
                 .map_err(|e| Error::Start {
                     what: "the job's port",
                     source: e.into(),
                 })?;
-            let nodes = match self.start_on_nodes(&key, (&plan, &spec), members).await {
-                Ok(nodes) => nodes,
+            let (nodes, start) = match self.start_on_nodes(&key, (&plan, &spec), members).await {
+                Ok(started) => started,
                 Err(e) => {
                     port.stop(None);
                     return Err(e);
@@ -312,13 +388,23 @@ impl Runner for ClusterClient {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push((names, executor.clone()));
-            Ok::<_, Error>((port, executor))
+            let watcher = tokio::spawn(take_in_new_nodes(
+                self.transport.clone(),
+                self.head.clone(),
+                self.cluster.clone(),
+                start,
+                executor.clone(),
+                self.jobs.clone(),
+                source.clone(),
+            ));
+            Ok::<_, Error>((port, executor, watcher))
         })?;
         let jobs = self.jobs.clone();
         let on_done = Box::new(move || {
             // Ended, or the driver dropped the stream: either way the job
             // ends (a no-op if it has), and then its port.
             let _ = executor.cast(ExecutorMsg::Cancel);
+            watcher.abort();
             port.stop(None);
             jobs.lock()
                 .unwrap_or_else(|p| p.into_inner())

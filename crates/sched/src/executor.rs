@@ -101,6 +101,8 @@ struct Remote {
     shadows: Vec<Budgets>,
     /// Per node: its store as its last event saw it.
     stores: Vec<StoreView>,
+    /// Each stage's memory reserve, for the budgets of a node that joins.
+    reserve: Vec<u64>,
 }
 
 /// Partition size and each stage's memory reserve: partitions small enough
@@ -216,6 +218,7 @@ impl Actor for Executor {
                     .iter()
                     .map(|n| Budgets::new(n.capacity, reserve.clone(), notify()))
                     .collect();
+                let joined_reserve = reserve.clone();
                 let stores = nodes
                     .iter()
                     .map(|n| StoreView {
@@ -230,6 +233,7 @@ impl Actor for Executor {
                     source,
                     shadows,
                     stores,
+                    reserve: joined_reserve,
                 };
                 let total = remote.nodes.iter().map(|n| n.capacity).sum();
                 (Backend::Remote(remote), free, total)
@@ -275,6 +279,7 @@ impl Actor for Executor {
             ExecutorMsg::Node(event) => state.on_node_event(event),
             ExecutorMsg::NodeLost(node) => state.job.fail(Error::NodeLost { node }),
             ExecutorMsg::HeadLost(node) => state.job.fail(Error::HeadLost { node }),
+            ExecutorMsg::NodeJoined(node) => state.on_node_joined(node, myself.clone()),
             ExecutorMsg::Cancel => state.job.cancel(),
             ExecutorMsg::MemoryFreed => {}
         }
@@ -308,6 +313,36 @@ impl ExecState {
             }
             TaskEvent::Lost { task, message } => job.on_lost(task, message),
         }
+    }
+
+    /// A node joins the running job: the others learn where it listens
+    /// (to fetch its outputs), and it gets slots, a shadow budget and
+    /// stats of its own.
+    fn on_node_joined(&mut self, node: RemoteNode, me: ActorRef<ExecutorMsg>) {
+        let Backend::Remote(remote) = &mut self.backend else {
+            return;
+        };
+        let peer = JobOrder::Peer {
+            name: node.name.clone(),
+            addr: node.addr.clone(),
+        };
+        for other in &remote.nodes {
+            let _ = other.order(&remote.key, peer.clone());
+        }
+        let notify = Arc::new(move || {
+            let _ = me.cast(ExecutorMsg::MemoryFreed);
+        });
+        remote
+            .shadows
+            .push(Budgets::new(node.capacity, remote.reserve.clone(), notify));
+        remote.stores.push(StoreView {
+            capacity: node.capacity,
+            ..Default::default()
+        });
+        self.job.recorder().node_joined(&node.name);
+        let number = self.job.add_node(node.slots);
+        debug_assert_eq!(number, remote.nodes.len());
+        remote.nodes.push(node);
     }
 
     fn on_node_event(&mut self, event: NodeEvent) {

@@ -256,6 +256,12 @@ impl<P: Part> JobState<P> {
         }
     }
 
+    /// A node with `free` slots joins the job; returns its number.
+    pub(crate) fn add_node(&mut self, free: Resources) -> usize {
+        self.free.push(free);
+        self.free.len() - 1
+    }
+
     /// The job's stats recorder.
     pub(crate) fn recorder(&self) -> &Recorder {
         &self.recorder

@@ -19,6 +19,8 @@ pub enum ExecutorMsg {
     NodeLost(String),
     /// The cluster's head, named, was lost: the job ends.
     HeadLost(String),
+    /// A node joined the cluster and took the job: it gets tasks from now.
+    NodeJoined(crate::remote::RemoteNode),
     /// The driver dropped the job's output: the job ends.
     Cancel,
     /// Output memory was returned; paused work may fit now.

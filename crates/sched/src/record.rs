@@ -53,6 +53,14 @@ impl Recorder {
             .collect();
     }
 
+    /// Node `name` joined the job (numbered after the others).
+    pub(crate) fn node_joined(&self, name: &str) {
+        self.stats().nodes.push(streambatch_plan::NodeStats {
+            name: name.to_string(),
+            ..Default::default()
+        });
+    }
+
     /// Cluster node `node` finished a task.
     pub(crate) fn node_finished(&self, node: usize) {
         if let Some(n) = self.stats().nodes.get_mut(node) {

@@ -302,6 +302,11 @@ impl RelayState {
             JobOrder::FitReserve { stage, bytes } => {
                 self.ctx.budgets.fit_reserve(stage as usize, bytes)
             }
+            JobOrder::Peer { name, addr } => {
+                if let Ok(addr) = addr.parse() {
+                    self.transport.learn(&name, addr);
+                }
+            }
             JobOrder::End => {
                 self.ending = true;
                 self.paused.clear();
@@ -486,7 +491,10 @@ fn check_order(plan: &ExecPlan, order: &JobOrder) -> Result<(), String> {
         JobOrder::Cancel { stage: at } | JobOrder::FitReserve { stage: at, .. } => {
             stage(*at).map(|_| ())
         }
-        JobOrder::Resume { .. } | JobOrder::Release { .. } | JobOrder::End => Ok(()),
+        JobOrder::Resume { .. }
+        | JobOrder::Release { .. }
+        | JobOrder::Peer { .. }
+        | JobOrder::End => Ok(()),
     }
 }
 

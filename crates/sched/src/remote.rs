@@ -12,6 +12,8 @@ use crate::wire::{JobKey, JobOrder, Order};
 pub(crate) struct RemoteNode {
     /// Its name.
     pub(crate) name: String,
+    /// Where it listens.
+    pub(crate) addr: String,
     /// Its agent.
     pub(crate) agent: ActorRef<AgentMsg>,
     /// Its slots.

@@ -103,6 +103,8 @@ pub(crate) enum JobOrder {
     Cancel { stage: u64 },
     /// A stage's reserve fits its largest output.
     FitReserve { stage: u64, bytes: u64 },
+    /// A node that joined the job listens at `addr`.
+    Peer { name: String, addr: String },
     /// The job ended: free all it holds here.
     End,
 }

@@ -108,7 +108,11 @@ impl Cluster {
     /// A cluster whose nodes' stores hold `store` each (as "24MiB").
     pub fn start_with_store(specs: &[NodeSpec], store: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let mut names = vec!["head".to_string(), "driver".to_string()];
+        // `spare-1` and `spare-2` have certificates for nodes added later.
+        let mut names = vec!["head", "driver", "spare-1", "spare-2"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
         names.extend(specs.iter().map(|s| s.name.clone()));
         let init = Command::new(BIN)
             .current_dir(dir.path())
@@ -148,6 +152,23 @@ impl Cluster {
             store,
         );
         Self { dir, head, nodes }
+    }
+
+    /// Starts another node joining the head; its name must be `spare-1`
+    /// or `spare-2` (their certificates were made with the cluster's).
+    pub fn add(&mut self, spec: NodeSpec) {
+        let dir = self.dir.path();
+        let path = config(
+            dir,
+            &spec.name,
+            Some(&self.head.addr),
+            spec.cpus,
+            spec.gpus,
+            &spec.name,
+            "128MiB",
+        );
+        self.nodes
+            .push(start_with_env(dir, &path, &spec.name, &spec.env));
     }
 
     pub fn driver_config(&self) -> PathBuf {
