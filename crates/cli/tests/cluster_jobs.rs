@@ -491,3 +491,54 @@ fn a_node_that_joins_a_running_job_gets_tasks() {
     let spare = spare.unwrap_or_else(|| panic!("spare-1 never joined: {stats}"));
     assert!(spare.tasks > 0, "{stats}");
 }
+
+#[test]
+fn a_drained_node_finishes_its_tasks_and_leaves_with_nothing_redone() {
+    let slow = "worker.sleep=100";
+    let cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", slow),
+        NodeSpec::cpu("worker-2", 2).with_env("SB_FAILPOINTS", slow),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // 80 tasks of 100 ms on 4 slots: worker-2 drains after the first output.
+    let ds = ctx.range(80, 80);
+    let mut batches = ds.iter_batches().unwrap();
+    let mut rows = batches.next().unwrap().unwrap().num_rows();
+    let drained = cluster.nodes.iter().find(|n| n.name == "worker-2").unwrap();
+    std::process::Command::new("kill")
+        .args(["-USR1", &drained.child.id().to_string()])
+        .status()
+        .unwrap();
+    for batch in batches {
+        rows += batch.unwrap().num_rows();
+    }
+    assert_eq!(rows, 80);
+    let stats = ds.stats().unwrap();
+    assert!(stats.operators.iter().all(|o| o.retries == 0), "{stats}");
+    let tasks = |name: &str| stats.nodes.iter().find(|n| n.name == name).unwrap().tasks;
+    assert!(
+        tasks("worker-2") > 0 && tasks("worker-1") > tasks("worker-2"),
+        "{stats}"
+    );
+    // It leaves by itself, cleanly.
+    let mut cluster = cluster;
+    let node = cluster
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "worker-2")
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the drained node did not leave"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    // The cluster goes on without it.
+    assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
+}

@@ -38,6 +38,9 @@ pub enum AgentMsg {
     StartJob(Vec<u8>, RpcReplyPort<String>),
     /// An order of a running job (an `Order`).
     Order(Vec<u8>),
+    /// This node drains: no new jobs; each job's relay tells its driver and
+    /// ends once nothing of the job is left here; then the node stops.
+    Drain,
 }
 
 /// The NodeAgent actor.
@@ -78,6 +81,8 @@ pub(crate) struct AgentState {
     jobs: HashMap<JobKey, ActorRef<RelayMsg>>,
     next_job: u64,
     rejoin: Option<std::net::SocketAddr>,
+    /// Draining: the node stops once its last relay has.
+    draining: bool,
     /// The rejoining loop, while the head is away.
     rejoining: Option<tokio::task::JoinHandle<()>>,
 }
@@ -111,6 +116,7 @@ impl Actor for NodeAgent {
             jobs: HashMap::new(),
             next_job: 1,
             rejoin: args.rejoin,
+            draining: false,
             rejoining: None,
         })
     }
@@ -128,7 +134,7 @@ impl Actor for NodeAgent {
 
     async fn handle_supervisor_evt(
         &self,
-        _: ActorRef<AgentMsg>,
+        myself: ActorRef<AgentMsg>,
         event: SupervisionEvent,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
@@ -140,6 +146,7 @@ impl Actor for NodeAgent {
             state
                 .jobs
                 .retain(|_, relay| relay.get_id() != cell.get_id());
+            state.stop_if_drained(&myself);
         }
         Ok(())
     }
@@ -169,6 +176,14 @@ impl Actor for NodeAgent {
                 for (_, relay) in state.jobs.iter().filter(|(k, _)| k.driver == name) {
                     relay.stop(None);
                 }
+            }
+            AgentMsg::Drain => {
+                tracing::info!(node = %state.info.name, jobs = state.jobs.len(), "draining");
+                state.draining = true;
+                for relay in state.jobs.values() {
+                    let _ = relay.cast(RelayMsg::Drain);
+                }
+                state.stop_if_drained(&myself);
             }
             AgentMsg::StartJob(bytes, reply) => {
                 let answer = match state.start_job(&bytes, &myself).await {
@@ -206,6 +221,15 @@ impl Actor for NodeAgent {
 }
 
 impl AgentState {
+    /// A draining node with no job left stops (its root supervisor sees
+    /// the agent stop and stops the node cleanly).
+    fn stop_if_drained(&self, myself: &ActorRef<AgentMsg>) {
+        if self.draining && self.jobs.is_empty() {
+            tracing::info!(node = %self.info.name, "drained; stopping");
+            myself.stop(Some(crate::root::DRAINED.into()));
+        }
+    }
+
     /// On a worker whose head may be gone: unless a loop already runs,
     /// starts one that waits a second, and while the head's agent is not
     /// reachable joins the head's address again and says hello.
@@ -244,6 +268,9 @@ impl AgentState {
     /// Starts a job's relay here, or says why not (an operator this node's
     /// binary did not register, a payload that is not valid).
     async fn start_job(&mut self, bytes: &[u8], myself: &ActorRef<AgentMsg>) -> Result<(), String> {
+        if self.draining {
+            return Err(format!("node {} is draining", self.info.name));
+        }
         let start = frame::decode::<JobStart>(bytes).map_err(|e| e.to_string())?;
         let registry = &self.runs.registry;
         let missing: Vec<String> = start

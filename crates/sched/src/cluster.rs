@@ -119,22 +119,30 @@ impl ClusterNode {
 
     /// Waits until the node stops: a child failed, [`ClusterNode::stop`],
     /// or SIGTERM or SIGINT, on which it stops cleanly (its store removes
-    /// its shared-memory segments and spill files).
+    /// its shared-memory segments and spill files). SIGUSR1 drains it: it
+    /// takes no new work, finishes its tasks, keeps its partitions until
+    /// their jobs have read them, then stops.
     pub fn wait(&self) -> Result<(), ClusterError> {
         let mut done = self.done.clone();
         self.runtime.block_on(async {
             use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (
+            let (Ok(mut term), Ok(mut int), Ok(mut drain)) = (
                 signal(SignalKind::terminate()),
                 signal(SignalKind::interrupt()),
+                signal(SignalKind::user_defined1()),
             ) else {
                 let _ = done.wait_for(|d| *d).await;
                 return;
             };
-            tokio::select! {
-                _ = done.wait_for(|d| *d) => {}
-                _ = term.recv() => self.root.stop(None),
-                _ = int.recv() => self.root.stop(None),
+            loop {
+                tokio::select! {
+                    _ = done.wait_for(|d| *d) => break,
+                    _ = term.recv() => break self.root.stop(None),
+                    _ = int.recv() => break self.root.stop(None),
+                    _ = drain.recv() => {
+                        let _ = self.children.agent.cast(AgentMsg::Drain);
+                    }
+                }
             }
         });
         match self

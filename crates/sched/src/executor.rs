@@ -277,7 +277,7 @@ impl Actor for Executor {
         match msg {
             ExecutorMsg::Task(event) => state.on_task_event(event),
             ExecutorMsg::Node(event) => state.on_node_event(event),
-            ExecutorMsg::NodeLost(node) => state.job.fail(Error::NodeLost { node }),
+            ExecutorMsg::NodeLost(node) => state.on_node_lost(node),
             ExecutorMsg::HeadLost(node) => state.job.fail(Error::HeadLost { node }),
             ExecutorMsg::NodeJoined(node) => state.on_node_joined(node, myself.clone()),
             ExecutorMsg::Cancel => state.job.cancel(),
@@ -345,6 +345,19 @@ impl ExecState {
         remote.nodes.push(node);
     }
 
+    /// A node of the job is gone: the job fails, unless the node drained
+    /// and held nothing the job still needs.
+    fn on_node_lost(&mut self, name: String) {
+        if let Backend::Remote(remote) = &self.backend
+            && let Some(node) = remote.nodes.iter().position(|n| n.name == name)
+            && self.job.left_cleanly(node)
+        {
+            tracing::info!(node = %name, "a drained node left");
+            return;
+        }
+        self.job.fail(Error::NodeLost { node: name });
+    }
+
     fn on_node_event(&mut self, event: NodeEvent) {
         let Backend::Remote(remote) = &mut self.backend else {
             return;
@@ -362,7 +375,7 @@ impl ExecState {
             | Happened::Paused { task, .. }
             | Happened::Finished { task, .. }
             | Happened::Lost { task, .. } => Some(TaskId(task)),
-            Happened::Failed { .. } | Happened::MemoryFreed => None,
+            Happened::Failed { .. } | Happened::MemoryFreed | Happened::Draining => None,
         };
         if task.is_some_and(|task| job.node_of(task) != Some(node)) {
             return;
@@ -421,6 +434,7 @@ impl ExecState {
             }
             Happened::Lost { task, message } => job.on_lost(TaskId(task), message),
             Happened::MemoryFreed => {}
+            Happened::Draining => job.drain_node(node),
         }
     }
 

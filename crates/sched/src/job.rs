@@ -219,6 +219,8 @@ pub(crate) struct JobState<P> {
     tasks: HashMap<TaskId, TaskRecord<P>>,
     /// Free slots per node.
     free: Vec<Resources>,
+    /// Per node: it drains (no new task starts there).
+    draining: Vec<bool>,
     /// The node the next round of decisions starts with, so that work
     /// spreads over nodes.
     next_node: usize,
@@ -245,6 +247,7 @@ impl<P: Part> JobState<P> {
             shapes,
             stages,
             tasks: HashMap::new(),
+            draining: vec![false; free.len()],
             free,
             next_node: 0,
             next_task: 0,
@@ -259,7 +262,30 @@ impl<P: Part> JobState<P> {
     /// A node with `free` slots joins the job; returns its number.
     pub(crate) fn add_node(&mut self, free: Resources) -> usize {
         self.free.push(free);
+        self.draining.push(false);
         self.free.len() - 1
+    }
+
+    /// Node `node` drains: no new task starts there (its paused tasks may
+    /// still resume, since their outputs wait there).
+    pub(crate) fn drain_node(&mut self, node: usize) {
+        if let Some(d) = self.draining.get_mut(node) {
+            *d = true;
+        }
+    }
+
+    /// True when node `node` drained and the job has nothing there: no
+    /// task placed on it, no partition it holds still to be read. Its
+    /// leaving then costs the job nothing.
+    pub(crate) fn left_cleanly(&self, node: usize) -> bool {
+        let here = |p: &P| p.node() == node;
+        self.draining.get(node).copied().unwrap_or(false)
+            && !self.tasks.values().any(|t| t.node == node)
+            && !self.stages.iter().any(|s| {
+                s.queue.iter().flatten().any(here)
+                    || s.collected.iter().any(here)
+                    || s.paused.iter().any(|p| p.node == node)
+            })
     }
 
     /// The job's stats recorder.
@@ -497,7 +523,7 @@ impl<P: Part> JobState<P> {
             .zip(&self.shapes)
             .enumerate()
             .map(|(i, (s, shape))| {
-                let runs = shape.kind.runs_tasks() && !s.done;
+                let runs = shape.kind.runs_tasks() && !s.done && !self.draining[node];
                 let here = || s.paused.iter().filter(|p| p.node == node);
                 let paused_fits = here()
                     .map(|p| {

@@ -39,6 +39,8 @@ pub(crate) enum RelayMsg {
     MemoryFreed,
     /// The driver's order.
     Order(JobOrder),
+    /// This node drains (see `AgentMsg::Drain`).
+    Drain,
 }
 
 impl ractor::Message for RelayMsg {}
@@ -93,6 +95,11 @@ pub(crate) struct RelayState {
     /// The job ended; the relay stops once the driver has released the
     /// outputs it still reads.
     ending: bool,
+    /// The node drains: the relay stops once no task of the job runs here
+    /// and the driver has released every output kept here.
+    draining: bool,
+    /// Tasks of the job started here and not yet finished.
+    running: std::collections::HashSet<TaskId>,
 }
 
 /// Inputs this node pulled for the job: by shared memory, over QUIC.
@@ -159,6 +166,8 @@ impl Actor for JobRelay {
             paused: HashMap::new(),
             pulled: Arc::default(),
             ending: false,
+            draining: false,
+            running: Default::default(),
         })
     }
 
@@ -186,6 +195,17 @@ impl Actor for JobRelay {
             RelayMsg::Task(event) => state.on_task_event(event),
             RelayMsg::MemoryFreed => state.report(Happened::MemoryFreed),
             RelayMsg::Order(order) => state.on_order(order, &myself),
+            RelayMsg::Drain => {
+                state.draining = true;
+                state.report(Happened::Draining);
+            }
+        }
+        if state.draining
+            && state.running.is_empty()
+            && state.paused.is_empty()
+            && state.outputs.is_empty()
+        {
+            myself.stop(Some("drained".into()));
         }
         Ok(())
     }
@@ -241,22 +261,31 @@ impl RelayState {
                 self.paused.insert(run.task, run);
                 happened
             }
-            TaskEvent::Finished { task, busy } => Happened::Finished {
-                task: task.0,
-                busy_us: busy.as_micros() as u64,
-            },
+            TaskEvent::Finished { task, busy } => {
+                self.running.remove(&task);
+                Happened::Finished {
+                    task: task.0,
+                    busy_us: busy.as_micros() as u64,
+                }
+            }
             TaskEvent::Failed(error) => Happened::Failed {
                 message: within_a_frame(error.to_string()),
             },
-            TaskEvent::Errored { task, error } => Happened::Errored {
-                task: task.0,
-                user_error: error.is_user_error(),
-                message: within_a_frame(error.to_string()),
-            },
-            TaskEvent::Lost { task, message } => Happened::Lost {
-                task: task.0,
-                message,
-            },
+            TaskEvent::Errored { task, error } => {
+                self.running.remove(&task);
+                Happened::Errored {
+                    task: task.0,
+                    user_error: error.is_user_error(),
+                    message: within_a_frame(error.to_string()),
+                }
+            }
+            TaskEvent::Lost { task, message } => {
+                self.running.remove(&task);
+                Happened::Lost {
+                    task: task.0,
+                    message,
+                }
+            }
         };
         self.report(happened);
     }
@@ -330,6 +359,7 @@ impl RelayState {
         may_spill: bool,
         myself: &ActorRef<RelayMsg>,
     ) {
+        self.running.insert(task);
         let parts = match input {
             InputSpec::Split(i) => {
                 let mut run = TaskRun::new(

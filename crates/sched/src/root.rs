@@ -23,6 +23,10 @@ use crate::worker::WorkerThreads;
 pub(crate) struct NodeRoot;
 
 /// What the root starts its children with.
+/// The reason a drained node's agent stops with: the node then stops
+/// cleanly (not as a failure).
+pub(crate) const DRAINED: &str = "drained";
+
 pub(crate) struct RootArgs {
     pub(crate) info: NodeInfo,
     pub(crate) head: bool,
@@ -157,6 +161,11 @@ impl Actor for NodeRoot {
         } else {
             return Ok(());
         };
+        if cell.get_id() == children.agent.get_id() && reason == DRAINED {
+            tracing::info!("drained: stopping the node");
+            myself.stop(None);
+            return Ok(());
+        }
         let why = format!("its {child} stopped: {reason}");
         tracing::error!(%why, "stopping the node");
         *state.stopped.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);

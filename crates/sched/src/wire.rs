@@ -157,6 +157,9 @@ pub(crate) enum Happened {
         message: String,
     },
     MemoryFreed,
+    /// The node drains: it takes no new task of the job and leaves once the
+    /// job has read what it holds.
+    Draining,
 }
 
 /// A node's inputs pulled from other nodes for a job, so far.
