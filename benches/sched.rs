@@ -1,7 +1,8 @@
 //! cargo bench --bench sched
 //!
 //! The scheduler's cost per task: jobs of no-op tasks through the whole
-//! executor (W3's shape), and one decision of the pure policy.
+//! executor (W3's shape), one decision of the pure policy, and the job
+//! state machine dispatching a job on 1,000 virtual nodes.
 
 use arrow_array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -42,6 +43,13 @@ fn dispatch_noop_tasks(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.bench_function("policy decision", |b| {
         b.iter(|| next_decision(std::hint::black_box(&snapshot)))
+    });
+    // The job state machine and policy alone: 1,000 virtual nodes, tasks
+    // that take no time (issue 11 asks for at least 100,000 tasks/s).
+    let tasks = streambatch_sched::sim::dispatch(1_000, 20_000).tasks;
+    group.throughput(Throughput::Elements(tasks));
+    group.bench_function("job state: 1,000 virtual nodes", |b| {
+        b.iter(|| streambatch_sched::sim::dispatch(1_000, 20_000))
     });
     group.finish();
 }

@@ -539,6 +539,14 @@ fn a_drained_node_finishes_its_tasks_and_leaves_with_nothing_redone() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
-    // The cluster goes on without it.
+    // The head no longer lists it, and the cluster goes on without it.
+    let started = std::time::Instant::now();
+    while common::members(&cluster).contains(&"worker-2".to_string()) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the head still lists the drained node"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
 }

@@ -43,6 +43,10 @@ pub enum AgentMsg {
     Drain,
 }
 
+/// The reason a drained node's agent stops with: the node then stops
+/// cleanly (not as a failure).
+pub(crate) const DRAINED: &str = "drained";
+
 /// The NodeAgent actor.
 pub(crate) struct NodeAgent;
 
@@ -226,7 +230,12 @@ impl AgentState {
     fn stop_if_drained(&self, myself: &ActorRef<AgentMsg>) {
         if self.draining && self.jobs.is_empty() {
             tracing::info!(node = %self.info.name, "drained; stopping");
-            myself.stop(Some(crate::root::DRAINED.into()));
+            // Tell the head first, so that no new job counts on this node
+            // (best effort: the session's end tells it too).
+            if let Some(head) = remote_member::<AgentMsg>(&head_group(&self.runs.cluster)) {
+                let _ = head.cast(AgentMsg::NodeDown(self.info.name.clone()));
+            }
+            myself.stop(Some(DRAINED.into()));
         }
     }
 

@@ -250,18 +250,32 @@ async fn start_on(
     Ok(agent)
 }
 
-/// While job `key` runs: every second, asks the head for its members and
-/// starts the job on each node with slots that joined since, then hands it
-/// to the executor (which gives it tasks at its next decision).
-async fn take_in_new_nodes(
+/// A running job, as the driver's loop taking in new nodes sees it.
+struct RunningJob {
     transport: Transport,
     head: ActorRef<AgentMsg>,
     cluster: String,
-    mut start: JobStart,
     executor: ActorRef<ExecutorMsg>,
+    /// The driver's jobs, with the nodes each runs on.
     jobs: RunningJobs,
     source: Arc<ClusterSource>,
-) {
+    /// Where new nodes wait for the executor.
+    joining: crate::executor::Joining,
+}
+
+/// While job `start.key` runs: every second, asks the head for its members and
+/// starts the job on each node with slots that joined since, then hands it
+/// to the executor (which gives it tasks at its next decision).
+async fn take_in_new_nodes(job: RunningJob, mut start: JobStart) {
+    let RunningJob {
+        transport,
+        head,
+        cluster,
+        executor,
+        jobs,
+        source,
+        joining,
+    } = job;
     let mut known: std::collections::HashSet<String> =
         start.nodes.iter().map(|(name, _)| name.clone()).collect();
     loop {
@@ -303,7 +317,8 @@ async fn take_in_new_nodes(
                         },
                         capacity: member.store_capacity,
                     };
-                    if executor.cast(ExecutorMsg::NodeJoined(node)).is_err() {
+                    joining.lock().unwrap_or_else(|p| p.into_inner()).push(node);
+                    if executor.cast(ExecutorMsg::NodeJoined).is_err() {
                         return;
                     }
                 }
@@ -345,6 +360,7 @@ impl Runner for ClusterClient {
             agents: Mutex::new(HashMap::new()),
             key: key.clone(),
         });
+        let joining = crate::executor::Joining::default();
         let (port, executor, watcher) = self.runtime.block_on(async {
             let (port, _) = Actor::spawn(None, JobPort, (key.clone(), executor_cell.clone()))
                 .await
@@ -372,6 +388,7 @@ impl Runner for ClusterClient {
                     port: executor_cell.clone(),
                     nodes,
                     source: source.clone(),
+                    joining: joining.clone(),
                 },
                 config: self.config.clone(),
                 output,
@@ -388,15 +405,16 @@ impl Runner for ClusterClient {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push((names, executor.clone()));
-            let watcher = tokio::spawn(take_in_new_nodes(
-                self.transport.clone(),
-                self.head.clone(),
-                self.cluster.clone(),
-                start,
-                executor.clone(),
-                self.jobs.clone(),
-                source.clone(),
-            ));
+            let job = RunningJob {
+                transport: self.transport.clone(),
+                head: self.head.clone(),
+                cluster: self.cluster.clone(),
+                executor: executor.clone(),
+                jobs: self.jobs.clone(),
+                source: source.clone(),
+                joining: joining.clone(),
+            };
+            let watcher = tokio::spawn(take_in_new_nodes(job, start));
             Ok::<_, Error>((port, executor, watcher))
         })?;
         let jobs = self.jobs.clone();

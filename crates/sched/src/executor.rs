@@ -49,8 +49,13 @@ pub(crate) enum Nodes {
         nodes: Vec<RemoteNode>,
         /// Reads and releases their partitions.
         source: Arc<dyn RemoteSource>,
+        /// Nodes that join while the job runs (see `ExecutorMsg::NodeJoined`).
+        joining: Joining,
     },
 }
+
+/// Nodes that took a running job, waiting for its executor to add them.
+pub(crate) type Joining = Arc<std::sync::Mutex<Vec<RemoteNode>>>;
 
 /// What a job's executor is started with.
 pub(crate) struct ExecutorArgs {
@@ -103,6 +108,7 @@ struct Remote {
     stores: Vec<StoreView>,
     /// Each stage's memory reserve, for the budgets of a node that joins.
     reserve: Vec<u64>,
+    joining: Joining,
 }
 
 /// Partition size and each stage's memory reserve: partitions small enough
@@ -210,6 +216,7 @@ impl Actor for Executor {
                 port,
                 nodes,
                 source,
+                joining,
             } => {
                 let _ = port.set(me.clone());
                 let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
@@ -234,6 +241,7 @@ impl Actor for Executor {
                     shadows,
                     stores,
                     reserve: joined_reserve,
+                    joining,
                 };
                 let total = remote.nodes.iter().map(|n| n.capacity).sum();
                 (Backend::Remote(remote), free, total)
@@ -279,7 +287,17 @@ impl Actor for Executor {
             ExecutorMsg::Node(event) => state.on_node_event(event),
             ExecutorMsg::NodeLost(node) => state.on_node_lost(node),
             ExecutorMsg::HeadLost(node) => state.job.fail(Error::HeadLost { node }),
-            ExecutorMsg::NodeJoined(node) => state.on_node_joined(node, myself.clone()),
+            ExecutorMsg::NodeJoined => {
+                let joined = match &state.backend {
+                    Backend::Remote(remote) => std::mem::take(
+                        &mut *remote.joining.lock().unwrap_or_else(|p| p.into_inner()),
+                    ),
+                    Backend::Local(_) => Vec::new(),
+                };
+                for node in joined {
+                    state.on_node_joined(node, myself.clone());
+                }
+            }
             ExecutorMsg::Cancel => state.job.cancel(),
             ExecutorMsg::MemoryFreed => {}
         }

@@ -43,6 +43,7 @@ mod relay;
 mod remote;
 mod root;
 mod serve;
+pub mod sim;
 mod task;
 mod wire;
 #[cfg(test)]

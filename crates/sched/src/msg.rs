@@ -19,8 +19,9 @@ pub enum ExecutorMsg {
     NodeLost(String),
     /// The cluster's head, named, was lost: the job ends.
     HeadLost(String),
-    /// A node joined the cluster and took the job: it gets tasks from now.
-    NodeJoined(crate::remote::RemoteNode),
+    /// Nodes joined the cluster and took the job (they wait in the
+    /// executor's `Joining` queue): they get tasks from now.
+    NodeJoined,
     /// The driver dropped the job's output: the job ends.
     Cancel,
     /// Output memory was returned; paused work may fit now.

@@ -23,10 +23,6 @@ use crate::worker::WorkerThreads;
 pub(crate) struct NodeRoot;
 
 /// What the root starts its children with.
-/// The reason a drained node's agent stops with: the node then stops
-/// cleanly (not as a failure).
-pub(crate) const DRAINED: &str = "drained";
-
 pub(crate) struct RootArgs {
     pub(crate) info: NodeInfo,
     pub(crate) head: bool,
@@ -161,7 +157,7 @@ impl Actor for NodeRoot {
         } else {
             return Ok(());
         };
-        if cell.get_id() == children.agent.get_id() && reason == DRAINED {
+        if cell.get_id() == children.agent.get_id() && reason == crate::agent::DRAINED {
             tracing::info!("drained: stopping the node");
             myself.stop(None);
             return Ok(());

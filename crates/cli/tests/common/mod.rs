@@ -98,7 +98,17 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub head: Node,
     pub nodes: Vec<Node>,
+    /// Held while the cluster lives (see `ONE_CLUSTER`).
+    _alone: std::sync::MutexGuard<'static, ()>,
 }
+
+/// One cluster (and its driver) at a time in a test process. A driver's
+/// ractor_cluster NodeServer numbers its peers' sessions from zero, and the
+/// remote actors it makes are named by those numbers in the process-wide
+/// registry, so two drivers in one process (which users do not run) could
+/// mistake each other's peers' actors: tests that ran side by side lost a
+/// node's agent now and then.
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Cluster {
     pub fn start(specs: &[NodeSpec]) -> Self {
@@ -107,6 +117,7 @@ impl Cluster {
 
     /// A cluster whose nodes' stores hold `store` each (as "24MiB").
     pub fn start_with_store(specs: &[NodeSpec], store: &str) -> Self {
+        let alone = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         // `spare-1` and `spare-2` have certificates for nodes added later.
         let mut names = vec!["head", "driver", "spare-1", "spare-2"]
@@ -151,7 +162,12 @@ impl Cluster {
             "driver",
             store,
         );
-        Self { dir, head, nodes }
+        Self {
+            dir,
+            head,
+            nodes,
+            _alone: alone,
+        }
     }
 
     /// Starts another node joining the head; its name must be `spare-1`
@@ -237,4 +253,23 @@ pub fn start_with_env(dir: &Path, config: &Path, name: &str, env: &[(String, Str
         addr,
         name: name.into(),
     }
+}
+
+/// The node names `cluster status` lists for `cluster`.
+pub fn members(cluster: &Cluster) -> Vec<String> {
+    let out = Command::new(BIN)
+        .current_dir(cluster.dir.path())
+        .args(["cluster", "status", "--config"])
+        .arg(cluster.driver_config())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
 }
