@@ -326,7 +326,14 @@ impl RelayState {
                 if let Some(flag) = self.ctx.cancelled.get(stage) {
                     flag.store(true, Ordering::Relaxed);
                 }
-                self.paused.retain(|_, run| run.stage != stage);
+                let running = &mut self.running;
+                self.paused.retain(|task, run| {
+                    let keep = run.stage != stage;
+                    if !keep {
+                        running.remove(task);
+                    }
+                    keep
+                });
             }
             JobOrder::FitReserve { stage, bytes } => {
                 self.ctx.budgets.fit_reserve(stage as usize, bytes)
