@@ -184,6 +184,11 @@ impl Actor for NodeAgent {
             AgentMsg::Drain => {
                 tracing::info!(node = %state.info.name, jobs = state.jobs.len(), "draining");
                 state.draining = true;
+                // The head drops this node from its members at once, so
+                // that no new job counts on it.
+                if let Some(head) = remote_member::<AgentMsg>(&head_group(&state.runs.cluster)) {
+                    let _ = head.cast(AgentMsg::NodeDown(state.info.name.clone()));
+                }
                 for relay in state.jobs.values() {
                     let _ = relay.cast(RelayMsg::Drain);
                 }
@@ -230,11 +235,6 @@ impl AgentState {
     fn stop_if_drained(&self, myself: &ActorRef<AgentMsg>) {
         if self.draining && self.jobs.is_empty() {
             tracing::info!(node = %self.info.name, "drained; stopping");
-            // Tell the head first, so that no new job counts on this node
-            // (best effort: the session's end tells it too).
-            if let Some(head) = remote_member::<AgentMsg>(&head_group(&self.runs.cluster)) {
-                let _ = head.cast(AgentMsg::NodeDown(self.info.name.clone()));
-            }
             myself.stop(Some(DRAINED.into()));
         }
     }
