@@ -295,19 +295,8 @@ fn toml_pipeline_on(cluster: &Cluster) {
     for (name, out) in [("local", "out-local"), ("cluster", "out-cluster")] {
         std::fs::write(dir.join(format!("{name}.toml")), text.replace("OUT", out)).unwrap();
     }
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(common::BIN)
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run =
+        |args: &[&str]| String::from_utf8(common::streambatch(dir, args, &[]).stdout).unwrap();
     run(&["run", "local.toml"]);
     let driver = cluster.driver_config();
     let stdout = run(&["run", "cluster.toml", "--cluster", driver.to_str().unwrap()]);
@@ -449,20 +438,10 @@ fn a_lost_head_ends_running_jobs_and_workers_join_a_new_one() {
     std::fs::write(dir.join("head-again.toml"), config).unwrap();
     cluster.head = common::start(&dir, &dir.join("head-again.toml"), "head");
     let started = std::time::Instant::now();
-    loop {
-        let out = std::process::Command::new(common::BIN)
-            .current_dir(&dir)
-            .args(["cluster", "status", "--config"])
-            .arg(cluster.driver_config())
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if text.contains("worker-1") {
-            break;
-        }
+    while !common::members(&cluster).contains(&"worker-1".to_string()) {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(20),
-            "the worker did not join the new head: {text}"
+            "the worker did not join the new head"
         );
         std::thread::sleep(std::time::Duration::from_millis(250));
     }

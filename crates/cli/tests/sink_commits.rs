@@ -55,17 +55,8 @@ fn retried_tasks_write_the_files_of_a_clean_run() {
     assert!(run(dir.path(), &clean, "").wait().unwrap().success());
     // About a third of the tasks panic once each.
     let faulty = pipeline(dir.path(), "faulty");
-    let out = Command::new(common::BIN)
-        .current_dir(dir.path())
-        .env("SB_FAILPOINTS", "worker.panic=3:30")
-        .args(["run", &faulty])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let faults = [("SB_FAILPOINTS", "worker.panic=3:30")];
+    let out = common::streambatch(dir.path(), &["run", &faulty], &faults);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("failpoint worker.panic"),

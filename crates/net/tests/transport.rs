@@ -249,6 +249,19 @@ impl NodeEventSubscription for Membership {
     }
 }
 
+/// The sessions `transport` sees come up and go down, with the peer's name.
+fn membership(transport: &Transport) -> mpsc::UnboundedReceiver<(&'static str, String)> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    transport
+        .node_server()
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "test".into(),
+            subscription: Box::new(Membership(tx)),
+        })
+        .unwrap();
+    rx
+}
+
 async fn wait<T>(what: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), what)
         .await
@@ -261,13 +274,7 @@ async fn actors_talk_across_nodes_and_a_lost_node_is_seen() {
     let tls = dir.path().join("tls");
     init_cluster(&tls, &["head", "worker-1"]).unwrap();
     let head = transport(&tls, "head", "/store/head").await;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    head.node_server()
-        .cast(NodeServerMessage::SubscribeToEvents {
-            id: "test".into(),
-            subscription: Box::new(Membership(events_tx)),
-        })
-        .unwrap();
+    let mut events = membership(&head);
 
     let worker = transport(&tls, "worker-1", "/store/worker").await;
     let (tx, mut greetings) = mpsc::unbounded_channel();
@@ -308,13 +315,7 @@ async fn a_session_under_another_name_than_its_certificate_is_stopped() {
     let tls = dir.path().join("tls");
     init_cluster(&tls, &["head", "worker-1"]).unwrap();
     let head = transport(&tls, "head", "/store/head").await;
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    head.node_server()
-        .cast(NodeServerMessage::SubscribeToEvents {
-            id: "test".into(),
-            subscription: Box::new(Membership(events_tx)),
-        })
-        .unwrap();
+    let mut events = membership(&head);
 
     // worker-1's certificate, declaring itself "mallory" in the actor protocol.
     let endpoint =

@@ -14,7 +14,7 @@ use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
-use streambatch_core::{JobId, NodeConfig, Resources};
+use streambatch_core::{JobId, NodeConfig};
 use streambatch_net::{
     Endpoint, Fetched, Locality, NetError, PartitionServer, Served, Transport, frame,
 };
@@ -197,17 +197,7 @@ impl ClusterClient {
                     return Err(e);
                 }
             };
-            nodes.push(RemoteNode {
-                name: member.name,
-                addr: member.addr,
-                agent,
-                slots: Resources {
-                    cpus: member.cpus,
-                    gpus: member.gpus,
-                    memory_bytes: 0,
-                },
-                capacity: member.store_capacity,
-            });
+            nodes.push(RemoteNode::new(member, agent));
         }
         Ok((nodes, start))
     }
@@ -306,17 +296,7 @@ async fn take_in_new_nodes(job: RunningJob, mut start: JobStart) {
                             names.push(member.name.clone());
                         }
                     }
-                    let node = RemoteNode {
-                        name: member.name,
-                        addr: member.addr,
-                        agent,
-                        slots: Resources {
-                            cpus: member.cpus,
-                            gpus: member.gpus,
-                            memory_bytes: 0,
-                        },
-                        capacity: member.store_capacity,
-                    };
+                    let node = RemoteNode::new(member, agent);
                     joining.lock().unwrap_or_else(|p| p.into_inner()).push(node);
                     if executor.cast(ExecutorMsg::NodeJoined).is_err() {
                         return;

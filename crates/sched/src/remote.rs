@@ -6,7 +6,7 @@ use streambatch_core::Resources;
 use streambatch_net::frame;
 
 use crate::agent::AgentMsg;
-use crate::wire::{JobKey, JobOrder, Order};
+use crate::wire::{JobKey, JobOrder, NodeInfo, Order};
 
 /// A cluster node as a job's executor sees it.
 pub(crate) struct RemoteNode {
@@ -23,6 +23,21 @@ pub(crate) struct RemoteNode {
 }
 
 impl RemoteNode {
+    /// The member `info` of the cluster, reached through `agent`.
+    pub(crate) fn new(info: NodeInfo, agent: ActorRef<AgentMsg>) -> Self {
+        Self {
+            slots: Resources {
+                cpus: info.cpus,
+                gpus: info.gpus,
+                memory_bytes: 0,
+            },
+            capacity: info.store_capacity,
+            name: info.name,
+            addr: info.addr,
+            agent,
+        }
+    }
+
     /// Sends the node an order of job `key`; an error when its agent is gone.
     pub(crate) fn order(&self, key: &JobKey, order: JobOrder) -> Result<(), ()> {
         let order = Order {

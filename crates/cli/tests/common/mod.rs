@@ -255,19 +255,28 @@ pub fn start_with_env(dir: &Path, config: &Path, name: &str, env: &[(String, Str
     }
 }
 
-/// The node names `cluster status` lists for `cluster`.
-pub fn members(cluster: &Cluster) -> Vec<String> {
+/// Runs `streambatch ARGS` in `dir` with `env` set, and checks that it
+/// succeeded (its stderr shown if not).
+pub fn streambatch(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let out = Command::new(BIN)
-        .current_dir(cluster.dir.path())
-        .args(["cluster", "status", "--config"])
-        .arg(cluster.driver_config())
+        .current_dir(dir)
+        .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "streambatch {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+/// The node names `cluster status` lists for `cluster`.
+pub fn members(cluster: &Cluster) -> Vec<String> {
+    let config = cluster.driver_config();
+    let args = ["cluster", "status", "--config", config.to_str().unwrap()];
+    let out = streambatch(cluster.dir.path(), &args, &[]);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.split_whitespace().next().map(String::from))
