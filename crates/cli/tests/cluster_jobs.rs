@@ -216,7 +216,7 @@ fn an_operator_a_node_lacks_is_refused_at_submission() {
 }
 
 #[test]
-fn a_lost_node_fails_the_job_at_once_naming_it() {
+fn losing_the_only_gpu_node_fails_the_job_at_once_naming_it() {
     let mut cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::gpu("gpu", 2)]);
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     // About 20 s of work: the kill comes long before it could end.
@@ -232,21 +232,8 @@ fn a_lost_node_fails_the_job_at_once_naming_it() {
     let first = stream.next().unwrap();
     assert!(first.is_ok());
     let gpu = cluster.nodes.iter_mut().find(|n| n.name == "gpu").unwrap();
-    gpu.child.kill().unwrap();
+    gpu.kill_hard();
     let killed = std::time::Instant::now();
-    // A killed node cannot remove its segments; a store of its namespace
-    // would at its next start. This test removes them itself.
-    let pid = gpu.child.id();
-    let _ = gpu.child.wait();
-    for entry in std::fs::read_dir("/dev/shm").unwrap().flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(&format!("sb-gpu-{pid}-"))
-        {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
     let err = stream
         .find_map(|b| b.err())
         .expect("the job must fail when a node it uses is lost");
@@ -407,6 +394,76 @@ fn worker_panics_on_a_tenth_of_tasks_change_nothing_but_the_retry_count() {
 #[test]
 fn failed_puts_and_fetches_are_retried_as_system_failures() {
     w1_with_faults("store.put=11:10;fetch=13:20");
+}
+
+#[test]
+fn a_killed_worker_costs_only_what_it_held_and_ran() {
+    // Two CPU nodes feed a slower GPU node, so CPU outputs queue up on
+    // both; worker-2 is killed (SIGKILL) once about a third of the rows
+    // are out.
+    let rows = 96;
+    let shape = Shape {
+        rows,
+        partitions: 24,
+        row_bytes: 16 << 10,
+        millis: (40, 5, 60),
+    };
+    let mut cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2),
+        NodeSpec::cpu("worker-2", 2),
+        NodeSpec::gpu("gpu", 2),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let ds = w1_pipeline(ctx.range(rows, shape.partitions), &registry(), shape).unwrap();
+    let mut ids = Vec::new();
+    let mut killed = false;
+    for batch in ds.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        let column = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow_array::Int64Array>()
+            .unwrap();
+        ids.extend_from_slice(column.values());
+        if !killed && ids.len() >= rows as usize / 3 {
+            let node = cluster.nodes.iter_mut().find(|n| n.name == "worker-2");
+            node.unwrap().kill_hard();
+            killed = true;
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..rows as i64).collect::<Vec<_>>());
+
+    let stats = ds.stats().unwrap();
+    let r = &stats.recovery;
+    assert_eq!(r.nodes_lost, vec!["worker-2".to_string()], "{stats}");
+    // The CPU stage reads source splits: making a lost output again re-runs
+    // its task, and nothing upstream.
+    assert_eq!(r.remade_partitions, r.lost_partitions, "{stats}");
+    assert!(r.rerun_tasks <= r.lost_partitions, "{stats}");
+    // Every run of a CPU task is a first run, a retry of one in flight on
+    // the lost node (or reading from it), or a re-run for a lost output.
+    let started = |stage: usize| {
+        stats
+            .events
+            .iter()
+            .filter(|e| e.stage.0 == stage && e.kind == streambatch::EventKind::TaskStarted)
+            .count() as u64
+    };
+    let cpu = &stats.operators[0];
+    assert_eq!(
+        started(0),
+        shape.partitions as u64 + cpu.retries + r.rerun_tasks,
+        "{stats}"
+    );
+    assert!(
+        r.lost_partitions + cpu.retries > 0,
+        "worker-2 held nothing when killed: {stats}"
+    );
+    // The worker-2 tasks that finished before the kill are not redone
+    // beyond the outputs the job still needed.
+    let on_worker_2 = stats.nodes.iter().find(|n| n.name == "worker-2").unwrap();
+    assert!(r.rerun_tasks <= on_worker_2.tasks, "{stats}");
 }
 
 #[test]

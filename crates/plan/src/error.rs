@@ -131,10 +131,19 @@ pub enum Error {
     },
     /// A cluster node running the job's work was lost (it stopped or its
     /// connection broke).
-    #[error("node {node} was lost while the job ran; its work cannot be redone yet")]
+    #[error("node {node} was lost while the job ran")]
     NodeLost {
         /// The node.
         node: String,
+    },
+    /// A partition the job needs was lost with its node and cannot be made
+    /// again.
+    #[error("a partition of `{operator}` was lost and cannot be made again: {why}")]
+    PartitionLost {
+        /// The stage (its fused operators' names) that made it.
+        operator: String,
+        /// Why not.
+        why: String,
     },
     /// The node manager stopped while the job still had tasks to run.
     #[error("the node manager has stopped; the job cannot go on")]

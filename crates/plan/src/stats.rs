@@ -109,6 +109,25 @@ pub struct JobStats {
     /// Tasks whose operator failed and that the job skipped, as
     /// `max_errored_partitions` allows: their input is not in the output.
     pub errored: Vec<ErroredTask>,
+    /// What the job did again after losing nodes.
+    pub recovery: Recovery,
+}
+
+/// What a job did again after losing cluster nodes: their running tasks
+/// are retried (counted in each operator's `retries`), and the partitions
+/// they held that the job still needed are made again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Recovery {
+    /// Nodes lost while the job ran (a drained node that left with
+    /// nothing of the job is not).
+    pub nodes_lost: Vec<String>,
+    /// Partitions lost with them that the job still needed.
+    pub lost_partitions: u64,
+    /// Partitions made again: the lost ones, and upstream ones, freed
+    /// after use, that making them again read.
+    pub remade_partitions: u64,
+    /// Finished tasks run again to make them.
+    pub rerun_tasks: u64,
 }
 
 /// A task the job skipped after its operator failed.
@@ -217,6 +236,17 @@ impl fmt::Display for JobStats {
                 f,
                 "skipped: task {} of `{}` ({}): {}",
                 e.task, e.stage, e.input, e.message
+            )?;
+        }
+        let r = &self.recovery;
+        if !r.nodes_lost.is_empty() || r.lost_partitions > 0 {
+            writeln!(
+                f,
+                "recovery: lost node(s) {}; {} partition(s) lost, {} made again by {} task(s) run again",
+                r.nodes_lost.join(", "),
+                r.lost_partitions,
+                r.remade_partitions,
+                r.rerun_tasks
             )?;
         }
         for n in &self.nodes {

@@ -398,6 +398,7 @@ impl Runner for ClusterClient {
             Ok::<_, Error>((port, executor, watcher))
         })?;
         let jobs = self.jobs.clone();
+        let reads = executor.clone();
         let on_done = Box::new(move || {
             // Ended, or the driver dropped the stream: either way the job
             // ends (a no-op if it has), and then its port.
@@ -408,7 +409,9 @@ impl Runner for ClusterClient {
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(_, e)| e.get_id() != executor.get_id());
         });
-        Ok(Box::new(JobOutput::new(rx, live, Some(on_done))))
+        Ok(Box::new(
+            JobOutput::new(rx, live, Some(on_done)).confirming_reads(reads),
+        ))
     }
 
     fn config(&self) -> &NodeConfig {

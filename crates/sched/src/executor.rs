@@ -109,6 +109,8 @@ struct Remote {
     /// Each stage's memory reserve, for the budgets of a node that joins.
     reserve: Vec<u64>,
     joining: Joining,
+    /// Per node: it was lost (its events are not heard any more).
+    gone: Vec<bool>,
 }
 
 /// Partition size and each stage's memory reserve: partitions small enough
@@ -234,7 +236,9 @@ impl Actor for Executor {
                     })
                     .collect();
                 let free = nodes.iter().map(|n| n.slots).collect();
+                let gone = vec![false; nodes.len()];
                 let remote = Remote {
+                    gone,
                     key,
                     nodes,
                     source,
@@ -252,8 +256,15 @@ impl Actor for Executor {
             let names: Vec<String> = remote.nodes.iter().map(|n| n.name.clone()).collect();
             recorder.nodes(&names);
         }
+        let job = JobState::new(shapes, free, failures, recorder);
+        // A cluster job may lose nodes: it keeps what it needs to make
+        // their partitions again.
+        let job = match &backend {
+            Backend::Remote(_) => job.with_lineage(),
+            Backend::Local(_) => job,
+        };
         Ok(ExecState {
-            job: JobState::new(shapes, free, failures, recorder),
+            job,
             plan,
             backend,
             output: args.output,
@@ -300,6 +311,7 @@ impl Actor for Executor {
             }
             ExecutorMsg::Cancel => state.job.cancel(),
             ExecutorMsg::MemoryFreed => {}
+            ExecutorMsg::Read { id, read } => state.job.on_read(id, read),
         }
         state.carry_out(&myself);
         Ok(())
@@ -357,23 +369,23 @@ impl ExecState {
             capacity: node.capacity,
             ..Default::default()
         });
+        remote.gone.push(false);
         self.job.recorder().node_joined(&node.name);
         let number = self.job.add_node(node.slots);
         debug_assert_eq!(number, remote.nodes.len());
         remote.nodes.push(node);
     }
 
-    /// A node of the job is gone: the job fails, unless the node drained
-    /// and held nothing the job still needs.
+    /// A node of the job is gone: what it ran and held is made again on
+    /// the others (nothing, when it drained and held nothing the job needs).
     fn on_node_lost(&mut self, name: String) {
-        if let Backend::Remote(remote) = &self.backend
-            && let Some(node) = remote.nodes.iter().position(|n| n.name == name)
-            && self.job.left_cleanly(node)
-        {
-            tracing::info!(node = %name, "a drained node left");
-            return;
+        let Backend::Remote(remote) = &mut self.backend else {
+            return self.job.fail(Error::NodeLost { node: name });
+        };
+        if let Some(node) = remote.nodes.iter().position(|n| n.name == name) {
+            remote.gone[node] = true;
+            self.job.on_node_lost(node, &name);
         }
-        self.job.fail(Error::NodeLost { node: name });
     }
 
     fn on_node_event(&mut self, event: NodeEvent) {
@@ -383,6 +395,9 @@ impl ExecState {
         let Some(node) = remote.nodes.iter().position(|n| n.name == event.node) else {
             return;
         };
+        if remote.gone[node] {
+            return;
+        }
         remote.stores[node] = event.store;
         let pulled = event.pulled;
         let job = &mut self.job;
@@ -510,8 +525,9 @@ impl ExecState {
 
     fn apply(&mut self, action: Action<Slice>) {
         match action {
-            Action::Emit(slice) => {
-                if self.output.send(JobItem::Output(slice)).is_err() {
+            Action::Emit { part: slice, id } => {
+                let id = matches!(self.backend, Backend::Remote(_)).then_some(id);
+                if self.output.send(JobItem::Output { slice, id }).is_err() {
                     // The driver dropped the stream: the job is cancelled.
                     self.job.cancel();
                 }
@@ -550,11 +566,11 @@ impl Local {
                 task,
                 stage,
                 input,
-                skip,
+                keep,
                 may_spill,
                 ..
             } => {
-                let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, skip);
+                let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, keep);
                 run.may_spill = may_spill;
                 self.run(Box::new(run), job);
             }
@@ -571,7 +587,7 @@ impl Local {
                 self.paused.retain(|_, run| run.stage != stage);
             }
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
-            Action::Emit(_) | Action::End(_) => unreachable!("handled by the executor"),
+            Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
         }
     }
 
@@ -591,7 +607,7 @@ impl Remote {
                 stage,
                 node,
                 input,
-                skip,
+                keep,
                 may_spill,
             } => {
                 let input = match input {
@@ -617,7 +633,8 @@ impl Remote {
                     task: task.0,
                     stage: stage as u64,
                     input,
-                    skip,
+                    keep_from: keep.from,
+                    keep_again: keep.again,
                     may_spill,
                 };
                 self.tell(node, order, job);
@@ -645,22 +662,24 @@ impl Remote {
                     bytes,
                 });
             }
-            Action::Emit(_) | Action::End(_) => unreachable!("handled by the executor"),
+            Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
         }
     }
 
-    fn tell(&self, node: usize, order: JobOrder, job: &mut JobState<Slice>) {
+    /// Sends `node` an order; a node that cannot be reached is lost.
+    fn tell(&mut self, node: usize, order: JobOrder, job: &mut JobState<Slice>) {
         let target = &self.nodes[node];
         if target.order(&self.key, order).is_err() {
-            job.fail(Error::NodeLost {
-                node: target.name.clone(),
-            });
+            self.gone[node] = true;
+            job.on_node_lost(node, &target.name.clone());
         }
     }
 
     fn tell_all(&self, order: JobOrder) {
-        for node in &self.nodes {
-            let _ = node.order(&self.key, order.clone());
+        for (node, gone) in self.nodes.iter().zip(&self.gone) {
+            if !gone {
+                let _ = node.order(&self.key, order.clone());
+            }
         }
     }
 }

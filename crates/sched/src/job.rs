@@ -9,26 +9,16 @@
 //! [`Part`] and memory is any [`Memory`], so every decision is tested with
 //! plain values (see the property tests below).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{Error, EventKind, OpStats, Stage, StageKind};
 
+pub(crate) use crate::piece::{Keep, Origin, Part, PieceId};
+use crate::piece::{Piece, TaskInput, all_held, missing};
 use crate::policy::{self, Decision, Snapshot, StageView};
 use crate::record::Recorder;
-
-/// Rows of a stored partition, as the job state sees them.
-pub(crate) trait Part: Clone {
-    /// Rows in this part.
-    fn rows(&self) -> usize;
-    /// Bytes of the whole partition behind it.
-    fn bytes(&self) -> u64;
-    /// Rows `offset..offset + len` of this part.
-    fn sub(&self, offset: usize, len: usize) -> Self;
-    /// The node that holds it.
-    fn node(&self) -> usize;
-}
 
 /// What the job state asks of memory when it decides. Each node has its
 /// own store and its own budgets: an output counts where it is stored.
@@ -53,15 +43,16 @@ pub(crate) enum Input<P> {
 
 /// A decision for the executor to carry out, in order.
 pub(crate) enum Action<P> {
-    /// Start `task` of `stage` over `input`; its first `skip` outputs were
-    /// delivered by an earlier attempt. With `may_spill`, its outputs may go
-    /// over budget and the store spills to make room.
+    /// Start `task` of `stage` over `input`, storing the outputs `keep`
+    /// names (an attempt after the first skips what earlier ones
+    /// delivered). With `may_spill`, its outputs may go over budget and
+    /// the store spills to make room.
     Start {
         task: TaskId,
         stage: usize,
         node: usize,
         input: Input<P>,
-        skip: u32,
+        keep: Keep,
         may_spill: bool,
     },
     /// Resume the paused `task` on `node`, where it paused.
@@ -70,8 +61,9 @@ pub(crate) enum Action<P> {
         node: usize,
         may_spill: bool,
     },
-    /// Hand an output of the last stage to the driver.
-    Emit(P),
+    /// Hand rows of an output of the last stage to the driver; `id` names
+    /// them, should the driver find them lost (see [`JobState::on_read`]).
+    Emit { part: P, id: PieceId },
     /// `stage`'s remaining work is not needed: its tasks stop early and its
     /// paused tasks are dropped.
     Cancel { stage: usize },
@@ -136,8 +128,12 @@ struct Paused {
 }
 
 struct StageState<P> {
-    queue: VecDeque<Vec<P>>,
+    queue: VecDeque<Vec<Piece<P>>>,
+    /// Queued inputs with lost pieces, waiting for them to be made again.
+    blocked: Vec<Vec<Piece<P>>>,
     retry: VecDeque<TaskId>,
+    /// Tasks to run again whose input has lost pieces.
+    blocked_tasks: Vec<TaskId>,
     paused: Vec<Paused>,
     next_split: usize,
     splits: usize,
@@ -145,17 +141,19 @@ struct StageState<P> {
     done: bool,
     cancelled: bool,
     limit_left: usize,
-    collected: Vec<P>,
+    collected: Vec<Piece<P>>,
     typical_bytes: u64,
     /// The largest output partition so far: the stage's memory reserve.
     largest_bytes: u64,
 }
 
-impl<P> StageState<P> {
+impl<P: Part> StageState<P> {
     fn new(kind: ShapeKind) -> Self {
         Self {
             queue: VecDeque::new(),
+            blocked: Vec::new(),
             retry: VecDeque::new(),
+            blocked_tasks: Vec::new(),
             paused: Vec::new(),
             next_split: 0,
             splits: match kind {
@@ -175,8 +173,19 @@ impl<P> StageState<P> {
         }
     }
 
+    /// Inputs a task could start on now.
     fn waiting(&self) -> usize {
         self.queue.len() + self.retry.len() + (self.splits - self.next_split)
+    }
+
+    /// Nothing waits, runs, pauses or waits for a lost piece.
+    fn idle(&self) -> bool {
+        self.waiting() == 0
+            && self.running == 0
+            && self.paused.is_empty()
+            && self.blocked.is_empty()
+            && self.blocked_tasks.is_empty()
+            && all_held(&self.collected)
     }
 }
 
@@ -185,9 +194,28 @@ struct TaskRecord<P> {
     stage: usize,
     /// The node it runs on (or last ran on).
     node: usize,
-    input: Input<P>,
+    input: TaskInput<P>,
     attempts: u32,
+    /// Outputs delivered so far (`u32::MAX` once the task had finished).
     delivered: u32,
+    /// Delivered outputs, lost since, that the next attempt makes again.
+    again: BTreeSet<u32>,
+    /// Those asked for while an attempt runs: the one after makes them.
+    again_next: BTreeSet<u32>,
+    /// Running or paused on `node` (not waiting to start).
+    placed: bool,
+    /// Run again after it had finished: its input was freed, not lost.
+    rerun: bool,
+    /// Times it was run again, after it had finished, because outputs of
+    /// it were lost with their node.
+    reruns: u32,
+}
+
+/// A finished task's lineage: enough to run it again.
+struct Made<P> {
+    stage: usize,
+    input: TaskInput<P>,
+    reruns: u32,
 }
 
 /// What a job does when a task fails (see `NodeConfig`'s keys of the same
@@ -195,7 +223,8 @@ struct TaskRecord<P> {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct FailurePolicy {
     /// Tries after the first for a system failure (and for an operator's
-    /// error when `retry_user_errors`).
+    /// error when `retry_user_errors`); also how often a finished task is
+    /// run again to make its lost outputs.
     pub(crate) max_task_retries: u32,
     pub(crate) retry_user_errors: bool,
     /// Tasks whose operator failed that may be skipped.
@@ -217,10 +246,21 @@ pub(crate) struct JobState<P> {
     shapes: Vec<StageShape>,
     stages: Vec<StageState<P>>,
     tasks: HashMap<TaskId, TaskRecord<P>>,
+    /// Finished tasks' lineage, kept when the job may lose nodes.
+    made: Option<HashMap<TaskId, Made<P>>>,
+    /// Rows the driver found lost, waiting to be made again.
+    reemit: Vec<Piece<P>>,
+    /// Outputs handed to the driver that it has not yet said it read
+    /// (counted only when the job keeps lineage).
+    unread: usize,
     /// Free slots per node.
     free: Vec<Resources>,
+    /// All slots per node.
+    slots: Vec<Resources>,
     /// Per node: it drains (no new task starts there).
     draining: Vec<bool>,
+    /// Per node: it was lost.
+    lost: Vec<bool>,
     /// The node the next round of decisions starts with, so that work
     /// spreads over nodes.
     next_node: usize,
@@ -247,7 +287,12 @@ impl<P: Part> JobState<P> {
             shapes,
             stages,
             tasks: HashMap::new(),
+            made: None,
+            reemit: Vec::new(),
+            unread: 0,
             draining: vec![false; free.len()],
+            lost: vec![false; free.len()],
+            slots: free.clone(),
             free,
             next_node: 0,
             next_task: 0,
@@ -259,10 +304,20 @@ impl<P: Part> JobState<P> {
         }
     }
 
+    /// The job keeps every finished task's lineage, so that it survives
+    /// the loss of a node (see [`JobState::on_node_lost`]), and ends only
+    /// once the driver has read every output ([`JobState::on_read`]).
+    pub(crate) fn with_lineage(mut self) -> Self {
+        self.made = Some(HashMap::new());
+        self
+    }
+
     /// A node with `free` slots joins the job; returns its number.
     pub(crate) fn add_node(&mut self, free: Resources) -> usize {
         self.free.push(free);
+        self.slots.push(free);
         self.draining.push(false);
+        self.lost.push(false);
         self.free.len() - 1
     }
 
@@ -275,16 +330,20 @@ impl<P: Part> JobState<P> {
     }
 
     /// True when node `node` drained and the job has nothing there: no
-    /// task placed on it, no partition it holds still to be read. Its
+    /// task placed on it, no partition it holds still to be read (queued,
+    /// or the input of a task, which may not have read it yet). Its
     /// leaving then costs the job nothing.
     pub(crate) fn left_cleanly(&self, node: usize) -> bool {
-        let here = |p: &P| p.node() == node;
+        let here = |p: &Piece<P>| p.part.as_ref().is_some_and(|p| p.node() == node);
         self.draining.get(node).copied().unwrap_or(false)
-            && !self.tasks.values().any(|t| t.node == node)
+            && !self.tasks.values().any(|t| {
+                t.placed && t.node == node
+                    || matches!(&t.input, TaskInput::Pieces(pieces) if pieces.iter().any(here))
+            })
             && !self.stages.iter().any(|s| {
                 s.queue.iter().flatten().any(here)
+                    || s.blocked.iter().flatten().any(here)
                     || s.collected.iter().any(here)
-                    || s.paused.iter().any(|p| p.node == node)
             })
     }
 
@@ -325,9 +384,9 @@ impl<P: Part> JobState<P> {
         self.tasks.get(&task).map(|r| r.stage)
     }
 
-    /// The node task `task` was placed on, while it runs.
+    /// The node task `task` runs (or is paused) on.
     pub(crate) fn node_of(&self, task: TaskId) -> Option<usize> {
-        self.tasks.get(&task).map(|r| r.node)
+        self.tasks.get(&task).filter(|r| r.placed).map(|r| r.node)
     }
 
     /// Task `task` stored its `seq`-th output.
@@ -335,7 +394,12 @@ impl<P: Part> JobState<P> {
         let Some(record) = self.tasks.get_mut(&task) else {
             return;
         };
+        let origin = Origin { task, seq };
         if seq < record.delivered {
+            if record.again.remove(&seq) {
+                let stage = record.stage;
+                self.remade(stage, origin, part);
+            }
             return;
         }
         record.delivered = seq.saturating_add(1);
@@ -357,7 +421,7 @@ impl<P: Part> JobState<P> {
             self.actions.push(Action::FitReserve { stage, bytes });
         }
         self.recorder.output(stage, part.rows(), bytes);
-        self.route(stage + 1, part);
+        self.route(stage + 1, Piece::whole(origin, part));
     }
 
     /// Task `task` paused, holding an output of `pending_bytes`. False when
@@ -368,13 +432,14 @@ impl<P: Part> JobState<P> {
         pending_bytes: u64,
         store_full_at: Option<u64>,
     ) -> bool {
-        let Some((stage, node)) = self.tasks.get(&task).map(|r| (r.stage, r.node)) else {
+        let Some((stage, node)) = self.placed(task) else {
             return false;
         };
         self.release(node, stage);
         self.recorder.event(stage, task, EventKind::TaskSuspended);
         let s = &mut self.stages[stage];
         if s.cancelled || self.ended {
+            self.tasks.remove(&task);
             return false;
         }
         s.paused.push(Paused {
@@ -389,10 +454,38 @@ impl<P: Part> JobState<P> {
     /// Task `task` finished. Returns its stage, whose counts the caller
     /// records with [`JobState::record_finished`].
     pub(crate) fn on_finished(&mut self, task: TaskId) -> Option<usize> {
-        let record = self.tasks.remove(&task)?;
-        let stage = record.stage;
-        self.release(record.node, stage);
+        let (stage, node) = self.placed(task)?;
+        let mut record = self.tasks.remove(&task).expect("placed above");
+        self.release(node, stage);
         self.recorder.event(stage, task, EventKind::TaskFinished);
+        if !record.again.is_empty() {
+            let operator = self.shapes[stage].name.clone();
+            self.end(Err(Error::PartitionLost {
+                operator,
+                why:
+                    "running its task again made fewer outputs (is an operator not deterministic?)"
+                        .into(),
+            }));
+            return Some(stage);
+        }
+        record.delivered = u32::MAX;
+        if !record.again_next.is_empty() {
+            // Asked for while this attempt ran past them: once more.
+            record.placed = false;
+            self.tasks.insert(task, record);
+            self.requeue(task);
+        } else if let Some(made) = &mut self.made {
+            let input = record.input.forget();
+            let reruns = record.reruns;
+            made.insert(
+                task,
+                Made {
+                    stage,
+                    input,
+                    reruns,
+                },
+            );
+        }
         Some(stage)
     }
 
@@ -404,7 +497,7 @@ impl<P: Part> JobState<P> {
     /// Task `task`'s worker died (`message`): the task is retried, or the
     /// job fails once it has been tried `max_task_retries + 1` times.
     pub(crate) fn on_lost(&mut self, task: TaskId, message: String) {
-        let Some(record) = self.tasks.get(&task) else {
+        let Some(record) = self.tasks.get(&task).filter(|r| r.placed) else {
             return;
         };
         if record.attempts < self.failures.max_task_retries {
@@ -427,7 +520,7 @@ impl<P: Part> JobState<P> {
     /// retried skips the task while `max_errored_partitions` allows, listing
     /// it in the stats. Otherwise the job fails with `error`.
     pub(crate) fn on_errored(&mut self, task: TaskId, error: Error, user_error: bool) {
-        let Some(record) = self.tasks.get(&task) else {
+        let Some(record) = self.tasks.get(&task).filter(|r| r.placed) else {
             return;
         };
         let retried = !user_error || self.failures.retry_user_errors;
@@ -443,13 +536,129 @@ impl<P: Part> JobState<P> {
             self.recorder.errored(streambatch_plan::ErroredTask {
                 stage: self.shapes[record.stage].name.clone(),
                 task,
-                input: describe(&record.input),
+                input: record.input.describe(),
                 message: error.to_string(),
             });
             tracing::warn!(%task, %error, "task skipped (max_errored_partitions)");
             return;
         }
         self.end(Err(error));
+    }
+
+    /// Node `node` (named `name`) is gone, with the tasks placed there and
+    /// the partitions it held. Those tasks run again elsewhere; the lost
+    /// partitions the job still needs are made again by running the tasks
+    /// that made them (their inputs too, down to the source, as far as
+    /// those were freed); the rest of the job goes on meanwhile. Without
+    /// lineage (a job on the embedded node) the job fails.
+    pub(crate) fn on_node_lost(&mut self, node: usize, name: &str) {
+        if self.ended || self.lost.get(node).copied().unwrap_or(true) {
+            return;
+        }
+        let clean = self.left_cleanly(node);
+        self.lost[node] = true;
+        self.draining[node] = true;
+        if clean {
+            tracing::info!(node = %name, "a drained node left");
+            return;
+        }
+        if self.made.is_none() {
+            return self.fail(Error::NodeLost { node: name.into() });
+        }
+        tracing::warn!(node = %name, "node lost; making its partitions again");
+        self.recorder.node_lost(name);
+        let mut needed = BTreeSet::new();
+        for s in &mut self.stages {
+            for mut entry in std::mem::take(&mut s.queue) {
+                entry.iter_mut().for_each(|p| {
+                    p.lose(node);
+                });
+                if all_held(&entry) {
+                    s.queue.push_back(entry);
+                } else {
+                    s.blocked.push(entry);
+                }
+            }
+            for piece in s.blocked.iter_mut().flatten().chain(&mut s.collected) {
+                piece.lose(node);
+            }
+            needed.extend(s.blocked.iter().flat_map(|e| missing(e)));
+            needed.extend(missing(&s.collected));
+        }
+        for record in self.tasks.values_mut() {
+            // A task placed elsewhere may have read its input already: its
+            // lost pieces are made again only should it run again.
+            record.input.lose(node);
+        }
+        let mut there: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, r)| r.placed && r.node == node)
+            .map(|(t, _)| *t)
+            .collect();
+        there.sort_unstable(); // the same order in every replay
+        for task in there {
+            let stage = self.tasks[&task].stage;
+            let paused = &mut self.stages[stage].paused;
+            match paused.iter().position(|p| p.task == task) {
+                Some(at) => {
+                    paused.remove(at);
+                }
+                None => self.release(node, stage),
+            }
+            let record = self.tasks.get_mut(&task).expect("listed above");
+            record.attempts += 1;
+            let attempts = record.attempts;
+            if attempts > self.failures.max_task_retries {
+                let operator = self.shapes[stage].name.clone();
+                return self.fail(Error::PartitionLost {
+                    operator,
+                    why: format!("its task was tried {attempts} times"),
+                });
+            }
+            self.recorder.retry(stage);
+            self.recorder.event(stage, task, EventKind::TaskRetried);
+            self.requeue(task);
+        }
+        for stage in 0..self.stages.len() {
+            let s = &mut self.stages[stage];
+            for task in std::mem::take(&mut s.retry) {
+                if self.tasks[&task].input.missing().is_empty() {
+                    s.retry.push_back(task);
+                } else {
+                    s.blocked_tasks.push(task);
+                }
+            }
+            for task in &s.blocked_tasks {
+                needed.extend(self.tasks[task].input.missing());
+            }
+        }
+        for origin in needed {
+            self.demand(origin, true);
+        }
+        if self.stranded().is_some() {
+            self.fail(Error::NodeLost { node: name.into() });
+        }
+    }
+
+    /// The driver tried to read the rows `id` names: `read` says whether it
+    /// could. Rows it could not read (their node is gone) are made again
+    /// and handed to it anew.
+    pub(crate) fn on_read(&mut self, id: PieceId, read: bool) {
+        if self.made.is_none() {
+            return;
+        }
+        self.unread = self.unread.saturating_sub(1);
+        if !read && !self.ended {
+            self.reemit.push(Piece::lost(id));
+            self.demand(id.from, true);
+            if let Some(operator) = self.stranded() {
+                self.fail(Error::PartitionLost {
+                    operator,
+                    why: "no node left can run its task".into(),
+                });
+            }
+        }
     }
 
     /// Lets go of `task`'s slot and queues it again (`message` says why).
@@ -461,9 +670,203 @@ impl<P: Part> JobState<P> {
         tracing::warn!(%task, attempts, %message, "task failed; retrying");
         self.recorder.retry(stage);
         self.recorder.event(stage, task, EventKind::TaskRetried);
-        if !self.stages[stage].cancelled {
-            self.stages[stage].retry.push_back(task);
+        self.requeue(task);
+    }
+
+    /// Queues a task that is not placed to run (again): to start once its
+    /// input is whole (its lost pieces are asked for), or dropped when its
+    /// stage is no longer needed.
+    fn requeue(&mut self, task: TaskId) {
+        let record = self.tasks.get_mut(&task).expect("the caller found it");
+        record.placed = false;
+        let next = std::mem::take(&mut record.again_next);
+        record.again.extend(next);
+        let stage = record.stage;
+        let missing = record.input.missing();
+        let lost = !record.rerun;
+        let s = &mut self.stages[stage];
+        if s.cancelled {
+            self.tasks.remove(&task);
+        } else if missing.is_empty() {
+            s.retry.push_back(task);
+        } else {
+            s.blocked_tasks.push(task);
+            for origin in missing {
+                self.demand(origin, lost);
+            }
         }
+    }
+
+    /// Output `origin` is needed and gone: its task is asked to make it
+    /// again, run again first when it had finished (its own inputs asked
+    /// for in turn). `lost` when it was lost with its node, not freed after
+    /// use: only those re-runs count against `max_task_retries` (one loss
+    /// may re-run a source task once for each of its readers).
+    fn demand(&mut self, origin: Origin, lost: bool) {
+        if self.ended {
+            return;
+        }
+        if let Some(record) = self.tasks.get_mut(&origin.task) {
+            let asked = if !record.placed {
+                record.again.insert(origin.seq)
+            } else if !record.again.contains(&origin.seq) {
+                // This attempt is past it, or not asked to make it.
+                record.again_next.insert(origin.seq)
+            } else {
+                false
+            };
+            if asked && lost {
+                self.recorder.lost_partitions(1);
+            }
+            return;
+        }
+        let Some(made) = self.made.as_mut().and_then(|m| m.remove(&origin.task)) else {
+            return self.fail(Error::PartitionLost {
+                operator: "(unknown)".into(),
+                why: format!("task {} that made it is not known", origin.task),
+            });
+        };
+        let operator = self.shapes[made.stage].name.clone();
+        if self.stages[made.stage].cancelled {
+            return self.fail(Error::PartitionLost {
+                operator,
+                why: "a limit had already stopped the stage that made it".into(),
+            });
+        }
+        if lost && made.reruns >= self.failures.max_task_retries.max(1) {
+            return self.fail(Error::PartitionLost {
+                operator,
+                why: format!("its task was already run again {} times", made.reruns),
+            });
+        }
+        self.tasks.insert(
+            origin.task,
+            TaskRecord {
+                stage: made.stage,
+                node: 0,
+                input: made.input,
+                attempts: 0,
+                delivered: u32::MAX,
+                again: BTreeSet::from([origin.seq]),
+                again_next: BTreeSet::new(),
+                placed: false,
+                rerun: true,
+                reruns: made.reruns + u32::from(lost),
+            },
+        );
+        self.recorder.rerun(made.stage);
+        if lost {
+            self.recorder.lost_partitions(1);
+        }
+        self.requeue(origin.task);
+    }
+
+    /// Output `origin` of a task of `stage` was made again: every piece
+    /// waiting for it is filled, and what waited on them goes on.
+    fn remade(&mut self, stage: usize, origin: Origin, whole: P) {
+        self.recorder.remade(stage);
+        for s in &mut self.stages {
+            for entry in &mut s.blocked {
+                entry.iter_mut().for_each(|p| {
+                    p.fill(origin, &whole);
+                });
+            }
+            for entry in std::mem::take(&mut s.blocked) {
+                if all_held(&entry) {
+                    s.queue.push_front(entry);
+                } else {
+                    s.blocked.push(entry);
+                }
+            }
+            for piece in &mut s.collected {
+                piece.fill(origin, &whole);
+            }
+        }
+        for record in self.tasks.values_mut() {
+            record.input.fill(origin, &whole);
+        }
+        for stage in 0..self.stages.len() {
+            let s = &mut self.stages[stage];
+            for task in std::mem::take(&mut s.blocked_tasks) {
+                if self.tasks[&task].input.missing().is_empty() {
+                    s.retry.push_back(task);
+                } else {
+                    s.blocked_tasks.push(task);
+                }
+            }
+        }
+        for mut piece in std::mem::take(&mut self.reemit) {
+            if piece.fill(origin, &whole) {
+                self.emit(piece);
+            } else {
+                self.reemit.push(piece);
+            }
+        }
+    }
+
+    /// A stage with work left whose task fits no node that takes tasks.
+    fn stranded(&self) -> Option<String> {
+        let takes = |need: &Resources| {
+            (0..self.slots.len()).any(|n| !self.draining[n] && need.fits_in(&self.slots[n]))
+        };
+        self.shapes
+            .iter()
+            .zip(&self.stages)
+            .find(|(shape, s)| {
+                shape.kind.runs_tasks() && !(s.done && s.idle()) && !takes(&shape.resources)
+            })
+            .map(|(shape, _)| shape.name.clone())
+    }
+
+    fn running_anywhere(&self) -> usize {
+        self.stages.iter().map(|s| s.running).sum()
+    }
+
+    /// What the job holds, for a test that finds it stuck.
+    #[cfg(test)]
+    pub(crate) fn describe(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.stages.iter().enumerate() {
+            out += &format!(
+                "stage {i}: done {} cancelled {} queue {} blocked {:?} retry {:?} blocked_tasks {:?} paused {} running {} collected {} (missing {:?})\n",
+                s.done,
+                s.cancelled,
+                s.queue.len(),
+                s.blocked
+                    .iter()
+                    .map(|e| missing(e).collect::<Vec<_>>())
+                    .collect::<Vec<_>>(),
+                s.retry,
+                s.blocked_tasks,
+                s.paused.len(),
+                s.running,
+                s.collected.len(),
+                missing(&s.collected).collect::<Vec<_>>(),
+            );
+        }
+        let mut tasks: Vec<_> = self.tasks.iter().collect();
+        tasks.sort_by_key(|(t, _)| **t);
+        for (t, r) in tasks {
+            out += &format!(
+                "task {t}: stage {} node {} placed {} delivered {} again {:?} next {:?} missing {:?}\n",
+                r.stage,
+                r.node,
+                r.placed,
+                r.delivered,
+                r.again,
+                r.again_next,
+                r.input.missing()
+            );
+        }
+        out += &format!(
+            "reemit {:?} unread {} draining {:?} lost {:?} free {:?}",
+            self.reemit.iter().map(|p| p.id).collect::<Vec<_>>(),
+            self.unread,
+            self.draining,
+            self.lost,
+            self.free.iter().map(|f| f.cpus).collect::<Vec<_>>()
+        );
+        out
     }
 
     /// The job fails with `error`.
@@ -507,11 +910,16 @@ impl<P: Part> JobState<P> {
                     break;
                 }
             }
-            if self.stages.iter().all(|s| s.done) {
+            if self.finished() {
                 self.end(Ok(()));
             }
         }
         std::mem::take(&mut self.actions)
+    }
+
+    /// Every stage is done and idle, and the driver has every output.
+    fn finished(&self) -> bool {
+        self.stages.iter().all(|s| s.done && s.idle()) && self.reemit.is_empty() && self.unread == 0
     }
 
     /// What the policy sees of node `node`: its free slots, the tasks
@@ -523,7 +931,7 @@ impl<P: Part> JobState<P> {
             .zip(&self.shapes)
             .enumerate()
             .map(|(i, (s, shape))| {
-                let runs = shape.kind.runs_tasks() && !s.done && !self.draining[node];
+                let runs = shape.kind.runs_tasks() && !s.cancelled && !self.draining[node];
                 let here = || s.paused.iter().filter(|p| p.node == node);
                 let paused_fits = here()
                     .map(|p| {
@@ -594,26 +1002,28 @@ impl<P: Part> JobState<P> {
                 .get_mut(&task)
                 .expect("a retried task has a record");
             record.node = node;
+            record.placed = true;
             self.actions.push(Action::Start {
                 task,
                 stage,
                 node,
-                input: record.input.clone(),
-                skip: record.delivered,
+                input: held_input(&record.input),
+                keep: Keep::of(record.delivered, &record.again),
                 may_spill,
             });
             return task;
         }
         let input = if s.next_split < s.splits {
             s.next_split += 1;
-            Input::Split(s.next_split - 1)
+            TaskInput::Split(s.next_split - 1)
         } else {
+            let on_node = |p: &Piece<P>| p.part.as_ref().is_some_and(|p| p.node() == node);
             let local = s
                 .queue
                 .iter()
-                .position(|parts| parts.first().is_some_and(|p| p.node() == node))
+                .position(|pieces| pieces.first().is_some_and(on_node))
                 .unwrap_or(0);
-            Input::Parts(
+            TaskInput::Pieces(
                 s.queue
                     .remove(local)
                     .expect("the policy dispatches only stages with input"),
@@ -621,25 +1031,38 @@ impl<P: Part> JobState<P> {
         };
         let task = TaskId(self.next_task);
         self.next_task += 1;
+        self.actions.push(Action::Start {
+            task,
+            stage,
+            node,
+            input: held_input(&input),
+            keep: Keep::all(),
+            may_spill,
+        });
         self.tasks.insert(
             task,
             TaskRecord {
                 stage,
                 node,
-                input: input.clone(),
+                input,
                 attempts: 0,
                 delivered: 0,
+                again: BTreeSet::new(),
+                again_next: BTreeSet::new(),
+                placed: true,
+                rerun: false,
+                reruns: 0,
             },
         );
-        self.actions.push(Action::Start {
-            task,
-            stage,
-            node,
-            input,
-            skip: 0,
-            may_spill,
-        });
         task
+    }
+
+    /// The stage and node of a task placed on a node.
+    fn placed(&self, task: TaskId) -> Option<(usize, usize)> {
+        self.tasks
+            .get(&task)
+            .filter(|r| r.placed)
+            .map(|r| (r.stage, r.node))
     }
 
     /// A task of `stage` gave its slot on `node` back.
@@ -657,13 +1080,12 @@ impl<P: Part> JobState<P> {
     /// input could consume (a repartition larger than the store). Runs one
     /// task that may spill. True when it did.
     fn force_if_stuck(&mut self, memory: &impl Memory) -> bool {
-        let running = self.stages.iter().any(|s| s.running > 0);
         let last = self
             .shapes
             .iter()
             .rposition(|s| s.kind.runs_tasks())
             .unwrap_or(0);
-        if running || memory.held(last) > 0 || self.stages.iter().all(|s| s.done) {
+        if self.running_anywhere() > 0 || memory.held(last) > 0 || self.finished() {
             return false;
         }
         for node in 0..self.free.len() {
@@ -680,27 +1102,36 @@ impl<P: Part> JobState<P> {
         false
     }
 
+    /// Hands rows to the driver (counted until it says it read them, when
+    /// the job keeps lineage).
+    fn emit(&mut self, piece: Piece<P>) {
+        let part = piece.part.expect("only held rows are handed out");
+        if self.made.is_some() {
+            self.unread += 1;
+        }
+        self.actions.push(Action::Emit { part, id: piece.id });
+    }
+
     /// Hands an output of stage `to - 1` to stage `to` (or the driver).
-    fn route(&mut self, to: usize, part: P) {
+    fn route(&mut self, to: usize, piece: Piece<P>) {
         if to == self.stages.len() {
-            self.actions.push(Action::Emit(part));
-            return;
+            return self.emit(piece);
         }
         match self.shapes[to].kind {
             ShapeKind::Limit(_) => {
                 let s = &mut self.stages[to];
-                let take = part.rows().min(s.limit_left);
+                let take = piece.id.len.min(s.limit_left);
                 if take == 0 {
                     return;
                 }
                 s.limit_left -= take;
                 self.recorder.output(to, take, 0);
-                self.route(to + 1, part.sub(0, take));
+                self.route(to + 1, piece.sub(0, take));
                 self.check_limits();
             }
-            ShapeKind::Repartition(_) => self.stages[to].collected.push(part),
+            ShapeKind::Repartition(_) => self.stages[to].collected.push(piece),
             ShapeKind::Source { .. } | ShapeKind::Map => {
-                self.stages[to].queue.push_back(vec![part])
+                self.stages[to].queue.push_back(vec![piece])
             }
         }
     }
@@ -720,10 +1151,13 @@ impl<P: Part> JobState<P> {
             s.cancelled = true;
             s.done = true;
             s.queue.clear();
-            s.retry.clear();
+            s.blocked.clear();
             s.paused.clear();
             s.collected.clear();
             s.next_split = s.splits;
+            for task in s.retry.drain(..).chain(s.blocked_tasks.drain(..)) {
+                self.tasks.remove(&task);
+            }
         }
     }
 
@@ -739,14 +1173,16 @@ impl<P: Part> JobState<P> {
                 break;
             }
             let s = &self.stages[i];
-            let idle = s.waiting() == 0 && s.running == 0 && s.paused.is_empty();
             match self.shapes[i].kind {
                 ShapeKind::Repartition(n) => {
+                    if !all_held(&s.collected) {
+                        break;
+                    }
                     let groups = regroup(std::mem::take(&mut self.stages[i].collected), n);
                     self.stages[i + 1].queue.extend(groups);
                 }
                 ShapeKind::Limit(_) => {}
-                _ if !idle => break,
+                _ if !s.idle() => break,
                 _ => {}
             }
             self.stages[i].done = true;
@@ -766,22 +1202,38 @@ impl<P: Part> JobState<P> {
             }
             s.cancelled = true;
             s.queue.clear();
+            s.blocked.clear();
             s.paused.clear();
             s.collected.clear();
         }
+        self.reemit.clear();
         self.actions.push(Action::End(result));
     }
 }
 
-/// Cuts the rows of `parts` into `n` groups of (nearly) equal rows, in order.
-fn regroup<P: Part>(parts: Vec<P>, n: usize) -> Vec<Vec<P>> {
-    let total: usize = parts.iter().map(Part::rows).sum();
-    let mut groups: Vec<Vec<P>> = (0..n).map(|_| Vec::new()).collect();
+/// The parts of an input whose pieces are all held.
+fn held_input<P: Part>(input: &TaskInput<P>) -> Input<P> {
+    match input {
+        TaskInput::Split(i) => Input::Split(*i),
+        TaskInput::Pieces(pieces) => Input::Parts(
+            pieces
+                .iter()
+                .map(|p| p.part.clone().expect("a task starts on held input"))
+                .collect(),
+        ),
+    }
+}
+
+/// Cuts the rows of `pieces` into `n` groups of (nearly) equal rows, in order.
+fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece<P>>> {
+    let total: usize = pieces.iter().map(|p| p.id.len).sum();
+    let mut groups: Vec<Vec<Piece<P>>> = (0..n).map(|_| Vec::new()).collect();
     let (mut group, mut filled) = (0, 0);
     let want = |g: usize| (g + 1) * total / n - g * total / n;
-    for part in parts {
+    for piece in pieces {
+        let rows = piece.id.len;
         let mut offset = 0;
-        while offset < part.rows() {
+        while offset < rows {
             while group < n - 1 && filled == want(group) {
                 group += 1;
                 filled = 0;
@@ -791,23 +1243,12 @@ fn regroup<P: Part>(parts: Vec<P>, n: usize) -> Vec<Vec<P>> {
             } else {
                 want(group) - filled
             };
-            let take = (part.rows() - offset).min(room);
-            groups[group].push(part.sub(offset, take));
+            let take = (rows - offset).min(room);
+            groups[group].push(piece.sub(offset, take));
             offset += take;
             filled += take;
         }
     }
     groups.retain(|g| !g.is_empty());
     groups
-}
-
-/// What a task read, for the stats of a skipped one.
-fn describe<P: Part>(input: &Input<P>) -> String {
-    match input {
-        Input::Split(i) => format!("source split {i}"),
-        Input::Parts(parts) => {
-            let rows: usize = parts.iter().map(Part::rows).sum();
-            format!("{} input partition(s), {rows} rows", parts.len())
-        }
-    }
 }

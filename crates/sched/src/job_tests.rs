@@ -15,7 +15,9 @@ use streambatch_core::{Resources, TaskId};
 use streambatch_plan::JobStats;
 
 use crate::budget::{Budgets, Reservation};
-use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Part, ShapeKind, StageShape};
+use crate::job::{
+    Action, FailurePolicy, Input, JobState, Keep, Memory, Part, ShapeKind, StageShape,
+};
 use crate::record::Recorder;
 
 const ROW_BYTES: u64 = 100;
@@ -95,7 +97,7 @@ struct SimTask {
     node: usize,
     outputs: Vec<(u64, usize)>,
     next: usize,
-    skip: usize,
+    keep: Keep,
     may_spill: bool,
 }
 
@@ -202,7 +204,7 @@ fn simulate(
                     stage,
                     node,
                     input,
-                    skip,
+                    keep,
                     may_spill,
                 } => {
                     let outputs = match input {
@@ -222,7 +224,7 @@ fn simulate(
                             node,
                             outputs,
                             next: 0,
-                            skip: skip as usize,
+                            keep,
                             may_spill,
                         },
                     );
@@ -237,7 +239,7 @@ fn simulate(
                     t.may_spill = may_spill;
                     running.insert(task, t);
                 }
-                Action::Emit(part) => rows.extend(part.start..part.start + part.len as u64),
+                Action::Emit { part, .. } => rows.extend(part.start..part.start + part.len as u64),
                 Action::Cancel { stage } => {
                     cancelled.insert(stage);
                     paused.retain(|_, t| t.stage != stage);
@@ -275,7 +277,9 @@ fn simulate(
             continue;
         }
         let t = running.get_mut(&id).expect("picked from running");
-        t.next = t.next.max(t.skip);
+        while t.next < t.outputs.len() && !t.keep.stores(t.next as u32) {
+            t.next += 1;
+        }
         if cancelled.contains(&t.stage) || t.next == t.outputs.len() {
             running.remove(&id);
             if let Some(stage) = job.on_finished(id) {

@@ -29,12 +29,15 @@ mod failpoint;
 mod groups;
 mod job;
 #[cfg(test)]
+mod job_chaos;
+#[cfg(test)]
 mod job_tests;
 mod local;
 mod msg;
 mod node;
 mod output;
 mod partition;
+mod piece;
 mod plan_wire;
 pub mod policy;
 mod port;

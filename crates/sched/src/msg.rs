@@ -6,6 +6,7 @@ use std::sync::Arc;
 use streambatch_core::JobId;
 use streambatch_plan::Error;
 
+use crate::job::PieceId;
 use crate::partition::Slice;
 use crate::task::{JobCtx, TaskEvent, TaskRun};
 
@@ -26,6 +27,14 @@ pub enum ExecutorMsg {
     Cancel,
     /// Output memory was returned; paused work may fit now.
     MemoryFreed,
+    /// The driver read the output rows `id` names (`read`), or found them
+    /// lost with their node (see `JobState::on_read`).
+    Read {
+        /// The rows.
+        id: PieceId,
+        /// Whether it could read them.
+        read: bool,
+    },
 }
 
 impl From<TaskEvent> for ExecutorMsg {
@@ -47,8 +56,14 @@ impl TryFrom<ExecutorMsg> for TaskEvent {
 
 /// What the executor sends the driver.
 pub enum JobItem {
-    /// An output partition of the last stage.
-    Output(Slice),
+    /// An output partition of the last stage; on a cluster, with the name
+    /// the driver tells the executor it read (or lost) it by.
+    Output {
+        /// The rows.
+        slice: Slice,
+        /// Their name, when the executor waits to hear they were read.
+        id: Option<PieceId>,
+    },
     /// The job ended.
     End(Result<(), Error>),
 }

@@ -5,9 +5,10 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
+use ractor::ActorRef;
 use streambatch_plan::{Error, JobStats, JobStream, Result};
 
-use crate::msg::JobItem;
+use crate::msg::{ExecutorMsg, JobItem};
 
 /// A job's output stream.
 pub(crate) struct JobOutput {
@@ -16,6 +17,8 @@ pub(crate) struct JobOutput {
     ended: bool,
     /// Runs once the stream is done with (ended or dropped).
     on_done: Option<Box<dyn FnOnce() + Send>>,
+    /// Told of each named output whether it could be read.
+    reads: Option<ActorRef<ExecutorMsg>>,
 }
 
 impl JobOutput {
@@ -29,7 +32,15 @@ impl JobOutput {
             live,
             ended: false,
             on_done,
+            reads: None,
         }
+    }
+
+    /// Tells `executor` of each output whether it could be read: one held
+    /// by a node that is gone is made again and sent anew, not an error.
+    pub(crate) fn confirming_reads(mut self, executor: ActorRef<ExecutorMsg>) -> Self {
+        self.reads = Some(executor);
+        self
     }
 }
 
@@ -40,16 +51,29 @@ impl Iterator for JobOutput {
         if self.ended {
             return None;
         }
-        match self.rx.recv() {
-            Ok(JobItem::Output(slice)) => Some(slice.read()),
-            Ok(JobItem::End(result)) => {
-                self.ended = true;
-                result.err().map(Err)
-            }
-            Err(_) => {
-                self.ended = true;
-                Some(Err(Error::JobLost))
-            }
+        loop {
+            return match self.rx.recv() {
+                Ok(JobItem::Output { slice, id }) => {
+                    let batch = slice.read();
+                    if let (Some(id), Some(executor)) = (id, &self.reads) {
+                        let read = batch.is_ok();
+                        let _ = executor.cast(ExecutorMsg::Read { id, read });
+                        if let Err(e) = &batch {
+                            tracing::warn!(error = %e, "an output could not be read; it is made again");
+                            continue;
+                        }
+                    }
+                    Some(batch)
+                }
+                Ok(JobItem::End(result)) => {
+                    self.ended = true;
+                    result.err().map(Err)
+                }
+                Err(_) => {
+                    self.ended = true;
+                    Some(Err(Error::JobLost))
+                }
+            };
         }
     }
 }

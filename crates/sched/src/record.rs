@@ -134,6 +134,28 @@ impl Recorder {
         self.stats().errored.push(task);
     }
 
+    /// Node `name` was lost while the job ran.
+    pub(crate) fn node_lost(&self, name: &str) {
+        self.stats().recovery.nodes_lost.push(name.to_string());
+    }
+
+    /// `n` partitions the job still needed were lost.
+    pub(crate) fn lost_partitions(&self, n: usize) {
+        self.stats().recovery.lost_partitions += n as u64;
+    }
+
+    /// An output of `stage` was made again.
+    pub(crate) fn remade(&self, stage: usize) {
+        let _ = stage;
+        self.stats().recovery.remade_partitions += 1;
+    }
+
+    /// A finished task of `stage` runs again to make lost outputs.
+    pub(crate) fn rerun(&self, stage: usize) {
+        let _ = stage;
+        self.stats().recovery.rerun_tasks += 1;
+    }
+
     /// A task of `stage` is retried.
     pub(crate) fn retry(&self, stage: usize) {
         self.stats().operators[stage].retries += 1;

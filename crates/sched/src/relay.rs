@@ -20,7 +20,7 @@ use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
 use crate::groups::remote_member;
-use crate::job::Input;
+use crate::job::{Input, Keep};
 use crate::msg::NodeMsg;
 use crate::partition::{Output, Slice};
 use crate::port::PortMsg;
@@ -303,9 +303,18 @@ impl RelayState {
                 task,
                 stage,
                 input,
-                skip,
+                keep_from,
+                mut keep_again,
                 may_spill,
-            } => self.run(TaskId(task), stage as usize, input, skip, may_spill, myself),
+            } => {
+                keep_again.sort_unstable();
+                keep_again.dedup();
+                let keep = Keep {
+                    from: keep_from,
+                    again: keep_again,
+                };
+                self.run(TaskId(task), stage as usize, input, keep, may_spill, myself)
+            }
             JobOrder::Resume { task, may_spill } => {
                 if let Some(mut run) = self.paused.remove(&TaskId(task)) {
                     run.may_spill = may_spill;
@@ -362,7 +371,7 @@ impl RelayState {
         task: TaskId,
         stage: usize,
         input: InputSpec,
-        skip: u32,
+        keep: Keep,
         may_spill: bool,
         myself: &ActorRef<RelayMsg>,
     ) {
@@ -374,7 +383,7 @@ impl RelayState {
                     task,
                     stage,
                     Input::Split(i as usize),
-                    skip,
+                    keep,
                 );
                 run.may_spill = may_spill;
                 return self.dispatch(Box::new(run));
@@ -427,7 +436,7 @@ impl RelayState {
             }
             slices.sort_by_key(|(at, _)| *at);
             let input = Input::Parts(slices.into_iter().map(|(_, s)| s).collect());
-            let mut run = TaskRun::new(ctx.clone(), task, stage, input, skip);
+            let mut run = TaskRun::new(ctx.clone(), task, stage, input, keep);
             run.may_spill = may_spill;
             let pool = ctx.plan.stages[stage].options.pool.map(|p| p.max);
             let _ = manager.cast(NodeMsg::Run {
@@ -575,7 +584,8 @@ mod tests {
             task: 1,
             stage,
             input,
-            skip: 0,
+            keep_from: 0,
+            keep_again: Vec::new(),
             may_spill: false,
         }
     }

@@ -108,7 +108,7 @@ pub fn dispatch(nodes: usize, splits: usize) -> DispatchRun {
                     };
                     started.push((task, node));
                 }
-                Action::Emit(_) => rows_out += 1,
+                Action::Emit { .. } => rows_out += 1,
                 Action::End(_) => break 'run,
                 Action::Resume { .. } | Action::Cancel { .. } | Action::FitReserve { .. } => {}
             }

@@ -17,7 +17,7 @@ use streambatch_plan::{
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
 use crate::budget::Budgets;
-use crate::job::Input;
+use crate::job::{Input, Keep};
 use crate::partition::{Output, Partitioner, Slice};
 
 /// What a task (and the worker running it) tells its job. Tasks hold only
@@ -96,8 +96,9 @@ pub struct TaskRun {
     pending: VecDeque<RecordBatch>,
     /// Outputs produced so far, in order.
     next_seq: u32,
-    /// Outputs an earlier attempt already delivered: recomputed, not stored.
-    skip: u32,
+    /// The outputs to store (an earlier attempt delivered the others:
+    /// they are recomputed, since later ones depend on them, and dropped).
+    keep: Keep,
     /// Set by the executor when nothing else can progress: outputs may
     /// exceed the budget and the store spills to make room.
     pub may_spill: bool,
@@ -159,13 +160,13 @@ pub fn set_up_stage(
 pub type InstanceCache = HashMap<(JobId, usize), (Weak<JobCtx>, SharedInstance)>;
 
 impl TaskRun {
-    /// A new task over `input`, skipping the first `skip` outputs.
+    /// A new task over `input`, storing the outputs `keep` names.
     pub(crate) fn new(
         job: Arc<JobCtx>,
         task: TaskId,
         stage: usize,
         input: Input<Slice>,
-        skip: u32,
+        keep: Keep,
     ) -> Self {
         let target = job.target_bytes;
         Self {
@@ -178,7 +179,7 @@ impl TaskRun {
             partitioner: Partitioner::new(target),
             pending: VecDeque::new(),
             next_seq: 0,
-            skip,
+            keep,
             may_spill: false,
             store_full_at: None,
             busy: Duration::ZERO,
@@ -216,7 +217,9 @@ impl TaskRun {
                     return Ok(false);
                 }
             }
-            if self.exhausted || self.job.cancelled[self.stage].load(Ordering::Relaxed) {
+            let all_kept = self.next_seq > 0 && self.keep.done_after(self.next_seq - 1);
+            if self.exhausted || all_kept || self.job.cancelled[self.stage].load(Ordering::Relaxed)
+            {
                 return Ok(true);
             }
             match self.stream.as_mut().expect("opened above").next() {
@@ -251,7 +254,7 @@ impl TaskRun {
     /// not fit (unless the task may spill: then the store makes room).
     fn store(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>, Error> {
         let seq = self.next_seq;
-        if seq < self.skip {
+        if !self.keep.stores(seq) {
             self.next_seq += 1;
             return Ok(None);
         }

@@ -92,7 +92,10 @@ pub(crate) enum JobOrder {
         task: u64,
         stage: u64,
         input: InputSpec,
-        skip: u32,
+        /// Outputs to store: from `keep_from` on, and those in `keep_again`
+        /// (delivered by an earlier attempt, then lost).
+        keep_from: u32,
+        keep_again: Vec<u32>,
         may_spill: bool,
     },
     /// Resume a task paused here.

@@ -81,7 +81,8 @@ fn seeds() -> Vec<Vec<u8>> {
                     offset: 0,
                     len: 5,
                 }]),
-                skip: 0,
+                keep_from: 0,
+                keep_again: vec![1],
                 may_spill: false,
             },
         })

@@ -36,6 +36,23 @@ impl Drop for Node {
     }
 }
 
+impl Node {
+    /// SIGKILL, as a machine that vanishes: the node cleans nothing up. Its
+    /// shared-memory segments (its store's name starts with its name and
+    /// pid) are removed here, as its next start would.
+    pub fn kill_hard(&mut self) {
+        let pid = self.child.id();
+        self.child.kill().unwrap();
+        let _ = self.child.wait();
+        let prefix = format!("sb-{}-{pid}-", self.name);
+        for entry in std::fs::read_dir("/dev/shm").unwrap().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
 /// What one worker node has.
 #[derive(Clone)]
 pub struct NodeSpec {

@@ -1,0 +1,320 @@
+//! Partitions as the job state holds them, with their lineage: each piece
+//! of rows knows which output of which task it is ([`Origin`]), and each
+//! task's input is kept as those names, so that a partition lost with its
+//! node can be made again by re-running the task that made it (and, for
+//! its input, the tasks before, down to the source).
+//!
+//! Pure values: nothing here touches a node, a store or a clock.
+
+use std::collections::BTreeSet;
+
+use streambatch_core::TaskId;
+
+/// Rows of a stored partition, as the job state sees them.
+pub(crate) trait Part: Clone {
+    /// Rows in this part.
+    fn rows(&self) -> usize;
+    /// Bytes of the whole partition behind it.
+    fn bytes(&self) -> u64;
+    /// Rows `offset..offset + len` of this part.
+    fn sub(&self, offset: usize, len: usize) -> Self;
+    /// The node that holds it.
+    fn node(&self) -> usize;
+}
+
+/// Which output of which task a partition is: its name across re-runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Origin {
+    pub(crate) task: TaskId,
+    pub(crate) seq: u32,
+}
+
+/// Rows `offset..offset + len` of output `from`: what a piece is, whether
+/// or not its partition still exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PieceId {
+    pub(crate) from: Origin,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+/// Rows of an output partition the job holds; `part` is `None` while the
+/// partition is lost (its node is gone) and being made again.
+#[derive(Clone)]
+pub(crate) struct Piece<P> {
+    pub(crate) id: PieceId,
+    pub(crate) part: Option<P>,
+}
+
+impl<P: Part> Piece<P> {
+    /// The whole of output `from`.
+    pub(crate) fn whole(from: Origin, part: P) -> Self {
+        let id = PieceId {
+            from,
+            offset: 0,
+            len: part.rows(),
+        };
+        Self {
+            id,
+            part: Some(part),
+        }
+    }
+
+    /// The piece named `id`, lost.
+    pub(crate) fn lost(id: PieceId) -> Self {
+        Self { id, part: None }
+    }
+
+    /// Rows `offset..offset + len` of this piece.
+    pub(crate) fn sub(&self, offset: usize, len: usize) -> Self {
+        Self {
+            id: PieceId {
+                from: self.id.from,
+                offset: self.id.offset + offset,
+                len,
+            },
+            part: self.part.as_ref().map(|p| p.sub(offset, len)),
+        }
+    }
+
+    /// Forgets the partition when `node` held it. True when it did.
+    pub(crate) fn lose(&mut self, node: usize) -> bool {
+        let held = self.part.as_ref().is_some_and(|p| p.node() == node);
+        if held {
+            self.part = None;
+        }
+        held
+    }
+
+    /// Takes its rows from `whole`, output `from` made again, when this
+    /// piece is of it and lost. True when it did.
+    pub(crate) fn fill(&mut self, from: Origin, whole: &P) -> bool {
+        let filled = self.part.is_none() && self.id.from == from;
+        if filled {
+            self.part = Some(whole.sub(self.id.offset, self.id.len));
+        }
+        filled
+    }
+
+    /// True when its partition is held somewhere.
+    pub(crate) fn held(&self) -> bool {
+        self.part.is_some()
+    }
+}
+
+/// All pieces of a list are held.
+pub(crate) fn all_held<P: Part>(pieces: &[Piece<P>]) -> bool {
+    pieces.iter().all(Piece::held)
+}
+
+/// The lost pieces' origins.
+pub(crate) fn missing<P: Part>(pieces: &[Piece<P>]) -> impl Iterator<Item = Origin> + '_ {
+    pieces.iter().filter(|p| !p.held()).map(|p| p.id.from)
+}
+
+/// What a task reads: a source split, or pieces of upstream outputs.
+#[derive(Clone)]
+pub(crate) enum TaskInput<P> {
+    /// The i-th split of the source.
+    Split(usize),
+    /// Upstream rows.
+    Pieces(Vec<Piece<P>>),
+}
+
+impl<P: Part> TaskInput<P> {
+    /// The lost pieces' origins.
+    pub(crate) fn missing(&self) -> Vec<Origin> {
+        match self {
+            Self::Split(_) => Vec::new(),
+            Self::Pieces(pieces) => missing(pieces).collect(),
+        }
+    }
+
+    /// Forgets the partitions `node` held.
+    pub(crate) fn lose(&mut self, node: usize) {
+        if let Self::Pieces(pieces) = self {
+            for piece in pieces {
+                piece.lose(node);
+            }
+        }
+    }
+
+    /// Fills the lost pieces of output `from` from `whole`.
+    pub(crate) fn fill(&mut self, from: Origin, whole: &P) {
+        if let Self::Pieces(pieces) = self {
+            for piece in pieces {
+                piece.fill(from, whole);
+            }
+        }
+    }
+
+    /// The input without its partitions: the lineage kept once the task
+    /// is done, which holds no memory of the store.
+    pub(crate) fn forget(&self) -> Self {
+        match self {
+            Self::Split(i) => Self::Split(*i),
+            Self::Pieces(pieces) => {
+                Self::Pieces(pieces.iter().map(|p| Piece::lost(p.id)).collect())
+            }
+        }
+    }
+
+    /// Rows read, when known.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::Split(i) => format!("source split {i}"),
+            Self::Pieces(pieces) => {
+                let rows: usize = pieces.iter().map(|p| p.id.len).sum();
+                format!("{} input partition(s), {rows} rows", pieces.len())
+            }
+        }
+    }
+}
+
+/// Which outputs of a task an attempt stores: those from `from` on (not
+/// delivered yet) and the earlier ones in `again` (delivered, then lost).
+/// The others it computes (outputs depend on those before them) and drops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// The first output not delivered yet (`u32::MAX`: all were).
+    pub from: u32,
+    /// Delivered outputs to make again, ascending.
+    pub again: Vec<u32>,
+}
+
+impl Keep {
+    /// Every output: a first attempt.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// An attempt that stores outputs from `from` on and those in `again`.
+    pub(crate) fn of(from: u32, again: &BTreeSet<u32>) -> Self {
+        Self {
+            from,
+            again: again.iter().copied().filter(|&s| s < from).collect(),
+        }
+    }
+
+    /// Whether output `seq` is stored.
+    pub fn stores(&self, seq: u32) -> bool {
+        seq >= self.from || self.again.binary_search(&seq).is_ok()
+    }
+
+    /// True when no output after `seq` is wanted: the attempt may stop.
+    pub fn done_after(&self, seq: u32) -> bool {
+        self.from == u32::MAX && self.again.last().is_none_or(|&last| last <= seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Rows {
+        node: usize,
+        offset: usize,
+        len: usize,
+    }
+
+    impl Part for Rows {
+        fn rows(&self) -> usize {
+            self.len
+        }
+        fn bytes(&self) -> u64 {
+            self.len as u64
+        }
+        fn sub(&self, offset: usize, len: usize) -> Self {
+            Rows {
+                node: self.node,
+                offset: self.offset + offset,
+                len,
+            }
+        }
+        fn node(&self) -> usize {
+            self.node
+        }
+    }
+
+    fn origin(task: u64, seq: u32) -> Origin {
+        Origin {
+            task: TaskId(task),
+            seq,
+        }
+    }
+
+    #[test]
+    fn a_lost_piece_is_filled_with_its_own_rows_of_the_remade_output() {
+        let whole = Rows {
+            node: 1,
+            offset: 0,
+            len: 10,
+        };
+        let mut piece = Piece::whole(origin(3, 0), whole).sub(4, 3);
+        assert!(!piece.lose(0), "node 0 does not hold it");
+        assert!(piece.lose(1));
+        assert!(!piece.fill(
+            origin(3, 1),
+            &Rows {
+                node: 2,
+                offset: 0,
+                len: 10
+            }
+        ));
+        assert!(piece.fill(
+            origin(3, 0),
+            &Rows {
+                node: 2,
+                offset: 0,
+                len: 10
+            }
+        ));
+        assert_eq!(
+            piece.part,
+            Some(Rows {
+                node: 2,
+                offset: 4,
+                len: 3
+            })
+        );
+        assert!(
+            !piece.fill(
+                origin(3, 0),
+                &Rows {
+                    node: 0,
+                    offset: 0,
+                    len: 10
+                }
+            ),
+            "held"
+        );
+    }
+
+    #[test]
+    fn keep_stores_new_outputs_and_the_lost_ones_only() {
+        let keep = Keep::of(5, &BTreeSet::from([1, 3, 7]));
+        assert_eq!(keep.again, vec![1, 3]);
+        let stored: Vec<u32> = (0..8).filter(|&s| keep.stores(s)).collect();
+        assert_eq!(stored, vec![1, 3, 5, 6, 7]);
+        assert!(!keep.done_after(3), "outputs from 5 on are still wanted");
+        let rebuild = Keep::of(u32::MAX, &BTreeSet::from([2, 4]));
+        assert!(!rebuild.done_after(3));
+        assert!(rebuild.done_after(4));
+        assert!(Keep::all().stores(0) && !Keep::all().done_after(100));
+    }
+
+    #[test]
+    fn forgetting_an_input_keeps_what_it_was() {
+        let part = Rows {
+            node: 0,
+            offset: 0,
+            len: 6,
+        };
+        let input = TaskInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)]);
+        let lineage = input.forget();
+        assert_eq!(lineage.missing(), vec![origin(1, 2)]);
+        assert_eq!(lineage.describe(), "1 input partition(s), 4 rows");
+        assert!(input.missing().is_empty());
+    }
+}
