@@ -11,7 +11,7 @@ mod w5;
 
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
-pub use w5::w5;
+pub use w5::{w5, w5_kill_one};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -109,6 +109,59 @@ fn start_node(exe: &Path, dir: &Path, config: &Path, name: &str) -> Result<NodeP
 
 /// Runs W5 with `n` CPU nodes; `dir` holds the cluster's files.
 pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchResult> {
+    Ok(run(n, dir, progress, None)?.0)
+}
+
+/// W5 at `n` CPU nodes twice in one run: clean, then with the last CPU node
+/// killed (SIGKILL) half-way through the clean run's wall time. The second
+/// run must be correct and take at most the clean run's time plus the time
+/// to redo what the lost node ran and held (its re-run and retried CPU
+/// tasks at the mean CPU task time, over the slots left), plus 20%.
+pub fn w5_kill_one(
+    n: usize,
+    dir: &Path,
+    progress: &mut ProgressLines,
+) -> Result<serde_json::Value> {
+    if n < 2 {
+        return Err(failed("--kill-one needs at least 2 CPU nodes".into()));
+    }
+    let (clean, _) = run(n, dir, progress, None)?;
+    *progress = ProgressLines::new(false);
+    let half = clean.wall / 2;
+    let (killed, stats) = run(n, dir, progress, Some(half))?;
+    let cpu = &stats.operators[0];
+    let redone = stats.recovery.rerun_tasks + cpu.retries;
+    let mean_task = cpu.busy.as_secs_f64() / cpu.tasks.max(1) as f64;
+    let redo_s = redone as f64 * mean_task / (8 * (n - 1)) as f64;
+    let clean_s = clean.wall.as_secs_f64();
+    let bound_s = (clean_s + redo_s) * 1.2;
+    let kill_s = killed.wall.as_secs_f64();
+    Ok(serde_json::json!({
+        "workload": "w5",
+        "config": format!("kill_one nodes={n}"),
+        "clean_s": clean_s,
+        "killed_s": kill_s,
+        "killed_at_s": half.as_secs_f64(),
+        "correct": clean.correct && killed.correct,
+        "nodes_lost": stats.recovery.nodes_lost,
+        "lost_partitions": stats.recovery.lost_partitions,
+        "remade_partitions": stats.recovery.remade_partitions,
+        "rerun_tasks": stats.recovery.rerun_tasks,
+        "cpu_retries": cpu.retries,
+        "redo_s": redo_s,
+        "bound_s": bound_s,
+        "within_bound": kill_s <= bound_s,
+    }))
+}
+
+/// One W5 run; with `kill_after`, the last CPU node is killed that long
+/// after the job starts.
+fn run(
+    n: usize,
+    dir: &Path,
+    progress: &mut ProgressLines,
+    kill_after: Option<Duration>,
+) -> Result<(BenchResult, streambatch::JobStats)> {
     let dir = dir.join(format!("w5-{n}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
@@ -137,8 +190,22 @@ pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchRes
         ..Shape::w1(rows)
     };
     let started = Instant::now();
+    let victim = nodes[n - 1].child.id();
+    let killer = kill_after.map(|after| {
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            // SAFETY: kill(2) on the pid of a child not yet reaped (it is
+            // reaped when its NodeProcess drops, after this thread joins).
+            unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+        })
+    });
     let ds = w1_pipeline(ctx.range(rows, shape.partitions), &registry(), shape)?;
-    let id_sum = crate::sum_ids(&ds, progress)?;
+    let id_sum = crate::sum_ids(&ds, progress);
+    if let Some(killer) = killer {
+        let _ = killer.join();
+        remove_segments(&format!("sb-cpu-{n}-{victim}-"));
+    }
+    let id_sum = id_sum?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     if std::env::var_os("W5_PRINT_STATS").is_some() {
@@ -196,7 +263,20 @@ pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchRes
                 .into(),
         ),
     ];
-    Ok(result)
+    Ok((result, stats))
+}
+
+/// Removes the shared-memory segments of a killed node (it could not).
+fn remove_segments(prefix: &str) {
+    for entry in std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// With `W5_PRINT_STATS` set: the job's stats, its pauses for memory and how

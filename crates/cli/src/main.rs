@@ -66,6 +66,10 @@ enum Command {
         /// W5 only: the numbers of CPU nodes to run with, one run each.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         nodes: Vec<usize>,
+        /// W5 only: at each N, a clean run and a run with one CPU node
+        /// killed half-way; prints both times and the bound it must meet.
+        #[arg(long)]
+        kill_one: bool,
     },
 }
 
@@ -187,6 +191,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             rows,
             partitions,
             nodes,
+            kill_one,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
             let mut progress = workloads::ProgressLines::new(progress_lines);
@@ -244,6 +249,11 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                 Workload::W5 => {
                     let dir = base.spill_dir.join("w5");
                     for n in nodes {
+                        if kill_one {
+                            let r = workloads::w5_kill_one(n, &dir, &mut progress)?;
+                            println!("{r}");
+                            continue;
+                        }
                         let r = workloads::w5(n, &dir, &mut progress)?;
                         println!("{}", r.to_json());
                         progress = workloads::ProgressLines::new(progress_lines);
