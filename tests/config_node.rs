@@ -98,6 +98,16 @@ fn failure_keys_are_read_and_checked() {
     let d = NodeConfig::default();
     assert!(!d.retry_user_errors);
     assert_eq!(d.max_errored_partitions, 0);
+    assert_eq!(d.node_timeout_ms, 5_000);
+    let t = NodeConfig::from_toml_str("node_timeout_ms = 1500", "inline").unwrap();
+    assert_eq!(t.node_timeout_ms, 1_500);
+    let err = NodeConfig::from_toml_str("node_timeout_ms = 50", "inline")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node_timeout_ms") && err.contains("200"),
+        "{err}"
+    );
     let err = NodeConfig::from_toml_str("retry_user_errors = 3", "inline.toml")
         .unwrap_err()
         .to_string();

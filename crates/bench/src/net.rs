@@ -233,7 +233,9 @@ impl BareQuinn {
         let e = |e: Box<dyn std::error::Error + Send + Sync>| failed("bare quinn")(e);
         let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
         let mut server_config = server_id.server_config().map_err(|x| e(x.into()))?;
-        server_config.transport_config(streambatch_net::transport());
+        server_config.transport_config(streambatch_net::transport(
+            streambatch_net::DEFAULT_PEER_TIMEOUT,
+        ));
         let server = quinn::Endpoint::server(server_config, any).map_err(|x| e(x.into()))?;
         let addr = server.local_addr().map_err(|x| e(x.into()))?;
         let payload = Arc::new(vec![7u8; len]);
@@ -258,7 +260,9 @@ impl BareQuinn {
         });
         let mut client = quinn::Endpoint::client(any).map_err(|x| e(x.into()))?;
         let mut client_config = client_id.client_config().map_err(|x| e(x.into()))?;
-        client_config.transport_config(streambatch_net::transport());
+        client_config.transport_config(streambatch_net::transport(
+            streambatch_net::DEFAULT_PEER_TIMEOUT,
+        ));
         client.set_default_client_config(client_config);
         let connection = client
             .connect(addr, streambatch_net::tls::SERVER_NAME)

@@ -59,14 +59,22 @@ fn failed(what: String) -> Error {
     }
 }
 
-/// Writes a node's config; `head` is the head's address for other nodes.
-fn node_config(dir: &Path, name: &str, head: Option<&str>, slots: (u32, u32)) -> PathBuf {
+/// Writes a node's config; `head` is the head's address for other nodes,
+/// `timeout_ms` its `node_timeout_ms` (default when `None`).
+fn node_config(
+    dir: &Path,
+    name: &str,
+    head: Option<&str>,
+    slots: (u32, u32),
+    timeout_ms: Option<u32>,
+) -> PathBuf {
     let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
+    let extra = timeout_ms.map_or(String::new(), |ms| format!("node_timeout_ms = {ms}\n"));
     let tls = dir.join("tls");
     let text = format!(
         "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{head}\
          tls_ca = \"{tls}/ca.pem\"\ntls_cert = \"{tls}/{name}.pem\"\ntls_key = \"{tls}/{name}.key\"\n\
-         cpus = {}\ngpus = {}\nstore_capacity = \"300MiB\"\nspill_dir = \"{}\"\n",
+         cpus = {}\ngpus = {}\nstore_capacity = \"300MiB\"\nspill_dir = \"{}\"\n{extra}",
         slots.0,
         slots.1,
         dir.join("store").display(),
@@ -109,11 +117,12 @@ fn start_node(exe: &Path, dir: &Path, config: &Path, name: &str) -> Result<NodeP
 
 /// Runs W5 with `n` CPU nodes; `dir` holds the cluster's files.
 pub fn w5(n: usize, dir: &Path, progress: &mut ProgressLines) -> Result<BenchResult> {
-    Ok(run(n, dir, progress, None)?.0)
+    Ok(run(n, dir, progress, None, None)?.0)
 }
 
 /// W5 at `n` CPU nodes twice in one run: clean, then with the last CPU node
-/// killed (SIGKILL) half-way through the clean run's wall time. The second
+/// killed (SIGKILL) half-way through the clean run's wall time, every node
+/// with `node_timeout_ms` = `timeout_ms` (when given). The second
 /// run must be correct and take at most the clean run's time plus the time
 /// to redo what the lost node ran and held (its re-run and retried CPU
 /// tasks at the mean CPU task time, over the slots left), plus 20%.
@@ -121,14 +130,15 @@ pub fn w5_kill_one(
     n: usize,
     dir: &Path,
     progress: &mut ProgressLines,
+    timeout_ms: Option<u32>,
 ) -> Result<serde_json::Value> {
     if n < 2 {
         return Err(failed("--kill-one needs at least 2 CPU nodes".into()));
     }
-    let (clean, _) = run(n, dir, progress, None)?;
+    let (clean, _) = run(n, dir, progress, None, timeout_ms)?;
     *progress = ProgressLines::new(false);
     let half = clean.wall / 2;
-    let (killed, stats) = run(n, dir, progress, Some(half))?;
+    let (killed, stats) = run(n, dir, progress, Some(half), timeout_ms)?;
     let cpu = &stats.operators[0];
     let redone = stats.recovery.rerun_tasks + cpu.retries;
     let mean_task = cpu.busy.as_secs_f64() / cpu.tasks.max(1) as f64;
@@ -139,6 +149,7 @@ pub fn w5_kill_one(
     Ok(serde_json::json!({
         "workload": "w5",
         "config": format!("kill_one nodes={n}"),
+        "node_timeout_ms": timeout_ms.unwrap_or(5_000),
         "clean_s": clean_s,
         "killed_s": kill_s,
         "killed_at_s": half.as_secs_f64(),
@@ -161,6 +172,7 @@ fn run(
     dir: &Path,
     progress: &mut ProgressLines,
     kill_after: Option<Duration>,
+    timeout_ms: Option<u32>,
 ) -> Result<(BenchResult, streambatch::JobStats)> {
     let dir = dir.join(format!("w5-{n}"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -173,15 +185,20 @@ fn run(
     streambatch::init_cluster(&dir.join("tls"), &names)
         .map_err(|e| failed(format!("certificates: {e}")))?;
 
-    let head = start_node(&exe, &dir, &node_config(&dir, "head", None, (0, 0)), "head")?;
+    let head = start_node(
+        &exe,
+        &dir,
+        &node_config(&dir, "head", None, (0, 0), timeout_ms),
+        "head",
+    )?;
     let mut nodes = vec![];
     for name in &cpu_names {
-        let config = node_config(&dir, name, Some(&head.addr), (8, 0));
+        let config = node_config(&dir, name, Some(&head.addr), (8, 0), timeout_ms);
         nodes.push(start_node(&exe, &dir, &config, name)?);
     }
-    let gpu_config = node_config(&dir, "gpu", Some(&head.addr), (0, 4 * n as u32));
+    let gpu_config = node_config(&dir, "gpu", Some(&head.addr), (0, 4 * n as u32), timeout_ms);
     nodes.push(start_node(&exe, &dir, &gpu_config, "gpu")?);
-    node_config(&dir, "driver", Some(&head.addr), (0, 0));
+    node_config(&dir, "driver", Some(&head.addr), (0, 0), timeout_ms);
     let ctx = Context::connect(dir.join("driver.toml"))?;
 
     let rows = 800 * n as u64;

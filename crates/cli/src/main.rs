@@ -70,6 +70,10 @@ enum Command {
         /// killed half-way; prints both times and the bound it must meet.
         #[arg(long)]
         kill_one: bool,
+        /// W5 --kill-one only: every node's `node_timeout_ms` (how soon a
+        /// silent node is lost; default 5000).
+        #[arg(long, requires = "kill_one")]
+        node_timeout_ms: Option<u32>,
     },
 }
 
@@ -192,6 +196,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             partitions,
             nodes,
             kill_one,
+            node_timeout_ms,
         } => {
             let base = NodeConfig::load(config.as_deref())?;
             let mut progress = workloads::ProgressLines::new(progress_lines);
@@ -250,7 +255,8 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     let dir = base.spill_dir.join("w5");
                     for n in nodes {
                         if kill_one {
-                            let r = workloads::w5_kill_one(n, &dir, &mut progress)?;
+                            let r =
+                                workloads::w5_kill_one(n, &dir, &mut progress, node_timeout_ms)?;
                             println!("{r}");
                             continue;
                         }

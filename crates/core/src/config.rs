@@ -83,6 +83,12 @@ pub struct NodeConfig {
     /// left out of the output, each listed in the job's stats) before it
     /// fails, as Ray Data's `max_errored_blocks`. Default: 0.
     pub max_errored_partitions: u32,
+    /// How long a cluster connection may hear nothing before its peer
+    /// counts as lost (QUIC's idle timeout; keep-alives go at a tenth of
+    /// it, at most every 500 ms). A lost worker's work is redone, a lost
+    /// head ends the jobs. Both ends of a connection use the smaller of
+    /// their values. Default: 5000; at least 200.
+    pub node_timeout_ms: u32,
     /// The node's name in a cluster: the common name of its certificate.
     /// Default: `node`.
     pub name: String,
@@ -99,7 +105,7 @@ pub struct NodeConfig {
     pub tls_key: Option<PathBuf>,
 }
 
-const KNOWN_KEYS: [&str; 16] = [
+const KNOWN_KEYS: [&str; 17] = [
     "cpus",
     "gpus",
     "gpu_adapter",
@@ -110,6 +116,7 @@ const KNOWN_KEYS: [&str; 16] = [
     "max_task_retries",
     "retry_user_errors",
     "max_errored_partitions",
+    "node_timeout_ms",
     "name",
     "listen",
     "head",
@@ -132,6 +139,7 @@ impl Default for NodeConfig {
             max_task_retries: 3,
             retry_user_errors: false,
             max_errored_partitions: 0,
+            node_timeout_ms: 5_000,
             name: "node".into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             head: None,
@@ -216,6 +224,8 @@ impl NodeConfig {
                 "max_errored_partitions",
                 defaults.max_errored_partitions as f64,
             )? as u32,
+            node_timeout_ms: reader.number("node_timeout_ms", defaults.node_timeout_ms as f64)?
+                as u32,
             name: reader.text("name")?.unwrap_or(defaults.name),
             listen: reader.addr("listen")?.unwrap_or(defaults.listen),
             head: reader.addr("head")?,
@@ -230,6 +240,9 @@ impl NodeConfig {
                 "target_partition_bytes"
             };
             return Err(reader.bad(key, "must be greater than zero".into()));
+        }
+        if config.node_timeout_ms < 200 {
+            return Err(reader.bad("node_timeout_ms", "must be at least 200".into()));
         }
         Ok(config)
     }

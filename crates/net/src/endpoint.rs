@@ -46,15 +46,18 @@ pub mod close_code {
     pub const PROTOCOL: u32 = 1;
 }
 
+/// The idle timeout [`Endpoint::bind`] uses: a peer silent this long is lost.
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Transport settings for every connection: keep-alives so that an idle
-/// link stays up, an idle timeout so that a dead peer is noticed within
-/// seconds, and windows large enough for a loopback link to run at full speed.
-pub fn transport() -> Arc<quinn::TransportConfig> {
+/// link stays up, an idle timeout (`peer_timeout`) so that a dead peer is
+/// noticed within it, and windows large enough for a loopback link to run
+/// at full speed.
+pub fn transport(peer_timeout: Duration) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
-    t.keep_alive_interval(Some(Duration::from_millis(500)));
-    t.max_idle_timeout(Some(
-        VarInt::from_u32(5_000).into(), // milliseconds
-    ));
+    let millis = peer_timeout.as_millis().clamp(1, u32::MAX as u128) as u32;
+    t.keep_alive_interval(Some((peer_timeout / 10).min(Duration::from_millis(500))));
+    t.max_idle_timeout(Some(VarInt::from_u32(millis).into()));
     t.stream_receive_window(VarInt::from_u32(16 << 20));
     t.receive_window(VarInt::from_u32(64 << 20));
     t.send_window(64 << 20);
@@ -67,21 +70,33 @@ pub fn transport() -> Arc<quinn::TransportConfig> {
 pub struct Endpoint {
     quic: quinn::Endpoint,
     identity: Identity,
+    peer_timeout: Duration,
 }
 
 impl Endpoint {
     /// Listens on `addr` (port 0 picks a free one) with `identity`. Must be
     /// called inside a tokio runtime.
     pub fn bind(addr: SocketAddr, identity: &Identity) -> Result<Self, NetError> {
+        Self::bind_with_timeout(addr, identity, DEFAULT_PEER_TIMEOUT)
+    }
+
+    /// [`Endpoint::bind`], counting a peer lost once it was silent for
+    /// `peer_timeout`.
+    pub fn bind_with_timeout(
+        addr: SocketAddr,
+        identity: &Identity,
+        peer_timeout: Duration,
+    ) -> Result<Self, NetError> {
         crate::install_crypto();
         let mut server = identity.server_config()?;
-        server.transport_config(transport());
+        server.transport_config(transport(peer_timeout));
         let mut quic = quinn::Endpoint::server(server, addr)
             .map_err(|source| NetError::Bind { addr, source })?;
-        quic.set_default_client_config(client_settings(identity.client_config()?));
+        quic.set_default_client_config(client_settings(identity.client_config()?, peer_timeout));
         Ok(Self {
             quic,
             identity: identity.clone(),
+            peer_timeout,
         })
     }
 
@@ -100,7 +115,7 @@ impl Endpoint {
     /// Connects to the node at `addr`; the handshake checks both sides'
     /// certificates.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Peer, NetError> {
-        let config = client_settings(self.identity.client_config()?);
+        let config = client_settings(self.identity.client_config()?, self.peer_timeout);
         self.connect_with(addr, config).await
     }
 
@@ -167,8 +182,8 @@ pub async fn handshake(incoming: quinn::Incoming) -> Option<Peer> {
     }
 }
 
-fn client_settings(mut config: quinn::ClientConfig) -> quinn::ClientConfig {
-    config.transport_config(transport());
+fn client_settings(mut config: quinn::ClientConfig, peer_timeout: Duration) -> quinn::ClientConfig {
+    config.transport_config(transport(peer_timeout));
     config
 }
 

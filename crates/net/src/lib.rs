@@ -30,7 +30,9 @@ mod transport;
 
 use std::sync::Arc;
 
-pub use endpoint::{Endpoint, Peer, StreamKind, close_code, handshake, transport};
+pub use endpoint::{
+    DEFAULT_PEER_TIMEOUT, Endpoint, Peer, StreamKind, close_code, handshake, transport,
+};
 pub use error::{FrameError, NetError};
 pub use fetch::{Fetched, Locality, MappedLease, PartitionServer, Served};
 pub use tls::{Identity, TlsFiles, init_cluster};

@@ -21,7 +21,7 @@ use streambatch_net::{
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
 use crate::agent::AgentMsg;
-use crate::cluster::{load_identity, runtime};
+use crate::cluster::{load_identity, peer_timeout, runtime};
 use crate::error::ClusterError;
 use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
 use crate::groups::{head_group, node_group, remote_member};
@@ -90,12 +90,12 @@ impl ClusterClient {
         };
         let jobs = RunningJobs::default();
         let (transport, head) = runtime.block_on(async {
-            let endpoint = Endpoint::bind(config.listen, &identity).map_err(|source| {
-                ClusterError::Listen {
-                    origin: origin("listen"),
-                    source,
-                }
-            })?;
+            let endpoint =
+                Endpoint::bind_with_timeout(config.listen, &identity, peer_timeout(config))
+                    .map_err(|source| ClusterError::Listen {
+                        origin: origin("listen"),
+                        source,
+                    })?;
             let here = Locality::here(&config.spill_dir);
             let transport =
                 Transport::start(&config.name, endpoint, Arc::new(NoPartitions), here, None)

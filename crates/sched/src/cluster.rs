@@ -58,7 +58,9 @@ impl ClusterNode {
             source: e.into(),
         })?;
         let endpoint = runtime
-            .block_on(async { Endpoint::bind(config.listen, &identity) })
+            .block_on(async {
+                Endpoint::bind_with_timeout(config.listen, &identity, peer_timeout(config))
+            })
             .map_err(|source| ClusterError::Listen {
                 origin: origin("listen"),
                 source,
@@ -294,4 +296,9 @@ impl NodeEventSubscription for Membership {
     }
 
     fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
+}
+
+/// How long a peer may be silent before it is lost (`node_timeout_ms`).
+pub(crate) fn peer_timeout(config: &NodeConfig) -> Duration {
+    Duration::from_millis(config.node_timeout_ms.into())
 }
