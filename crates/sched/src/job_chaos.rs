@@ -17,17 +17,10 @@ use std::sync::{Arc, Mutex};
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{JobStats, Recovery};
 
-use crate::budget::{Budgets, Reservation};
-use crate::job::{
-    Action, FailurePolicy, Input, JobState, Keep, Memory, Part, PieceId, ShapeKind, StageShape,
-};
+use crate::budget::Budgets;
+use crate::job::{Action, FailurePolicy, Input, JobState, Keep, PieceId, ShapeKind, StageShape};
 use crate::record::Recorder;
-
-const ROW_BYTES: u64 = 100;
-const CAPACITY: u64 = 4_000;
-const RESERVE: u64 = 1_000;
-/// Rows per output of a source task.
-const CHUNK: usize = 3;
+use crate::sim_parts::{CAPACITY, CHUNK, Held, RESERVE, ROW_BYTES, Rows, SimMemory};
 
 /// A small deterministic generator (SplitMix64): the same seed, the same run.
 struct Rng(u64);
@@ -44,63 +37,6 @@ impl Rng {
     /// A number in `lo..hi`.
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.next() % (hi - lo).max(1)
-    }
-}
-
-/// Source rows `start..start + len` held on `node`, with its budget.
-#[derive(Clone)]
-struct Rows {
-    start: u64,
-    len: usize,
-    bytes: u64,
-    node: usize,
-    _held: Arc<Held>,
-}
-
-struct Held {
-    _reservation: Reservation,
-    forced: Option<Arc<AtomicUsize>>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(forced) = &self.forced {
-            forced.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Part for Rows {
-    fn rows(&self) -> usize {
-        self.len
-    }
-    fn bytes(&self) -> u64 {
-        self.bytes
-    }
-    fn sub(&self, offset: usize, len: usize) -> Self {
-        assert!(offset + len <= self.len, "a part is cut within its rows");
-        Self {
-            start: self.start + offset as u64,
-            len,
-            ..self.clone()
-        }
-    }
-    fn node(&self) -> usize {
-        self.node
-    }
-}
-
-struct SimMemory<'a>(&'a [Budgets]);
-
-impl Memory for SimMemory<'_> {
-    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
-        self.0[node].fits(stage, bytes)
-    }
-    fn frees(&self, _node: usize) -> u64 {
-        0
-    }
-    fn held(&self, stage: usize) -> u64 {
-        self.0.iter().map(|b| b.used(stage)).sum()
     }
 }
 

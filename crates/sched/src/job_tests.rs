@@ -14,82 +14,10 @@ use proptest::prelude::*;
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::JobStats;
 
-use crate::budget::{Budgets, Reservation};
-use crate::job::{
-    Action, FailurePolicy, Input, JobState, Keep, Memory, Part, ShapeKind, StageShape,
-};
+use crate::budget::Budgets;
+use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
 use crate::record::Recorder;
-
-const ROW_BYTES: u64 = 100;
-const CAPACITY: u64 = 4_000;
-const RESERVE: u64 = 1_000;
-/// Rows per output of a source task.
-const CHUNK: usize = 3;
-
-/// Source rows `start..start + len`, of a partition of `bytes` bytes whose
-/// budget is held while any part of it lives.
-#[derive(Clone)]
-struct Rows {
-    start: u64,
-    len: usize,
-    bytes: u64,
-    node: usize,
-    _held: Arc<Held>,
-}
-
-struct Held {
-    _reservation: Reservation,
-    /// Counts live outputs admitted over budget (by a task allowed to spill).
-    forced: Option<Arc<AtomicUsize>>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(forced) = &self.forced {
-            forced.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-impl Part for Rows {
-    fn rows(&self) -> usize {
-        self.len
-    }
-
-    fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    fn sub(&self, offset: usize, len: usize) -> Self {
-        assert!(offset + len <= self.len, "a part is cut within its rows");
-        Self {
-            start: self.start + offset as u64,
-            len,
-            ..self.clone()
-        }
-    }
-
-    fn node(&self) -> usize {
-        self.node
-    }
-}
-
-/// Each node's budgets.
-struct SimMemory<'a>(&'a [Budgets]);
-
-impl Memory for SimMemory<'_> {
-    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
-        self.0[node].fits(stage, bytes)
-    }
-
-    fn frees(&self, _node: usize) -> u64 {
-        0
-    }
-
-    fn held(&self, stage: usize) -> u64 {
-        self.0.iter().map(|b| b.used(stage)).sum()
-    }
-}
+use crate::sim_parts::{CAPACITY, CHUNK, Held, RESERVE, ROW_BYTES, Rows, SimMemory};
 
 /// A task the simulated node runs: the rows of each output it will yield.
 struct SimTask {

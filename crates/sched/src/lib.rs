@@ -47,6 +47,8 @@ mod remote;
 mod root;
 mod serve;
 pub mod sim;
+#[cfg(test)]
+mod sim_parts;
 mod task;
 mod wire;
 #[cfg(test)]

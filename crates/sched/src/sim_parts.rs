@@ -1,0 +1,80 @@
+//! What the job state's simulations share (`job_tests`, `job_chaos`):
+//! partitions of source rows held on a simulated node, holding their share
+//! of its budget, and each node's budgets as the job's memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::budget::{Budgets, Reservation};
+use crate::job::{Memory, Part};
+
+pub(crate) const ROW_BYTES: u64 = 100;
+pub(crate) const CAPACITY: u64 = 4_000;
+pub(crate) const RESERVE: u64 = 1_000;
+/// Rows per output of a source task.
+pub(crate) const CHUNK: usize = 3;
+
+/// Source rows `start..start + len`, of a partition of `bytes` bytes whose
+/// budget is held while any part of it lives.
+#[derive(Clone)]
+pub(crate) struct Rows {
+    pub(crate) start: u64,
+    pub(crate) len: usize,
+    pub(crate) bytes: u64,
+    pub(crate) node: usize,
+    pub(crate) _held: Arc<Held>,
+}
+
+pub(crate) struct Held {
+    pub(crate) _reservation: Reservation,
+    /// Counts live outputs admitted over budget (by a task allowed to spill).
+    pub(crate) forced: Option<Arc<AtomicUsize>>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(forced) = &self.forced {
+            forced.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Part for Rows {
+    fn rows(&self) -> usize {
+        self.len
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn sub(&self, offset: usize, len: usize) -> Self {
+        assert!(offset + len <= self.len, "a part is cut within its rows");
+        Self {
+            start: self.start + offset as u64,
+            len,
+            ..self.clone()
+        }
+    }
+
+    fn node(&self) -> usize {
+        self.node
+    }
+}
+
+/// Each node's budgets.
+pub(crate) struct SimMemory<'a>(pub(crate) &'a [Budgets]);
+
+impl Memory for SimMemory<'_> {
+    fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
+        self.0[node].fits(stage, bytes)
+    }
+
+    fn frees(&self, _node: usize) -> u64 {
+        0
+    }
+
+    fn held(&self, stage: usize) -> u64 {
+        self.0.iter().map(|b| b.used(stage)).sum()
+    }
+}
