@@ -620,15 +620,8 @@ impl<P: Part> JobState<P> {
             self.recorder.event(stage, task, EventKind::TaskRetried);
             self.requeue(task);
         }
-        for stage in 0..self.stages.len() {
-            let s = &mut self.stages[stage];
-            for task in std::mem::take(&mut s.retry) {
-                if self.tasks[&task].input.missing().is_empty() {
-                    s.retry.push_back(task);
-                } else {
-                    s.blocked_tasks.push(task);
-                }
-            }
+        self.sort_waiting_tasks();
+        for s in &self.stages {
             for task in &s.blocked_tasks {
                 needed.extend(self.tasks[task].input.missing());
             }
@@ -785,21 +778,27 @@ impl<P: Part> JobState<P> {
         for record in self.tasks.values_mut() {
             record.input.fill(origin, &whole);
         }
-        for stage in 0..self.stages.len() {
-            let s = &mut self.stages[stage];
-            for task in std::mem::take(&mut s.blocked_tasks) {
-                if self.tasks[&task].input.missing().is_empty() {
-                    s.retry.push_back(task);
-                } else {
-                    s.blocked_tasks.push(task);
-                }
-            }
-        }
+        self.sort_waiting_tasks();
         for mut piece in std::mem::take(&mut self.reemit) {
             if piece.fill(origin, &whole) {
                 self.emit(piece);
             } else {
                 self.reemit.push(piece);
+            }
+        }
+    }
+
+    /// Sorts each stage's tasks waiting to run again by their input: whole
+    /// ones to the retry queue, in order, those missing a piece aside.
+    fn sort_waiting_tasks(&mut self) {
+        for s in &mut self.stages {
+            let waiting: Vec<TaskId> = s.retry.drain(..).chain(s.blocked_tasks.drain(..)).collect();
+            for task in waiting {
+                if self.tasks[&task].input.missing().is_empty() {
+                    s.retry.push_back(task);
+                } else {
+                    s.blocked_tasks.push(task);
+                }
             }
         }
     }
