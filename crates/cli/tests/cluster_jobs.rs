@@ -343,16 +343,17 @@ fn w1_ids(ctx: &Context) -> (Vec<i64>, streambatch::JobStats) {
     .unwrap();
     let mut ids = Vec::new();
     for batch in ds.iter_batches().unwrap() {
-        let batch = batch.unwrap();
-        let column = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<arrow_array::Int64Array>()
-            .unwrap();
-        ids.extend_from_slice(column.values());
+        ids.extend_from_slice(ids_of(&batch.unwrap()));
     }
     ids.sort_unstable();
     (ids, ds.stats().unwrap())
+}
+
+/// The ids (first column) of a W1-shaped job's output batch.
+fn ids_of(batch: &arrow_array::RecordBatch) -> &[i64] {
+    let column = batch.column(0).as_any();
+    let ids = column.downcast_ref::<arrow_array::Int64Array>().unwrap();
+    ids.values()
 }
 
 /// Runs the W1-shaped job on a CPU node and a GPU node whose processes
@@ -418,13 +419,7 @@ fn a_killed_worker_costs_only_what_it_held_and_ran() {
     let mut ids = Vec::new();
     let mut killed = false;
     for batch in ds.iter_batches().unwrap() {
-        let batch = batch.unwrap();
-        let column = batch
-            .column(0)
-            .as_any()
-            .downcast_ref::<arrow_array::Int64Array>()
-            .unwrap();
-        ids.extend_from_slice(column.values());
+        ids.extend_from_slice(ids_of(&batch.unwrap()));
         if !killed && ids.len() >= rows as usize / 3 {
             let node = cluster.nodes.iter_mut().find(|n| n.name == "worker-2");
             node.unwrap().kill_hard();
