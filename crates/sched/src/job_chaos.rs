@@ -20,7 +20,7 @@ use streambatch_plan::{JobStats, Recovery};
 use crate::budget::Budgets;
 use crate::job::{Action, FailurePolicy, Input, JobState, Keep, PieceId, ShapeKind, StageShape};
 use crate::record::Recorder;
-use crate::sim_parts::{CAPACITY, CHUNK, Held, RESERVE, ROW_BYTES, Rows, SimMemory};
+use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
 
 /// A small deterministic generator (SplitMix64): the same seed, the same run.
 struct Rng(u64);
@@ -179,10 +179,7 @@ fn run(seed: u64) -> Result<Run, String> {
                         return Err(format!("task {task} started on node {node}, not up"));
                     }
                     let outputs = match input {
-                        Input::Split(i) => (0..split_rows[i])
-                            .step_by(CHUNK)
-                            .map(|o| (bases[i] + o as u64, CHUNK.min(split_rows[i] - o)))
-                            .collect(),
+                        Input::Split(i) => split_outputs(bases[i], split_rows[i]),
                         Input::Parts(parts) => {
                             if let Some(p) = parts.iter().find(|p| state[p.node] == NodeState::Gone)
                             {
@@ -334,18 +331,7 @@ fn run(seed: u64) -> Result<Run, String> {
         let (start, len) = t.outputs[t.next];
         let bytes = len as u64 * ROW_BYTES;
         let budget = &budgets[t.node];
-        let held = if t.may_spill {
-            forced.fetch_add(1, Ordering::SeqCst);
-            Held {
-                _reservation: budget.force_admit(t.stage, bytes),
-                forced: Some(forced.clone()),
-            }
-        } else if let Ok(reservation) = budget.try_admit(t.stage, bytes) {
-            Held {
-                _reservation: reservation,
-                forced: None,
-            }
-        } else {
+        let Some(held) = Held::admit(budget, t.stage, bytes, t.may_spill, &forced) else {
             let t = running.remove(&id).expect("found above");
             if job.on_paused(id, bytes, None) {
                 paused.insert(id, t);

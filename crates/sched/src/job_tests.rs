@@ -17,7 +17,7 @@ use streambatch_plan::JobStats;
 use crate::budget::Budgets;
 use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
 use crate::record::Recorder;
-use crate::sim_parts::{CAPACITY, CHUNK, Held, RESERVE, ROW_BYTES, Rows, SimMemory};
+use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
 
 /// A task the simulated node runs: the rows of each output it will yield.
 struct SimTask {
@@ -136,13 +136,7 @@ fn simulate(
                     may_spill,
                 } => {
                     let outputs = match input {
-                        Input::Split(i) => (0..split_rows[i])
-                            .step_by(CHUNK)
-                            .map(|o| {
-                                let len = CHUNK.min(split_rows[i] - o);
-                                (bases[i] + o as u64, len)
-                            })
-                            .collect(),
+                        Input::Split(i) => split_outputs(bases[i], split_rows[i]),
                         Input::Parts(parts) => parts.iter().map(|p| (p.start, p.len)).collect(),
                     };
                     running.insert(
@@ -219,18 +213,7 @@ fn simulate(
         let bytes = len as u64 * ROW_BYTES;
         let node = t.node;
         let budget = &budgets[node];
-        let held = if t.may_spill {
-            forced.fetch_add(1, Ordering::SeqCst);
-            Held {
-                _reservation: budget.force_admit(t.stage, bytes),
-                forced: Some(forced.clone()),
-            }
-        } else if let Ok(reservation) = budget.try_admit(t.stage, bytes) {
-            Held {
-                _reservation: reservation,
-                forced: None,
-            }
-        } else {
+        let Some(held) = Held::admit(budget, t.stage, bytes, t.may_spill, &forced) else {
             let t = running.remove(&id).expect("picked from running");
             if job.on_paused(id, bytes, None) {
                 paused.insert(id, t);

@@ -31,6 +31,41 @@ pub(crate) struct Held {
     pub(crate) forced: Option<Arc<AtomicUsize>>,
 }
 
+impl Held {
+    /// Admits an output of `bytes` bytes of `stage` to `budget`: forced
+    /// (over budget, counted in `forced` while it lives) when the task may
+    /// spill, else only when it fits. `None`: the task must pause.
+    pub(crate) fn admit(
+        budget: &Budgets,
+        stage: usize,
+        bytes: u64,
+        may_spill: bool,
+        forced: &Arc<AtomicUsize>,
+    ) -> Option<Self> {
+        if may_spill {
+            forced.fetch_add(1, Ordering::SeqCst);
+            return Some(Held {
+                _reservation: budget.force_admit(stage, bytes),
+                forced: Some(forced.clone()),
+            });
+        }
+        let reservation = budget.try_admit(stage, bytes).ok()?;
+        Some(Held {
+            _reservation: reservation,
+            forced: None,
+        })
+    }
+}
+
+/// The outputs of a source task over `rows` rows from id `base` on: the
+/// first id and length of each, `CHUNK` rows at a time.
+pub(crate) fn split_outputs(base: u64, rows: usize) -> Vec<(u64, usize)> {
+    (0..rows)
+        .step_by(CHUNK)
+        .map(|o| (base + o as u64, CHUNK.min(rows - o)))
+        .collect()
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(forced) = &self.forced {
