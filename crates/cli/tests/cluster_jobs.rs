@@ -462,6 +462,31 @@ fn a_killed_worker_costs_only_what_it_held_and_ran() {
 }
 
 #[test]
+fn a_failed_relay_costs_its_node_to_that_job_only() {
+    // worker-2's relay panics on the 3rd order the node gets: the job
+    // counts worker-2 lost and makes what it held again elsewhere; the
+    // node itself stays, and runs the next job.
+    let cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2),
+        NodeSpec::cpu("worker-2", 2).with_env("SB_FAILPOINTS", "relay.panic=3"),
+        NodeSpec::gpu("gpu", 2),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let (ids, stats) = w1_ids(&ctx);
+    assert_eq!(ids, (0..40).collect::<Vec<i64>>());
+    assert_eq!(
+        stats.recovery.nodes_lost,
+        vec!["worker-2".to_string()],
+        "{stats}"
+    );
+    let (ids, stats) = w1_ids(&ctx);
+    assert_eq!(ids, (0..40).collect::<Vec<i64>>());
+    assert!(stats.recovery.nodes_lost.is_empty(), "{stats}");
+    let worker_2 = stats.nodes.iter().find(|n| n.name == "worker-2").unwrap();
+    assert!(worker_2.tasks > 0, "{stats}");
+}
+
+#[test]
 fn a_lost_head_ends_running_jobs_and_workers_join_a_new_one() {
     // Slow tasks: 60 of 300 ms on 2 slots outlast the 5 s it takes to see
     // that a killed node is gone.

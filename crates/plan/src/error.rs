@@ -148,6 +148,15 @@ pub enum Error {
     /// The node manager stopped while the job still had tasks to run.
     #[error("the node manager has stopped; the job cannot go on")]
     NodeStopped,
+    /// A part of the job's machinery failed and its supervisor ended the
+    /// job (docs/architecture.md, "Supervision").
+    #[error("{actor} failed, so the job ended: {reason}")]
+    ActorFailed {
+        /// What failed ("the job's executor", "the node manager", ...).
+        actor: String,
+        /// Why.
+        reason: String,
+    },
     /// The executor stopped without saying how the job ended.
     #[error("the executor stopped without finishing the job")]
     JobLost,

@@ -18,9 +18,12 @@ use streambatch_store::{ObjectStore, SharedStore};
 
 use crate::groups::{head_group, node_group, remote_member};
 use crate::msg::NodeMsg;
+use crate::port::PortMsg;
 use crate::relay::{JobRelay, RelayArgs, RelayMsg};
 use crate::serve::StoreServer;
-use crate::wire::{JobKey, JobStart, Members, NodeInfo, Order};
+use crate::wire::{
+    Happened, JobKey, JobStart, Members, NodeEvent, NodeInfo, Order, Pulled, StoreView,
+};
 
 /// Messages of the NodeAgent. Payloads are rkyv archives (see `wire`).
 #[derive(RactorClusterMessage)]
@@ -142,16 +145,28 @@ impl Actor for NodeAgent {
         event: SupervisionEvent,
         state: &mut AgentState,
     ) -> Result<(), ActorProcessingErr> {
-        // A relay that stopped (its job ended) or failed is forgotten; the
-        // driver hears of a failure through the job's membership.
-        if let SupervisionEvent::ActorTerminated(cell, ..)
-        | SupervisionEvent::ActorFailed(cell, _) = event
-        {
-            state
-                .jobs
-                .retain(|_, relay| relay.get_id() != cell.get_id());
-            state.stop_if_drained(&myself);
+        // A relay that stopped (its job ended) or failed is forgotten. One
+        // that failed is not started again (what it held is gone with it):
+        // its driver hears that the job lost this node, and makes what the
+        // node held again elsewhere, as for a node that died.
+        let (cell, failure) = match event {
+            SupervisionEvent::ActorTerminated(cell, ..) => (cell, None),
+            SupervisionEvent::ActorFailed(cell, err) => (cell, Some(err.to_string())),
+            _ => return Ok(()),
+        };
+        let key = state
+            .jobs
+            .iter()
+            .find(|(_, relay)| relay.get_id() == cell.get_id())
+            .map(|(key, _)| key.clone());
+        if let Some(key) = key {
+            state.jobs.remove(&key);
+            if let Some(why) = failure {
+                tracing::error!(job = key.job, %why, "a job's relay failed");
+                state.report_relay_failed(&key, why);
+            }
         }
+        state.stop_if_drained(&myself);
         Ok(())
     }
 
@@ -230,6 +245,21 @@ impl Actor for NodeAgent {
 }
 
 impl AgentState {
+    /// Tells job `key`'s driver that the job's relay here failed.
+    fn report_relay_failed(&self, key: &JobKey, message: String) {
+        let Some(port) = remote_member::<PortMsg>(&key.port_group()) else {
+            return; // the driver is gone too
+        };
+        let event = NodeEvent {
+            node: self.info.name.clone(),
+            job: key.job,
+            happened: Happened::RelayFailed { message },
+            store: StoreView::default(),
+            pulled: Pulled::default(),
+        };
+        let _ = port.cast(PortMsg::Event(frame::encode(&event).to_vec()));
+    }
+
     /// A draining node with no job left stops (its root supervisor sees
     /// the agent stop and stops the node cleanly).
     fn stop_if_drained(&self, myself: &ActorRef<AgentMsg>) {

@@ -23,14 +23,14 @@ use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use crate::agent::AgentMsg;
 use crate::cluster::{load_identity, peer_timeout, runtime};
 use crate::error::ClusterError;
-use crate::executor::{Executor, ExecutorArgs, Nodes, sizing};
+use crate::executor::{ExecutorArgs, Nodes, sizing};
 use crate::groups::{head_group, node_group, remote_member};
 use crate::msg::ExecutorMsg;
 use crate::output::JobOutput;
 use crate::partition::{RemotePart, RemoteSource};
 use crate::plan_wire::PlanSpec;
-use crate::port::JobPort;
 use crate::remote::RemoteNode;
+use crate::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
 
 /// Room in a cluster frame for ractor_cluster's envelope around a payload.
@@ -48,6 +48,9 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 /// A driver connected to a cluster's head.
 pub struct ClusterClient {
     runtime: tokio::runtime::Runtime,
+    /// The root of this driver's actors: its transport, jobs' ports and
+    /// executors (see `supervise`).
+    supervisor: ActorRef<SupervisorMsg>,
     transport: Transport,
     head: ActorRef<AgentMsg>,
     config: NodeConfig,
@@ -89,7 +92,13 @@ impl ClusterClient {
             source,
         };
         let jobs = RunningJobs::default();
-        let (transport, head) = runtime.block_on(async {
+        let (supervisor, transport, head) = runtime.block_on(async {
+            let (supervisor, _) = Actor::spawn(None, Supervisor, SupervisorArgs { manager: None })
+                .await
+                .map_err(|e| ClusterError::Start {
+                    what: "the driver's supervisor",
+                    source: e.into(),
+                })?;
             let endpoint =
                 Endpoint::bind_with_timeout(config.listen, &identity, peer_timeout(config))
                     .map_err(|source| ClusterError::Listen {
@@ -97,13 +106,19 @@ impl ClusterClient {
                         source,
                     })?;
             let here = Locality::here(&config.spill_dir);
-            let transport =
-                Transport::start(&config.name, endpoint, Arc::new(NoPartitions), here, None)
-                    .await
-                    .map_err(|source| ClusterError::Start {
-                        what: "the transport",
-                        source: source.into(),
-                    })?;
+            let transport = Transport::start(
+                &config.name,
+                endpoint,
+                Arc::new(NoPartitions),
+                here,
+                Some(supervisor.get_cell()),
+            )
+            .await
+            .map_err(|source| ClusterError::Start {
+                what: "the transport",
+                source: source.into(),
+            })?;
+            let _ = supervisor.cast(SupervisorMsg::Transport(transport.node_server().get_id()));
             let head_name: Arc<Mutex<String>> = Arc::default();
             let lost = NodeLoss {
                 jobs: jobs.clone(),
@@ -126,10 +141,11 @@ impl ClusterClient {
                 let why = "the QUIC connection opened but the actor session did not";
                 unreachable(NetError::Config(why.into()))
             })?;
-            Ok((transport, agent))
+            Ok((supervisor, transport, agent))
         })?;
         Ok(Self {
             runtime,
+            supervisor,
             transport,
             head,
             config: config.clone(),
@@ -342,12 +358,16 @@ impl Runner for ClusterClient {
         });
         let joining = crate::executor::Joining::default();
         let (port, executor, watcher) = self.runtime.block_on(async {
-            let (port, _) = Actor::spawn(None, JobPort, (key.clone(), executor_cell.clone()))
-                .await
-                .map_err(|e| Error::Start {
-                    what: "the job's port",
-                    source: e.into(),
-                })?;
+            let executor = executor_cell.clone();
+            let port = ractor::call!(self.supervisor, |reply| SupervisorMsg::OpenPort {
+                key: key.clone(),
+                executor,
+                reply
+            })
+            .map_err(|e| Error::Start {
+                what: "the job's port",
+                source: e.into(),
+            })??;
             let (nodes, start) = match self.start_on_nodes(&key, (&plan, &spec), members).await {
                 Ok(started) => started,
                 Err(e) => {
@@ -374,13 +394,23 @@ impl Runner for ClusterClient {
                 output,
                 live: live.clone(),
             };
-            let (executor, _) = Actor::spawn(None, Executor, args).await.map_err(|e| {
-                port.stop(None);
-                Error::Start {
-                    what: "the executor",
-                    source: e.into(),
+            let ending = source.clone();
+            let started = ractor::call!(self.supervisor, |reply| SupervisorMsg::StartJob {
+                args: Box::new(args),
+                end: Box::new(move || ending.end_job()),
+                reply
+            })
+            .map_err(|e| Error::Start {
+                what: "the executor",
+                source: e.into(),
+            });
+            let executor = match started.and_then(|s| s) {
+                Ok(executor) => executor,
+                Err(e) => {
+                    port.stop(None);
+                    return Err(e);
                 }
-            })?;
+            };
             self.jobs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -422,6 +452,7 @@ impl Runner for ClusterClient {
 impl Drop for ClusterClient {
     fn drop(&mut self) {
         self.transport.stop();
+        self.supervisor.stop(None);
     }
 }
 
@@ -483,6 +514,26 @@ impl RemoteSource for ClusterSource {
                 order: JobOrder::Release { ids: vec![id] },
             };
             let _ = agent.cast(AgentMsg::Order(frame::encode(&order).to_vec()));
+        }
+    }
+}
+
+impl ClusterSource {
+    /// Tells every node of the job (those that joined it too) that it
+    /// ended: for a job whose executor failed before it could.
+    fn end_job(&self) {
+        let order = Order {
+            key: self.key.clone(),
+            order: JobOrder::End,
+        };
+        let bytes = frame::encode(&order).to_vec();
+        for agent in self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            let _ = agent.cast(AgentMsg::Order(bytes.clone()));
         }
     }
 }

@@ -293,6 +293,10 @@ impl Actor for Executor {
         if state.job.ended() {
             return Ok(());
         }
+        #[cfg(feature = "failpoints")]
+        if matches!(msg, ExecutorMsg::Task(_) | ExecutorMsg::Node(_)) {
+            crate::failpoint::executor(state.job_id());
+        }
         match msg {
             ExecutorMsg::Task(event) => state.on_task_event(event),
             ExecutorMsg::Node(event) => state.on_node_event(event),
@@ -310,6 +314,7 @@ impl Actor for Executor {
                 }
             }
             ExecutorMsg::Cancel => state.job.cancel(),
+            ExecutorMsg::Abort(error) => state.job.fail(error),
             ExecutorMsg::MemoryFreed => {}
             ExecutorMsg::Read { id, read } => state.job.on_read(id, read),
         }
@@ -319,6 +324,14 @@ impl Actor for Executor {
 }
 
 impl ExecState {
+    #[cfg(feature = "failpoints")]
+    fn job_id(&self) -> u64 {
+        match &self.backend {
+            Backend::Local(local) => local.ctx.job.0,
+            Backend::Remote(remote) => remote.key.job,
+        }
+    }
+
     fn on_task_event(&mut self, event: TaskEvent) {
         let job = &mut self.job;
         match event {
@@ -398,6 +411,10 @@ impl ExecState {
         if remote.gone[node] {
             return;
         }
+        if let Happened::RelayFailed { message } = &event.happened {
+            tracing::warn!(node = %event.node, %message, "the job's relay failed; the node is lost to the job");
+            return self.on_node_lost(event.node);
+        }
         remote.stores[node] = event.store;
         let pulled = event.pulled;
         let job = &mut self.job;
@@ -408,7 +425,10 @@ impl ExecState {
             | Happened::Paused { task, .. }
             | Happened::Finished { task, .. }
             | Happened::Lost { task, .. } => Some(TaskId(task)),
-            Happened::Failed { .. } | Happened::MemoryFreed | Happened::Draining => None,
+            Happened::Failed { .. }
+            | Happened::MemoryFreed
+            | Happened::Draining
+            | Happened::RelayFailed { .. } => None,
         };
         if task.is_some_and(|task| job.node_of(task) != Some(node)) {
             return;
@@ -468,6 +488,7 @@ impl ExecState {
             Happened::Lost { task, message } => job.on_lost(TaskId(task), message),
             Happened::MemoryFreed => {}
             Happened::Draining => job.drain_node(node),
+            Happened::RelayFailed { .. } => {} // handled above
         }
     }
 

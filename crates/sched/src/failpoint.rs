@@ -3,8 +3,9 @@
 //! between them:
 //!
 //! - `worker.panic=SEED:PERCENT`: a worker panics before running a task,
-//!   for about PERCENT % of task ids, chosen by a hash of SEED and the id;
-//!   each chosen task panics once per process, so its retry runs.
+//!   for about PERCENT % of tasks, chosen by a hash of SEED, the job's id
+//!   and the task's; each chosen task panics once per process, so its
+//!   retry runs (and a loop of jobs panics in every job).
 //! - `worker.sleep=MS`: a worker sleeps MS milliseconds before each task
 //!   (a job slow enough to be killed half-way).
 //! - `store.put=SEED:PERCENT`: storing a task's output fails (a store
@@ -12,6 +13,10 @@
 //!   each once per process.
 //! - `fetch=SEED:PERCENT`: pulling an input partition from another node
 //!   fails for about PERCENT % of (task, partition) pairs, once each.
+//! - `executor.panic=JOB`: the executor of job JOB (this process's job
+//!   ids) panics on the first task event it handles.
+//! - `relay.panic=N`: the relay that handles the N-th job order this
+//!   process gets panics (once per process).
 //!
 //! (Not a `STREAMBATCH_` variable: those are config keys.)
 
@@ -25,6 +30,8 @@ struct Faults {
     worker_sleep: Option<u64>,
     store_put: Option<(u64, u64)>,
     fetch: Option<(u64, u64)>,
+    executor_panic: Option<u64>,
+    relay_panic: Option<u64>,
     /// What each fault has hit in this process, so that each hits once.
     hit: Mutex<HashSet<(&'static str, u64, u64)>>,
 }
@@ -40,12 +47,15 @@ fn faults() -> &'static Faults {
             })
         };
         let worker_panic = chance("worker.panic");
-        let worker_sleep = spec
-            .split(';')
-            .find_map(|f| f.strip_prefix("worker.sleep=")?.parse().ok());
+        let number = |name: &str| {
+            spec.split(';')
+                .find_map(|f| f.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        };
         Faults {
             worker_panic,
-            worker_sleep,
+            worker_sleep: number("worker.sleep"),
+            executor_panic: number("executor.panic"),
+            relay_panic: number("relay.panic"),
             store_put: chance("store.put"),
             fetch: chance("fetch"),
             hit: Mutex::default(),
@@ -54,14 +64,32 @@ fn faults() -> &'static Faults {
 }
 
 /// Sleeps as `worker.sleep` says, then panics if `worker.panic` chose
-/// `task` and it has not panicked here yet.
-pub(crate) fn worker(task: TaskId) {
+/// `task` of job `job` and it has not panicked here yet.
+pub(crate) fn worker(job: u64, task: TaskId) {
     let faults = faults();
     if let Some(ms) = faults.worker_sleep {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
-    if faults.hits("worker.panic", faults.worker_panic, task.0, 0) {
-        panic!("failpoint worker.panic: task {task}");
+    if faults.hits("worker.panic", faults.worker_panic, task.0, job) {
+        panic!("failpoint worker.panic: job {job}, task {task}");
+    }
+}
+
+/// Panics if `executor.panic` names `job` (once).
+pub(crate) fn executor(job: u64) {
+    let faults = faults();
+    if faults.executor_panic == Some(job) && faults.once("executor.panic", job, 0) {
+        panic!("failpoint executor.panic: job {job}");
+    }
+}
+
+/// Counts an order of `job` that a relay handles, and panics if it is
+/// the one `relay.panic` names.
+pub(crate) fn relay(job: u64) {
+    static ORDERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let order = ORDERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+    if faults().relay_panic == Some(order) {
+        panic!("failpoint relay.panic: job {job}, order {order}");
     }
 }
 
@@ -88,12 +116,13 @@ impl Faults {
             return false;
         };
         let key = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        mix(seed ^ key) % 100 < percent
-            && self
-                .hit
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((fault, a, b))
+        mix(seed ^ key) % 100 < percent && self.once(fault, a, b)
+    }
+
+    /// True the first time `fault` hits `(a, b)` in this process.
+    fn once(&self, fault: &'static str, a: u64, b: u64) -> bool {
+        let mut hit = self.hit.lock().unwrap_or_else(|p| p.into_inner());
+        hit.insert((fault, a, b))
     }
 }
 

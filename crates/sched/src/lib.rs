@@ -49,6 +49,7 @@ mod serve;
 pub mod sim;
 #[cfg(test)]
 mod sim_parts;
+mod supervise;
 mod task;
 mod wire;
 #[cfg(test)]

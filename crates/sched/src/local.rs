@@ -1,5 +1,6 @@
-//! An embedded one-node cluster: a tokio runtime, a NodeManager with its
-//! workers, and a store, all in this process. It runs jobs for `Dataset`.
+//! An embedded one-node cluster: a tokio runtime, a Supervisor over the
+//! NodeManager (with its workers) and the jobs' executors, and a store, all
+//! in this process. It runs jobs for `Dataset`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -10,10 +11,11 @@ use streambatch_core::{JobId, NodeConfig, NodeId};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
-use crate::executor::{Executor, ExecutorArgs, Nodes};
-use crate::msg::{JobItem, NodeMsg};
-use crate::node::{NodeArgs, NodeManager};
+use crate::executor::{ExecutorArgs, Nodes};
+use crate::msg::JobItem;
+use crate::node::NodeArgs;
 use crate::output::JobOutput;
+use crate::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::worker::WorkerThreads;
 
 /// One node running in this process.
@@ -30,7 +32,7 @@ use crate::worker::WorkerThreads;
 /// ```
 pub struct LocalCluster {
     runtime: Option<tokio::runtime::Runtime>,
-    node: ActorRef<NodeMsg>,
+    supervisor: ActorRef<SupervisorMsg>,
     threads: WorkerThreads,
     store: Arc<dyn ObjectStore>,
     config: NodeConfig,
@@ -59,27 +61,30 @@ impl LocalCluster {
             })?;
         let threads = WorkerThreads::default();
         // Spawn from a plain thread so that starting works inside an async context too.
-        let node = std::thread::scope(|s| {
-            let args = NodeArgs {
-                // The embedded node is the only one: the first id.
-                id: NodeId(0),
-                threads: threads.clone(),
-            };
-            s.spawn(|| runtime.block_on(Actor::spawn(None, NodeManager, args)))
+        let manager = NodeArgs {
+            // The embedded node is the only one: the first id.
+            id: NodeId(0),
+            threads: threads.clone(),
+        };
+        let args = SupervisorArgs {
+            manager: Some(manager),
+        };
+        let supervisor = std::thread::scope(|s| {
+            s.spawn(|| runtime.block_on(Actor::spawn(None, Supervisor, args)))
                 .join()
         })
         .map_err(|_| Error::Start {
-            what: "the node manager",
+            what: "the node's supervisor",
             source: "it panicked".into(),
         })?
         .map_err(|e| Error::Start {
-            what: "the node manager",
+            what: "the node's supervisor",
             source: e.into(),
         })?
         .0;
         Ok(Self {
             runtime: Some(runtime),
-            node,
+            supervisor,
             threads,
             store,
             config,
@@ -97,25 +102,33 @@ impl Runner for LocalCluster {
     fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>> {
         let (output, rx) = mpsc::channel();
         let live = Arc::new(Mutex::new(JobStats::default()));
-        let args = ExecutorArgs {
-            job: JobId(self.next_job.fetch_add(1, Ordering::Relaxed)),
+        let (store, config) = (self.store.clone(), self.config.clone());
+        let (job_output, job_live) = (output.clone(), live.clone());
+        let job = JobId(self.next_job.fetch_add(1, Ordering::Relaxed));
+        let job = Box::new(move |manager| ExecutorArgs {
+            job,
             plan: Arc::new(plan),
-            nodes: Nodes::Local {
-                manager: self.node.clone(),
-                store: self.store.clone(),
-            },
-            config: self.config.clone(),
-            output: output.clone(),
-            live: live.clone(),
-        };
+            nodes: Nodes::Local { manager, store },
+            config,
+            output: job_output,
+            live: job_live,
+        });
+        let supervisor = self.supervisor.clone();
         let runtime = self.runtime.as_ref().expect("present until drop");
         runtime.spawn(async move {
-            if let Err(e) = Actor::spawn(None, Executor, args).await {
-                let _ = output.send(JobItem::End(Err(Error::Start {
+            let started = ractor::call!(supervisor, |reply| SupervisorMsg::StartLocalJob {
+                job,
+                reply
+            });
+            let failed = match started {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => e,
+                Err(e) => Error::Start {
                     what: "the executor",
                     source: e.into(),
-                })));
-            }
+                },
+            };
+            let _ = output.send(JobItem::End(Err(failed)));
         });
         Ok(Box::new(JobOutput::new(rx, live, None)))
     }
@@ -127,7 +140,7 @@ impl Runner for LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        self.node.stop(None);
+        self.supervisor.stop(None);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));
         }

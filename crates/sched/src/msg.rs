@@ -25,6 +25,8 @@ pub enum ExecutorMsg {
     NodeJoined,
     /// The driver dropped the job's output: the job ends.
     Cancel,
+    /// A supervisor ends the job: a part it depends on failed.
+    Abort(streambatch_plan::Error),
     /// Output memory was returned; paused work may fit now.
     MemoryFreed,
     /// The driver read the output rows `id` names (`read`), or found them

@@ -5,25 +5,21 @@
 //! executor retries it.
 
 use std::collections::{HashSet, VecDeque};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::{JobId, NodeId, TaskId};
 
 use crate::msg::{NodeMsg, WorkerMsg};
+use crate::supervise::{RestartPolicy, Restarts};
 use crate::task::{TaskEvent, TaskEvents, TaskRun};
 use crate::worker::{Worker, WorkerArgs, WorkerThreads};
-
-/// Worker restarts allowed within [`RESTART_WINDOW`] before the node gives up
-/// (escalates to its own supervisor): a worker that fails that often is
-/// broken, not unlucky.
-const MAX_RESTARTS: usize = 100;
-const RESTART_WINDOW: Duration = Duration::from_secs(10);
 
 /// The NodeManager actor.
 pub(crate) struct NodeManager;
 
 /// What a NodeManager is started with.
+#[derive(Clone)]
 pub(crate) struct NodeArgs {
     /// The node's id, named in every task's span.
     pub(crate) id: NodeId,
@@ -44,7 +40,8 @@ struct Slot {
 pub struct NodeState {
     workers: Vec<Slot>,
     waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
-    restarts: VecDeque<Instant>,
+    /// Its workers' failures, against `RestartPolicy::WORKER`.
+    restarts: Restarts,
     id: NodeId,
     threads: WorkerThreads,
 }
@@ -62,7 +59,7 @@ impl Actor for NodeManager {
         Ok(NodeState {
             workers: Vec::new(),
             waiting: VecDeque::new(),
-            restarts: VecDeque::new(),
+            restarts: Restarts::new(RestartPolicy::WORKER),
             id: args.id,
             threads: args.threads,
         })
@@ -134,20 +131,10 @@ impl Actor for NodeManager {
         else {
             return Ok(());
         };
-        let now = Instant::now();
-        state.restarts.push_back(now);
-        while state
-            .restarts
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > RESTART_WINDOW)
-        {
-            state.restarts.pop_front();
-        }
-        if state.restarts.len() > MAX_RESTARTS {
-            return Err(format!(
-                "workers failed {MAX_RESTARTS} times in {RESTART_WINDOW:?}; last: {reason}"
-            )
-            .into());
+        // Workers restart at once (the policy's backoff is zero); past its
+        // limit the manager fails, and its supervisor decides.
+        if let Err(limit) = state.restarts.failed(Instant::now()) {
+            return Err(format!("its workers failed too often: {limit}; last: {reason}").into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
         let (actor, _) = spawn_worker(&myself, index, state.id, &state.threads).await?;

@@ -194,7 +194,11 @@ impl Actor for JobRelay {
         match msg {
             RelayMsg::Task(event) => state.on_task_event(event),
             RelayMsg::MemoryFreed => state.report(Happened::MemoryFreed),
-            RelayMsg::Order(order) => state.on_order(order, &myself),
+            RelayMsg::Order(order) => {
+                #[cfg(feature = "failpoints")]
+                crate::failpoint::relay(state.key.job);
+                state.on_order(order, &myself)
+            }
             RelayMsg::Drain => {
                 state.draining = true;
                 state.report(Happened::Draining);

@@ -1,8 +1,12 @@
 //! A cluster node's root supervisor. It starts, linked under itself, the
 //! node's NodeManager (which supervises the workers), its transport's
-//! NodeServer (ractor_cluster) and its NodeAgent. A child that fails stops
-//! the node with the child named: until lineage recovery exists, the head
-//! then sees the node leave and fails its jobs at once rather than hang.
+//! NodeServer (ractor_cluster) and its NodeAgent (which supervises the jobs'
+//! relays). A child that fails is not started again in place: it stops the
+//! node with the child named. Those children are the node's membership and
+//! its tasks' home, and a driver re-makes what a lost node held from lineage
+//! once it sees the node leave, which a restart in place could not tell it
+//! to do. A process supervisor (systemd's `Restart=on-failure`) brings the
+//! node back, and it joins the head again as a new member.
 
 use std::sync::{Arc, Mutex};
 

@@ -163,6 +163,11 @@ pub(crate) enum Happened {
     /// The node drains: it takes no new task of the job and leaves once the
     /// job has read what it holds.
     Draining,
+    /// The job's relay on the node failed (sent by the node's agent): the
+    /// node is lost to the job, with all it held of it.
+    RelayFailed {
+        message: String,
+    },
 }
 
 /// A node's inputs pulled from other nodes for a job, so far.

@@ -100,7 +100,7 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
                 let _entered = span.enter();
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     #[cfg(feature = "failpoints")]
-                    crate::failpoint::worker(task);
+                    crate::failpoint::worker(run.job.job.0, task);
                     run.drive(&mut instances)
                 }));
                 (events, outcome.map(|o| Some(report(task, o))))

@@ -21,6 +21,9 @@ impl Drop for Node {
     /// SIGTERM first: the node stops cleanly and its store removes its
     /// shared-memory segments; SIGKILL if it has not stopped within 5 s.
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return; // gone already (and its pid perhaps another's now)
+        }
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .stderr(Stdio::null())
@@ -115,6 +118,8 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub head: Node,
     pub nodes: Vec<Node>,
+    /// TOML lines every node's and the driver's config ends with.
+    pub extra: String,
     /// Held while the cluster lives (see `ONE_CLUSTER`).
     _alone: std::sync::MutexGuard<'static, ()>,
 }
@@ -134,6 +139,12 @@ impl Cluster {
 
     /// A cluster whose nodes' stores hold `store` each (as "24MiB").
     pub fn start_with_store(specs: &[NodeSpec], store: &str) -> Self {
+        Self::start_configured(specs, store, "")
+    }
+
+    /// [`Cluster::start_with_store`], with `extra` TOML lines (as
+    /// "node_timeout_ms = 2000\n") in every config, the driver's included.
+    pub fn start_configured(specs: &[NodeSpec], store: &str, extra: &str) -> Self {
         let alone = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
         // `spare-1` and `spare-2` have certificates for nodes added later.
@@ -153,6 +164,7 @@ impl Cluster {
             String::from_utf8_lossy(&init.stderr)
         );
         let head_config = config(dir.path(), "head", None, 0, Some(0), "head", store);
+        append(&head_config, extra);
         let head = start(dir.path(), &head_config, "head");
         let nodes = specs
             .iter()
@@ -167,10 +179,11 @@ impl Cluster {
                     spill,
                     store,
                 );
+                append(&path, extra);
                 start_with_env(dir.path(), &path, &s.name, &s.env)
             })
             .collect();
-        config(
+        let driver = config(
             dir.path(),
             "driver",
             Some(&head.addr),
@@ -179,10 +192,12 @@ impl Cluster {
             "driver",
             store,
         );
+        append(&driver, extra);
         Self {
             dir,
             head,
             nodes,
+            extra: extra.into(),
             _alone: alone,
         }
     }
@@ -200,13 +215,31 @@ impl Cluster {
             &spec.name,
             "128MiB",
         );
+        append(&path, &self.extra);
         self.nodes
             .push(start_with_env(dir, &path, &spec.name, &spec.env));
+    }
+
+    /// Starts the node `name` again from its config (after it was killed),
+    /// with `env`, in its old place in `nodes`.
+    pub fn restart(&mut self, name: &str, env: &[(String, String)]) {
+        let dir = self.dir.path();
+        let config = dir.join(format!("{name}.toml"));
+        let node = start_with_env(dir, &config, name, env);
+        let old = self.nodes.iter_mut().find(|n| n.name == name).unwrap();
+        *old = node;
     }
 
     pub fn driver_config(&self) -> PathBuf {
         self.dir.path().join("driver.toml")
     }
+}
+
+/// Appends `lines` to the config at `path`.
+fn append(path: &Path, lines: &str) {
+    let mut text = std::fs::read_to_string(path).unwrap();
+    text.push_str(lines);
+    std::fs::write(path, text).unwrap();
 }
 
 pub fn config(
@@ -241,7 +274,12 @@ pub fn start(dir: &Path, config: &Path, name: &str) -> Node {
 
 /// [`start`], with `env` set for the node's process.
 pub fn start_with_env(dir: &Path, config: &Path, name: &str, env: &[(String, String)]) -> Node {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    // Appended: a node started again writes after its earlier run's lines.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .unwrap();
     let mut child = Command::new(BIN)
         .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (k, v)))
