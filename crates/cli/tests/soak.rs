@@ -90,7 +90,9 @@ fn jobs_in_a_loop_survive_panics_and_killed_nodes_with_every_row_once() {
     let faults = failpoints(seed);
 
     // Each worker has CPU and GPU slots, so that a job outlives any one
-    // of them; a lost node is noticed within 2 s.
+    // of them; a lost node is noticed within 2 s. A chosen task panics once
+    // on each node it runs on: up to four times, and once more if a kill
+    // catches it in flight, so the jobs allow 8 retries.
     let specs: Vec<NodeSpec> = WORKERS
         .iter()
         .map(|name| NodeSpec {
@@ -99,7 +101,11 @@ fn jobs_in_a_loop_survive_panics_and_killed_nodes_with_every_row_once() {
             ..NodeSpec::cpu(name, 2)
         })
         .collect();
-    let mut cluster = Cluster::start_configured(&specs, "128MiB", "node_timeout_ms = 2000\n");
+    let mut cluster = Cluster::start_configured(
+        &specs,
+        "128MiB",
+        "node_timeout_ms = 2000\nmax_task_retries = 8\n",
+    );
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     let mut schedule = Schedule(seed);
     let mut tally = Tally::default();
