@@ -44,6 +44,7 @@ mod port;
 mod record;
 mod relay;
 mod remote;
+mod restart;
 mod root;
 mod serve;
 pub mod sim;

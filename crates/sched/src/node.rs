@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::{JobId, NodeId, TaskId};
 
 use crate::msg::{NodeMsg, WorkerMsg};
-use crate::supervise::{RestartPolicy, Restarts};
+use crate::restart::{RestartPolicy, Restarts};
 use crate::task::{TaskEvent, TaskEvents, TaskRun};
 use crate::worker::{Worker, WorkerArgs, WorkerThreads};
 
