@@ -107,6 +107,14 @@ fn jobs_in_a_loop_survive_panics_and_killed_nodes_with_every_row_once() {
         "node_timeout_ms = 2000\nmax_task_retries = 8\n",
     );
     let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // Reads the written files back, apart from the cluster.
+    let local = Context::with_config(streambatch::NodeConfig {
+        cpus: 1.0,
+        gpus: Some(0.0),
+        store_capacity: 64 << 20,
+        ..Default::default()
+    })
+    .unwrap();
     let mut schedule = Schedule(seed);
     let mut tally = Tally::default();
     let started = Instant::now();
@@ -138,7 +146,7 @@ fn jobs_in_a_loop_survive_panics_and_killed_nodes_with_every_row_once() {
         });
         let writes = job % 2 == 1;
         let (ids, stats) = if writes {
-            write_job(&ctx, &cluster, job)
+            write_job(&ctx, &local, &cluster, job)
         } else {
             read_job(&ctx)
         };
@@ -227,8 +235,13 @@ fn read_job(ctx: &Context) -> (Vec<i64>, streambatch::JobStats) {
     (ids, ds.stats().unwrap())
 }
 
-/// A W1-shaped job writing Parquet files; its ids as read back from them.
-fn write_job(ctx: &Context, cluster: &Cluster, job: u64) -> (Vec<i64>, streambatch::JobStats) {
+/// A W1-shaped job writing Parquet files; its ids as `local` reads them back.
+fn write_job(
+    ctx: &Context,
+    local: &Context,
+    cluster: &Cluster,
+    job: u64,
+) -> (Vec<i64>, streambatch::JobStats) {
     let shape = shape();
     let out = cluster.dir.path().join(format!("out-{job}"));
     let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
@@ -243,13 +256,6 @@ fn write_job(ctx: &Context, cluster: &Cluster, job: u64) -> (Vec<i64>, streambat
     let mut reported = files.clone();
     reported.sort();
     assert_eq!(listed, reported, "job {job} left other files in {out:?}");
-    let local = Context::with_config(streambatch::NodeConfig {
-        cpus: 1.0,
-        gpus: Some(0.0),
-        store_capacity: 64 << 20,
-        ..Default::default()
-    })
-    .unwrap();
     let mut ids = Vec::new();
     for batch in local
         .read_parquet(out.to_str().unwrap())

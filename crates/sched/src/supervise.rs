@@ -31,6 +31,14 @@ use crate::port::{ExecutorCell, JobPort, PortMsg};
 use crate::restart::{RestartPolicy, Restarts};
 use crate::wire::JobKey;
 
+/// The error that ends a job because `actor` failed.
+fn failed(actor: &str, reason: impl Into<String>) -> Error {
+    Error::ActorFailed {
+        actor: actor.into(),
+        reason: reason.into(),
+    }
+}
+
 /// The Supervisor actor.
 pub(crate) struct Supervisor;
 
@@ -120,10 +128,7 @@ impl SupervisorState {
                 let why = format!("it did not start again: {e}");
                 tracing::error!(%why, "the node manager is given up");
                 for (_, reply) in waiting {
-                    let _ = reply.send(Err(Error::ActorFailed {
-                        actor: "the node manager".into(),
-                        reason: why.clone(),
-                    }));
+                    let _ = reply.send(Err(failed("the node manager", why.clone())));
                 }
                 manager.current = Err(why);
             }
@@ -160,10 +165,7 @@ impl SupervisorState {
     /// Ends the running jobs that `affected` picks: `what` failed.
     fn abort_jobs(&self, what: &str, why: &str, affected: impl Fn(&Job) -> bool) {
         for job in self.jobs.values().filter(|j| affected(j)) {
-            let error = Error::ActorFailed {
-                actor: what.to_string(),
-                reason: why.to_string(),
-            };
+            let error = failed(what, why);
             let _ = job.executor.cast(ExecutorMsg::Abort(error));
         }
     }
@@ -228,10 +230,7 @@ impl Actor for Supervisor {
                     // It starts again soon: the job waits for it.
                     Some((Err(_), Some(waiting))) => waiting.push((job, reply)),
                     Some((Err(why), None)) => {
-                        let _ = reply.send(Err(Error::ActorFailed {
-                            actor: "the node manager".into(),
-                            reason: why.clone(),
-                        }));
+                        let _ = reply.send(Err(failed("the node manager", why.clone())));
                     }
                     None => {
                         let why = "a driver runs no local job".into();
@@ -291,19 +290,15 @@ impl Actor for Supervisor {
                 if let Some(end) = job.end {
                     end();
                 }
-                let _ = job.output.send(JobItem::End(Err(Error::ActorFailed {
-                    actor: "the job's executor".into(),
-                    reason: why,
-                })));
+                let _ = job
+                    .output
+                    .send(JobItem::End(Err(failed("the job's executor", why))));
             }
             return Ok(());
         }
         if let Some(executor) = state.ports.remove(&id) {
             if let (Some(why), Some(executor)) = (failure, executor.get()) {
-                let error = Error::ActorFailed {
-                    actor: "the job's port".into(),
-                    reason: why,
-                };
+                let error = failed("the job's port", why);
                 let _ = executor.cast(ExecutorMsg::Abort(error));
             }
             return Ok(());
