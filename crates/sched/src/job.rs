@@ -20,6 +20,10 @@ use crate::piece::{Piece, TaskInput, all_held, missing};
 use crate::policy::{self, Decision, Snapshot, StageView};
 use crate::record::Recorder;
 
+/// How many of a stage's oldest queued inputs a new task looks through for
+/// one held on its own node.
+const LOCAL_SEARCH: usize = 64;
+
 /// What the job state asks of memory when it decides. Each node has its
 /// own store and its own budgets: an output counts where it is stored.
 pub(crate) trait Memory {
@@ -261,6 +265,10 @@ pub(crate) struct JobState<P> {
     draining: Vec<bool>,
     /// Per node: it was lost.
     lost: Vec<bool>,
+    /// The nodes not lost whose free slots fit some stage's task: the only
+    /// ones a decision can place work on, so that a round of decisions on a
+    /// busy cluster costs what it decides, not the number of nodes.
+    open: BTreeSet<usize>,
     /// The node the next round of decisions starts with, so that work
     /// spreads over nodes.
     next_node: usize,
@@ -283,7 +291,8 @@ impl<P: Part> JobState<P> {
         recorder: Recorder,
     ) -> Self {
         let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
-        Self {
+        let nodes = free.len();
+        let mut job = Self {
             shapes,
             stages,
             tasks: HashMap::new(),
@@ -292,6 +301,7 @@ impl<P: Part> JobState<P> {
             unread: 0,
             draining: vec![false; free.len()],
             lost: vec![false; free.len()],
+            open: BTreeSet::new(),
             slots: free.clone(),
             free,
             next_node: 0,
@@ -301,7 +311,9 @@ impl<P: Part> JobState<P> {
             recorder,
             actions: Vec::new(),
             ended: false,
-        }
+        };
+        (0..nodes).for_each(|node| job.reopen(node));
+        job
     }
 
     /// The job keeps every finished task's lineage, so that it survives
@@ -318,7 +330,9 @@ impl<P: Part> JobState<P> {
         self.slots.push(free);
         self.draining.push(false);
         self.lost.push(false);
-        self.free.len() - 1
+        let node = self.free.len() - 1;
+        self.reopen(node);
+        node
     }
 
     /// Node `node` drains: no new task starts there (its paused tasks may
@@ -558,6 +572,7 @@ impl<P: Part> JobState<P> {
         let clean = self.left_cleanly(node);
         self.lost[node] = true;
         self.draining[node] = true;
+        self.reopen(node);
         if clean {
             tracing::info!(node = %name, "a drained node left");
             return;
@@ -821,8 +836,7 @@ impl<P: Part> JobState<P> {
         self.stages.iter().map(|s| s.running).sum()
     }
 
-    /// What the job holds, for a test that finds it stuck.
-    #[cfg(test)]
+    /// What the job holds, for a simulation that finds it stuck.
     pub(crate) fn describe(&self) -> String {
         let mut out = String::new();
         for (i, s) in self.stages.iter().enumerate() {
@@ -885,23 +899,7 @@ impl<P: Part> JobState<P> {
     pub(crate) fn advance(&mut self, memory: &impl Memory) -> Vec<Action<P>> {
         if !self.ended {
             loop {
-                // One decision per node per pass, so that tasks spread over
-                // the nodes (a stage capped by its pool too).
-                let nodes = self.free.len();
-                loop {
-                    let mut decided = false;
-                    for i in 0..nodes {
-                        let node = (self.next_node + i) % nodes;
-                        if let Some(d) = policy::next_decision(&self.snapshot(memory, node)) {
-                            self.carry_out(d, node, false);
-                            decided = true;
-                        }
-                    }
-                    self.next_node = (self.next_node + 1) % nodes;
-                    if !decided {
-                        break;
-                    }
-                }
+                self.decide(memory);
                 if self.settle() {
                     continue;
                 }
@@ -914,6 +912,91 @@ impl<P: Part> JobState<P> {
             }
         }
         std::mem::take(&mut self.actions)
+    }
+
+    /// Asks the policy for one decision per node per pass, so that tasks
+    /// spread over the nodes (a stage capped by its pool too), until a pass
+    /// decides nothing. The first pass asks the open nodes, from a node
+    /// that moves on each pass; later ones only the nodes that decided in
+    /// the pass before, since a decision never makes room on another node.
+    fn decide(&mut self, memory: &impl Memory) {
+        let first = self.next_node;
+        let mut decided = Vec::new();
+        let (mut from, mut wrapped) = (first, false);
+        while self.has_work() {
+            let next = if wrapped {
+                self.open.range(from..first).next()
+            } else {
+                self.open.range(from..).next()
+            };
+            match next.copied() {
+                Some(node) => {
+                    from = node + 1;
+                    if self.decide_on(memory, node) {
+                        decided.push(node);
+                    }
+                }
+                None if !wrapped => (from, wrapped) = (0, true),
+                None => break,
+            }
+        }
+        while !decided.is_empty() {
+            self.next_node = (self.next_node + 1) % self.free.len();
+            decided.rotate_left(1);
+            let asked = std::mem::take(&mut decided);
+            for node in asked {
+                if !self.has_work() {
+                    break;
+                }
+                if self.decide_on(memory, node) {
+                    decided.push(node);
+                }
+            }
+        }
+        self.next_node = (self.next_node + 1) % self.free.len();
+    }
+
+    /// Carries out the policy's decision for `node`, if any; true if there
+    /// was one.
+    fn decide_on(&mut self, memory: &impl Memory, node: usize) -> bool {
+        let paused_here = || {
+            self.stages
+                .iter()
+                .flat_map(|s| &s.paused)
+                .any(|p| p.node == node)
+        };
+        if self.draining[node] && !paused_here() {
+            return false;
+        }
+        match policy::next_decision(&self.snapshot(memory, node)) {
+            Some(decision) => {
+                self.carry_out(decision, node, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Some stage has an input to start a task on, or a paused task.
+    fn has_work(&self) -> bool {
+        self.stages.iter().zip(&self.shapes).any(|(s, shape)| {
+            !s.paused.is_empty() || (shape.kind.runs_tasks() && !s.cancelled && s.waiting() > 0)
+        })
+    }
+
+    /// Keeps `open` up to date after `node`'s free slots changed.
+    fn reopen(&mut self, node: usize) {
+        let free = &self.free[node];
+        let fits = !self.lost[node]
+            && self
+                .shapes
+                .iter()
+                .any(|s| s.kind.runs_tasks() && s.resources.fits_in(free));
+        if fits {
+            self.open.insert(node);
+        } else {
+            self.open.remove(&node);
+        }
     }
 
     /// Every stage is done and idle, and the driver has every output.
@@ -984,6 +1067,7 @@ impl<P: Part> JobState<P> {
         let resources = self.shapes[stage].resources;
         self.free[node].cpus -= resources.cpus;
         self.free[node].gpus -= resources.gpus;
+        self.reopen(node);
         let s = &mut self.stages[stage];
         s.running += 1;
         let running = s.running;
@@ -1017,9 +1101,12 @@ impl<P: Part> JobState<P> {
             TaskInput::Split(s.next_split - 1)
         } else {
             let on_node = |p: &Piece<P>| p.part.as_ref().is_some_and(|p| p.node() == node);
+            // Only the oldest inputs are searched, so that a long queue
+            // costs no more per start than a short one.
             let local = s
                 .queue
                 .iter()
+                .take(LOCAL_SEARCH)
                 .position(|pieces| pieces.first().is_some_and(on_node))
                 .unwrap_or(0);
             TaskInput::Pieces(
@@ -1069,6 +1156,7 @@ impl<P: Part> JobState<P> {
         let resources = self.shapes[stage].resources;
         self.free[node].cpus += resources.cpus;
         self.free[node].gpus += resources.gpus;
+        self.reopen(node);
         self.stages[stage].running -= 1;
         self.recorder
             .task_stopped(stage, self.stages[stage].running);

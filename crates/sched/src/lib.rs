@@ -48,7 +48,6 @@ mod restart;
 mod root;
 mod serve;
 pub mod sim;
-#[cfg(test)]
 mod sim_parts;
 mod supervise;
 mod task;

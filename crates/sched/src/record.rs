@@ -177,6 +177,11 @@ impl Recorder {
         stats.restored_bytes = restored;
     }
 
+    /// The recovery counts so far.
+    pub(crate) fn recovery(&self) -> streambatch_plan::Recovery {
+        self.stats().recovery.clone()
+    }
+
     /// A copy of the stats so far.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> JobStats {

@@ -1,129 +1,639 @@
-//! The job state machine and the policy alone, on virtual nodes whose tasks
-//! take no time: how many tasks per second the scheduler's decisions
-//! dispatch, with no actor, worker or store in the way.
+//! A deterministic simulation of the job state machine under node faults:
+//! on a simulated clock, simulated nodes (each with the real budgets as its
+//! memory) run what the job state decides, while nodes are killed, join
+//! and drain as a schedule says, and a driver reads the outputs at its own
+//! pace (finding some lost with their node). A run ends with the rows the
+//! driver read, which must be every source row exactly once; it fails
+//! (`Err`) when a task starts on a lost node's partitions or a node admits
+//! more than its store.
+//!
+//! The same simulation is the scheduler's benchmark: with many nodes and
+//! tasks that take no time ([`Scenario::wide`]), it measures how many tasks
+//! per second the job state and the policy dispatch, with no actor, worker
+//! or store in the way.
 //!
 //! ```
-//! let run = streambatch_sched::sim::dispatch(10, 2_000);
-//! assert_eq!(run.tasks, 4_000); // a source task and a map task per split
-//! assert!(run.rows_out == 2_000);
+//! use streambatch_sched::sim::{Scenario, run};
+//!
+//! let done = run(&Scenario::wide(20, 500)).expect("every row once");
+//! assert_eq!(done.rows.len(), 1_500); // 500 splits of 3 rows
+//! assert!(done.faults.len() == 4 && done.recovery.remade_partitions > 0);
 //! ```
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use streambatch_core::Resources;
-use streambatch_plan::JobStats;
+use streambatch_core::{Resources, TaskId};
+use streambatch_plan::{JobStats, Recovery};
 
-use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Part, ShapeKind, StageShape};
+use crate::budget::Budgets;
+use crate::job::{Action, FailurePolicy, Input, JobState, Keep, PieceId, ShapeKind, StageShape};
 use crate::record::Recorder;
+use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
 
-/// What a simulated job did.
-#[derive(Clone, Copy, Debug)]
-pub struct DispatchRun {
-    /// Tasks started.
+/// A small deterministic generator (SplitMix64): the same seed, the same run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `lo..hi` (`lo` when the range is empty).
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % hi.saturating_sub(lo).max(1)
+    }
+}
+
+/// What happens to a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// An up node (chosen by the seed) is killed with what it holds.
+    Kill,
+    /// A new node joins.
+    Join,
+    /// An up node drains: it takes no new task and leaves once the job has
+    /// nothing there.
+    Drain,
+}
+
+/// The stages after the source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pipeline {
+    /// One map.
+    Map,
+    /// Two maps.
+    TwoMaps,
+    /// A map, a repartition into this many groups, and a map.
+    Repartition(usize),
+}
+
+/// What a simulated job is: its nodes, its source, its pipeline, its
+/// faults and how long things take on the simulated clock.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Seeds the choices made while it runs (step times, which node a
+    /// fault hits).
+    pub seed: u64,
+    /// Nodes at the start.
+    pub nodes: usize,
+    /// CPU slots per node.
+    pub cpus: f64,
+    /// Rows of each source split (a task yields three rows per output).
+    pub split_rows: Vec<usize>,
+    /// The stages after the source.
+    pub pipeline: Pipeline,
+    /// Each fault with the count of events handled before it.
+    pub faults: Vec<(u64, Fault)>,
+    /// Simulated time one step of a task takes (an output or its end), as
+    /// a range; `0..0` for tasks that take no time.
+    pub step_time: std::ops::Range<u64>,
+    /// Simulated time between two reads of the driver, as a range.
+    pub read_gap: std::ops::Range<u64>,
+    /// Store bytes per node (a row is 100 bytes).
+    pub capacity: u64,
+    /// Retries a task gets (`max_task_retries`).
+    pub max_task_retries: u32,
+}
+
+impl Scenario {
+    /// A small job chosen by `seed`: 1 to 9 splits of up to 12 rows, a
+    /// source then one or two maps or a repartition, 2 to 4 nodes of 1 to
+    /// 3 slots and 4 KB of store each, and up to three faults.
+    pub fn seeded(seed: u64) -> Self {
+        let mut rng = Rng(seed);
+        let split_rows = (0..rng.range(1, 10))
+            .map(|_| rng.range(0, 13) as usize)
+            .collect();
+        let pipeline = match rng.range(0, 3) {
+            0 => Pipeline::Map,
+            1 => Pipeline::TwoMaps,
+            _ => Pipeline::Repartition(rng.range(1, 5) as usize),
+        };
+        let nodes = rng.range(2, 5) as usize;
+        let cpus = rng.range(1, 4) as f64;
+        let faults = (0..rng.range(0, 4))
+            .map(|_| {
+                let at = rng.range(1, 100);
+                let fault =
+                    [Fault::Kill, Fault::Kill, Fault::Join, Fault::Drain][rng.range(0, 4) as usize];
+                (at, fault)
+            })
+            .collect();
+        Self {
+            seed,
+            nodes,
+            cpus,
+            split_rows,
+            pipeline,
+            faults,
+            step_time: 1..6,
+            read_gap: 0..4,
+            capacity: CAPACITY,
+            max_task_retries: 3,
+        }
+    }
+
+    /// A job of `splits` splits of three rows through a source and a map on
+    /// `nodes` nodes of 8 slots, whose tasks and reads take no time, with
+    /// memory to spare: a node is killed a fifth of the way through, one
+    /// joins, one drains, and another is killed at four fifths.
+    pub fn wide(nodes: usize, splits: usize) -> Self {
+        // About five events a split: a source output and end, a map output
+        // and end, a read.
+        let events = 5 * splits as u64;
+        let at = |fifths: u64| events * fifths / 5;
+        Self {
+            seed: 1,
+            nodes,
+            cpus: 8.0,
+            split_rows: vec![3; splits],
+            pipeline: Pipeline::Map,
+            faults: vec![
+                (at(1), Fault::Kill),
+                (at(2), Fault::Join),
+                (at(3), Fault::Drain),
+                (at(4), Fault::Kill),
+            ],
+            step_time: 0..0,
+            read_gap: 0..0,
+            capacity: 1 << 40,
+            max_task_retries: 3,
+        }
+    }
+
+    fn shapes(&self) -> Vec<StageShape> {
+        let shape = |name: &str, kind| StageShape {
+            name: name.into(),
+            kind,
+            resources: Resources::cpu(1.0),
+            max_running: None,
+        };
+        let splits = self.split_rows.len();
+        let mut out = vec![shape("source", ShapeKind::Source { splits })];
+        match self.pipeline {
+            Pipeline::Map => out.push(shape("map", ShapeKind::Map)),
+            Pipeline::TwoMaps => {
+                out.extend([shape("map", ShapeKind::Map), shape("map2", ShapeKind::Map)])
+            }
+            Pipeline::Repartition(n) => out.extend([
+                shape("map", ShapeKind::Map),
+                shape("repartition", ShapeKind::Repartition(n)),
+                shape("concat", ShapeKind::Map),
+            ]),
+        }
+        out
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct SimRun {
+    /// The rows the driver read, in the order it read them.
+    pub rows: Vec<u64>,
+    /// Every source row, in order.
+    pub source: Vec<u64>,
+    /// The job's recovery counts.
+    pub recovery: Recovery,
+    /// The faults that happened.
+    pub faults: Vec<Fault>,
+    /// Tasks started (retries and re-runs included).
     pub tasks: u64,
-    /// Rows the last stage handed out (one per split).
-    pub rows_out: u64,
-    /// Time spent deciding and bookkeeping, start to end.
+    /// Wall time of the run.
     pub elapsed: Duration,
 }
 
-impl DispatchRun {
-    /// Tasks dispatched per second.
+impl SimRun {
+    /// Tasks started per second of wall time.
     pub fn tasks_per_s(&self) -> f64 {
         self.tasks as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
     }
-}
 
-/// A one-row partition held on a virtual node.
-#[derive(Clone)]
-struct Row(usize);
-
-impl Part for Row {
-    fn rows(&self) -> usize {
-        1
-    }
-
-    fn bytes(&self) -> u64 {
-        1
-    }
-
-    fn sub(&self, _offset: usize, _len: usize) -> Self {
-        self.clone()
-    }
-
-    fn node(&self) -> usize {
-        self.0
+    /// `Err` unless the driver read every source row exactly once.
+    pub fn check_exactly_once(&self) -> Result<(), String> {
+        let mut rows = self.rows.clone();
+        rows.sort_unstable();
+        if rows == self.source {
+            return Ok(());
+        }
+        let mut seen = HashSet::new();
+        let twice = self.rows.iter().filter(|r| !seen.insert(**r)).count();
+        let lost = self.source.iter().filter(|r| !seen.contains(*r)).count();
+        Err(format!(
+            "the driver read {} rows of {}: {lost} lost, {twice} twice",
+            self.rows.len(),
+            self.source.len()
+        ))
     }
 }
 
-/// Memory that always has room: the simulation measures decisions only.
-struct Unbounded;
-
-impl Memory for Unbounded {
-    fn fits(&self, _node: usize, _stage: usize, _bytes: u64) -> bool {
-        true
-    }
-
-    fn frees(&self, _node: usize) -> u64 {
-        0
-    }
-
-    fn held(&self, _stage: usize) -> u64 {
-        0
-    }
+/// Runs `scenario`; `Err` says what went wrong.
+pub fn run(scenario: &Scenario) -> Result<SimRun, String> {
+    Sim::new(scenario).run()
 }
 
-/// Runs a job of a source over `splits` splits and one map stage on
-/// `nodes` virtual nodes of 8 CPU slots each. Every task yields one row and
-/// finishes the moment it starts.
-pub fn dispatch(nodes: usize, splits: usize) -> DispatchRun {
-    let shape = |name: &str, kind| StageShape {
-        name: name.into(),
-        kind,
-        resources: Resources::cpu(1.0),
-        max_running: None,
-    };
-    let shapes = vec![
-        shape("source", ShapeKind::Source { splits }),
-        shape("map", ShapeKind::Map),
-    ];
-    let names = shapes.iter().map(|s| s.name.clone()).collect();
-    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, u64::MAX);
-    let free = vec![Resources::cpu(8.0); nodes.max(1)];
-    let mut job = JobState::<Row>::new(shapes, free, FailurePolicy::default(), recorder);
-    let (mut tasks, mut rows_out) = (0, 0);
-    let mut started = Vec::new();
-    let clock = Instant::now();
-    'run: loop {
-        for action in job.advance(&Unbounded) {
-            match action {
-                Action::Start {
-                    task, node, input, ..
-                } => {
-                    tasks += 1;
-                    let node = match input {
-                        Input::Split(_) => node,
-                        Input::Parts(parts) => parts.first().map_or(node, Part::node),
-                    };
-                    started.push((task, node));
+struct SimTask {
+    stage: usize,
+    node: usize,
+    outputs: Vec<(u64, usize)>,
+    next: usize,
+    keep: Keep,
+    may_spill: bool,
+    /// Tells this task's current entry in the queue of due steps from
+    /// older ones.
+    turn: u64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum NodeState {
+    Up,
+    Draining,
+    Gone,
+}
+
+/// The next thing to happen.
+enum Event {
+    Fault(Fault),
+    Read,
+    Step(TaskId),
+}
+
+struct Sim<'a> {
+    scenario: &'a Scenario,
+    rng: Rng,
+    job: JobState<Rows>,
+    reserves: Vec<u64>,
+    budgets: Vec<Budgets>,
+    state: Vec<NodeState>,
+    draining: Vec<usize>,
+    bases: Vec<u64>,
+    /// Faults still to come, the next last.
+    schedule: Vec<(u64, Fault)>,
+    faults: Vec<Fault>,
+    /// Outputs admitted over budget that still live.
+    forced: Arc<AtomicUsize>,
+    running: HashMap<TaskId, SimTask>,
+    /// Running tasks' next steps: when, which task, which turn of it.
+    due: BinaryHeap<Reverse<(u64, TaskId, u64)>>,
+    turns: u64,
+    paused: HashMap<TaskId, SimTask>,
+    cancelled: HashSet<usize>,
+    outbox: VecDeque<(Rows, PieceId)>,
+    next_read: u64,
+    rows: Vec<u64>,
+    clock: u64,
+    events: u64,
+    tasks: u64,
+}
+
+impl<'a> Sim<'a> {
+    fn new(scenario: &'a Scenario) -> Self {
+        let shapes = scenario.shapes();
+        let reserves = shapes
+            .iter()
+            .map(|s| match s.kind {
+                ShapeKind::Source { .. } | ShapeKind::Map => RESERVE,
+                _ => 0,
+            })
+            .collect();
+        let names = shapes.iter().map(|s| s.name.clone()).collect();
+        let recorder = Recorder::new(
+            Arc::new(Mutex::new(JobStats::default())),
+            names,
+            scenario.capacity,
+        );
+        let nodes = scenario.nodes.max(1);
+        let job = JobState::<Rows>::new(
+            shapes,
+            vec![Resources::cpu(scenario.cpus); nodes],
+            FailurePolicy {
+                max_task_retries: scenario.max_task_retries,
+                ..Default::default()
+            },
+            recorder,
+        )
+        .with_lineage();
+        let bases = scenario
+            .split_rows
+            .iter()
+            .scan(0u64, |next, &n| {
+                let base = *next;
+                *next += n as u64 + 1_000;
+                Some(base)
+            })
+            .collect();
+        let mut schedule = scenario.faults.clone();
+        schedule.sort_by_key(|(at, _)| Reverse(*at));
+        let mut sim = Self {
+            scenario,
+            rng: Rng(scenario.seed),
+            job,
+            reserves,
+            budgets: Vec::new(),
+            state: vec![NodeState::Up; nodes],
+            draining: Vec::new(),
+            bases,
+            schedule,
+            faults: Vec::new(),
+            forced: Arc::new(AtomicUsize::new(0)),
+            running: HashMap::new(),
+            due: BinaryHeap::new(),
+            turns: 0,
+            paused: HashMap::new(),
+            cancelled: HashSet::new(),
+            outbox: VecDeque::new(),
+            next_read: 0,
+            rows: Vec::new(),
+            clock: 0,
+            events: 0,
+            tasks: 0,
+        };
+        sim.budgets = (0..nodes).map(|_| sim.new_budgets()).collect();
+        sim
+    }
+
+    fn new_budgets(&self) -> Budgets {
+        Budgets::new(
+            self.scenario.capacity,
+            self.reserves.clone(),
+            Arc::new(|| {}),
+        )
+    }
+
+    fn run(mut self) -> Result<SimRun, String> {
+        let started = Instant::now();
+        let max_events = 200_000.max(100 * self.scenario.split_rows.len() as u64);
+        while self.events < max_events {
+            for action in self.job.advance(&SimMemory(&self.budgets)) {
+                if let Some(result) = self.act(action)? {
+                    result.map_err(|e| format!("the job failed: {e}"))?;
+                    if !self.outbox.is_empty() {
+                        return Err("the job ended before the driver read every output".into());
+                    }
+                    return Ok(self.finish(started.elapsed()));
                 }
-                Action::Emit { .. } => rows_out += 1,
-                Action::End(_) => break 'run,
-                Action::Resume { .. } | Action::Cancel { .. } | Action::FitReserve { .. } => {}
+            }
+            self.leave_drained()?;
+            let Some((at, event)) = self.next_event() else {
+                return Err(format!(
+                    "the job is stuck: nothing runs, nothing to read; faults {:?}\n{}",
+                    self.faults,
+                    self.job.describe()
+                ));
+            };
+            self.clock = at;
+            self.events += 1;
+            match event {
+                Event::Fault(fault) => self.fault(fault),
+                Event::Read => self.read(),
+                Event::Step(task) => self.step(task)?,
             }
         }
-        if started.is_empty() {
-            break;
-        }
-        for (task, node) in started.drain(..) {
-            job.on_output(task, 0, Row(node));
-            job.on_finished(task);
+        Err("the job does not end".into())
+    }
+
+    fn finish(self, elapsed: Duration) -> SimRun {
+        let source = self
+            .scenario
+            .split_rows
+            .iter()
+            .zip(&self.bases)
+            .flat_map(|(&n, &b)| b..b + n as u64)
+            .collect();
+        SimRun {
+            rows: self.rows,
+            source,
+            recovery: self.job.recorder().recovery(),
+            faults: self.faults,
+            tasks: self.tasks,
+            elapsed,
         }
     }
-    DispatchRun {
-        tasks,
-        rows_out,
-        elapsed: clock.elapsed(),
+
+    /// Carries out one of the job's decisions; `Some` when the job ended.
+    fn act(&mut self, action: Action<Rows>) -> Result<Option<Result<(), String>>, String> {
+        match action {
+            Action::Start {
+                task,
+                stage,
+                node,
+                input,
+                keep,
+                may_spill,
+            } => {
+                if self.state[node] != NodeState::Up {
+                    return Err(format!("task {task} started on node {node}, not up"));
+                }
+                let outputs = match input {
+                    Input::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
+                    Input::Parts(parts) => {
+                        if let Some(p) =
+                            parts.iter().find(|p| self.state[p.node] == NodeState::Gone)
+                        {
+                            return Err(format!(
+                                "task {task} reads rows held by node {}, which is gone",
+                                p.node
+                            ));
+                        }
+                        parts.iter().map(|p| (p.start, p.len)).collect()
+                    }
+                };
+                self.tasks += 1;
+                let t = SimTask {
+                    stage,
+                    node,
+                    outputs,
+                    next: 0,
+                    keep,
+                    may_spill,
+                    turn: 0,
+                };
+                self.schedule_step(task, t);
+            }
+            Action::Resume {
+                task,
+                node,
+                may_spill,
+            } => {
+                let mut t = self
+                    .paused
+                    .remove(&task)
+                    .ok_or("only a paused task resumes")?;
+                if t.node != node || self.state[node] == NodeState::Gone {
+                    return Err(format!("task {task} resumed on node {node}"));
+                }
+                t.may_spill = may_spill;
+                self.schedule_step(task, t);
+            }
+            Action::Emit { part, id } => self.outbox.push_back((part, id)),
+            Action::Cancel { stage } => {
+                self.cancelled.insert(stage);
+                self.paused.retain(|_, t| t.stage != stage);
+            }
+            Action::FitReserve { stage, bytes } => self
+                .budgets
+                .iter()
+                .for_each(|b| b.fit_reserve(stage, bytes)),
+            Action::End(result) => return Ok(Some(result.map_err(|e| e.to_string()))),
+        }
+        Ok(None)
+    }
+
+    /// Runs `task`'s next step after a step's time.
+    fn schedule_step(&mut self, task: TaskId, mut t: SimTask) {
+        let time = &self.scenario.step_time;
+        let at = self.clock + self.rng.range(time.start, time.end);
+        self.turns += 1;
+        t.turn = self.turns;
+        self.due.push(Reverse((at, task, t.turn)));
+        self.running.insert(task, t);
+    }
+
+    /// The next event on the clock: a fault once its count of events has
+    /// passed (or nothing else can happen), else a driver read or a task's
+    /// step, whichever is due first.
+    fn next_event(&mut self) -> Option<(u64, Event)> {
+        let fault_now = self
+            .schedule
+            .last()
+            .is_some_and(|(at, _)| self.events >= *at);
+        let step = self.next_step();
+        let read = (!self.outbox.is_empty()).then_some(self.next_read.max(self.clock));
+        if fault_now || (step.is_none() && read.is_none()) {
+            let (_, fault) = self.schedule.pop()?;
+            return Some((self.clock, Event::Fault(fault)));
+        }
+        match (read, step) {
+            (Some(r), Some((s, _))) if r <= s => Some((r, Event::Read)),
+            (Some(r), None) => Some((r, Event::Read)),
+            (_, Some((s, task))) => {
+                self.due.pop();
+                Some((s, Event::Step(task)))
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// The running task whose step is due first, dropping entries of tasks
+    /// that stopped or were scheduled again since.
+    fn next_step(&mut self) -> Option<(u64, TaskId)> {
+        while let Some(Reverse((at, task, turn))) = self.due.peek().copied() {
+            if self.running.get(&task).is_some_and(|t| t.turn == turn) {
+                return Some((at, task));
+            }
+            self.due.pop();
+        }
+        None
+    }
+
+    fn fault(&mut self, fault: Fault) {
+        let up: Vec<usize> = (0..self.state.len())
+            .filter(|&n| self.state[n] == NodeState::Up)
+            .collect();
+        match fault {
+            Fault::Kill | Fault::Drain if up.len() < 2 => return,
+            Fault::Kill => {
+                let node = up[self.rng.range(0, up.len() as u64) as usize];
+                self.state[node] = NodeState::Gone;
+                self.running.retain(|_, t| t.node != node);
+                self.paused.retain(|_, t| t.node != node);
+                self.job.on_node_lost(node, &format!("n{node}"));
+            }
+            Fault::Join => {
+                self.budgets.push(self.new_budgets());
+                self.state.push(NodeState::Up);
+                self.job.add_node(Resources::cpu(self.scenario.cpus));
+            }
+            Fault::Drain => {
+                let node = up[self.rng.range(0, up.len() as u64) as usize];
+                self.state[node] = NodeState::Draining;
+                self.draining.push(node);
+                self.job.drain_node(node);
+            }
+        }
+        self.faults.push(fault);
+    }
+
+    /// The driver reads the oldest output, unless its node is gone.
+    fn read(&mut self) {
+        let (part, id) = self.outbox.pop_front().expect("an output is waiting");
+        let read = self.state[part.node] != NodeState::Gone;
+        if read {
+            self.rows.extend(part.start..part.start + part.len as u64);
+        }
+        self.job.on_read(id, read);
+        let gap = &self.scenario.read_gap;
+        self.next_read = self.clock + self.rng.range(gap.start, gap.end);
+    }
+
+    /// A drained node leaves once the job has nothing there, and nothing
+    /// may be redone for it.
+    fn leave_drained(&mut self) -> Result<(), String> {
+        for node in std::mem::take(&mut self.draining) {
+            if !self.job.left_cleanly(node) {
+                self.draining.push(node);
+                continue;
+            }
+            self.state[node] = NodeState::Gone;
+            let before = self.job.recorder().recovery();
+            self.job.on_node_lost(node, &format!("n{node}"));
+            if self.job.recorder().recovery() != before {
+                return Err(format!("drained node {node} left, and work was redone"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Task `id`'s next step: its next output (if the store admits it, else
+    /// it pauses) or its end.
+    fn step(&mut self, id: TaskId) -> Result<(), String> {
+        let mut t = self.running.remove(&id).expect("a due task runs");
+        while t.next < t.outputs.len() && !t.keep.stores(t.next as u32) {
+            t.next += 1;
+        }
+        let all_kept = t.next > 0 && t.keep.done_after(t.next as u32 - 1);
+        if self.cancelled.contains(&t.stage) || t.next == t.outputs.len() || all_kept {
+            if let Some(stage) = self.job.on_finished(id) {
+                self.job.record_finished(stage, Duration::ZERO, Vec::new());
+            }
+            return Ok(());
+        }
+        let (start, len) = t.outputs[t.next];
+        let bytes = len as u64 * ROW_BYTES;
+        let budget = &self.budgets[t.node];
+        let Some(held) = Held::admit(budget, t.stage, bytes, t.may_spill, &self.forced) else {
+            if self.job.on_paused(id, bytes, None) {
+                self.paused.insert(id, t);
+            }
+            return Ok(());
+        };
+        if self.forced.load(Ordering::SeqCst) == 0 {
+            let held: u64 = (0..self.reserves.len()).map(|s| budget.used(s)).sum();
+            if held > self.scenario.capacity {
+                return Err(format!(
+                    "node {}: {held} bytes admitted over {}",
+                    t.node, self.scenario.capacity
+                ));
+            }
+        }
+        let seq = t.next as u32;
+        t.next += 1;
+        let part = Rows {
+            start,
+            len,
+            bytes,
+            node: t.node,
+            _held: Arc::new(held),
+        };
+        self.schedule_step(id, t);
+        self.job.on_output(id, seq, part);
+        Ok(())
     }
 }

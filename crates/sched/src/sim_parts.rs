@@ -1,4 +1,4 @@
-//! What the job state's simulations share (`job_tests`, `job_chaos`):
+//! What the job state's simulations share (`sim`, `job_tests`):
 //! partitions of source rows held on a simulated node, holding their share
 //! of its budget, and each node's budgets as the job's memory.
 
