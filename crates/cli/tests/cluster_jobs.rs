@@ -606,3 +606,65 @@ fn a_drained_node_finishes_its_tasks_and_leaves_with_nothing_redone() {
     }
     assert_eq!(ctx.range(10, 2).count().unwrap(), 10);
 }
+
+#[test]
+fn a_drained_node_hands_its_partitions_over_and_leaves_before_the_job_ends() {
+    let slow = "worker.sleep=100";
+    let mut cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", slow),
+        NodeSpec::cpu("worker-2", 2).with_env("SB_FAILPOINTS", slow),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // 100 source tasks of 100 ms, then a repartition: its inputs wait where
+    // they were made until the last source task ends (about 4 s once
+    // worker-2 drains), so worker-2 leaves before that only if it hands
+    // them over.
+    let ds = ctx.range(100, 100).repartition(3);
+    let mut batches = ds.iter_batches().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let node = cluster
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "worker-2")
+        .unwrap();
+    std::process::Command::new("kill")
+        .args(["-USR1", &node.child.id().to_string()])
+        .status()
+        .unwrap();
+    let drained = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            drained.elapsed() < std::time::Duration::from_secs(10),
+            "the drained node did not leave"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let left = std::time::Instant::now();
+    let first = batches.next().unwrap().unwrap();
+    let first_at = std::time::Instant::now();
+    let mut ids: Vec<i64> = ids_of(&first).to_vec();
+    for batch in batches {
+        ids.extend_from_slice(ids_of(&batch.unwrap()));
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..100).collect::<Vec<i64>>());
+    let stats = ds.stats().unwrap();
+    // Without the handover it leaves only as the concat tasks free its
+    // partitions, moments before the first output.
+    assert!(
+        first_at.duration_since(left) > std::time::Duration::from_secs(2),
+        "worker-2 left {:?} after it drained and only {:?} before the job's first output: \
+         it waited for its partitions to be consumed\n{stats}",
+        left - drained,
+        first_at.duration_since(left)
+    );
+    assert!(stats.operators.iter().all(|o| o.retries == 0), "{stats}");
+    let r = &stats.recovery;
+    assert_eq!((r.lost_partitions, r.remade_partitions), (0, 0), "{stats}");
+    let tasks = |name: &str| stats.nodes.iter().find(|n| n.name == name).unwrap().tasks;
+    assert!(tasks("worker-2") > 0, "worker-2 ran nothing: {stats}");
+}

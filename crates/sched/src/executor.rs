@@ -18,7 +18,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
 use crate::budget::Budgets;
-use crate::job::{Action, FailurePolicy, Input, JobState, Memory, StageShape};
+use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Origin, StageShape};
 use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
 use crate::partition::{RemotePart, RemoteSource, Slice};
 use crate::record::Recorder;
@@ -111,6 +111,9 @@ struct Remote {
     joining: Joining,
     /// Per node: it was lost (its events are not heard any more).
     gone: Vec<bool>,
+    /// Partitions asked to move off a draining node, by holder and id:
+    /// which output they are, of which stage.
+    adopting: HashMap<(String, u64), (Origin, usize)>,
 }
 
 /// Partition size and each stage's memory reserve: partitions small enough
@@ -246,6 +249,7 @@ impl Actor for Executor {
                     stores,
                     reserve: joined_reserve,
                     joining,
+                    adopting: HashMap::new(),
                 };
                 let total = remote.nodes.iter().map(|n| n.capacity).sum();
                 (Backend::Remote(remote), free, total)
@@ -428,6 +432,7 @@ impl ExecState {
             Happened::Failed { .. }
             | Happened::MemoryFreed
             | Happened::Draining
+            | Happened::Adopted { .. }
             | Happened::RelayFailed { .. } => None,
         };
         if task.is_some_and(|task| job.node_of(task) != Some(node)) {
@@ -488,6 +493,25 @@ impl ExecState {
             Happened::Lost { task, message } => job.on_lost(TaskId(task), message),
             Happened::MemoryFreed => {}
             Happened::Draining => job.drain_node(node),
+            Happened::Adopted {
+                holder,
+                from,
+                id,
+                rows,
+                bytes,
+            } => {
+                let Some((origin, stage)) = remote.adopting.remove(&(holder, from)) else {
+                    return;
+                };
+                let shadow = remote.shadows[node].force_admit(stage, bytes);
+                let part = RemotePart::new(
+                    (node, event.node),
+                    (id, rows as usize, bytes),
+                    remote.source.clone(),
+                    Some(shadow),
+                );
+                job.on_moved(origin, Slice::remote(part));
+            }
             Happened::RelayFailed { .. } => {} // handled above
         }
     }
@@ -608,6 +632,7 @@ impl Local {
                 self.paused.retain(|_, run| run.stage != stage);
             }
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
+            Action::Move { .. } => unreachable!("one node does not drain"),
             Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
         }
     }
@@ -682,6 +707,25 @@ impl Remote {
                     stage: stage as u64,
                     bytes,
                 });
+            }
+            Action::Move {
+                origin,
+                stage,
+                part,
+                to,
+            } => {
+                let part = part
+                    .remote_part()
+                    .expect("a cluster job's partitions are on its nodes");
+                let (holder, id) = (part.holder.clone(), part.id);
+                let order = JobOrder::Adopt {
+                    holder: holder.clone(),
+                    id,
+                    rows: part.rows as u64,
+                    stage: stage as u64,
+                };
+                self.adopting.insert((holder, id), (origin, stage));
+                self.tell(to, order, job);
             }
             Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
         }

@@ -73,6 +73,16 @@ pub(crate) enum Action<P> {
     Cancel { stage: usize },
     /// `stage`'s memory reserve fits its largest output so far.
     FitReserve { stage: usize, bytes: u64 },
+    /// Copy output `origin` of `stage`, held on a draining node (`part` is
+    /// rows of it there), to node `to`, and report it with
+    /// [`JobState::on_moved`]: the drained node need not wait for it to be
+    /// consumed before it leaves.
+    Move {
+        origin: Origin,
+        stage: usize,
+        part: P,
+        to: usize,
+    },
     /// The job ended.
     End(Result<(), Error>),
 }
@@ -269,6 +279,8 @@ pub(crate) struct JobState<P> {
     /// ones a decision can place work on, so that a round of decisions on a
     /// busy cluster costs what it decides, not the number of nodes.
     open: BTreeSet<usize>,
+    /// Outputs asked to move off a draining node, with that node.
+    moving: HashMap<Origin, usize>,
     /// The node the next round of decisions starts with, so that work
     /// spreads over nodes.
     next_node: usize,
@@ -302,6 +314,7 @@ impl<P: Part> JobState<P> {
             draining: vec![false; free.len()],
             lost: vec![false; free.len()],
             open: BTreeSet::new(),
+            moving: HashMap::new(),
             slots: free.clone(),
             free,
             next_node: 0,
@@ -573,6 +586,7 @@ impl<P: Part> JobState<P> {
         self.lost[node] = true;
         self.draining[node] = true;
         self.reopen(node);
+        self.moving.retain(|_, from| *from != node);
         if clean {
             tracing::info!(node = %name, "a drained node left");
             return;
@@ -665,6 +679,87 @@ impl<P: Part> JobState<P> {
                     operator,
                     why: "no node left can run its task".into(),
                 });
+            }
+        }
+    }
+
+    /// Output `origin`, asked to move off a draining node, is now held as
+    /// `whole` on another: every piece of it the job holds there and has
+    /// not handed to a task takes its rows from `whole` instead, so that
+    /// the draining node is asked for it no more.
+    pub(crate) fn on_moved(&mut self, origin: Origin, whole: P) {
+        let Some(from) = self.moving.remove(&origin) else {
+            return;
+        };
+        let mut moved = |piece: &mut Piece<P>| {
+            if piece.id.from == origin && piece.part.as_ref().is_some_and(|p| p.node() == from) {
+                piece.part = Some(whole.sub(piece.id.offset, piece.id.len));
+            }
+        };
+        self.for_each_unplaced_piece(&mut moved);
+    }
+
+    /// Asks for the outputs held on draining nodes that the job still needs
+    /// to be moved to nodes that stay (spread over them in turn), each once.
+    fn hand_over(&mut self) {
+        let draining: Vec<bool> = (0..self.free.len())
+            .map(|n| self.draining[n] && !self.lost[n])
+            .collect();
+        if !draining.contains(&true) {
+            return;
+        }
+        let stays: Vec<usize> = (0..self.free.len())
+            .filter(|&n| !self.draining[n] && !self.lost[n])
+            .collect();
+        if stays.is_empty() {
+            return;
+        }
+        let mut asked = Vec::new();
+        let moving = std::mem::take(&mut self.moving);
+        self.for_each_unplaced_piece(&mut |piece: &mut Piece<P>| {
+            if let Some(part) = &piece.part {
+                let from = part.node();
+                if draining[from] && !moving.contains_key(&piece.id.from) {
+                    asked.push((piece.id.from, from, part.clone()));
+                }
+            }
+        });
+        self.moving = moving;
+        for (origin, from, part) in asked {
+            if self.moving.contains_key(&origin) {
+                continue; // another piece of the same output
+            }
+            let Some(stage) = self.stage_of(origin.task).or_else(|| {
+                self.made
+                    .as_ref()
+                    .and_then(|m| m.get(&origin.task))
+                    .map(|m| m.stage)
+            }) else {
+                continue;
+            };
+            let to = stays[self.moving.len() % stays.len()];
+            self.moving.insert(origin, from);
+            self.actions.push(Action::Move {
+                origin,
+                stage,
+                part,
+                to,
+            });
+        }
+    }
+
+    /// Calls `f` on every piece the job holds that no task has been handed:
+    /// queued, waiting for a lost piece, collected by a repartition, or the
+    /// input of a task waiting to run (again).
+    fn for_each_unplaced_piece(&mut self, f: &mut impl FnMut(&mut Piece<P>)) {
+        for s in &mut self.stages {
+            s.queue.iter_mut().flatten().for_each(&mut *f);
+            s.blocked.iter_mut().flatten().for_each(&mut *f);
+            s.collected.iter_mut().for_each(&mut *f);
+        }
+        for record in self.tasks.values_mut().filter(|r| !r.placed) {
+            if let TaskInput::Pieces(pieces) = &mut record.input {
+                pieces.iter_mut().for_each(&mut *f);
             }
         }
     }
@@ -907,6 +1002,7 @@ impl<P: Part> JobState<P> {
                     break;
                 }
             }
+            self.hand_over();
             if self.finished() {
                 self.end(Ok(()));
             }

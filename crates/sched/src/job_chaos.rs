@@ -21,6 +21,7 @@ fn seeds() -> std::ops::Range<u64> {
 #[test]
 fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
     let (mut killed, mut remade, mut runs) = (0, 0, 0);
+    let (mut drained, mut moved) = (0, 0);
     for seed in seeds() {
         let replay = format!("replay: SB_SIM_SEED={seed} cargo test -p streambatch-sched chaos");
         let scenario = Scenario::seeded(seed);
@@ -36,8 +37,13 @@ fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
         );
         killed += run.faults.iter().filter(|f| **f == Fault::Kill).count();
         remade += run.recovery.remade_partitions;
+        drained += run.drained_left;
+        moved += run.moved;
         runs += 1;
     }
+    eprintln!(
+        "{runs} seeds: {killed} nodes killed, {remade} partitions made again, {drained} drained nodes left, {moved} outputs moved off them"
+    );
     if runs >= 1_000 {
         // The seeds exercise recovery, not only clean runs.
         assert!(killed > 300, "only {killed} nodes killed over {runs} seeds");
@@ -45,6 +51,8 @@ fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
             remade > 100,
             "only {remade} partitions made again over {runs} seeds"
         );
+        assert!(drained > 50, "only {drained} drained nodes left");
+        assert!(moved > 50, "only {moved} outputs moved off drained nodes");
     }
 }
 
@@ -71,6 +79,7 @@ fn a_wide_job_with_tasks_that_take_no_time_survives_its_faults() {
     );
     let r = &run.recovery;
     assert_eq!(r.nodes_lost.len(), 2, "{r:?}: the drained node is not lost");
+    assert_eq!(run.drained_left, 1, "the drained node left mid-job");
     assert!(r.remade_partitions > 0, "{r:?}");
     assert!(run.tasks > 10_000, "{} tasks", run.tasks);
 }

@@ -170,6 +170,7 @@ fn simulate(
                     budgets.iter().for_each(|b| b.fit_reserve(stage, bytes))
                 }
                 Action::End(result) => ended = Some(result),
+                Action::Move { .. } => panic!("no node drains here"),
             }
         }
         if ended.is_some() {

@@ -12,11 +12,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
 use streambatch_net::{Fetched, Transport, frame};
 use streambatch_plan::{Error, ExecPlan, StageKind};
-use streambatch_store::ObjectStore;
+use streambatch_store::{ObjectStore, batch_bytes};
 
 use crate::budget::Budgets;
 use crate::groups::remote_member;
@@ -41,6 +42,12 @@ pub(crate) enum RelayMsg {
     Order(JobOrder),
     /// This node drains (see `AgentMsg::Drain`).
     Drain,
+    /// Partition `from` of draining node `holder` is stored here.
+    Adopted {
+        holder: String,
+        from: u64,
+        output: Arc<Output>,
+    },
 }
 
 impl ractor::Message for RelayMsg {}
@@ -203,6 +210,11 @@ impl Actor for JobRelay {
                 state.draining = true;
                 state.report(Happened::Draining);
             }
+            RelayMsg::Adopted {
+                holder,
+                from,
+                output,
+            } => state.on_adopted(holder, from, output),
         }
         if state.draining
             && state.running.is_empty()
@@ -356,6 +368,20 @@ impl RelayState {
                     self.transport.learn(&name, addr);
                 }
             }
+            JobOrder::Adopt {
+                holder,
+                id,
+                rows,
+                stage,
+            } => {
+                let part = PartSpec {
+                    holder,
+                    id,
+                    offset: 0,
+                    len: rows,
+                };
+                self.adopt(part, stage as usize, myself)
+            }
             JobOrder::End => {
                 self.ending = true;
                 self.paused.clear();
@@ -450,6 +476,61 @@ impl RelayState {
         });
     }
 
+    /// Takes over `part` from its draining holder: pulls it (on a task of
+    /// its own), stores it here within the job's budget and the store's
+    /// room, and reports it. A partition that does not fit stays where it
+    /// is, and its holder leaves once the job is done with it.
+    fn adopt(&self, part: PartSpec, stage: usize, myself: &ActorRef<RelayMsg>) {
+        let (ctx, transport, counts) = (
+            self.ctx.clone(),
+            self.transport.clone(),
+            self.pulled.clone(),
+        );
+        let relay = myself.clone();
+        tokio::spawn(async move {
+            let stored = match pull(&transport, &part, &counts).await {
+                Ok(slice) => slice
+                    .read()
+                    .map_err(|e| e.to_string())
+                    .and_then(|batch| store_adopted(&ctx, stage, batch)),
+                Err(e) => Err(e.to_string()),
+            };
+            match stored {
+                Ok(output) => {
+                    let msg = RelayMsg::Adopted {
+                        holder: part.holder,
+                        from: part.id,
+                        output,
+                    };
+                    let _ = relay.cast(msg);
+                }
+                Err(why) => tracing::warn!(
+                    holder = %part.holder, id = part.id, %why,
+                    "a draining node's partition stays there"
+                ),
+            }
+        });
+    }
+
+    /// Keeps an adopted partition as this node's output, and reports it.
+    fn on_adopted(&mut self, holder: String, from: u64, output: Arc<Output>) {
+        if self.ending {
+            return;
+        }
+        let part = output.part().clone();
+        let (id, rows) = (part.id().0, part.rows() as u64);
+        let bytes = Slice::whole(output.clone()).partition_bytes();
+        self.server.offer(part);
+        self.outputs.insert(id, output);
+        self.report(Happened::Adopted {
+            holder,
+            from,
+            id,
+            rows,
+            bytes,
+        });
+    }
+
     fn dispatch(&self, run: Box<TaskRun>) {
         let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
         let _ = self.manager.cast(NodeMsg::Run { run, pool });
@@ -487,6 +568,23 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
     Slice::fetched(batch)
         .sub_within(part.offset, part.len)
         .ok_or_else(|| rows_outside(part))
+}
+
+/// Stores a partition taken over from a draining node as an output of
+/// `stage`, if the stage's budget and the store have room for it.
+fn store_adopted(ctx: &JobCtx, stage: usize, batch: RecordBatch) -> Result<Arc<Output>, String> {
+    let bytes = batch_bytes(&batch);
+    let reservation = ctx
+        .budgets
+        .try_admit(stage, bytes)
+        .map_err(|refused| refused.to_string())?;
+    match ctx.store.try_put(batch) {
+        Ok(part) => Ok(Output::new(part, bytes, Some(reservation))),
+        Err(e) => {
+            reservation.cancel();
+            Err(e.to_string())
+        }
+    }
 }
 
 /// A UDF's error message may be long; the event carrying it must fit in a
@@ -538,9 +636,9 @@ fn check_order(plan: &ExecPlan, order: &JobOrder) -> Result<(), String> {
                 _ => Err(format!("stage {at} (`{}`) cannot run that input", s.name)),
             }
         }
-        JobOrder::Cancel { stage: at } | JobOrder::FitReserve { stage: at, .. } => {
-            stage(*at).map(|_| ())
-        }
+        JobOrder::Cancel { stage: at }
+        | JobOrder::FitReserve { stage: at, .. }
+        | JobOrder::Adopt { stage: at, .. } => stage(*at).map(|_| ()),
         JobOrder::Resume { .. }
         | JobOrder::Release { .. }
         | JobOrder::Peer { .. }

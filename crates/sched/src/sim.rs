@@ -30,7 +30,9 @@ use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{JobStats, Recovery};
 
 use crate::budget::Budgets;
-use crate::job::{Action, FailurePolicy, Input, JobState, Keep, PieceId, ShapeKind, StageShape};
+use crate::job::{
+    Action, FailurePolicy, Input, JobState, Keep, Origin, PieceId, ShapeKind, StageShape,
+};
 use crate::record::Recorder;
 use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
 
@@ -204,6 +206,10 @@ pub struct SimRun {
     pub recovery: Recovery,
     /// The faults that happened.
     pub faults: Vec<Fault>,
+    /// Drained nodes that left before the job ended.
+    pub drained_left: usize,
+    /// Outputs moved off draining nodes.
+    pub moved: usize,
     /// Tasks started (retries and re-runs included).
     pub tasks: u64,
     /// Wall time of the run.
@@ -262,7 +268,16 @@ enum NodeState {
 enum Event {
     Fault(Fault),
     Read,
+    Move,
     Step(TaskId),
+}
+
+/// An output on its way off a draining node.
+struct Moving {
+    due: u64,
+    origin: Origin,
+    stage: usize,
+    to: usize,
 }
 
 struct Sim<'a> {
@@ -277,6 +292,8 @@ struct Sim<'a> {
     /// Faults still to come, the next last.
     schedule: Vec<(u64, Fault)>,
     faults: Vec<Fault>,
+    drained_left: usize,
+    moved: usize,
     /// Outputs admitted over budget that still live.
     forced: Arc<AtomicUsize>,
     running: HashMap<TaskId, SimTask>,
@@ -286,6 +303,9 @@ struct Sim<'a> {
     paused: HashMap<TaskId, SimTask>,
     cancelled: HashSet<usize>,
     outbox: VecDeque<(Rows, PieceId)>,
+    /// Every output's rows, for a copy of it moved off a draining node.
+    wholes: HashMap<Origin, (u64, usize)>,
+    moves: VecDeque<Moving>,
     next_read: u64,
     rows: Vec<u64>,
     clock: u64,
@@ -342,6 +362,8 @@ impl<'a> Sim<'a> {
             bases,
             schedule,
             faults: Vec::new(),
+            drained_left: 0,
+            moved: 0,
             forced: Arc::new(AtomicUsize::new(0)),
             running: HashMap::new(),
             due: BinaryHeap::new(),
@@ -349,6 +371,8 @@ impl<'a> Sim<'a> {
             paused: HashMap::new(),
             cancelled: HashSet::new(),
             outbox: VecDeque::new(),
+            wholes: HashMap::new(),
+            moves: VecDeque::new(),
             next_read: 0,
             rows: Vec::new(),
             clock: 0,
@@ -393,6 +417,7 @@ impl<'a> Sim<'a> {
             match event {
                 Event::Fault(fault) => self.fault(fault),
                 Event::Read => self.read(),
+                Event::Move => self.arrive(),
                 Event::Step(task) => self.step(task)?,
             }
         }
@@ -412,6 +437,8 @@ impl<'a> Sim<'a> {
             source,
             recovery: self.job.recorder().recovery(),
             faults: self.faults,
+            drained_left: self.drained_left,
+            moved: self.moved,
             tasks: self.tasks,
             elapsed,
         }
@@ -481,9 +508,46 @@ impl<'a> Sim<'a> {
                 .budgets
                 .iter()
                 .for_each(|b| b.fit_reserve(stage, bytes)),
+            Action::Move {
+                origin, stage, to, ..
+            } => {
+                // In order, each after a step's time.
+                let time = &self.scenario.step_time;
+                let after = self.moves.back().map_or(0, |m| m.due);
+                let due = (self.clock + self.rng.range(time.start, time.end)).max(after);
+                self.moves.push_back(Moving {
+                    due,
+                    origin,
+                    stage,
+                    to,
+                });
+            }
             Action::End(result) => return Ok(Some(result.map_err(|e| e.to_string()))),
         }
         Ok(None)
+    }
+
+    /// An output moved off a draining node lands on its new node, if that
+    /// node is still up and its budget has room.
+    fn arrive(&mut self) {
+        let m = self.moves.pop_front().expect("a move is due");
+        let (start, len) = self.wholes[&m.origin];
+        let bytes = len as u64 * ROW_BYTES;
+        if self.state[m.to] != NodeState::Up {
+            return;
+        }
+        let budget = &self.budgets[m.to];
+        if let Some(held) = Held::admit(budget, m.stage, bytes, false, &self.forced) {
+            let whole = Rows {
+                start,
+                len,
+                bytes,
+                node: m.to,
+                _held: Arc::new(held),
+            };
+            self.job.on_moved(m.origin, whole);
+            self.moved += 1;
+        }
     }
 
     /// Runs `task`'s next step after a step's time.
@@ -506,18 +570,22 @@ impl<'a> Sim<'a> {
             .is_some_and(|(at, _)| self.events >= *at);
         let step = self.next_step();
         let read = (!self.outbox.is_empty()).then_some(self.next_read.max(self.clock));
-        if fault_now || (step.is_none() && read.is_none()) {
+        let moved = self.moves.front().map(|m| m.due.max(self.clock));
+        if fault_now || (step.is_none() && read.is_none() && moved.is_none()) {
             let (_, fault) = self.schedule.pop()?;
             return Some((self.clock, Event::Fault(fault)));
         }
-        match (read, step) {
-            (Some(r), Some((s, _))) if r <= s => Some((r, Event::Read)),
-            (Some(r), None) => Some((r, Event::Read)),
-            (_, Some((s, task))) => {
-                self.due.pop();
-                Some((s, Event::Step(task)))
-            }
-            (None, None) => None,
+        // At the same time: a read, then a move, then a step.
+        let step_at = step.map(|(at, _)| at);
+        let first = [read, moved, step_at].into_iter().flatten().min()?;
+        if read == Some(first) {
+            Some((first, Event::Read))
+        } else if moved == Some(first) {
+            Some((first, Event::Move))
+        } else {
+            let (at, task) = step?;
+            self.due.pop();
+            Some((at, Event::Step(task)))
         }
     }
 
@@ -573,15 +641,17 @@ impl<'a> Sim<'a> {
         self.next_read = self.clock + self.rng.range(gap.start, gap.end);
     }
 
-    /// A drained node leaves once the job has nothing there, and nothing
-    /// may be redone for it.
+    /// A drained node leaves once the job has nothing there and the driver
+    /// has read what it holds, and nothing may be redone for it.
     fn leave_drained(&mut self) -> Result<(), String> {
         for node in std::mem::take(&mut self.draining) {
-            if !self.job.left_cleanly(node) {
+            let unread = self.outbox.iter().any(|(part, _)| part.node == node);
+            if unread || !self.job.left_cleanly(node) {
                 self.draining.push(node);
                 continue;
             }
             self.state[node] = NodeState::Gone;
+            self.drained_left += 1;
             let before = self.job.recorder().recovery();
             self.job.on_node_lost(node, &format!("n{node}"));
             if self.job.recorder().recovery() != before {
@@ -625,6 +695,7 @@ impl<'a> Sim<'a> {
         }
         let seq = t.next as u32;
         t.next += 1;
+        self.wholes.insert(Origin { task: id, seq }, (start, len));
         let part = Rows {
             start,
             len,

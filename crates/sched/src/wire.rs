@@ -108,6 +108,15 @@ pub(crate) enum JobOrder {
     FitReserve { stage: u64, bytes: u64 },
     /// A node that joined the job listens at `addr`.
     Peer { name: String, addr: String },
+    /// Take over partition `id` (of `rows` rows, an output of `stage`)
+    /// from `holder`, which drains: pull it, store it here, and report it
+    /// (`Happened::Adopted`).
+    Adopt {
+        holder: String,
+        id: u64,
+        rows: u64,
+        stage: u64,
+    },
     /// The job ended: free all it holds here.
     End,
 }
@@ -160,9 +169,18 @@ pub(crate) enum Happened {
         message: String,
     },
     MemoryFreed,
-    /// The node drains: it takes no new task of the job and leaves once the
-    /// job has read what it holds.
+    /// The node drains: it takes no new task of the job, hands what it
+    /// holds over (`JobOrder::Adopt` to other nodes) and leaves once the job
+    /// has no more of it.
     Draining,
+    /// Partition `from` of draining node `holder` is stored here as `id`.
+    Adopted {
+        holder: String,
+        from: u64,
+        id: u64,
+        rows: u64,
+        bytes: u64,
+    },
     /// The job's relay on the node failed (sent by the node's agent): the
     /// node is lost to the job, with all it held of it.
     RelayFailed {

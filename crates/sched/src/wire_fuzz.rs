@@ -99,6 +99,30 @@ fn seeds() -> Vec<Vec<u8>> {
             pulled: Pulled::default(),
         })
         .to_vec(),
+        frame::encode(&Order {
+            key: key(),
+            order: JobOrder::Adopt {
+                holder: "a".into(),
+                id: 9,
+                rows: 5,
+                stage: 0,
+            },
+        })
+        .to_vec(),
+        frame::encode(&NodeEvent {
+            node: "b".into(),
+            job: 7,
+            happened: Happened::Adopted {
+                holder: "a".into(),
+                from: 9,
+                id: 2,
+                rows: 5,
+                bytes: 40,
+            },
+            store: StoreView::default(),
+            pulled: Pulled::default(),
+        })
+        .to_vec(),
     ]
 }
 
