@@ -668,3 +668,42 @@ fn a_drained_node_hands_its_partitions_over_and_leaves_before_the_job_ends() {
     let tasks = |name: &str| stats.nodes.iter().find(|n| n.name == name).unwrap().tasks;
     assert!(tasks("worker-2") > 0, "worker-2 ran nothing: {stats}");
 }
+
+#[test]
+fn outputs_a_limit_let_through_are_made_again_when_their_node_is_lost() {
+    // The limit stops the source once it has its rows; worker-2 is then
+    // killed while the driver has not read all of them. Those it held are
+    // made again by re-running their source tasks, though the limit had
+    // stopped that stage.
+    let mut cluster = Cluster::start_configured(
+        &[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)],
+        "128MiB",
+        "node_timeout_ms = 2000\n",
+    );
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let ds = ctx.range(400, 80).limit(100);
+    let mut batches = ds.iter_batches().unwrap();
+    let mut ids = ids_of(&batches.next().unwrap().unwrap()).to_vec();
+    // By now every output is made and waits on its node for the driver.
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let node = cluster.nodes.iter_mut().find(|n| n.name == "worker-2");
+    node.unwrap().kill_hard();
+    for batch in batches {
+        ids.extend_from_slice(ids_of(&batch.unwrap()));
+    }
+    let stats = ds.stats().unwrap();
+    let distinct: std::collections::BTreeSet<i64> = ids.iter().copied().collect();
+    assert_eq!(
+        (ids.len(), distinct.len()),
+        (100, 100),
+        "100 rows, each once\n{stats}"
+    );
+    assert!(ids.iter().all(|id| (0..400).contains(id)), "{stats}");
+    let r = &stats.recovery;
+    assert_eq!(r.nodes_lost, vec!["worker-2".to_string()], "{stats}");
+    assert!(
+        r.lost_partitions > 0 && r.remade_partitions == r.lost_partitions,
+        "{stats}"
+    );
+    assert!(r.rerun_tasks > 0, "{stats}");
+}

@@ -629,7 +629,8 @@ impl Local {
             }
             Action::Cancel { stage } => {
                 self.ctx.cancelled[stage].store(true, Ordering::Relaxed);
-                self.paused.retain(|_, run| run.stage != stage);
+                self.paused
+                    .retain(|_, run| run.stage != stage || run.remakes_only());
             }
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
             Action::Move { .. } => unreachable!("one node does not drain"),

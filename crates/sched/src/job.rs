@@ -192,6 +192,16 @@ impl<P: Part> StageState<P> {
         self.queue.len() + self.retry.len() + (self.splits - self.next_split)
     }
 
+    /// Inputs a new task may start on: only re-runs once the stage is
+    /// cancelled (a later stage still needs what they make).
+    fn startable(&self) -> usize {
+        if self.cancelled {
+            self.retry.len()
+        } else {
+            self.waiting()
+        }
+    }
+
     /// Nothing waits, runs, pauses or waits for a lost piece.
     fn idle(&self) -> bool {
         self.waiting() == 0
@@ -464,9 +474,10 @@ impl<P: Part> JobState<P> {
         };
         self.release(node, stage);
         self.recorder.event(stage, task, EventKind::TaskSuspended);
+        let rerun = self.tasks.get(&task).is_some_and(|r| r.rerun);
         let s = &mut self.stages[stage];
-        if s.cancelled || self.ended {
-            self.tasks.remove(&task);
+        if (s.cancelled && !rerun) || self.ended {
+            self.drop_task(task);
             return false;
         }
         s.paused.push(Paused {
@@ -485,6 +496,13 @@ impl<P: Part> JobState<P> {
         let mut record = self.tasks.remove(&task).expect("placed above");
         self.release(node, stage);
         self.recorder.event(stage, task, EventKind::TaskFinished);
+        if !record.again.is_empty() && self.stages[stage].cancelled {
+            // It stopped early with its stage, before the outputs it was
+            // to make again: a re-run makes them.
+            self.tasks.insert(task, record);
+            self.drop_task(task);
+            return Some(stage);
+        }
         if !record.again.is_empty() {
             let operator = self.shapes[stage].name.clone();
             self.end(Err(Error::PartitionLost {
@@ -788,8 +806,9 @@ impl<P: Part> JobState<P> {
         let missing = record.input.missing();
         let lost = !record.rerun;
         let s = &mut self.stages[stage];
-        if s.cancelled {
-            self.tasks.remove(&task);
+        if s.cancelled && lost {
+            // Not a re-run: no more of its outputs are needed.
+            self.drop_task(task);
         } else if missing.is_empty() {
             s.retry.push_back(task);
         } else {
@@ -830,12 +849,6 @@ impl<P: Part> JobState<P> {
             });
         };
         let operator = self.shapes[made.stage].name.clone();
-        if self.stages[made.stage].cancelled {
-            return self.fail(Error::PartitionLost {
-                operator,
-                why: "a limit had already stopped the stage that made it".into(),
-            });
-        }
         if lost && made.reruns >= self.failures.max_task_retries.max(1) {
             return self.fail(Error::PartitionLost {
                 operator,
@@ -1076,7 +1089,7 @@ impl<P: Part> JobState<P> {
     /// Some stage has an input to start a task on, or a paused task.
     fn has_work(&self) -> bool {
         self.stages.iter().zip(&self.shapes).any(|(s, shape)| {
-            !s.paused.is_empty() || (shape.kind.runs_tasks() && !s.cancelled && s.waiting() > 0)
+            !s.paused.is_empty() || (shape.kind.runs_tasks() && s.startable() > 0)
         })
     }
 
@@ -1109,7 +1122,7 @@ impl<P: Part> JobState<P> {
             .zip(&self.shapes)
             .enumerate()
             .map(|(i, (s, shape))| {
-                let runs = shape.kind.runs_tasks() && !s.cancelled && !self.draining[node];
+                let runs = shape.kind.runs_tasks() && !self.draining[node];
                 let here = || s.paused.iter().filter(|p| p.node == node);
                 let paused_fits = here()
                     .map(|p| {
@@ -1118,7 +1131,7 @@ impl<P: Part> JobState<P> {
                     })
                     .collect();
                 StageView {
-                    waiting_inputs: if runs { s.waiting() } else { 0 },
+                    waiting_inputs: if runs { s.startable() } else { 0 },
                     paused_fits,
                     paused: here().map(|p| p.pending_bytes).collect(),
                     running: s.running,
@@ -1335,12 +1348,53 @@ impl<P: Part> JobState<P> {
             s.done = true;
             s.queue.clear();
             s.blocked.clear();
-            s.paused.clear();
             s.collected.clear();
             s.next_split = s.splits;
-            for task in s.retry.drain(..).chain(s.blocked_tasks.drain(..)) {
-                self.tasks.remove(&task);
+            // Re-runs go on: a later stage waits for what they make again.
+            // The other tasks not running are dropped (paused ones too: the
+            // nodes drop them on `Cancel`).
+            let tasks = &mut self.tasks;
+            let rerun = |task: &TaskId| tasks.get(task).is_some_and(|r| r.rerun);
+            let paused = std::mem::take(&mut s.paused);
+            let (paused, dropped): (Vec<Paused>, Vec<Paused>) =
+                paused.into_iter().partition(|p| rerun(&p.task));
+            s.paused = paused;
+            let (retry, dropped_retry): (Vec<TaskId>, Vec<TaskId>) =
+                s.retry.drain(..).partition(rerun);
+            s.retry = retry.into();
+            let (blocked, dropped_blocked): (Vec<TaskId>, Vec<TaskId>) =
+                s.blocked_tasks.drain(..).partition(rerun);
+            s.blocked_tasks = blocked;
+            let dropped: Vec<TaskId> = dropped
+                .into_iter()
+                .map(|p| p.task)
+                .chain(dropped_retry)
+                .chain(dropped_blocked)
+                .collect();
+            for task in dropped {
+                self.drop_task(task);
             }
+        }
+    }
+
+    /// Drops a task its cancelled stage no longer needs, keeping its
+    /// lineage when it delivered outputs: a later stage may still need one
+    /// of them made again, and those it was asked to make again are asked
+    /// of a re-run.
+    fn drop_task(&mut self, task: TaskId) {
+        let Some(record) = self.tasks.remove(&task) else {
+            return;
+        };
+        if let Some(made) = self.made.as_mut().filter(|_| record.delivered > 0) {
+            let made_task = Made {
+                stage: record.stage,
+                input: record.input.forget(),
+                reruns: record.reruns,
+            };
+            made.insert(task, made_task);
+        }
+        for seq in record.again.into_iter().chain(record.again_next) {
+            self.demand(Origin { task, seq }, false);
         }
     }
 

@@ -31,8 +31,10 @@ fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
             panic!("seed {seed}: {why}\n{scenario:?}\n{replay}");
         }
         let r = &run.recovery;
+        // (Behind a limit, a lost partition the cancelled stages no longer
+        // need is not made again.)
         assert!(
-            r.remade_partitions >= r.lost_partitions,
+            run.limit.is_some() || r.remade_partitions >= r.lost_partitions,
             "seed {seed}: {r:?}: a lost partition was not made again\n{replay}"
         );
         killed += run.faults.iter().filter(|f| **f == Fault::Kill).count();

@@ -201,6 +201,13 @@ impl Keep {
         seq >= self.from || self.again.binary_search(&seq).is_ok()
     }
 
+    /// True when the attempt only makes lost outputs again (its task had
+    /// finished): it runs to them even once its stage is cancelled, since
+    /// a later stage still needs them.
+    pub fn remakes_only(&self) -> bool {
+        self.from == u32::MAX
+    }
+
     /// True when no output after `seq` is wanted: the attempt may stop.
     pub fn done_after(&self, seq: u32) -> bool {
         self.from == u32::MAX && self.again.last().is_none_or(|&last| last <= seq)

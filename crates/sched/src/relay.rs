@@ -353,7 +353,7 @@ impl RelayState {
                 }
                 let running = &mut self.running;
                 self.paused.retain(|task, run| {
-                    let keep = run.stage != stage;
+                    let keep = run.stage != stage || run.remakes_only();
                     if !keep {
                         running.remove(task);
                     }

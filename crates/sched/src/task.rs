@@ -205,6 +205,17 @@ impl TaskRun {
         }
     }
 
+    /// Its stage's remaining work is not needed, and it is not remaking
+    /// outputs a later stage needs.
+    fn cancelled(&self) -> bool {
+        !self.keep.remakes_only() && self.job.cancelled[self.stage].load(Ordering::Relaxed)
+    }
+
+    /// It only makes lost outputs again (see [`Keep::remakes_only`]).
+    pub fn remakes_only(&self) -> bool {
+        self.keep.remakes_only()
+    }
+
     /// Ok(true): finished; Ok(false): must pause.
     fn drive_inner(&mut self, instances: &mut InstanceCache) -> Result<bool, Error> {
         if self.stream.is_none() {
@@ -218,8 +229,7 @@ impl TaskRun {
                 }
             }
             let all_kept = self.next_seq > 0 && self.keep.done_after(self.next_seq - 1);
-            if self.exhausted || all_kept || self.job.cancelled[self.stage].load(Ordering::Relaxed)
-            {
+            if self.exhausted || all_kept || self.cancelled() {
                 return Ok(true);
             }
             match self.stream.as_mut().expect("opened above").next() {
