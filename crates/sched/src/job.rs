@@ -291,6 +291,9 @@ pub(crate) struct JobState<P> {
     open: BTreeSet<usize>,
     /// Outputs asked to move off a draining node, with that node.
     moving: HashMap<Origin, usize>,
+    /// Something may have come to rest on a draining node (its drain, an
+    /// output there, a task waiting to run again): look for what to move.
+    hand_over_due: bool,
     /// The node the next round of decisions starts with, so that work
     /// spreads over nodes.
     next_node: usize,
@@ -325,6 +328,7 @@ impl<P: Part> JobState<P> {
             lost: vec![false; free.len()],
             open: BTreeSet::new(),
             moving: HashMap::new(),
+            hand_over_due: false,
             slots: free.clone(),
             free,
             next_node: 0,
@@ -363,6 +367,7 @@ impl<P: Part> JobState<P> {
     pub(crate) fn drain_node(&mut self, node: usize) {
         if let Some(d) = self.draining.get_mut(node) {
             *d = true;
+            self.hand_over_due = true;
         }
     }
 
@@ -432,6 +437,7 @@ impl<P: Part> JobState<P> {
             return;
         };
         let origin = Origin { task, seq };
+        self.hand_over_due |= self.draining[part.node()];
         if seq < record.delivered {
             if record.again.remove(&seq) {
                 let stage = record.stage;
@@ -720,6 +726,9 @@ impl<P: Part> JobState<P> {
     /// Asks for the outputs held on draining nodes that the job still needs
     /// to be moved to nodes that stay (spread over them in turn), each once.
     fn hand_over(&mut self) {
+        if !std::mem::take(&mut self.hand_over_due) {
+            return;
+        }
         let draining: Vec<bool> = (0..self.free.len())
             .map(|n| self.draining[n] && !self.lost[n])
             .collect();
@@ -798,6 +807,7 @@ impl<P: Part> JobState<P> {
     /// input is whole (its lost pieces are asked for), or dropped when its
     /// stage is no longer needed.
     fn requeue(&mut self, task: TaskId) {
+        self.hand_over_due = true;
         let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.placed = false;
         let next = std::mem::take(&mut record.again_next);

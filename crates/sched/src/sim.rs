@@ -309,6 +309,8 @@ struct Sim<'a> {
     /// Outputs admitted over budget that still live.
     forced: Arc<AtomicUsize>,
     running: HashMap<TaskId, SimTask>,
+    /// Per node: tasks running or paused there.
+    tasks_on: Vec<usize>,
     /// Running tasks' next steps: when, which task, which turn of it.
     due: BinaryHeap<Reverse<(u64, TaskId, u64)>>,
     turns: u64,
@@ -378,6 +380,7 @@ impl<'a> Sim<'a> {
             moved: 0,
             forced: Arc::new(AtomicUsize::new(0)),
             running: HashMap::new(),
+            tasks_on: vec![0; nodes],
             due: BinaryHeap::new(),
             turns: 0,
             paused: HashMap::new(),
@@ -490,6 +493,7 @@ impl<'a> Sim<'a> {
                     }
                 };
                 self.tasks += 1;
+                self.tasks_on[node] += 1;
                 let t = SimTask {
                     stage,
                     node,
@@ -519,8 +523,14 @@ impl<'a> Sim<'a> {
             Action::Emit { part, id } => self.outbox.push_back((part, id)),
             Action::Cancel { stage } => {
                 self.cancelled.insert(stage);
-                self.paused
-                    .retain(|_, t| t.stage != stage || t.keep.remakes_only());
+                let tasks_on = &mut self.tasks_on;
+                self.paused.retain(|_, t| {
+                    let keep = t.stage != stage || t.keep.remakes_only();
+                    if !keep {
+                        tasks_on[t.node] -= 1;
+                    }
+                    keep
+                });
             }
             Action::FitReserve { stage, bytes } => self
                 .budgets
@@ -630,11 +640,13 @@ impl<'a> Sim<'a> {
                 self.state[node] = NodeState::Gone;
                 self.running.retain(|_, t| t.node != node);
                 self.paused.retain(|_, t| t.node != node);
+                self.tasks_on[node] = 0;
                 self.job.on_node_lost(node, &format!("n{node}"));
             }
             Fault::Join => {
                 self.budgets.push(self.new_budgets());
                 self.state.push(NodeState::Up);
+                self.tasks_on.push(0);
                 self.job.add_node(Resources::cpu(self.scenario.cpus));
             }
             Fault::Drain => {
@@ -663,8 +675,12 @@ impl<'a> Sim<'a> {
     /// has read what it holds, and nothing may be redone for it.
     fn leave_drained(&mut self) -> Result<(), String> {
         for node in std::mem::take(&mut self.draining) {
-            let unread = self.outbox.iter().any(|(part, _)| part.node == node);
-            if unread || !self.job.left_cleanly(node) {
+            // Cheap checks first: the job's own is a pass over its tasks.
+            let busy = self.tasks_on[node] > 0;
+            if busy
+                || self.outbox.iter().any(|(part, _)| part.node == node)
+                || !self.job.left_cleanly(node)
+            {
                 self.draining.push(node);
                 continue;
             }
@@ -689,6 +705,7 @@ impl<'a> Sim<'a> {
         let all_kept = t.next > 0 && t.keep.done_after(t.next as u32 - 1);
         let cancelled = self.cancelled.contains(&t.stage) && !t.keep.remakes_only();
         if cancelled || t.next == t.outputs.len() || all_kept {
+            self.tasks_on[t.node] -= 1;
             if let Some(stage) = self.job.on_finished(id) {
                 self.job.record_finished(stage, Duration::ZERO, Vec::new());
             }
@@ -700,6 +717,8 @@ impl<'a> Sim<'a> {
         let Some(held) = Held::admit(budget, t.stage, bytes, t.may_spill, &self.forced) else {
             if self.job.on_paused(id, bytes, None) {
                 self.paused.insert(id, t);
+            } else {
+                self.tasks_on[t.node] -= 1;
             }
             return Ok(());
         };
