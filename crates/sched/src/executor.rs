@@ -94,7 +94,13 @@ struct Local {
     store: Arc<dyn ObjectStore>,
     /// Paused tasks, holding their pending outputs, until resumed.
     paused: HashMap<TaskId, Box<TaskRun>>,
+    /// A task could not be sent: the node manager has stopped.
+    manager_stopped: bool,
 }
+
+/// How long a job whose node manager stopped waits for the Supervisor to
+/// say why before it fails with `Error::NodeStopped`.
+const MANAGER_STOPPED_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Tasks on cluster nodes.
 struct Remote {
@@ -213,6 +219,7 @@ impl Actor for Executor {
                     manager,
                     store,
                     paused: HashMap::new(),
+                    manager_stopped: false,
                 };
                 (Backend::Local(local), free, capacity)
             }
@@ -556,6 +563,15 @@ impl ExecState {
             }
         }
         self.job.recorder().store_used(self.store_used());
+        if let Backend::Local(local) = &mut self.backend
+            && std::mem::take(&mut local.manager_stopped)
+        {
+            // A manager that failed is reported by the Supervisor, with
+            // why (`Abort`); one that stopped quietly, by this.
+            myself.send_after(MANAGER_STOPPED_AFTER, || {
+                ExecutorMsg::Abort(Error::NodeStopped)
+            });
+        }
         if self.job.ended() {
             myself.stop(None);
         }
@@ -597,7 +613,7 @@ impl ExecState {
                 let _ = self.output.send(JobItem::End(result));
             }
             other => match &mut self.backend {
-                Backend::Local(local) => local.apply(other, &mut self.job),
+                Backend::Local(local) => local.apply(other),
                 Backend::Remote(remote) => remote.apply(other, &mut self.job),
             },
         }
@@ -605,7 +621,7 @@ impl ExecState {
 }
 
 impl Local {
-    fn apply(&mut self, action: Action<Slice>, job: &mut JobState<Slice>) {
+    fn apply(&mut self, action: Action<Slice>) {
         match action {
             Action::Start {
                 task,
@@ -617,14 +633,14 @@ impl Local {
             } => {
                 let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, keep);
                 run.may_spill = may_spill;
-                self.run(Box::new(run), job);
+                self.run(Box::new(run));
             }
             Action::Resume {
                 task, may_spill, ..
             } => {
                 if let Some(mut run) = self.paused.remove(&task) {
                     run.may_spill = may_spill;
-                    self.run(run, job);
+                    self.run(run);
                 }
             }
             Action::Cancel { stage } => {
@@ -638,10 +654,10 @@ impl Local {
         }
     }
 
-    fn run(&mut self, run: Box<TaskRun>, job: &mut JobState<Slice>) {
+    fn run(&mut self, run: Box<TaskRun>) {
         let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
         if self.manager.cast(NodeMsg::Run { run, pool }).is_err() {
-            job.fail(Error::NodeStopped);
+            self.manager_stopped = true;
         }
     }
 }
