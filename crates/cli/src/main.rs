@@ -29,6 +29,10 @@ enum Command {
         /// configs/cluster.toml) instead of on an embedded node.
         #[arg(long)]
         cluster: Option<std::path::PathBuf>,
+        /// Write the job's timeline here, in the Chrome trace format
+        /// (Perfetto, chrome://tracing).
+        #[arg(long)]
+        timeline: Option<std::path::PathBuf>,
     },
     /// Runs a cluster node configured by a TOML file (configs/head.toml,
     /// configs/worker.toml), until it is stopped (Ctrl-C, SIGTERM).
@@ -178,9 +182,17 @@ fn run(cli: Cli) -> Result<(), AnyError> {
 
 fn run_job(command: Command) -> streambatch::Result<()> {
     match command {
-        Command::Run { pipeline, cluster } => {
+        Command::Run {
+            pipeline,
+            cluster,
+            timeline,
+        } => {
             let run = streambatch::pipeline::run_pipeline_on(&pipeline, cluster.as_deref())?;
             if let Some(stats) = run.stats {
+                if let Some(path) = &timeline {
+                    streambatch::timeline::write(&stats, path)?;
+                    println!("timeline: {}", path.display());
+                }
                 println!("{stats}");
             }
             println!("{}", run.summary);

@@ -390,6 +390,23 @@ impl Dataset {
             .clone()
     }
 
+    /// Writes the last run's timeline to `path` in the Chrome trace format
+    /// (open it in Perfetto or chrome://tracing): a track per node and
+    /// slot with the tasks it ran and the partitions they yielded, paused
+    /// tasks with their cause, and the store's bytes (see
+    /// [`crate::timeline`]). The file appears whole or not at all. Fails
+    /// when the dataset has not run yet.
+    pub fn write_timeline(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let stats = self.stats().ok_or_else(|| {
+            Error::Invalid(format!(
+                "no timeline to write to {}: the dataset has not run yet",
+                path.display()
+            ))
+        })?;
+        crate::timeline::write(&stats, path)
+    }
+
     /// The physical plan: stage names in order.
     pub fn explain(&self) -> Result<Vec<String>> {
         Ok(ExecPlan::from_ops(self.plan.chain())?

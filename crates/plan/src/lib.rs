@@ -16,6 +16,7 @@ mod row;
 pub mod sink;
 mod source;
 mod stats;
+pub mod timeline;
 mod udf;
 
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
@@ -28,7 +29,7 @@ pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
 pub use stats::{
     ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
-    Recovery,
+    PauseCause, Recovery, StoreSample,
 };
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,

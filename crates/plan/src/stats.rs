@@ -71,7 +71,26 @@ pub enum EventKind {
     TaskSkipped,
 }
 
-/// A recorded event: which task of which stage did what.
+/// Why a task paused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PauseCause {
+    /// Its output did not fit its stage's memory budget.
+    OutputBudget,
+    /// The store had no room for its output.
+    StoreFull,
+}
+
+impl PauseCause {
+    /// A short name: "output budget", "store full".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OutputBudget => "output budget",
+            Self::StoreFull => "store full",
+        }
+    }
+}
+
+/// A recorded event: which task of which stage did what, where.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
     /// The stage's position in the plan.
@@ -82,6 +101,23 @@ pub struct Event {
     pub kind: EventKind,
     /// When, since the job started: a timeline of the job.
     pub at: Duration,
+    /// The node it happened on: its place in [`JobStats::nodes`] (0 on the
+    /// embedded node).
+    pub node: u32,
+    /// The partition's bytes (`PartitionYielded`), or the output's a
+    /// paused task holds (`TaskSuspended`); else 0.
+    pub bytes: u64,
+    /// Why the task paused (`TaskSuspended` only).
+    pub cause: Option<PauseCause>,
+}
+
+/// The store's bytes at one moment of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreSample {
+    /// Since the job started.
+    pub at: Duration,
+    /// Bytes held (on every node of the job).
+    pub used: u64,
 }
 
 /// The stats of one job.
@@ -104,6 +140,9 @@ pub struct JobStats {
     /// Task events in the order the executor saw them (the first
     /// [`MAX_EVENTS`] only).
     pub events: Vec<Event>,
+    /// The store's bytes over the job, as the executor saw them change
+    /// (the first [`MAX_EVENTS`] only).
+    pub store_samples: Vec<StoreSample>,
     /// Per cluster node (empty for a job on the embedded node).
     pub nodes: Vec<NodeStats>,
     /// Tasks whose operator failed and that the job skipped, as

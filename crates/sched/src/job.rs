@@ -13,7 +13,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
-use streambatch_plan::{Error, EventKind, OpStats, Stage, StageKind};
+use streambatch_plan::{Error, EventKind, OpStats, PauseCause, Stage, StageKind};
 
 pub(crate) use crate::piece::{Keep, Origin, Part, PieceId};
 use crate::piece::{Piece, TaskInput, all_held, missing};
@@ -446,13 +446,13 @@ impl<P: Part> JobState<P> {
             return;
         }
         record.delivered = seq.saturating_add(1);
-        let stage = record.stage;
+        let (stage, node) = (record.stage, record.node);
         if self.stages[stage].cancelled {
             return;
         }
-        self.recorder
-            .event(stage, task, EventKind::PartitionYielded);
         let bytes = part.bytes();
+        self.recorder
+            .event_sized(stage, task, EventKind::PartitionYielded, node, bytes, None);
         let s = &mut self.stages[stage];
         s.typical_bytes = if s.typical_bytes == 0 {
             bytes
@@ -479,7 +479,18 @@ impl<P: Part> JobState<P> {
             return false;
         };
         self.release(node, stage);
-        self.recorder.event(stage, task, EventKind::TaskSuspended);
+        let cause = match store_full_at {
+            Some(_) => PauseCause::StoreFull,
+            None => PauseCause::OutputBudget,
+        };
+        self.recorder.event_sized(
+            stage,
+            task,
+            EventKind::TaskSuspended,
+            node,
+            pending_bytes,
+            Some(cause),
+        );
         let rerun = self.tasks.get(&task).is_some_and(|r| r.rerun);
         let s = &mut self.stages[stage];
         if (s.cancelled && !rerun) || self.ended {
@@ -501,7 +512,8 @@ impl<P: Part> JobState<P> {
         let (stage, node) = self.placed(task)?;
         let mut record = self.tasks.remove(&task).expect("placed above");
         self.release(node, stage);
-        self.recorder.event(stage, task, EventKind::TaskFinished);
+        self.recorder
+            .event(stage, task, EventKind::TaskFinished, node);
         if !record.again.is_empty() && self.stages[stage].cancelled {
             // It stopped early with its stage, before the outputs it was
             // to make again: a re-run makes them.
@@ -583,7 +595,7 @@ impl<P: Part> JobState<P> {
             let record = self.tasks.remove(&task).expect("looked up above");
             self.release(record.node, record.stage);
             self.recorder
-                .event(record.stage, task, EventKind::TaskSkipped);
+                .event(record.stage, task, EventKind::TaskSkipped, record.node);
             self.recorder.errored(streambatch_plan::ErroredTask {
                 stage: self.shapes[record.stage].name.clone(),
                 task,
@@ -670,7 +682,8 @@ impl<P: Part> JobState<P> {
                 });
             }
             self.recorder.retry(stage);
-            self.recorder.event(stage, task, EventKind::TaskRetried);
+            self.recorder
+                .event(stage, task, EventKind::TaskRetried, node);
             self.requeue(task);
         }
         self.sort_waiting_tasks();
@@ -799,7 +812,8 @@ impl<P: Part> JobState<P> {
         self.release(node, stage);
         tracing::warn!(%task, attempts, %message, "task failed; retrying");
         self.recorder.retry(stage);
-        self.recorder.event(stage, task, EventKind::TaskRetried);
+        self.recorder
+            .event(stage, task, EventKind::TaskRetried, node);
         self.requeue(task);
     }
 
@@ -1191,7 +1205,7 @@ impl<P: Part> JobState<P> {
         s.running += 1;
         let running = s.running;
         self.recorder.task_started(stage, running);
-        self.recorder.event(stage, task, kind);
+        self.recorder.event(stage, task, kind, node);
     }
 
     /// A new task of `stage` on `node`: a retry first, else the next split,

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use streambatch_core::{StageId, TaskId};
-use streambatch_plan::{Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats};
+use streambatch_plan::{
+    Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats, PauseCause, StoreSample,
+};
 
 /// Writes a job's [`JobStats`], shared with the driver for a live view.
 pub(crate) struct Recorder {
@@ -83,8 +85,23 @@ impl Recorder {
         }
     }
 
-    /// Records `kind` for `task` of `stage`, with its time since the job started.
-    pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind) {
+    /// Records `kind` for `task` of `stage` on `node`, with its time since
+    /// the job started.
+    pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind, node: usize) {
+        self.event_sized(stage, task, kind, node, 0, None);
+    }
+
+    /// [`Recorder::event`] with the bytes it concerns and, for a pause,
+    /// its cause.
+    pub(crate) fn event_sized(
+        &self,
+        stage: usize,
+        task: TaskId,
+        kind: EventKind,
+        node: usize,
+        bytes: u64,
+        cause: Option<PauseCause>,
+    ) {
         let at = self.started.elapsed();
         let mut stats = self.stats();
         if stats.events.len() < MAX_EVENTS {
@@ -93,6 +110,9 @@ impl Recorder {
                 task,
                 kind,
                 at,
+                node: node as u32,
+                bytes,
+                cause,
             });
         }
     }
@@ -161,10 +181,15 @@ impl Recorder {
         self.stats().operators[stage].retries += 1;
     }
 
-    /// The store holds `used` bytes now.
+    /// The store holds `used` bytes now (sampled when it changed).
     pub(crate) fn store_used(&self, used: u64) {
+        let at = self.started.elapsed();
         let mut stats = self.stats();
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
+        let changed = stats.store_samples.last().is_none_or(|s| s.used != used);
+        if changed && stats.store_samples.len() < MAX_EVENTS {
+            stats.store_samples.push(StoreSample { at, used });
+        }
     }
 
     /// The job ended; the store's counters at that moment.

@@ -538,10 +538,9 @@ impl Inner {
             let mut size = if dedicated {
                 unit
             } else {
-                let target = state
-                    .regular_mapped
-                    .clamp(FIRST_SEGMENT, self.segment_size as u64)
-                    as usize;
+                // (A store smaller than the first segment has smaller segments.)
+                let most = self.segment_size as u64;
+                let target = state.regular_mapped.clamp(FIRST_SEGMENT.min(most), most) as usize;
                 // Whole multiples of this partition: a run of equal-sized
                 // partitions, the usual case, then fills it without a hole.
                 (target / unit).max(1) * unit

@@ -38,8 +38,8 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
-    NodeStats, OpStats, OperatorStats, Recipe, Registry, Result, Row, Stateful, UdfError, Value,
-    col, lit,
+    NodeStats, OpStats, OperatorStats, PauseCause, Recipe, Registry, Result, Row, Stateful,
+    StoreSample, UdfError, Value, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,
