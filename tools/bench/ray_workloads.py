@@ -21,7 +21,10 @@ from common import W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, W3_WARM_UP, Progress,
 
 
 def start(args, **resources):
-    ray.init(include_dashboard=False, log_to_driver=False, **resources)
+    # A fresh local instance, always: without `address="local"`, Ray joins
+    # the cluster named in /tmp/ray/ray_current_cluster, which a killed run
+    # (W5's head) can leave behind, and then fails.
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, **resources)
     if args.block_size:
         # Documented: blocks larger than this are split as they are produced.
         ray.data.DataContext.get_current().target_max_block_size = args.block_size
