@@ -100,6 +100,19 @@ fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
         );
     }
 
+    // The stats' pause time by cause is the trace's pauses summed.
+    let (budget, full) = stats.pause_time();
+    let summed = |cause: &str| -> f64 {
+        pauses
+            .iter()
+            .filter(|p| p["args"]["cause"] == cause)
+            .map(|p| p["dur"].as_f64().unwrap() / 1e6)
+            .sum()
+    };
+    assert!((summed("output budget") - budget.as_secs_f64()).abs() < 1e-3);
+    assert!((summed("store full") - full.as_secs_f64()).abs() < 1e-3);
+    assert!(stats.to_string().contains("paused for memory"), "{stats}");
+
     // Partitions with their sizes, and the store's bytes under its cap.
     let sizes: Vec<u64> = events
         .iter()

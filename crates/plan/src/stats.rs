@@ -1,5 +1,6 @@
 //! What a job did: per-operator counters, store memory and recorded events.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -214,6 +215,32 @@ impl JobStats {
     pub fn position(&self, f: impl Fn(&Event) -> bool) -> Option<usize> {
         self.events.iter().position(f)
     }
+
+    /// Time tasks spent paused for memory, summed over tasks, by cause:
+    /// (output budget, store full). A pause runs from the task's
+    /// `TaskSuspended` to its next event (it resumed, was retried or
+    /// dropped), or to the job's end.
+    pub fn pause_time(&self) -> (Duration, Duration) {
+        let mut open: HashMap<TaskId, (Duration, PauseCause)> = HashMap::new();
+        let (mut budget, mut full) = (Duration::ZERO, Duration::ZERO);
+        let mut add = |cause: PauseCause, time: Duration| match cause {
+            PauseCause::OutputBudget => budget += time,
+            PauseCause::StoreFull => full += time,
+        };
+        for e in &self.events {
+            if let Some((since, cause)) = open.remove(&e.task) {
+                add(cause, e.at.saturating_sub(since));
+            }
+            if e.kind == EventKind::TaskSuspended {
+                let cause = e.cause.unwrap_or(PauseCause::OutputBudget);
+                open.insert(e.task, (e.at, cause));
+            }
+        }
+        for (since, cause) in open.into_values() {
+            add(cause, self.wall.saturating_sub(since));
+        }
+        (budget, full)
+    }
 }
 
 impl fmt::Display for JobStats {
@@ -286,6 +313,15 @@ impl fmt::Display for JobStats {
                 r.lost_partitions,
                 r.remade_partitions,
                 r.rerun_tasks
+            )?;
+        }
+        let (budget, full) = self.pause_time();
+        if !(budget + full).is_zero() {
+            writeln!(
+                f,
+                "paused for memory (task-seconds): output budget {:.2}, store full {:.2}",
+                budget.as_secs_f64(),
+                full.as_secs_f64()
             )?;
         }
         for n in &self.nodes {
