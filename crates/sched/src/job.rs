@@ -517,8 +517,7 @@ impl<P: Part> JobState<P> {
         if !record.again.is_empty() && self.stages[stage].cancelled {
             // It stopped early with its stage, before the outputs it was
             // to make again: a re-run makes them.
-            self.tasks.insert(task, record);
-            self.drop_task(task);
+            self.forget_task(task, record);
             return Some(stage);
         }
         if !record.again.is_empty() {
@@ -872,10 +871,9 @@ impl<P: Part> JobState<P> {
                 why: format!("task {} that made it is not known", origin.task),
             });
         };
-        let operator = self.shapes[made.stage].name.clone();
         if lost && made.reruns >= self.failures.max_task_retries.max(1) {
             return self.fail(Error::PartitionLost {
-                operator,
+                operator: self.shapes[made.stage].name.clone(),
                 why: format!("its task was already run again {} times", made.reruns),
             });
         }
@@ -1406,9 +1404,13 @@ impl<P: Part> JobState<P> {
     /// of them made again, and those it was asked to make again are asked
     /// of a re-run.
     fn drop_task(&mut self, task: TaskId) {
-        let Some(record) = self.tasks.remove(&task) else {
-            return;
-        };
+        if let Some(record) = self.tasks.remove(&task) {
+            self.forget_task(task, record);
+        }
+    }
+
+    /// [`JobState::drop_task`] for a record already taken out.
+    fn forget_task(&mut self, task: TaskId, record: TaskRecord<P>) {
         if let Some(made) = self.made.as_mut().filter(|_| record.delivered > 0) {
             let made_task = Made {
                 stage: record.stage,

@@ -17,6 +17,7 @@ use streambatch_plan::JobStats;
 use crate::budget::Budgets;
 use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
 use crate::record::Recorder;
+use crate::sim::Pipeline;
 use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
 
 /// A task the simulated node runs: the rows of each output it will yield.
@@ -29,38 +30,8 @@ struct SimTask {
     may_spill: bool,
 }
 
-/// A pipeline to simulate.
-#[derive(Clone, Debug)]
-enum Tail {
-    /// `maps` map stages after the source.
-    Maps(usize),
-    /// map, limit(n), map.
-    Limit(usize),
-    /// map, repartition(n), map (the concat a repartition is followed by).
-    Repartition(usize),
-}
-
-fn shapes(tail: &Tail, splits: usize, pooled: bool) -> Vec<StageShape> {
-    let shape = |name: &str, kind| StageShape {
-        name: name.into(),
-        kind,
-        resources: Resources::cpu(1.0),
-        max_running: None,
-    };
-    let mut out = vec![shape("source", ShapeKind::Source { splits })];
-    match *tail {
-        Tail::Maps(n) => out.extend((0..n).map(|_| shape("map", ShapeKind::Map))),
-        Tail::Limit(n) => out.extend([
-            shape("map", ShapeKind::Map),
-            shape("limit", ShapeKind::Limit(n)),
-            shape("after", ShapeKind::Map),
-        ]),
-        Tail::Repartition(n) => out.extend([
-            shape("map", ShapeKind::Map),
-            shape("repartition", ShapeKind::Repartition(n)),
-            shape("concat", ShapeKind::Map),
-        ]),
-    }
+fn shapes(pipeline: Pipeline, splits: usize, pooled: bool) -> Vec<StageShape> {
+    let mut out = pipeline.shapes(splits);
     if pooled {
         out[1].max_running = Some(1);
     }
@@ -78,13 +49,13 @@ struct Outcome {
 /// `cpus` slots, taking the next event from `choices` (then always the
 /// first task's next step).
 fn simulate(
-    tail: &Tail,
+    pipeline: Pipeline,
     split_rows: &[usize],
     (nodes, cpus): (usize, f64),
     pooled: bool,
     choices: &[u16],
 ) -> Result<Outcome, TestCaseError> {
-    let shapes = shapes(tail, split_rows.len(), pooled);
+    let shapes = shapes(pipeline, split_rows.len(), pooled);
     let names = shapes.iter().map(|s| s.name.clone()).collect();
     let live = Arc::new(Mutex::new(JobStats::default()));
     let recorder = Recorder::new(live, names, CAPACITY);
@@ -178,7 +149,7 @@ fn simulate(
         }
         if forced.load(Ordering::SeqCst) == 0 {
             for (node, b) in budgets.iter().enumerate() {
-                let held: u64 = (0..job_stages(tail)).map(|s| b.used(s)).sum();
+                let held: u64 = (0..job_stages(pipeline)).map(|s| b.used(s)).sum();
                 prop_assert!(
                     held <= CAPACITY,
                     "node {node}: {held} bytes admitted over {CAPACITY}"
@@ -244,10 +215,10 @@ fn simulate(
     })
 }
 
-fn job_stages(tail: &Tail) -> usize {
-    match tail {
-        Tail::Maps(n) => 1 + n,
-        Tail::Limit(_) | Tail::Repartition(_) => 4,
+fn job_stages(pipeline: Pipeline) -> usize {
+    match pipeline {
+        Pipeline::Maps(n) => 1 + n,
+        Pipeline::Limit(_) | Pipeline::Repartition(_) => 4,
     }
 }
 
@@ -278,7 +249,7 @@ proptest! {
         pooled in any::<bool>(),
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Maps(maps), &split_rows, (nodes, cpus as f64), pooled, &choices)?;
+        let out = simulate(Pipeline::Maps(maps), &split_rows, (nodes, cpus as f64), pooled, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let retries: u64 = out.stats.operators.iter().map(|o| o.retries).sum();
         prop_assert_eq!(retries, out.lost, "every lost task is retried and counted");
@@ -292,7 +263,7 @@ proptest! {
         cpus in 1u32..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Limit(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
+        let out = simulate(Pipeline::Limit(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
         let all = source_rows(&split_rows);
         let got = sorted(out.rows);
         prop_assert_eq!(got.len(), n.min(all.len()));
@@ -308,7 +279,7 @@ proptest! {
         cpus in 1u32..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(&Tail::Repartition(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
+        let out = simulate(Pipeline::Repartition(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let total = split_rows.iter().sum::<usize>();
         let concat_tasks = out.stats.operators[3].tasks as usize;

@@ -69,10 +69,8 @@ pub enum Fault {
 /// The stages after the source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pipeline {
-    /// One map.
-    Map,
-    /// Two maps.
-    TwoMaps,
+    /// This many maps.
+    Maps(usize),
     /// A map, a repartition into this many groups, and a map.
     Repartition(usize),
     /// A map, a limit of this many rows, and a map.
@@ -117,8 +115,8 @@ impl Scenario {
             .map(|_| rng.range(0, 13) as usize)
             .collect();
         let pipeline = match rng.range(0, 4) {
-            0 => Pipeline::Map,
-            1 => Pipeline::TwoMaps,
+            0 => Pipeline::Maps(1),
+            1 => Pipeline::Maps(2),
             2 => Pipeline::Repartition(rng.range(1, 5) as usize),
             _ => Pipeline::Limit(rng.range(0, 60) as usize),
         };
@@ -160,7 +158,7 @@ impl Scenario {
             nodes,
             cpus: 8.0,
             split_rows: vec![3; splits],
-            pipeline: Pipeline::Map,
+            pipeline: Pipeline::Maps(1),
             faults: vec![
                 (at(1), Fault::Kill),
                 (at(2), Fault::Join),
@@ -173,21 +171,21 @@ impl Scenario {
             max_task_retries: 3,
         }
     }
+}
 
-    fn shapes(&self) -> Vec<StageShape> {
+impl Pipeline {
+    /// The job's stages: a source over `splits` splits, then these; each
+    /// stage's task takes one CPU slot.
+    pub(crate) fn shapes(self, splits: usize) -> Vec<StageShape> {
         let shape = |name: &str, kind| StageShape {
             name: name.into(),
             kind,
             resources: Resources::cpu(1.0),
             max_running: None,
         };
-        let splits = self.split_rows.len();
         let mut out = vec![shape("source", ShapeKind::Source { splits })];
-        match self.pipeline {
-            Pipeline::Map => out.push(shape("map", ShapeKind::Map)),
-            Pipeline::TwoMaps => {
-                out.extend([shape("map", ShapeKind::Map), shape("map2", ShapeKind::Map)])
-            }
+        match self {
+            Pipeline::Maps(n) => out.extend((0..n).map(|_| shape("map", ShapeKind::Map))),
             Pipeline::Repartition(n) => out.extend([
                 shape("map", ShapeKind::Map),
                 shape("repartition", ShapeKind::Repartition(n)),
@@ -196,7 +194,7 @@ impl Scenario {
             Pipeline::Limit(n) => out.extend([
                 shape("map", ShapeKind::Map),
                 shape("limit", ShapeKind::Limit(n)),
-                shape("map2", ShapeKind::Map),
+                shape("after", ShapeKind::Map),
             ]),
         }
         out
@@ -329,7 +327,7 @@ struct Sim<'a> {
 
 impl<'a> Sim<'a> {
     fn new(scenario: &'a Scenario) -> Self {
-        let shapes = scenario.shapes();
+        let shapes = scenario.pipeline.shapes(scenario.split_rows.len());
         let reserves = shapes
             .iter()
             .map(|s| match s.kind {
