@@ -142,6 +142,9 @@ pub struct BenchResult {
     pub correct: bool,
     /// Workload-specific figures, added to the JSON line.
     pub extra: Vec<(String, serde_json::Value)>,
+    /// The timed job's stats (with its timeline, when the node recorded
+    /// one).
+    pub stats: JobStats,
 }
 
 impl BenchResult {
@@ -168,6 +171,7 @@ impl BenchResult {
             spilled_bytes: store.spilled_bytes,
             correct,
             extra: Vec::new(),
+            stats: stats.clone(),
         }
     }
 

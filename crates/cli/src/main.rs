@@ -1,7 +1,8 @@
 //! The `streambatch` command: `streambatch run pipeline.toml`;
 //! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]` (the
 //! workloads live in `streambatch-bench`); `streambatch node --config
-//! FILE` (a cluster node); `streambatch cluster init DIR` and
+//! FILE` (a cluster node); `streambatch timeline trace.json -o job.html`
+//! (a trace drawn as a page); `streambatch cluster init DIR` and
 //! `streambatch cluster status --config FILE`.
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -41,6 +42,15 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Draws a timeline written by `run --timeline` as a self-contained
+    /// HTML page: slots busy per operator, store memory, pauses, lanes.
+    Timeline {
+        /// The Chrome trace (JSON).
+        trace: std::path::PathBuf,
+        /// The page to write.
+        #[arg(short, long, default_value = "timeline.html")]
+        output: std::path::PathBuf,
+    },
     /// Sets up or inspects a cluster.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -78,6 +88,12 @@ enum Command {
         /// silent node is lost; default 5000).
         #[arg(long, requires = "kill_one")]
         node_timeout_ms: Option<u32>,
+        /// W1, W2, W3: record the timed job's timeline and write it here
+        /// (W3's second shape to PATH with `-2` before its extension).
+        /// Without it the workloads run with `record_timeline = false`, so
+        /// the two runs measure what recording costs.
+        #[arg(long)]
+        timeline: Option<std::path::PathBuf>,
     },
 }
 
@@ -176,6 +192,11 @@ fn run(cli: Cli) -> Result<(), AnyError> {
             }
             Ok(())
         }
+        Command::Timeline { trace, output } => {
+            streambatch::timeline::write_page(&trace, &output)?;
+            println!("wrote {}", output.display());
+            Ok(())
+        }
         other => Ok(run_job(other)?),
     }
 }
@@ -209,8 +230,12 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             nodes,
             kill_one,
             node_timeout_ms,
+            timeline,
         } => {
-            let base = NodeConfig::load(config.as_deref())?;
+            let base = NodeConfig {
+                record_timeline: timeline.is_some(),
+                ..NodeConfig::load(config.as_deref())?
+            };
             let mut progress = workloads::ProgressLines::new(progress_lines);
             let results = match workload {
                 Workload::W1 => vec![workloads::w1(
@@ -305,11 +330,31 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     }
                 }
             };
-            for r in results {
+            for (i, r) in results.iter().enumerate() {
+                if let Some(path) = &timeline {
+                    let path = numbered(path, i);
+                    streambatch::timeline::write(&r.stats, &path)?;
+                    eprintln!("timeline: {}", path.display());
+                }
                 println!("{}", r.to_json());
             }
             Ok(())
         }
-        Command::Node { .. } | Command::Cluster(_) => unreachable!("handled by run"),
+        Command::Node { .. } | Command::Cluster(_) | Command::Timeline { .. } => {
+            unreachable!("handled by run")
+        }
     }
+}
+
+/// `path` for the first of several outputs; `name-2.ext` for the second.
+fn numbered(path: &std::path::Path, i: usize) -> std::path::PathBuf {
+    if i == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{}.{}", i + 1, ext.to_string_lossy()),
+        None => format!("{stem}-{}", i + 1),
+    };
+    path.with_file_name(name)
 }

@@ -1,20 +1,32 @@
 //! A recorded W1-shaped timeline, read back as Perfetto would read it: every
 //! task appears once, no slot runs two tasks at once (nor a node more
-//! tasks than it has slots), and every pause names its cause.
-//! `SB_KEEP_TRACE=trace.json` keeps the trace, to open in Perfetto.
+//! tasks than it has slots), and every pause names its cause. Its HTML page
+//! (`streambatch timeline`) rendered by headless Chromium is not blank.
+//! `SB_KEEP_TRACE=DIR` keeps the trace, page and screenshot in DIR.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
-use streambatch::{Context, NodeConfig};
+use streambatch::{Context, Dataset, JobStats, NodeConfig};
 use streambatch_bench::{Shape, registry, w1_pipeline};
 
-#[test]
-fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
-    // A store small enough that outputs wait for memory.
+/// Runs a W1-shaped job on a store small enough that outputs wait for
+/// memory, and writes its trace into `dir`.
+fn record_w1(dir: &Path) -> (PathBuf, JobStats) {
+    let ds = run_w1(true);
+    let path = dir.join("trace.json");
+    ds.write_timeline(&path).unwrap();
+    (path, ds.stats().unwrap())
+}
+
+fn run_w1(record_timeline: bool) -> Dataset {
     let ctx = Context::with_config(NodeConfig {
         cpus: 8.0,
         gpus: Some(4.0),
         store_capacity: 3 << 20,
+        record_timeline,
         ..NodeConfig::default()
     })
     .unwrap();
@@ -26,11 +38,28 @@ fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
     };
     let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
     assert_eq!(ds.count().unwrap(), 80);
-    let dir = tempfile::tempdir().unwrap();
-    let path = std::env::var_os("SB_KEEP_TRACE")
-        .map_or_else(|| dir.path().join("trace.json"), std::path::PathBuf::from);
-    ds.write_timeline(&path).unwrap();
-    let stats = ds.stats().unwrap();
+    ds
+}
+
+/// Where the test writes: `SB_KEEP_TRACE`, or a directory removed after.
+fn out_dir() -> (Option<tempfile::TempDir>, PathBuf) {
+    match std::env::var_os("SB_KEEP_TRACE") {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).unwrap();
+            (None, PathBuf::from(dir))
+        }
+        None => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().to_path_buf();
+            (Some(dir), path)
+        }
+    }
+}
+
+#[test]
+fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
+    let (_keep, dir) = out_dir();
+    let (path, stats) = record_w1(&dir);
 
     let trace: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
@@ -126,4 +155,117 @@ fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
         .map(|e| e["args"]["bytes"].as_u64().unwrap())
         .collect();
     assert!(!store.is_empty());
+}
+
+/// Headless Chromium: `SB_CHROMIUM`, or the first of the Debian packages'
+/// commands on the PATH.
+fn chromium() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SB_CHROMIUM") {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH")?;
+    ["chromium-headless-shell", "chromium"]
+        .iter()
+        .find_map(|name| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        })
+}
+
+#[test]
+fn a_w1_timeline_page_renders_in_headless_chromium_with_every_stage_drawn() {
+    let Some(chromium) = chromium() else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI needs headless Chromium (apt-get install chromium-headless-shell)"
+        );
+        eprintln!("skipped: no headless Chromium (apt-get install chromium-headless-shell)");
+        return;
+    };
+    let (_keep, dir) = out_dir();
+    let (trace, stats) = record_w1(&dir);
+    let page = dir.join("job.html");
+    let drawn = Command::new(env!("CARGO_BIN_EXE_streambatch"))
+        .arg("timeline")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("<script") && !html.contains(" src="),
+        "the page fetches nothing"
+    );
+
+    let shot = dir.join("job.png");
+    let _ = std::fs::remove_file(&shot);
+    let mut browser = Command::new(&chromium)
+        .args(["--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg("--window-size=1200,1300")
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", page.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while browser.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = browser.kill();
+            panic!(
+                "{} did not finish its screenshot in 120 s",
+                chromium.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&shot).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    let channels = frame.color_type.samples();
+    let rgb: Vec<[u8; 3]> = pixels[..frame.buffer_size()]
+        .chunks(channels)
+        .map(|p| [p[0], p[1], p[2]])
+        .collect();
+    let drawn = rgb.iter().filter(|p| **p != [255, 255, 255]).count();
+    assert!(
+        drawn * 10 > rgb.len(),
+        "the screenshot is blank: {drawn} of {} pixels drawn",
+        rgb.len()
+    );
+    // Each stage's colour fills an area (the page's palette, in plan order).
+    let palette = [[0x4e, 0x79, 0xa7], [0xf2, 0x8e, 0x2b], [0x59, 0xa1, 0x4f]];
+    for (stage, colour) in palette.iter().enumerate().take(stats.operators.len()) {
+        let area = rgb.iter().filter(|p| *p == colour).count();
+        assert!(
+            area > 500,
+            "stage {} ({}) has {area} pixels of its colour",
+            stage,
+            stats.operators[stage].name
+        );
+    }
+}
+
+#[test]
+fn without_recording_a_job_still_counts_its_pauses_but_has_no_timeline_to_write() {
+    let ds = run_w1(false);
+    let stats = ds.stats().unwrap();
+    assert!(stats.events.is_empty() && stats.store_samples.is_empty());
+    let (budget, full) = stats.pause_time();
+    assert!(
+        stats.pauses.output_budget_count + stats.pauses.store_full_count > 0
+            && !(budget + full).is_zero(),
+        "{stats}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let err = ds.write_timeline(&path).unwrap_err().to_string();
+    assert!(err.contains("record_timeline = false"), "{err}");
+    assert!(!path.exists());
 }

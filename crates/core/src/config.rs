@@ -103,9 +103,17 @@ pub struct NodeConfig {
     pub tls_cert: Option<PathBuf>,
     /// This node's private key (PEM), readable by its owner only.
     pub tls_key: Option<PathBuf>,
+    /// Whether jobs record their timeline (each task's start and end, each
+    /// pause, the store's bytes over time) for `Dataset::write_timeline`.
+    /// Default: true; it costs under 2% of W3's throughput
+    /// (docs/benchmarks.md).
+    pub record_timeline: bool,
+    /// Where this node serves Prometheus text metrics over HTTP (`GET
+    /// /metrics`), as `127.0.0.1:9464`. Default: unset, no endpoint.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
-const KNOWN_KEYS: [&str; 17] = [
+const KNOWN_KEYS: [&str; 19] = [
     "cpus",
     "gpus",
     "gpu_adapter",
@@ -123,6 +131,8 @@ const KNOWN_KEYS: [&str; 17] = [
     "tls_ca",
     "tls_cert",
     "tls_key",
+    "record_timeline",
+    "metrics_addr",
 ];
 
 impl Default for NodeConfig {
@@ -146,6 +156,8 @@ impl Default for NodeConfig {
             tls_ca: None,
             tls_cert: None,
             tls_key: None,
+            record_timeline: true,
+            metrics_addr: None,
         }
     }
 }
@@ -232,6 +244,8 @@ impl NodeConfig {
             tls_ca: reader.optional_path("tls_ca")?,
             tls_cert: reader.optional_path("tls_cert")?,
             tls_key: reader.optional_path("tls_key")?,
+            record_timeline: reader.flag("record_timeline", defaults.record_timeline)?,
+            metrics_addr: reader.addr("metrics_addr")?,
         };
         if config.store_capacity == 0 || config.target_partition_bytes == 0 {
             let key = if config.store_capacity == 0 {

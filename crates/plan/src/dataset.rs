@@ -395,7 +395,8 @@ impl Dataset {
     /// slot with the tasks it ran and the partitions they yielded, paused
     /// tasks with their cause, and the store's bytes (see
     /// [`crate::timeline`]). The file appears whole or not at all. Fails
-    /// when the dataset has not run yet.
+    /// when the dataset has not run yet, or ran with `record_timeline =
+    /// false`.
     pub fn write_timeline(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
         let path = path.as_ref();
         let stats = self.stats().ok_or_else(|| {
@@ -404,6 +405,12 @@ impl Dataset {
                 path.display()
             ))
         })?;
+        if stats.events.is_empty() && stats.operators.iter().any(|o| o.tasks > 0) {
+            return Err(Error::Invalid(format!(
+                "no timeline to write to {}: the job ran with `record_timeline = false`",
+                path.display()
+            )));
+        }
         crate::timeline::write(&stats, path)
     }
 

@@ -1,6 +1,5 @@
 //! What a job did: per-operator counters, store memory and recorded events.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -151,6 +150,40 @@ pub struct JobStats {
     pub errored: Vec<ErroredTask>,
     /// What the job did again after losing nodes.
     pub recovery: Recovery,
+    /// Tasks paused for memory, by cause (kept whether or not the job
+    /// records its timeline).
+    pub pauses: Pauses,
+}
+
+/// Pauses of a job's tasks for memory, by cause. A pause runs from the
+/// task's `TaskSuspended` to its next step (it resumed, was retried or
+/// dropped), or to the job's end.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pauses {
+    /// Pauses because an output did not fit its stage's budget.
+    pub output_budget_count: u64,
+    /// Task-time paused for that cause.
+    pub output_budget: Duration,
+    /// Pauses because the store had no room.
+    pub store_full_count: u64,
+    /// Task-time paused for that cause.
+    pub store_full: Duration,
+}
+
+impl Pauses {
+    /// Counts a pause of `cause` that lasted `time`.
+    pub fn add(&mut self, cause: PauseCause, time: Duration) {
+        match cause {
+            PauseCause::OutputBudget => {
+                self.output_budget_count += 1;
+                self.output_budget += time;
+            }
+            PauseCause::StoreFull => {
+                self.store_full_count += 1;
+                self.store_full += time;
+            }
+        }
+    }
 }
 
 /// What a job did again after losing cluster nodes: their running tasks
@@ -217,29 +250,9 @@ impl JobStats {
     }
 
     /// Time tasks spent paused for memory, summed over tasks, by cause:
-    /// (output budget, store full). A pause runs from the task's
-    /// `TaskSuspended` to its next event (it resumed, was retried or
-    /// dropped), or to the job's end.
+    /// (output budget, store full).
     pub fn pause_time(&self) -> (Duration, Duration) {
-        let mut open: HashMap<TaskId, (Duration, PauseCause)> = HashMap::new();
-        let (mut budget, mut full) = (Duration::ZERO, Duration::ZERO);
-        let mut add = |cause: PauseCause, time: Duration| match cause {
-            PauseCause::OutputBudget => budget += time,
-            PauseCause::StoreFull => full += time,
-        };
-        for e in &self.events {
-            if let Some((since, cause)) = open.remove(&e.task) {
-                add(cause, e.at.saturating_sub(since));
-            }
-            if e.kind == EventKind::TaskSuspended {
-                let cause = e.cause.unwrap_or(PauseCause::OutputBudget);
-                open.insert(e.task, (e.at, cause));
-            }
-        }
-        for (since, cause) in open.into_values() {
-            add(cause, self.wall.saturating_sub(since));
-        }
-        (budget, full)
+        (self.pauses.output_budget, self.pauses.store_full)
     }
 }
 

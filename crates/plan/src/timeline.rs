@@ -18,16 +18,25 @@ use serde_json::{Value, json};
 use crate::error::{Error, Result};
 use crate::stats::{EventKind, JobStats, PauseCause};
 
+mod page;
+
+pub use page::{page, write_page};
+
 /// Track ids of the paused-task tracks start here, after any slot's.
 const PAUSE_TRACKS: usize = 10_000;
 
 /// Writes the Chrome trace of `stats` to `path`: whole or not at all (it is
 /// written beside it, then renamed).
 pub fn write(stats: &JobStats, path: &Path) -> Result<()> {
-    let json = chrome_trace(stats).to_string();
+    write_whole(path, chrome_trace(stats).to_string().as_bytes())
+}
+
+/// Writes `bytes` beside `path`, then renames them into it: a reader sees
+/// the whole file or none.
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let staging = path.with_file_name(format!(".{name}.partial"));
-    std::fs::write(&staging, json).map_err(|e| Error::io("writing", &staging, e))?;
+    std::fs::write(&staging, bytes).map_err(|e| Error::io("writing", &staging, e))?;
     std::fs::rename(&staging, path).map_err(|e| Error::io("renaming into", path, e))
 }
 

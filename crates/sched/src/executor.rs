@@ -262,7 +262,8 @@ impl Actor for Executor {
                 (Backend::Remote(remote), free, total)
             }
         };
-        let recorder = Recorder::new(args.live, names, capacity);
+        let recorder =
+            Recorder::new(args.live, names, capacity).record_timeline(args.config.record_timeline);
         if let Backend::Remote(remote) = &backend {
             let names: Vec<String> = remote.nodes.iter().map(|n| n.name.clone()).collect();
             recorder.nodes(&names);
@@ -597,7 +598,7 @@ impl ExecState {
                 match &self.backend {
                     Backend::Local(local) => {
                         let store = local.store.stats();
-                        self.job.recorder().ended(
+                        self.job.recorder_mut().ended(
                             store.used_bytes,
                             store.spilled_bytes,
                             store.restored_bytes,
@@ -606,7 +607,8 @@ impl ExecState {
                         let _ = local.manager.cast(msg);
                     }
                     Backend::Remote(remote) => {
-                        self.job.recorder().ended(self.store_used(), 0, 0);
+                        let used = self.store_used();
+                        self.job.recorder_mut().ended(used, 0, 0);
                         remote.tell_all(JobOrder::End);
                     }
                 }

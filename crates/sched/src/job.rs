@@ -394,6 +394,11 @@ impl<P: Part> JobState<P> {
         &self.recorder
     }
 
+    /// The recorder, to close the job's stats.
+    pub(crate) fn recorder_mut(&mut self) -> &mut Recorder {
+        &mut self.recorder
+    }
+
     /// True once the job has ended.
     pub(crate) fn ended(&self) -> bool {
         self.ended

@@ -1,6 +1,7 @@
 //! The one place a job's stats are written: the [`Recorder`]. The job's
 //! state machine reports to it; the driver reads the same stats live.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,10 @@ pub(crate) struct Recorder {
     started: Instant,
     /// When each stage's first task started: its wall time runs from then.
     first_start: Vec<Option<Instant>>,
+    /// Whether events and store samples are kept (`record_timeline`).
+    timeline: bool,
+    /// Paused tasks: since when, and why.
+    paused: HashMap<TaskId, (Duration, PauseCause)>,
 }
 
 impl Recorder {
@@ -37,7 +42,16 @@ impl Recorder {
             live,
             started: Instant::now(),
             first_start: vec![None; stages],
+            timeline: true,
+            paused: HashMap::new(),
         }
+    }
+
+    /// Keeps no events nor store samples when `on` is false: the counters
+    /// and pause time by cause are all a job then reports.
+    pub(crate) fn record_timeline(mut self, on: bool) -> Self {
+        self.timeline = on;
+        self
     }
 
     fn stats(&self) -> MutexGuard<'_, JobStats> {
@@ -87,14 +101,14 @@ impl Recorder {
 
     /// Records `kind` for `task` of `stage` on `node`, with its time since
     /// the job started.
-    pub(crate) fn event(&self, stage: usize, task: TaskId, kind: EventKind, node: usize) {
+    pub(crate) fn event(&mut self, stage: usize, task: TaskId, kind: EventKind, node: usize) {
         self.event_sized(stage, task, kind, node, 0, None);
     }
 
     /// [`Recorder::event`] with the bytes it concerns and, for a pause,
     /// its cause.
     pub(crate) fn event_sized(
-        &self,
+        &mut self,
         stage: usize,
         task: TaskId,
         kind: EventKind,
@@ -103,6 +117,17 @@ impl Recorder {
         cause: Option<PauseCause>,
     ) {
         let at = self.started.elapsed();
+        let ended = self.paused.remove(&task);
+        if let Some((since, cause)) = ended {
+            self.stats().pauses.add(cause, at.saturating_sub(since));
+        }
+        if kind == EventKind::TaskSuspended {
+            let cause = cause.unwrap_or(PauseCause::OutputBudget);
+            self.paused.insert(task, (at, cause));
+        }
+        if !self.timeline {
+            return;
+        }
         let mut stats = self.stats();
         if stats.events.len() < MAX_EVENTS {
             stats.events.push(Event {
@@ -187,15 +212,19 @@ impl Recorder {
         let mut stats = self.stats();
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
         let changed = stats.store_samples.last().is_none_or(|s| s.used != used);
-        if changed && stats.store_samples.len() < MAX_EVENTS {
+        if self.timeline && changed && stats.store_samples.len() < MAX_EVENTS {
             stats.store_samples.push(StoreSample { at, used });
         }
     }
 
     /// The job ended; the store's counters at that moment.
-    pub(crate) fn ended(&self, used: u64, spilled: u64, restored: u64) {
+    pub(crate) fn ended(&mut self, used: u64, spilled: u64, restored: u64) {
         let wall = self.started.elapsed();
+        let paused = std::mem::take(&mut self.paused);
         let mut stats = self.stats();
+        for (since, cause) in paused.into_values() {
+            stats.pauses.add(cause, wall.saturating_sub(since));
+        }
         stats.wall = wall;
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
         stats.spilled_bytes = spilled;

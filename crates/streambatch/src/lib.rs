@@ -38,7 +38,7 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
-    NodeStats, OpStats, OperatorStats, PauseCause, Recipe, Registry, Result, Row, Stateful,
+    NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Recipe, Registry, Result, Row, Stateful,
     StoreSample, UdfError, Value, col, lit, timeline,
 };
 pub use streambatch_sched::{
