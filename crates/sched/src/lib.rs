@@ -33,6 +33,7 @@ mod job_chaos;
 #[cfg(test)]
 mod job_tests;
 mod local;
+pub mod metrics;
 mod msg;
 mod node;
 mod output;

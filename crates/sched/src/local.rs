@@ -12,6 +12,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
 use crate::executor::{ExecutorArgs, Nodes};
+use crate::metrics::{MetricsServer, NodeMetrics};
 use crate::msg::JobItem;
 use crate::node::NodeArgs;
 use crate::output::JobOutput;
@@ -37,6 +38,9 @@ pub struct LocalCluster {
     store: Arc<dyn ObjectStore>,
     config: NodeConfig,
     next_job: AtomicU64,
+    /// The node's metrics and, with `metrics_addr`, their endpoint.
+    metrics: Arc<NodeMetrics>,
+    metrics_server: Option<MetricsServer>,
 }
 
 impl LocalCluster {
@@ -54,6 +58,8 @@ impl LocalCluster {
             .worker_threads(2)
             .thread_name("streambatch-rt")
             .enable_time()
+            // The metrics endpoint listens on TCP.
+            .enable_io()
             .build()
             .map_err(|e| Error::Start {
                 what: "the runtime",
@@ -82,6 +88,20 @@ impl LocalCluster {
             source: e.into(),
         })?
         .0;
+        let gpus = config.gpus.unwrap_or(0.0);
+        let metrics = NodeMetrics::new(store.clone(), config.cpus, gpus);
+        let metrics_server = match config.metrics_addr {
+            Some(addr) => Some(
+                MetricsServer::start(metrics.clone(), addr, runtime.handle()).map_err(|e| {
+                    supervisor.stop(None);
+                    Error::Start {
+                        what: "the metrics endpoint",
+                        source: format!("metrics_addr {addr}: {e}").into(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
         Ok(Self {
             runtime: Some(runtime),
             supervisor,
@@ -89,6 +109,8 @@ impl LocalCluster {
             store,
             config,
             next_job: AtomicU64::new(1),
+            metrics,
+            metrics_server,
         })
     }
 
@@ -96,12 +118,23 @@ impl LocalCluster {
     pub fn store(&self) -> Arc<dyn ObjectStore> {
         self.store.clone()
     }
+
+    /// The node's metrics (served on `metrics_addr` when it is set).
+    pub fn metrics(&self) -> Arc<NodeMetrics> {
+        self.metrics.clone()
+    }
+
+    /// Where the metrics endpoint listens (with `metrics_addr` only).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.as_ref().map(MetricsServer::addr)
+    }
 }
 
 impl Runner for LocalCluster {
     fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>> {
         let (output, rx) = mpsc::channel();
         let live = Arc::new(Mutex::new(JobStats::default()));
+        self.metrics.watch(live.clone());
         let (store, config) = (self.store.clone(), self.config.clone());
         let (job_output, job_live) = (output.clone(), live.clone());
         let job = JobId(self.next_job.fetch_add(1, Ordering::Relaxed));
@@ -140,6 +173,7 @@ impl Runner for LocalCluster {
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
+        self.metrics_server.take();
         self.supervisor.stop(None);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(std::time::Duration::from_secs(1));

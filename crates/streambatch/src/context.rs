@@ -125,6 +125,12 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// Where the embedded node serves its Prometheus metrics (`GET
+    /// /metrics`), when its config sets `metrics_addr`.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.local.as_ref().and_then(|l| l.metrics_addr())
+    }
+
     /// Integers `0..n` in a column `id`, in `partitions` partitions.
     pub fn range(&self, n: u64, partitions: usize) -> Dataset {
         Dataset::range(self.runner.clone(), n, partitions)

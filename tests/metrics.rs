@@ -1,0 +1,140 @@
+//! A node with `metrics_addr` serves Prometheus metrics over HTTP: scraped
+//! while a W1-shaped job runs and after it, parsed with a Prometheus text
+//! parser, they show what `stats()` shows.
+
+use std::net::SocketAddr;
+
+use streambatch::{Context, NodeConfig};
+use streambatch_bench::{Shape, registry, w1_pipeline};
+
+/// The samples of one scrape of `addr`.
+fn scrape(addr: SocketAddr) -> Vec<prometheus_parse::Sample> {
+    let body = ureq::get(format!("http://{addr}/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    prometheus_parse::Scrape::parse(lines).unwrap().samples
+}
+
+/// The value of the sample named `metric` with `labels`; panics when absent.
+fn value(samples: &[prometheus_parse::Sample], metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let sample = samples
+        .iter()
+        .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .unwrap_or_else(|| panic!("no {metric}{labels:?} among {} samples", samples.len()));
+    match sample.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => v,
+        ref other => panic!("{metric} is not a number: {other:?}"),
+    }
+}
+
+#[test]
+fn a_scraped_node_reports_what_the_jobs_stats_report() {
+    let ctx = Context::with_config(NodeConfig {
+        cpus: 8.0,
+        gpus: Some(4.0),
+        store_capacity: 3 << 20,
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let addr = ctx.metrics_addr().expect("the endpoint listens");
+    let shape = Shape {
+        rows: 80,
+        partitions: 16,
+        row_bytes: 128 << 10,
+        millis: (20, 5, 5),
+    };
+    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+
+    // While it runs: one job, no more tasks than slots.
+    let mut batches = ds.iter_batches().unwrap();
+    let mut rows = batches.next().unwrap().unwrap().num_rows();
+    let running = scrape(addr);
+    assert_eq!(
+        value(&running, "streambatch_jobs", &[("state", "running")]),
+        1.0
+    );
+    let busy = value(&running, "streambatch_slots_busy", &[]);
+    assert!(busy <= 12.0, "{busy} tasks on 12 slots");
+    assert_eq!(
+        value(&running, "streambatch_slots", &[("kind", "gpu")]),
+        4.0
+    );
+    for batch in batches {
+        rows += batch.unwrap().num_rows();
+    }
+    assert_eq!(rows, 80);
+    let stats = ds.stats().unwrap();
+
+    let after = scrape(addr);
+    for op in &stats.operators {
+        let stage = ("stage", op.name.as_str());
+        let finished = [stage, ("state", "finished")];
+        assert_eq!(
+            value(&after, "streambatch_tasks_total", &finished),
+            op.tasks as f64
+        );
+        let retried = [stage, ("state", "retried")];
+        assert_eq!(
+            value(&after, "streambatch_tasks_total", &retried),
+            op.retries as f64
+        );
+        assert_eq!(
+            value(&after, "streambatch_stage_rows_total", &[stage]),
+            op.rows as f64
+        );
+        assert_eq!(
+            value(&after, "streambatch_stage_bytes_total", &[stage]),
+            op.bytes as f64
+        );
+        assert_eq!(value(&after, "streambatch_tasks_running", &[stage]), 0.0);
+    }
+    let p = &stats.pauses;
+    assert!(p.store_full_count + p.output_budget_count > 0, "{stats}");
+    let cause = |c| [("cause", c)];
+    let budget = value(&after, "streambatch_pauses_total", &cause("output budget"));
+    let full = value(&after, "streambatch_pauses_total", &cause("store full"));
+    assert_eq!(
+        (budget, full),
+        (p.output_budget_count as f64, p.store_full_count as f64)
+    );
+    let seconds = value(
+        &after,
+        "streambatch_paused_seconds_total",
+        &cause("store full"),
+    );
+    assert!((seconds - p.store_full.as_secs_f64()).abs() < 1e-6);
+    let capacity = value(&after, "streambatch_store_capacity_bytes", &[]);
+    assert_eq!(capacity, (3 << 20) as f64);
+    assert_eq!(
+        value(&after, "streambatch_jobs", &[("state", "ended")]),
+        1.0
+    );
+    assert_eq!(value(&after, "streambatch_lost_partitions_total", &[]), 0.0);
+
+    // Anything but GET /metrics is not found.
+    let missing = ureq::get(format!("http://{addr}/other")).call();
+    assert!(
+        matches!(missing, Err(ureq::Error::StatusCode(404))),
+        "{missing:?}"
+    );
+}
+
+#[test]
+fn a_metrics_address_in_use_fails_the_start_naming_the_key() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = Context::with_config(NodeConfig {
+        metrics_addr: Some(taken.local_addr().unwrap()),
+        ..NodeConfig::default()
+    })
+    .err()
+    .expect("the address is taken")
+    .to_string();
+    assert!(err.contains("metrics_addr"), "{err}");
+}
