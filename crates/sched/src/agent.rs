@@ -17,6 +17,7 @@ use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore};
 
 use crate::groups::{head_group, node_group, remote_member};
+use crate::metrics::NodeMetrics;
 use crate::msg::NodeMsg;
 use crate::port::PortMsg;
 use crate::relay::{JobRelay, RelayArgs, RelayMsg};
@@ -76,6 +77,8 @@ pub(crate) struct JobResources {
     /// The cluster's id (see `Identity::cluster_id`).
     pub(crate) cluster: String,
     pub(crate) manager: ActorRef<NodeMsg>,
+    /// The node's metrics, which count each job's share here.
+    pub(crate) metrics: Arc<NodeMetrics>,
 }
 
 /// An agent's state.
@@ -352,6 +355,7 @@ impl AgentState {
             server: self.runs.server.clone(),
             transport: self.runs.transport.clone(),
             manager: self.runs.manager.clone(),
+            metrics: self.runs.metrics.clone(),
         };
         let (relay, _) = Actor::spawn_linked(None, JobRelay, args, myself.get_cell())
             .await

@@ -16,11 +16,12 @@ use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
 use streambatch_core::NodeConfig;
 use streambatch_net::{Endpoint, Identity, Locality, NetError, TlsFiles, frame};
 use streambatch_plan::Registry;
-use streambatch_store::{SharedStore, StoreConfig};
+use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
 use crate::agent::AgentMsg;
 use crate::error::ClusterError;
 use crate::groups::{head_group, remote_member};
+use crate::metrics::{MetricsServer, NodeMetrics};
 use crate::root::{Children, NodeRoot, RootArgs, RootMsg};
 use crate::wire::NodeInfo;
 use crate::worker::WorkerThreads;
@@ -30,6 +31,8 @@ const JOIN_WITHIN: Duration = Duration::from_secs(10);
 
 /// A running cluster node.
 pub struct ClusterNode {
+    /// Declared first: it stops before the runtime it runs on.
+    metrics_server: Option<MetricsServer>,
     runtime: tokio::runtime::Runtime,
     root: ActorRef<RootMsg>,
     children: Children,
@@ -74,6 +77,20 @@ impl ClusterNode {
             addr: endpoint.local_addr().to_string(),
         };
         let stopped = Arc::new(Mutex::new(None));
+        let shared: Arc<dyn ObjectStore> = Arc::new(store.clone());
+        let metrics = NodeMetrics::new(shared, info.cpus, info.gpus);
+        let metrics_server = match config.metrics_addr {
+            Some(addr) => Some(
+                MetricsServer::start(metrics.clone(), addr, runtime.handle()).map_err(|e| {
+                    ClusterError::Start {
+                        what: "the metrics endpoint",
+                        source: format!("metrics_addr {addr} ({}): {e}", origin("metrics_addr"))
+                            .into(),
+                    }
+                })?,
+            ),
+            None => None,
+        };
         let args = RootArgs {
             info: info.clone(),
             head: config.head.is_none(),
@@ -84,6 +101,7 @@ impl ClusterNode {
             cluster: identity.cluster_id().to_string(),
             threads: WorkerThreads::default(),
             stopped: stopped.clone(),
+            metrics,
         };
         let (root, children, done) = runtime
             .block_on(async {
@@ -101,6 +119,7 @@ impl ClusterNode {
                 source,
             })?;
         let node = Self {
+            metrics_server,
             runtime,
             root,
             children,
@@ -117,6 +136,11 @@ impl ClusterNode {
     /// The address the node listens on.
     pub fn addr(&self) -> SocketAddr {
         self.children.transport.local_addr()
+    }
+
+    /// Where the node serves its metrics (with `metrics_addr` only).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_server.as_ref().map(MetricsServer::addr)
     }
 
     /// Waits until the node stops: a child failed, [`ClusterNode::stop`],

@@ -386,3 +386,115 @@ fn respond<B>(metrics: &NodeMetrics, request: &Request<B>) -> Response<Full<Byte
     }
     response
 }
+
+/// A cluster node's share of a job, for its metrics: the tasks the job ran
+/// here, their rows and bytes, and their pauses. The job's own stats live
+/// with its driver.
+pub(crate) struct NodeShare {
+    live: Arc<Mutex<JobStats>>,
+    started: std::time::Instant,
+    /// Tasks started here and not ended: their stage, and since when and
+    /// why they are paused.
+    tasks: std::collections::HashMap<streambatch_core::TaskId, (usize, Option<Paused>)>,
+}
+
+type Paused = (std::time::Instant, streambatch_plan::PauseCause);
+
+impl NodeShare {
+    /// A share of a job with these stages, counted by `metrics`.
+    pub(crate) fn new(stage_names: impl Iterator<Item = String>, metrics: &NodeMetrics) -> Self {
+        let stats = JobStats {
+            operators: stage_names
+                .map(|name| streambatch_plan::OperatorStats {
+                    name,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let live = Arc::new(Mutex::new(stats));
+        metrics.watch(live.clone());
+        Self {
+            live,
+            started: std::time::Instant::now(),
+            tasks: Default::default(),
+        }
+    }
+
+    fn with(&self, f: impl FnOnce(&mut JobStats)) {
+        f(&mut self.live.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// `task` of `stage` starts here.
+    pub(crate) fn started(&mut self, task: streambatch_core::TaskId, stage: usize) {
+        self.tasks.insert(task, (stage, None));
+        self.with(|s| s.operators[stage].running += 1);
+    }
+
+    /// `task` output `rows` rows in `bytes` bytes.
+    pub(crate) fn output(&self, task: streambatch_core::TaskId, rows: u64, bytes: u64) {
+        if let Some((stage, _)) = self.tasks.get(&task) {
+            self.with(|s| {
+                s.operators[*stage].rows += rows;
+                s.operators[*stage].bytes += bytes;
+            });
+        }
+    }
+
+    /// `task` paused for `cause`, letting go of its slot.
+    pub(crate) fn paused(
+        &mut self,
+        task: streambatch_core::TaskId,
+        cause: streambatch_plan::PauseCause,
+    ) {
+        if let Some((stage, paused)) = self.tasks.get_mut(&task) {
+            *paused = Some((std::time::Instant::now(), cause));
+            let stage = *stage;
+            self.with(|s| s.operators[stage].running -= 1);
+        }
+    }
+
+    /// Paused `task` runs again.
+    pub(crate) fn resumed(&mut self, task: streambatch_core::TaskId) {
+        if let Some((stage, paused)) = self.tasks.get_mut(&task) {
+            let (stage, paused) = (*stage, paused.take());
+            self.with(|s| {
+                s.operators[stage].running += 1;
+                if let Some((since, cause)) = paused {
+                    s.pauses.add(cause, since.elapsed());
+                }
+            });
+        }
+    }
+
+    /// `task` ended here: it `finished`, or failed or was lost.
+    pub(crate) fn ended(&mut self, task: streambatch_core::TaskId, finished: bool) {
+        if let Some((stage, paused)) = self.tasks.remove(&task) {
+            self.with(|s| {
+                match paused {
+                    Some((since, cause)) => s.pauses.add(cause, since.elapsed()),
+                    None => s.operators[stage].running -= 1,
+                }
+                s.operators[stage].tasks += u64::from(finished);
+            });
+        }
+    }
+
+    /// The job ended on this node.
+    pub(crate) fn close(&mut self) {
+        let wall = self
+            .started
+            .elapsed()
+            .max(std::time::Duration::from_nanos(1));
+        let paused: Vec<_> = self.tasks.drain().collect();
+        self.with(|s| {
+            for (_, (stage, paused)) in paused {
+                match paused {
+                    Some((since, cause)) => s.pauses.add(cause, since.elapsed()),
+                    None => s.operators[stage].running -= 1,
+                }
+            }
+            s.wall = wall;
+        });
+    }
+}

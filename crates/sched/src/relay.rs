@@ -16,12 +16,13 @@ use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
 use streambatch_net::{Fetched, Transport, frame};
-use streambatch_plan::{Error, ExecPlan, StageKind};
+use streambatch_plan::{Error, ExecPlan, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
 use crate::budget::Budgets;
 use crate::groups::remote_member;
 use crate::job::{Input, Keep};
+use crate::metrics::{NodeMetrics, NodeShare};
 use crate::msg::NodeMsg;
 use crate::partition::{Output, Slice};
 use crate::port::PortMsg;
@@ -83,6 +84,7 @@ pub(crate) struct RelayArgs {
     pub(crate) server: Arc<StoreServer>,
     pub(crate) transport: Transport,
     pub(crate) manager: ActorRef<NodeMsg>,
+    pub(crate) metrics: Arc<NodeMetrics>,
 }
 
 /// A relay's state.
@@ -107,6 +109,8 @@ pub(crate) struct RelayState {
     draining: bool,
     /// Tasks of the job started here and not yet finished.
     running: std::collections::HashSet<TaskId>,
+    /// What the job did here, for the node's metrics.
+    share: NodeShare,
 }
 
 /// Inputs this node pulled for the job: by shared memory, over QUIC.
@@ -147,6 +151,10 @@ impl Actor for JobRelay {
                 let _ = notify.cast(RelayMsg::MemoryFreed);
             }),
         );
+        let share = NodeShare::new(
+            args.plan.stages.iter().map(|s| s.name.clone()),
+            &args.metrics,
+        );
         let ctx = Arc::new(JobCtx {
             job: args.job,
             cancelled: args
@@ -175,6 +183,7 @@ impl Actor for JobRelay {
             ending: false,
             draining: false,
             running: Default::default(),
+            share,
         })
     }
 
@@ -188,6 +197,7 @@ impl Actor for JobRelay {
         }
         state.outputs.clear();
         state.paused.clear();
+        state.share.close();
         let _ = state.manager.cast(NodeMsg::JobEnded { job: state.ctx.job });
         Ok(())
     }
@@ -258,6 +268,8 @@ impl RelayState {
                     return;
                 };
                 let id = output.part().id().0;
+                let bytes = slice.partition_bytes();
+                self.share.output(task, slice.len as u64, bytes);
                 self.server.offer(output.part().clone());
                 self.outputs.insert(id, output.clone());
                 Happened::Output {
@@ -265,10 +277,15 @@ impl RelayState {
                     seq,
                     id,
                     rows: slice.len as u64,
-                    bytes: slice.partition_bytes(),
+                    bytes,
                 }
             }
             TaskEvent::Paused(run) => {
+                let cause = match run.store_full_at {
+                    Some(_) => PauseCause::StoreFull,
+                    None => PauseCause::OutputBudget,
+                };
+                self.share.paused(run.task, cause);
                 let happened = Happened::Paused {
                     task: run.task.0,
                     pending_bytes: run.pending_bytes(),
@@ -279,6 +296,7 @@ impl RelayState {
             }
             TaskEvent::Finished { task, busy } => {
                 self.running.remove(&task);
+                self.share.ended(task, true);
                 Happened::Finished {
                     task: task.0,
                     busy_us: busy.as_micros() as u64,
@@ -289,6 +307,7 @@ impl RelayState {
             },
             TaskEvent::Errored { task, error } => {
                 self.running.remove(&task);
+                self.share.ended(task, false);
                 Happened::Errored {
                     task: task.0,
                     user_error: error.is_user_error(),
@@ -297,6 +316,7 @@ impl RelayState {
             }
             TaskEvent::Lost { task, message } => {
                 self.running.remove(&task);
+                self.share.ended(task, false);
                 Happened::Lost {
                     task: task.0,
                     message,
@@ -333,6 +353,7 @@ impl RelayState {
             }
             JobOrder::Resume { task, may_spill } => {
                 if let Some(mut run) = self.paused.remove(&TaskId(task)) {
+                    self.share.resumed(run.task);
                     run.may_spill = may_spill;
                     self.dispatch(run);
                 }
@@ -406,6 +427,7 @@ impl RelayState {
         myself: &ActorRef<RelayMsg>,
     ) {
         self.running.insert(task);
+        self.share.started(task, stage);
         let parts = match input {
             InputSpec::Split(i) => {
                 let mut run = TaskRun::new(

@@ -17,6 +17,7 @@ use streambatch_plan::Registry;
 use streambatch_store::SharedStore;
 
 use crate::agent::{AgentArgs, AgentMsg, JobResources, NodeAgent};
+use crate::metrics::NodeMetrics;
 use crate::msg::NodeMsg;
 use crate::node::{NodeArgs, NodeManager};
 use crate::serve::StoreServer;
@@ -40,6 +41,7 @@ pub(crate) struct RootArgs {
     pub(crate) threads: WorkerThreads,
     /// Set to why the node stopped, when a child failed.
     pub(crate) stopped: Arc<Mutex<Option<String>>>,
+    pub(crate) metrics: Arc<NodeMetrics>,
 }
 
 /// The children, as the node's handle sees them.
@@ -100,6 +102,7 @@ impl Actor for NodeRoot {
                 transport: transport.clone(),
                 cluster: args.cluster,
                 manager: manager.clone(),
+                metrics: args.metrics,
             },
         };
         let (agent, _) = Actor::spawn_linked(None, NodeAgent, agent_args, cell).await?;

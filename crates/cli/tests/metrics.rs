@@ -1,9 +1,13 @@
 //! A node with `metrics_addr` serves Prometheus metrics over HTTP: scraped
 //! while a W1-shaped job runs and after it, parsed with a Prometheus text
-//! parser, they show what `stats()` shows.
+//! parser, they show what `stats()` shows; on a cluster, each node counts
+//! its share of the job.
+
+mod common;
 
 use std::net::SocketAddr;
 
+use common::{Cluster, NodeSpec};
 use streambatch::{Context, NodeConfig};
 use streambatch_bench::{Shape, registry, w1_pipeline};
 
@@ -137,4 +141,77 @@ fn a_metrics_address_in_use_fails_the_start_naming_the_key() {
     .expect("the address is taken")
     .to_string();
     assert!(err.contains("metrics_addr"), "{err}");
+}
+
+/// A port free now on 127.0.0.1.
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+#[test]
+fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stats() {
+    let names = ["worker-1", "worker-2", "gpu"];
+    let addrs: Vec<SocketAddr> = names.iter().map(|_| free_port()).collect();
+    let specs: Vec<NodeSpec> = names
+        .iter()
+        .zip(&addrs)
+        .map(|(name, addr)| {
+            let spec = if *name == "gpu" {
+                NodeSpec::gpu(name, 2)
+            } else {
+                NodeSpec::cpu(name, 2)
+            };
+            spec.with_env("STREAMBATCH_METRICS_ADDR", &addr.to_string())
+        })
+        .collect();
+    let cluster = Cluster::start(&specs);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let shape = Shape {
+        rows: 40,
+        partitions: 8,
+        row_bytes: 64 << 10,
+        millis: (20, 5, 5),
+    };
+    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+    assert_eq!(ds.count().unwrap(), 40);
+    let stats = ds.stats().unwrap();
+
+    let scrapes: Vec<_> = addrs.iter().map(|a| scrape(*a)).collect();
+    for op in &stats.operators {
+        let finished = [("stage", op.name.as_str()), ("state", "finished")];
+        let rows = [("stage", op.name.as_str())];
+        let (mut tasks, mut out) = (0.0, 0.0);
+        for samples in &scrapes {
+            let has = samples
+                .iter()
+                .any(|s| s.labels.get("stage") == Some(op.name.as_str()));
+            if has {
+                tasks += value(samples, "streambatch_tasks_total", &finished);
+                out += value(samples, "streambatch_stage_rows_total", &rows);
+            }
+        }
+        assert_eq!(tasks, op.tasks as f64, "{}: {stats}", op.name);
+        assert_eq!(out, op.rows as f64, "{}: {stats}", op.name);
+    }
+    for (name, samples) in names.iter().zip(&scrapes) {
+        let node = stats.nodes.iter().find(|n| n.name == *name).unwrap();
+        let here: f64 = samples
+            .iter()
+            .filter(|s| {
+                s.metric == "streambatch_tasks_total" && s.labels.get("state") == Some("finished")
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum();
+        assert_eq!(here, node.tasks as f64, "{name}: {stats}");
+        assert_eq!(
+            value(samples, "streambatch_store_capacity_bytes", &[]),
+            (128 << 20) as f64
+        );
+    }
 }
