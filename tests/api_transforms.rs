@@ -179,6 +179,22 @@ fn limit_takes_exactly_n_rows_from_the_source() {
 }
 
 #[test]
+fn a_limit_after_a_repartition_takes_n_of_its_rows() {
+    // The repartition's groups go to the limit as rows: it runs no tasks.
+    let out = ctx()
+        .range(1000, 10)
+        .repartition(4)
+        .limit(100)
+        .collect()
+        .unwrap();
+    let ids = sorted_i64(&out, "id");
+    assert_eq!(ids.len(), 100);
+    let mut dedup = ids.clone();
+    dedup.dedup();
+    assert_eq!(dedup.len(), 100, "no row twice");
+}
+
+#[test]
 fn repartition_regroups_rows_evenly() {
     let ds = ctx().range(1003, 17).repartition(5);
     let out = ds.collect().unwrap();
@@ -197,7 +213,7 @@ fn consecutive_operators_with_equal_resources_fuse() {
         .named("gpu_op")
         .with_column("x", col("id"));
     assert_eq!(
-        ds.explain().unwrap(),
+        ds.explain().unwrap().stage_names(),
         vec!["range->filter", "gpu_op", "with_column"]
     );
 }
@@ -240,7 +256,7 @@ fn an_operator_marked_no_fuse_keeps_a_stage_of_its_own() {
         .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0))
         .named("after");
     assert_eq!(
-        ds.explain().unwrap(),
+        ds.explain().unwrap().stage_names(),
         vec!["range->expand", "reduce", "after"]
     );
     assert_eq!(ds.count().unwrap(), 10);

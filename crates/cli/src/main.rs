@@ -34,6 +34,10 @@ enum Command {
         /// (Perfetto, chrome://tracing).
         #[arg(long)]
         timeline: Option<std::path::PathBuf>,
+        /// Print the plan (logical plan, fused stages with their resources
+        /// and pools, memory reserves) instead of running it.
+        #[arg(long, conflicts_with = "timeline")]
+        explain: bool,
     },
     /// Runs a cluster node configured by a TOML file (configs/head.toml,
     /// configs/worker.toml), until it is stopped (Ctrl-C, SIGTERM).
@@ -207,7 +211,13 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             pipeline,
             cluster,
             timeline,
+            explain,
         } => {
+            if explain {
+                let plan = streambatch::pipeline::explain_pipeline(&pipeline, cluster.as_deref())?;
+                println!("{plan}");
+                return Ok(());
+            }
             let run = streambatch::pipeline::run_pipeline_on(&pipeline, cluster.as_deref())?;
             if let Some(stats) = run.stats {
                 if let Some(path) = &timeline {

@@ -414,13 +414,36 @@ impl Dataset {
         crate::timeline::write(&stats, path)
     }
 
-    /// The physical plan: stage names in order.
-    pub fn explain(&self) -> Result<Vec<String>> {
-        Ok(ExecPlan::from_ops(self.plan.chain())?
-            .stages
-            .into_iter()
-            .map(|s| s.name)
-            .collect())
+    /// What running this dataset would run, without running it: the
+    /// logical plan, the stages it fuses into with their resources and
+    /// pools, and the store memory each stage's outputs are reserved on
+    /// this dataset's node. Print it, or read its fields.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use streambatch_plan::{Dataset, ExecPlan, JobStream, Runner, Result};
+    /// # use streambatch_core::NodeConfig;
+    /// # struct Nowhere(NodeConfig);
+    /// # impl Runner for Nowhere {
+    /// #     fn run(&self, _: ExecPlan) -> Result<Box<dyn JobStream>> { unreachable!() }
+    /// #     fn config(&self) -> &NodeConfig { &self.0 }
+    /// # }
+    /// # let runner = Arc::new(Nowhere(NodeConfig::default()));
+    /// let ds = Dataset::range(runner, 100, 4).limit(10);
+    /// let plan = ds.explain().unwrap();
+    /// assert_eq!(plan.stage_names(), ["range", "limit(10)"]);
+    /// assert!(plan.to_string().contains("logical plan: range (4 splits) -> limit 10"));
+    /// ```
+    pub fn explain(&self) -> Result<crate::Explain> {
+        let chain = self.plan.chain();
+        let plan = ExecPlan::from_ops(chain.clone())?;
+        let config = self.runner.config();
+        Ok(crate::Explain::new(
+            &chain,
+            &plan,
+            config.target_partition_bytes,
+            config.store_capacity,
+        ))
     }
 }
 

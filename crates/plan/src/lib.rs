@@ -8,6 +8,7 @@
 
 mod dataset;
 mod error;
+mod explain;
 mod expr;
 pub mod ops;
 mod plan;
@@ -21,6 +22,7 @@ mod udf;
 
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
 pub use error::{BoxError, Error, Result};
+pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};

@@ -205,6 +205,21 @@ pub struct ExecPlan {
 }
 
 impl ExecPlan {
+    /// Partition size and each stage's memory reserve in a store of
+    /// `capacity` bytes: partitions of at most `target` bytes, small enough
+    /// that every stage that runs tasks has one partition reserved and the
+    /// reserves take at most half the store.
+    pub fn sizing(&self, target: u64, capacity: u64) -> (u64, Vec<u64>) {
+        let task_stages = self.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
+        let target_bytes = target.min(capacity / (2 * task_stages)).max(1);
+        let reserve = self
+            .stages
+            .iter()
+            .map(|s| if s.runs_tasks() { target_bytes } else { 0 })
+            .collect();
+        (target_bytes, reserve)
+    }
+
     /// Fuses the logical chain into stages: consecutive operators with equal
     /// resources run in one task (a stage has at most one worker pool).
     pub fn from_ops(ops: Vec<LogicalOp>) -> Result<Self> {

@@ -125,14 +125,7 @@ struct Remote {
 /// Partition size and each stage's memory reserve: partitions small enough
 /// that every stage's reserve holds one in the smallest store.
 pub(crate) fn sizing(plan: &ExecPlan, target: u64, capacity: u64) -> (u64, Vec<u64>) {
-    let task_stages = plan.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
-    let target_bytes = target.min(capacity / (2 * task_stages)).max(1);
-    let reserve = plan
-        .stages
-        .iter()
-        .map(|s| if s.runs_tasks() { target_bytes } else { 0 })
-        .collect();
-    (target_bytes, reserve)
+    plan.sizing(target, capacity)
 }
 
 /// Memory as the local store and the job's budgets have it now.

@@ -1447,7 +1447,20 @@ impl<P: Part> JobState<P> {
                         break;
                     }
                     let groups = regroup(std::mem::take(&mut self.stages[i].collected), n);
-                    self.stages[i + 1].queue.extend(groups);
+                    let next = i + 1;
+                    let runs_tasks = next < self.stages.len()
+                        && matches!(
+                            self.shapes[next].kind,
+                            ShapeKind::Source { .. } | ShapeKind::Map
+                        );
+                    if runs_tasks {
+                        self.stages[next].queue.extend(groups);
+                    } else {
+                        // A limit (or the driver) takes rows, not task inputs.
+                        for piece in groups.into_iter().flatten() {
+                            self.route(next, piece);
+                        }
+                    }
                 }
                 ShapeKind::Limit(_) => {}
                 _ if !s.idle() => break,

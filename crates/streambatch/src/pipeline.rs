@@ -107,6 +107,41 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
 /// embedded node. Its operators are built-ins and WGSL kernels, which travel
 /// to the nodes inside the plan (the kernel's source with it).
 pub fn run_pipeline_on(file: &Path, cluster: Option<&Path>) -> Result<PipelineRun> {
+    let (ds, sink) = build(file, cluster)?;
+    let summary = match sink {
+        Sink::WriteParquet(dir) => {
+            let files = ds.write_parquet(&dir)?;
+            format!("wrote {} files to {dir}", files.len())
+        }
+        Sink::Count(true) => format!("{} rows", ds.count()?),
+        Sink::Count(false) => {
+            ds.count()?;
+            "done".into()
+        }
+    };
+    Ok(PipelineRun {
+        summary,
+        stats: ds.stats(),
+    })
+}
+
+/// What running the pipeline in `file` would run, on the cluster `cluster`
+/// names or the embedded node (see [`Dataset::explain`]), and its sink.
+pub fn explain_pipeline(file: &Path, cluster: Option<&Path>) -> Result<String> {
+    let (ds, sink) = build(file, cluster)?;
+    let sink = match sink {
+        Sink::WriteParquet(dir) => format!("write_parquet {dir}"),
+        Sink::Count(_) => "count".into(),
+    };
+    Ok(format!(
+        "{}
+sink: {sink}",
+        ds.explain()?
+    ))
+}
+
+/// The pipeline's dataset on its context, and its sink (paths resolved).
+fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink)> {
     let text = std::fs::read_to_string(file).map_err(|e| Error::io("reading", file, e))?;
     let spec: PipelineFile = toml::from_str(&text).map_err(|e| Error::BadFile {
         path: file.to_path_buf(),
@@ -164,21 +199,11 @@ pub fn run_pipeline_on(file: &Path, cluster: Option<&Path>) -> Result<PipelineRu
             }
         };
     }
-    let summary = match &spec.sink {
-        Sink::WriteParquet(p) => {
-            let files = ds.write_parquet(resolve(p))?;
-            format!("wrote {} files to {}", files.len(), resolve(p))
-        }
-        Sink::Count(true) => format!("{} rows", ds.count()?),
-        Sink::Count(false) => {
-            ds.count()?;
-            "done".into()
-        }
+    let sink = match spec.sink {
+        Sink::WriteParquet(p) => Sink::WriteParquet(resolve(&p)),
+        count => count,
     };
-    Ok(PipelineRun {
-        summary,
-        stats: ds.stats(),
-    })
+    Ok((ds, sink))
 }
 
 /// A WGSL kernel as it travels: its settings from the pipeline file and

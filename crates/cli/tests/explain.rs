@@ -1,0 +1,56 @@
+//! `streambatch run --explain` prints what the pipeline would run, without
+//! running it: the logical plan, the fused stages with their resources and
+//! pools, and the store memory reserved for each stage's outputs.
+
+use std::process::Command;
+
+#[test]
+fn run_explain_prints_the_plan_its_stages_and_their_memory_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = dir.path().join("p.toml");
+    std::fs::write(
+        &pipeline,
+        r#"
+[node]
+store_capacity = "64MiB"
+target_partition_bytes = "16MiB"
+
+[source]
+range = { n = 1000, partitions = 10 }
+
+[[ops]]
+op = "select"
+columns = ["id"]
+
+[[ops]]
+op = "repartition"
+n = 4
+
+[[ops]]
+op = "limit"
+n = 100
+
+[sink]
+write_parquet = "out"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_streambatch"))
+        .arg("run")
+        .arg(&pipeline)
+        .arg("--explain")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "logical plan: range (10 splits) -> select -> repartition 4 -> limit 100",
+        "0. range->select [source] 1 cpu, outputs reserved 16.0 MiB",
+        "1. repartition(4) [repartition] no slot",
+        "memory: store 64.0 MiB, partitions up to 16.0 MiB, shared pool 48.0 MiB",
+        "sink: write_parquet",
+    ] {
+        assert!(text.contains(line), "no `{line}` in:\n{text}");
+    }
+    assert!(!dir.path().join("out").exists(), "--explain ran the job");
+}
