@@ -122,6 +122,20 @@ fn a_scraped_node_reports_what_the_jobs_stats_report() {
     );
     assert_eq!(value(&after, "streambatch_lost_partitions_total", &[]), 0.0);
 
+    // The same figures as JSON.
+    let json = stats.to_json();
+    for (i, op) in stats.operators.iter().enumerate() {
+        assert_eq!(json["operators"][i]["name"], op.name.as_str());
+        assert_eq!(json["operators"][i]["tasks"], op.tasks);
+        assert_eq!(json["operators"][i]["rows"], op.rows);
+    }
+    assert_eq!(json["pauses"]["store_full"]["count"], p.store_full_count);
+    assert_eq!(
+        json["pauses"]["output_budget"]["count"],
+        p.output_budget_count
+    );
+    assert_eq!(json["store"]["capacity_bytes"], 3u64 << 20);
+
     // Anything but GET /metrics is not found.
     let missing = ureq::get(format!("http://{addr}/other")).call();
     assert!(
@@ -179,6 +193,11 @@ fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stat
     assert_eq!(ds.count().unwrap(), 40);
     let stats = ds.stats().unwrap();
 
+    let table = stats.to_string();
+    assert!(
+        table.contains("inputs shared") && table.contains("worker-2"),
+        "{table}"
+    );
     let scrapes: Vec<_> = addrs.iter().map(|a| scrape(*a)).collect();
     for op in &stats.operators {
         let finished = [("stage", op.name.as_str()), ("state", "finished")];
@@ -209,6 +228,10 @@ fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stat
             })
             .sum();
         assert_eq!(here, node.tasks as f64, "{name}: {stats}");
+        let json = stats.to_json();
+        let listed = json["nodes"].as_array().unwrap();
+        let entry = listed.iter().find(|n| n["name"] == *name).unwrap();
+        assert_eq!(entry["tasks"], node.tasks);
         assert_eq!(
             value(samples, "streambatch_store_capacity_bytes", &[]),
             (128 << 20) as f64

@@ -249,6 +249,78 @@ impl JobStats {
         self.events.iter().position(f)
     }
 
+    /// The stats as JSON: per stage (with its fused operators), per node,
+    /// the store, pauses by cause, recovery and skipped tasks; durations
+    /// in seconds. Events are left out (see `timeline` for them).
+    ///
+    /// ```
+    /// let stats = streambatch_plan::JobStats::default();
+    /// assert_eq!(stats.to_json()["wall_s"], 0.0);
+    /// ```
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let operators: Vec<_> = self
+            .operators
+            .iter()
+            .map(|o| {
+                let ops: Vec<_> = o
+                    .ops
+                    .iter()
+                    .map(|op| {
+                        json!({
+                            "name": op.name, "rows": op.rows, "bytes": op.bytes,
+                            "busy_s": op.busy.as_secs_f64(),
+                            "metrics": op.metrics.iter().map(|(k, v)| (k.clone(), json!(v)))
+                                .collect::<serde_json::Map<_, _>>(),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": o.name, "tasks": o.tasks, "rows": o.rows, "bytes": o.bytes,
+                    "wall_s": o.wall.as_secs_f64(), "busy_s": o.busy.as_secs_f64(),
+                    "rows_per_s": o.rows_per_s(), "retries": o.retries, "ops": ops,
+                })
+            })
+            .collect();
+        let nodes: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                json!({
+                    "name": n.name, "tasks": n.tasks, "inputs_shared": n.inputs_shared,
+                    "inputs_quic": n.inputs_quic, "quic_bytes": n.quic_bytes,
+                    "peak_store_bytes": n.peak_store_bytes, "spilled_bytes": n.spilled_bytes,
+                })
+            })
+            .collect();
+        let errored: Vec<_> = self
+            .errored
+            .iter()
+            .map(|e| json!({"stage": e.stage, "task": e.task.0, "input": e.input, "message": e.message}))
+            .collect();
+        let p = &self.pauses;
+        let r = &self.recovery;
+        json!({
+            "wall_s": self.wall.as_secs_f64(),
+            "output_rows": self.output_rows(),
+            "operators": operators,
+            "nodes": nodes,
+            "store": {
+                "capacity_bytes": self.store_capacity, "peak_bytes": self.peak_store_bytes,
+                "spilled_bytes": self.spilled_bytes, "restored_bytes": self.restored_bytes,
+            },
+            "pauses": {
+                "output_budget": {"count": p.output_budget_count, "seconds": p.output_budget.as_secs_f64()},
+                "store_full": {"count": p.store_full_count, "seconds": p.store_full.as_secs_f64()},
+            },
+            "recovery": {
+                "nodes_lost": r.nodes_lost, "lost_partitions": r.lost_partitions,
+                "remade_partitions": r.remade_partitions, "rerun_tasks": r.rerun_tasks,
+            },
+            "errored": errored,
+        })
+    }
+
     /// Time tasks spent paused for memory, summed over tasks, by cause:
     /// (output budget, store full).
     pub fn pause_time(&self) -> (Duration, Duration) {
@@ -337,18 +409,31 @@ impl fmt::Display for JobStats {
                 full.as_secs_f64()
             )?;
         }
-        for n in &self.nodes {
+        if !self.nodes.is_empty() {
             writeln!(
                 f,
-                "node {}: {} tasks; inputs from other nodes: {} by shared memory, {} over QUIC ({}); store peak {}, spilled {}",
-                n.name,
-                n.tasks,
-                n.inputs_shared,
-                n.inputs_quic,
-                format_bytes(n.quic_bytes),
-                format_bytes(n.peak_store_bytes),
-                format_bytes(n.spilled_bytes)
+                "{:<12} {:>7} {:>14} {:>12} {:>11} {:>11} {:>11}",
+                "node",
+                "tasks",
+                "inputs shared",
+                "inputs QUIC",
+                "QUIC bytes",
+                "store peak",
+                "spilled"
             )?;
+            for n in &self.nodes {
+                writeln!(
+                    f,
+                    "{:<12} {:>7} {:>14} {:>12} {:>11} {:>11} {:>11}",
+                    n.name,
+                    n.tasks,
+                    n.inputs_shared,
+                    n.inputs_quic,
+                    format_bytes(n.quic_bytes),
+                    format_bytes(n.peak_store_bytes),
+                    format_bytes(n.spilled_bytes)
+                )?;
+            }
         }
         write!(
             f,
