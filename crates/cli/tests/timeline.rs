@@ -129,6 +129,19 @@ fn a_w1_timeline_shows_every_task_once_on_its_own_slot_and_attributes_pauses() {
         );
     }
 
+    // Stages that waited: for a slot (16 source splits on 8 CPU slots), or
+    // for memory.
+    let waits = slices("wait");
+    let causes: BTreeSet<&str> = waits
+        .iter()
+        .map(|w| w["args"]["cause"].as_str().unwrap())
+        .collect();
+    assert!(causes.contains("no slot"), "{causes:?}");
+    assert!(
+        causes.is_subset(&["no slot", "output budget", "store full"].into()),
+        "{causes:?}"
+    );
+
     // The stats' pause time by cause is the trace's pauses summed.
     let (budget, full) = stats.pause_time();
     let summed = |cause: &str| -> f64 {

@@ -31,7 +31,7 @@ pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
 pub use stats::{
     ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
-    PauseCause, Pauses, Recovery, StoreSample,
+    PauseCause, Pauses, Recovery, StoreSample, Wait, WaitSpan,
 };
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,

@@ -26,6 +26,54 @@ pub struct OperatorStats {
     pub retries: u64,
     /// The operators fused in this stage, each with its own counts.
     pub ops: Vec<OpStats>,
+    /// Inputs waiting for a task (live view only).
+    pub queued: u64,
+    /// Bytes of its outputs the store holds (live view only).
+    pub held_bytes: u64,
+    /// Why it runs no more tasks now, when it has work left (live view
+    /// only).
+    pub waiting: Option<Wait>,
+}
+
+/// Why a stage with work left runs no more tasks now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Nothing to run yet: the stages before it have not made its input.
+    Input,
+    /// Inputs wait, and no node has a free slot of the kind it needs (or
+    /// its worker pool is full).
+    NoSlot,
+    /// Its outputs do not fit its memory budget: inputs wait, or tasks
+    /// paused.
+    OutputBudget,
+    /// Tasks paused because the store had no room.
+    StoreFull,
+}
+
+impl Wait {
+    /// A short name: "input", "no slot", "output budget", "store full".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Input => "input",
+            Self::NoSlot => "no slot",
+            Self::OutputBudget => "output budget",
+            Self::StoreFull => "store full",
+        }
+    }
+}
+
+/// A time a stage waited for a slot or for memory (a [`Wait`] other than
+/// [`Wait::Input`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitSpan {
+    /// The stage.
+    pub stage: StageId,
+    /// What it waited for.
+    pub wait: Wait,
+    /// Since the job started.
+    pub from: Duration,
+    /// Since the job started.
+    pub to: Duration,
 }
 
 /// What one operator inside a fused stage produced.
@@ -153,6 +201,9 @@ pub struct JobStats {
     /// Tasks paused for memory, by cause (kept whether or not the job
     /// records its timeline).
     pub pauses: Pauses,
+    /// Times stages waited for a slot or memory (the first
+    /// [`MAX_EVENTS`], when the job records its timeline).
+    pub waits: Vec<WaitSpan>,
 }
 
 /// Pauses of a job's tasks for memory, by cause. A pause runs from the

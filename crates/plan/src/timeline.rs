@@ -1,7 +1,8 @@
 //! A job's timeline in the Chrome trace format, which Perfetto and
 //! chrome://tracing open: a process per node with a track per slot (the
 //! tasks it ran, each partition they yielded with its size) and tracks of
-//! paused tasks with their cause, and the job's store bytes against the
+//! paused tasks with their cause, a track per stage with the times it
+//! waited for a slot or memory, and the job's store bytes against the
 //! store's capacity.
 //!
 //! Slots are laid out from the events: a task takes the lowest track of its
@@ -24,6 +25,8 @@ pub use page::{page, write_page};
 
 /// Track ids of the paused-task tracks start here, after any slot's.
 const PAUSE_TRACKS: usize = 10_000;
+/// Track ids of the stages' wait tracks (in the job's process) start here.
+const WAIT_TRACKS: usize = 20_000;
 
 /// Writes the Chrome trace of `stats` to `path`: whole or not at all (it is
 /// written beside it, then renamed).
@@ -64,6 +67,7 @@ pub fn chrome_trace(stats: &JobStats) -> Value {
             EventKind::TaskSkipped => trace.end_run(task, at, "skipped"),
         }
     }
+    trace.waits();
     trace.finish(stats.wall)
 }
 
@@ -180,6 +184,28 @@ impl<'a> Trace<'a> {
                 "cause": cause, "pending_bytes": pause.bytes,
             },
         }));
+    }
+
+    /// A track per stage that waited, in the job's process, with the times
+    /// it waited for a slot or memory.
+    fn waits(&mut self) {
+        let mut named = std::collections::BTreeSet::new();
+        for w in &self.stats.waits {
+            let stage = w.stage.0;
+            let tid = WAIT_TRACKS + stage;
+            if named.insert(stage) {
+                let name = format!("{} waits", self.stage_name(stage));
+                self.events.push(json!({
+                    "ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": name}
+                }));
+            }
+            self.events.push(json!({
+                "ph": "X", "cat": "wait", "name": format!("waiting: {}", w.wait.name()),
+                "pid": 0, "tid": tid,
+                "ts": micros(w.from), "dur": micros(w.to.saturating_sub(w.from)),
+                "args": {"stage": self.stage_name(stage), "cause": w.wait.name()},
+            }));
+        }
     }
 
     fn stage_name(&self, stage: usize) -> String {

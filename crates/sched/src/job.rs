@@ -13,12 +13,12 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
-use streambatch_plan::{Error, EventKind, OpStats, PauseCause, Stage, StageKind};
+use streambatch_plan::{Error, EventKind, OpStats, PauseCause, Stage, StageKind, Wait};
 
 pub(crate) use crate::piece::{Keep, Origin, Part, PieceId};
 use crate::piece::{Piece, TaskInput, all_held, missing};
 use crate::policy::{self, Decision, Snapshot, StageView};
-use crate::record::Recorder;
+use crate::record::{Recorder, StageNow};
 
 /// How many of a stage's oldest queued inputs a new task looks through for
 /// one held on its own node.
@@ -1043,11 +1043,51 @@ impl<P: Part> JobState<P> {
                 }
             }
             self.hand_over();
+            self.report_stages(memory);
             if self.finished() {
                 self.end(Ok(()));
             }
         }
         std::mem::take(&mut self.actions)
+    }
+
+    /// Tells the recorder what each stage waits for, having decided.
+    fn report_stages(&mut self, memory: &impl Memory) {
+        let now: Vec<StageNow> = (0..self.stages.len())
+            .map(|i| {
+                let (s, shape) = (&self.stages[i], &self.shapes[i]);
+                let runs_tasks = shape.kind.runs_tasks();
+                let queued = if runs_tasks { s.startable() } else { 0 };
+                let waiting = if s.done || !runs_tasks {
+                    None
+                } else if let Some(p) = s.paused.first() {
+                    Some(match p.store_full_at {
+                        Some(_) => Wait::StoreFull,
+                        None => Wait::OutputBudget,
+                    })
+                } else if queued > 0 {
+                    let pool_full = shape.max_running.is_some_and(|max| s.running >= max);
+                    let fits = |n: &usize| shape.resources.fits_in(&self.free[*n]);
+                    if pool_full || !self.open.iter().any(fits) {
+                        Some(Wait::NoSlot)
+                    } else {
+                        // A slot is free: the policy held the input back
+                        // for its memory budget.
+                        Some(Wait::OutputBudget)
+                    }
+                } else if s.running == 0 {
+                    Some(Wait::Input)
+                } else {
+                    None
+                };
+                StageNow {
+                    queued,
+                    held_bytes: memory.held(i),
+                    waiting,
+                }
+            })
+            .collect();
+        self.recorder.stages_now(&now);
     }
 
     /// Asks the policy for one decision per node per pass, so that tasks

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use streambatch_core::{StageId, TaskId};
 use streambatch_plan::{
-    Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats, PauseCause, StoreSample,
+    Event, EventKind, JobStats, MAX_EVENTS, OpStats, OperatorStats, PauseCause, StoreSample, Wait,
+    WaitSpan,
 };
 
 /// Writes a job's [`JobStats`], shared with the driver for a live view.
@@ -20,6 +21,15 @@ pub(crate) struct Recorder {
     timeline: bool,
     /// Paused tasks: since when, and why.
     paused: HashMap<TaskId, (Duration, PauseCause)>,
+    /// Per stage, what it waits for and since when.
+    waiting: Vec<Option<(Wait, Duration)>>,
+}
+
+/// A stage as the job state sees it after deciding.
+pub(crate) struct StageNow {
+    pub(crate) queued: usize,
+    pub(crate) held_bytes: u64,
+    pub(crate) waiting: Option<Wait>,
 }
 
 impl Recorder {
@@ -44,6 +54,7 @@ impl Recorder {
             first_start: vec![None; stages],
             timeline: true,
             paused: HashMap::new(),
+            waiting: vec![None; stages],
         }
     }
 
@@ -217,11 +228,60 @@ impl Recorder {
         }
     }
 
+    /// What each stage waits for now, with its queue and held bytes; the
+    /// timeline keeps the times stages waited for a slot or memory.
+    pub(crate) fn stages_now(&mut self, now: &[StageNow]) {
+        let at = self.started.elapsed();
+        let mut spans = Vec::new();
+        for (stage, n) in now.iter().enumerate() {
+            let Some(was) = self.waiting.get_mut(stage) else {
+                continue;
+            };
+            let wait = n.waiting.filter(|w| *w != Wait::Input);
+            if was.map(|(w, _)| w) != wait {
+                if let Some((w, since)) = was.take() {
+                    spans.push(WaitSpan {
+                        stage: StageId(stage),
+                        wait: w,
+                        from: since,
+                        to: at,
+                    });
+                }
+                *was = wait.map(|w| (w, at));
+            }
+        }
+        let mut stats = self.stats();
+        for (op, n) in stats.operators.iter_mut().zip(now) {
+            op.queued = n.queued as u64;
+            op.held_bytes = n.held_bytes;
+            op.waiting = n.waiting;
+        }
+        if self.timeline {
+            let room = MAX_EVENTS.saturating_sub(stats.waits.len());
+            stats.waits.extend(spans.into_iter().take(room));
+        }
+    }
+
     /// The job ended; the store's counters at that moment.
     pub(crate) fn ended(&mut self, used: u64, spilled: u64, restored: u64) {
         let wall = self.started.elapsed();
         let paused = std::mem::take(&mut self.paused);
+        let waiting = std::mem::take(&mut self.waiting);
         let mut stats = self.stats();
+        for (stage, open) in waiting.into_iter().enumerate() {
+            if let Some((wait, from)) = open.filter(|_| self.timeline) {
+                let span = WaitSpan {
+                    stage: StageId(stage),
+                    wait,
+                    from,
+                    to: wall,
+                };
+                stats.waits.push(span);
+            }
+        }
+        for op in &mut stats.operators {
+            (op.queued, op.held_bytes, op.waiting) = (0, 0, None);
+        }
         for (since, cause) in paused.into_values() {
             stats.pauses.add(cause, wall.saturating_sub(since));
         }

@@ -39,7 +39,7 @@ pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
     NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Recipe, Registry, Result, Row, Stateful,
-    StoreSample, UdfError, Value, col, lit, timeline,
+    StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

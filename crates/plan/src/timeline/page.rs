@@ -30,6 +30,12 @@ const COLOURS: [&str; 10] = [
     "#9c755f", "#bab0ac",
 ];
 const PAUSE_COLOURS: [(&str, &str); 2] = [("output budget", "#f1a340"), ("store full", "#d7301f")];
+/// Stage waits: for a slot, then the pause causes.
+const WAIT_COLOURS: [(&str, &str); 3] = [
+    ("no slot", "#8c8c8c"),
+    ("output budget", "#f1a340"),
+    ("store full", "#d7301f"),
+];
 
 /// Reads the Chrome trace at `trace` and writes its page to `out`: whole
 /// or not at all (it is written beside it, then renamed).
@@ -66,6 +72,7 @@ pub fn page(trace: &Value, title: &str) -> std::result::Result<String, String> {
     job.slots_chart(&mut html);
     job.store_chart(&mut html);
     job.pause_chart(&mut html);
+    job.wait_lanes(&mut html);
     job.lanes(&mut html);
     html.push_str("</body></html>\n");
     Ok(html)
@@ -86,6 +93,11 @@ struct Job {
     stages: BTreeMap<usize, String>,
     tasks: Vec<Slice>,
     pauses: Vec<Slice>,
+    /// Stages waiting: `kind` is the cause's place in [`WAIT_COLOURS`],
+    /// `track` the stage.
+    waits: Vec<Slice>,
+    /// Stage names by stage, from the wait tracks too.
+    wait_names: BTreeMap<u64, String>,
     store: Vec<(f64, u64)>,
     capacity: u64,
     nodes: BTreeMap<u64, String>,
@@ -103,6 +115,8 @@ impl Job {
             stages: BTreeMap::new(),
             tasks: Vec::new(),
             pauses: Vec::new(),
+            waits: Vec::new(),
+            wait_names: BTreeMap::new(),
             store: Vec::new(),
             capacity: 0,
             nodes: BTreeMap::new(),
@@ -140,6 +154,23 @@ impl Job {
                         .unwrap_or(0);
                     let end = start + dur;
                     job.pauses.push(Slice {
+                        kind,
+                        node,
+                        track,
+                        start,
+                        end,
+                    });
+                }
+                (Some("X"), Some("wait")) => {
+                    let cause = e["args"]["cause"].as_str().unwrap_or("");
+                    let kind = WAIT_COLOURS
+                        .iter()
+                        .position(|(name, _)| *name == cause)
+                        .unwrap_or(0);
+                    let stage = e["args"]["stage"].as_str().unwrap_or("?").to_string();
+                    job.wait_names.insert(track, stage);
+                    let end = start + dur;
+                    job.waits.push(Slice {
                         kind,
                         node,
                         track,
@@ -276,6 +307,43 @@ impl Job {
             self.pauses.len()
         );
         stacked(html, &series, top.ceil(), self.end, |v| format!("{v:.0}"));
+    }
+
+    /// A lane per stage that waited, with when and why.
+    fn wait_lanes(&self, html: &mut String) {
+        html.push_str("<h2>Stages waiting for a slot or memory</h2>\n<p class=\"note\">");
+        for (name, colour) in WAIT_COLOURS {
+            let _ = write!(
+                html,
+                "<span class=\"swatch\" style=\"background:{colour}\"></span>{name} &nbsp; "
+            );
+        }
+        html.push_str("A stage waits when it has inputs but no free slot fits it, or when its outputs would not fit in memory.</p>\n");
+        let lane = 2.0 * LANE;
+        let height = self.wait_names.len().max(1) as f64 * lane;
+        let mut svg = Chart::new(height, self.end, 0.0, |_| String::new());
+        for (row, (track, name)) in self.wait_names.iter().enumerate() {
+            let y = svg.top + row as f64 * lane;
+            let _ = write!(
+                svg.body,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                LEFT - 6.0,
+                y + lane - 5.0,
+                escape(&name.chars().take(12).collect::<String>())
+            );
+            for w in self.waits.iter().filter(|w| w.track == *track) {
+                let (x0, x1) = (svg.x(w.start), svg.x(w.end));
+                let _ = write!(
+                    svg.body,
+                    "<rect x=\"{x0:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"/>",
+                    y + 2.0,
+                    (x1 - x0).max(0.5),
+                    lane - 4.0,
+                    WAIT_COLOURS[w.kind].1
+                );
+            }
+        }
+        svg.finish(html);
     }
 
     /// A lane per node and slot with the tasks it ran.
@@ -487,7 +555,7 @@ mod tests {
     use streambatch_core::{StageId, TaskId};
 
     use super::*;
-    use crate::stats::{Event, EventKind, JobStats, OperatorStats, StoreSample};
+    use crate::stats::{Event, EventKind, JobStats, OperatorStats, StoreSample, Wait, WaitSpan};
 
     #[test]
     fn a_page_draws_each_stage_the_store_and_the_lanes() {
@@ -523,6 +591,12 @@ mod tests {
             }],
             store_capacity: 4 << 20,
             wall: Duration::from_secs(1),
+            waits: vec![WaitSpan {
+                stage: StageId(1),
+                wait: Wait::NoSlot,
+                from: Duration::from_millis(100),
+                to: Duration::from_millis(400),
+            }],
             ..Default::default()
         };
         let html = page(&super::super::chrome_trace(&stats), "t.json").unwrap();
@@ -535,10 +609,14 @@ mod tests {
         );
         assert_eq!(
             html.matches("<rect x").count(),
-            4 + 2,
-            "4 backgrounds, 2 tasks"
+            5 + 2 + 1,
+            "5 backgrounds, 2 tasks, 1 wait"
         );
         assert!(html.contains("2 tasks on 1 node(s)"));
+        assert!(
+            html.contains(&format!("fill=\"{}\"", WAIT_COLOURS[0].1)),
+            "no slot drawn"
+        );
         assert!(
             !html.contains("<script") && !html.contains("src="),
             "fetches nothing"
