@@ -2,8 +2,8 @@
 //!
 //! The main job: batch inference over a synthetic image dataset on the
 //! embedded one-node default, or with `--cluster FILE` on the cluster whose
-//! head FILE names (the same code; see the README). Makes `data/images/` (400 64x64x3 images in 8
-//! Parquet files, fixed seed) if absent, then runs
+//! head FILE names (the same code; see the README). Makes `data/images/` (64,000 64x64x3 images in
+//! 128 Parquet files, 750 MiB, fixed seed) if absent, then runs
 //! read_parquet -> preprocess (CPU) -> embed (a 12,288 x 256 matmul: a WGSL
 //! kernel on the GPU where an adapter exists, else a stateful CPU operator
 //! set up once per worker) -> write_parquet(out/embeddings),
@@ -21,12 +21,21 @@ use streambatch::prelude::*;
 use streambatch_bench as bench;
 
 const SEED: u64 = 42;
+/// The dataset: 128 Parquet files of 500 images (750 MiB), enough that the progress
+/// bars move for several seconds on a laptop's cores.
+const FILES: usize = 128;
+const IMAGES_PER_FILE: usize = 500;
 
 fn main() -> Result<()> {
     let images = Path::new("data/images");
-    if !images.exists() {
-        println!("making 400 synthetic images in {}", images.display());
-        bench::make_images(images, 8, 50, SEED)?;
+    // The last file missing: the data is absent, or an older, smaller set.
+    if !images
+        .join(format!("images-{:03}.parquet", FILES - 1))
+        .exists()
+    {
+        let n = FILES * IMAGES_PER_FILE;
+        println!("making {n} synthetic images in {}", images.display());
+        bench::make_images(images, FILES, IMAGES_PER_FILE, SEED)?;
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let ctx = match args.as_slice() {

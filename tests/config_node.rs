@@ -116,3 +116,23 @@ fn failure_keys_are_read_and_checked() {
         "{err}"
     );
 }
+
+#[test]
+fn observability_keys_are_read_and_checked() {
+    let shipped = NodeConfig::default();
+    assert!(shipped.record_timeline && shipped.metrics_addr.is_none());
+    let c = NodeConfig::from_toml_str(
+        "record_timeline = false\nmetrics_addr = \"127.0.0.1:9464\"\n",
+        "obs.toml",
+    )
+    .unwrap();
+    assert!(!c.record_timeline);
+    assert_eq!(c.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+    let err = NodeConfig::from_toml_str("metrics_addr = \"nowhere\"\n", "obs.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("metrics_addr") && err.contains("obs.toml"),
+        "{err}"
+    );
+}

@@ -54,3 +54,38 @@ write_parquet = "out"
     }
     assert!(!dir.path().join("out").exists(), "--explain ran the job");
 }
+
+#[test]
+fn debug_logs_show_each_scheduling_decision_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipeline = dir.path().join("p.toml");
+    std::fs::write(
+        &pipeline,
+        r#"
+[node]
+cpus = 2
+[source]
+range = { n = 1000, partitions = 10 }
+[sink]
+count = true
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_streambatch"))
+        .arg("run")
+        .arg(&pipeline)
+        .env("RUST_LOG", "streambatch=debug")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let starts: Vec<&str> = log.lines().filter(|l| l.contains("start a task")).collect();
+    assert_eq!(starts.len(), 10, "one per split:\n{log}");
+    for line in starts {
+        assert!(
+            line.contains("stage=range") && line.contains("reason=an input waits"),
+            "{line}"
+        );
+    }
+}

@@ -1144,13 +1144,32 @@ impl<P: Part> JobState<P> {
         if self.draining[node] && !paused_here() {
             return false;
         }
-        match policy::next_decision(&self.snapshot(memory, node)) {
+        let snapshot = self.snapshot(memory, node);
+        match policy::next_decision(&snapshot) {
             Some(decision) => {
+                if tracing::enabled!(target: "streambatch::schedule", tracing::Level::DEBUG) {
+                    self.log_decision(&snapshot, decision, node);
+                }
                 self.carry_out(decision, node, false);
                 true
             }
             None => false,
         }
+    }
+
+    /// Logs a decision with its reason (`RUST_LOG=streambatch=debug`).
+    fn log_decision(&self, snapshot: &Snapshot, decision: Decision, node: usize) {
+        let (what, stage) = match decision {
+            Decision::Resume { stage, .. } => ("resume a task", stage),
+            Decision::Dispatch { stage } => ("start a task", stage),
+        };
+        tracing::debug!(
+            target: "streambatch::schedule",
+            stage = %self.shapes[stage].name,
+            node,
+            reason = %policy::reason(snapshot, decision),
+            "{what}"
+        );
     }
 
     /// Some stage has an input to start a task on, or a paused task.
@@ -1354,9 +1373,11 @@ impl<P: Part> JobState<P> {
         for node in 0..self.free.len() {
             if let Some(decision) = policy::forced_decision(&self.snapshot(memory, node)) {
                 tracing::debug!(
+                    target: "streambatch::schedule",
                     ?decision,
                     node,
-                    "memory is full and nothing can run: letting a task spill"
+                    reason = "memory is full and nothing can run",
+                    "let a task spill"
                 );
                 self.carry_out(decision, node, true);
                 return true;

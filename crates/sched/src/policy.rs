@@ -99,6 +99,44 @@ pub fn forced_decision(snapshot: &Snapshot) -> Option<Decision> {
         .map(|(stage, _)| Decision::Dispatch { stage })
 }
 
+/// Why `decision` was taken on `snapshot`, for the debug log: what it does,
+/// and why each stage nearer the sink was passed over.
+pub fn reason(snapshot: &Snapshot, decision: Decision) -> String {
+    let (stage, why) = match decision {
+        Decision::Resume { stage, .. } => (stage, "its paused output fits memory now"),
+        Decision::Dispatch { stage } => (
+            stage,
+            "an input waits, a slot fits and its output fits its budget",
+        ),
+    };
+    let passed: Vec<String> = snapshot
+        .stages
+        .iter()
+        .enumerate()
+        .skip(stage + 1)
+        .filter_map(|(i, v)| passed_over(v, &snapshot.free).map(|r| format!("stage {i} {r}")))
+        .collect();
+    if passed.is_empty() {
+        why.to_string()
+    } else {
+        format!("{why}; nearer the sink, {}", passed.join(", "))
+    }
+}
+
+/// Why the policy runs nothing of a stage now; `None` when it has nothing
+/// to run.
+fn passed_over(view: &StageView, free: &Resources) -> Option<&'static str> {
+    if view.waiting_inputs == 0 && view.paused.is_empty() {
+        None
+    } else if !view.resources.fits_in(free) {
+        Some("has no free slot")
+    } else if view.max_running.is_some_and(|m| view.running >= m) {
+        Some("has its pool full")
+    } else {
+        Some("is over its memory budget")
+    }
+}
+
 /// Applies a decision to a snapshot, as the executor will to its state, so
 /// that the next call sees its effect.
 pub fn apply(snapshot: &mut Snapshot, decision: Decision) {
@@ -143,6 +181,28 @@ mod tests {
             out.push(d);
         }
         out
+    }
+
+    #[test]
+    fn a_reason_names_the_stages_nearer_the_sink_it_passed_over() {
+        let mut full = stage(3, Resources::cpu(1.0));
+        full.budget_fits_typical = false;
+        let s = Snapshot {
+            stages: vec![
+                stage(5, Resources::cpu(1.0)),
+                stage(0, Resources::cpu(1.0)),
+                full,
+                stage(2, Resources::gpu(1.0)),
+            ],
+            free: Resources::cpu(2.0),
+        };
+        let decision = next_decision(&s).unwrap();
+        assert_eq!(decision, Decision::Dispatch { stage: 0 });
+        assert_eq!(
+            reason(&s, decision),
+            "an input waits, a slot fits and its output fits its budget; nearer the sink, \
+             stage 2 is over its memory budget, stage 3 has no free slot"
+        );
     }
 
     #[test]
