@@ -23,6 +23,11 @@ pub(crate) struct Recorder {
     paused: HashMap<TaskId, (Duration, PauseCause)>,
     /// Per stage, what it waits for and since when.
     waiting: Vec<Option<(Wait, Duration)>>,
+    /// Events not yet in the shared stats: they go there once per decision
+    /// pass ([`Recorder::stages_now`]) rather than a lock per event.
+    pending: Vec<Event>,
+    /// Events recorded so far, pending ones included.
+    recorded: usize,
 }
 
 /// A stage as the job state sees it after deciding.
@@ -55,6 +60,8 @@ impl Recorder {
             timeline: true,
             paused: HashMap::new(),
             waiting: vec![None; stages],
+            pending: Vec::new(),
+            recorded: 0,
         }
     }
 
@@ -136,21 +143,19 @@ impl Recorder {
             let cause = cause.unwrap_or(PauseCause::OutputBudget);
             self.paused.insert(task, (at, cause));
         }
-        if !self.timeline {
+        if !self.timeline || self.recorded >= MAX_EVENTS {
             return;
         }
-        let mut stats = self.stats();
-        if stats.events.len() < MAX_EVENTS {
-            stats.events.push(Event {
-                stage: StageId(stage),
-                task,
-                kind,
-                at,
-                node: node as u32,
-                bytes,
-                cause,
-            });
-        }
+        self.recorded += 1;
+        self.pending.push(Event {
+            stage: StageId(stage),
+            task,
+            kind,
+            at,
+            node: node as u32,
+            bytes,
+            cause,
+        });
     }
 
     /// A task of `stage` started or resumed; `running` of its tasks run now.
@@ -250,7 +255,8 @@ impl Recorder {
                 *was = wait.map(|w| (w, at));
             }
         }
-        let mut stats = self.stats();
+        let mut stats = lock(&self.live);
+        stats.events.extend(self.pending.drain(..));
         for (op, n) in stats.operators.iter_mut().zip(now) {
             op.queued = n.queued as u64;
             op.held_bytes = n.held_bytes;
@@ -267,7 +273,9 @@ impl Recorder {
         let wall = self.started.elapsed();
         let paused = std::mem::take(&mut self.paused);
         let waiting = std::mem::take(&mut self.waiting);
+        let pending = std::mem::take(&mut self.pending);
         let mut stats = self.stats();
+        stats.events.extend(pending);
         for (stage, open) in waiting.into_iter().enumerate() {
             if let Some((wait, from)) = open.filter(|_| self.timeline) {
                 let span = WaitSpan {
@@ -299,7 +307,9 @@ impl Recorder {
     /// A copy of the stats so far.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> JobStats {
-        self.stats().clone()
+        let mut stats = self.stats().clone();
+        stats.events.extend(self.pending.iter().copied());
+        stats
     }
 }
 
