@@ -256,7 +256,7 @@ impl Recorder {
             }
         }
         let mut stats = lock(&self.live);
-        stats.events.extend(self.pending.drain(..));
+        stats.events.append(&mut self.pending);
         for (op, n) in stats.operators.iter_mut().zip(now) {
             op.queued = n.queued as u64;
             op.held_bytes = n.held_bytes;
