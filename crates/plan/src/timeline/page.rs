@@ -240,7 +240,7 @@ impl Job {
             .collect();
         let slots = self.lane_count(&self.tasks);
         html.push_str("<h2>Slots busy, by operator</h2>\n<p class=\"note\">How many of the job's slots each stage held, averaged over short windows; the top is the most tasks the job ran at once.</p>\n");
-        stacked(html, &series, slots as f64, self.end, |v| format!("{v:.0}"));
+        stacked(html, &series, slots as f64, self.end, count);
     }
 
     /// The store's bytes (a step line) under its capacity (dashed).
@@ -306,7 +306,7 @@ impl Job {
             "({} pauses, {seconds:.2} task-seconds). A task pauses when its output does not fit its stage's budget or the store; it resumes when memory frees.</p>",
             self.pauses.len()
         );
-        stacked(html, &series, top.ceil(), self.end, |v| format!("{v:.0}"));
+        stacked(html, &series, top.ceil(), self.end, count);
     }
 
     /// A lane per stage that waited, with when and why.
@@ -401,6 +401,15 @@ impl Job {
         lanes.sort_unstable();
         lanes.dedup();
         lanes.len().max(1)
+    }
+}
+
+/// A count on an axis: whole, or to a tenth (half of an axis up to 1).
+fn count(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
     }
 }
 
