@@ -5,7 +5,7 @@
 //! head FILE names (the same code; see the README). Makes `data/images/` (64,000 64x64x3 images in
 //! 128 Parquet files, 750 MiB, fixed seed) if absent, then runs
 //! read_parquet -> preprocess (CPU) -> embed (a 12,288 x 256 matmul: a WGSL
-//! kernel on the GPU where an adapter exists, else a stateful CPU operator
+//! kernel on the GPU where a hardware adapter exists, else a stateful CPU operator
 //! set up once per worker) -> write_parquet(out/embeddings),
 //! with live progress per operator and a stats table at the end. It checks
 //! every embedding against a direct computation.
@@ -64,16 +64,23 @@ fn main() -> Result<()> {
     let pixels = ctx
         .read_parquet("data/images")?
         .map_batches(registry.udf("preprocess", b"")?, Resources::cpu(1.0));
-    // The embedding runs as a WGSL kernel where this process found a GPU
-    // adapter, and as a CPU matmul (set up once per worker) otherwise.
+    // The embedding runs as a WGSL kernel where this process found a real
+    // GPU, and as a CPU matmul (set up once per worker) otherwise: a
+    // software rasterizer (lavapipe) embeds far slower than the matmul.
+    let software_only = args.is_empty() && !streambatch::GpuPool::global().has_hardware();
     let ds = match ctx.gpu_devices().first() {
-        Some(device) => {
+        Some(device) if !software_only => {
             println!("embedding on the GPU: {device}");
             let embed = registry.udf("gpu_embedder", &seed)?;
             pixels.map_batches(embed, Resources::gpu(1.0).batch_rows(64))
         }
-        None => {
-            println!("embedding on the CPU");
+        found => {
+            match found {
+                Some(device) => {
+                    println!("embedding on the CPU ({device} is a software rasterizer)")
+                }
+                None => println!("embedding on the CPU"),
+            }
             let cpus = ctx.config().cpus.ceil().max(1.0) as usize;
             let embed = registry.udf("cpu_embedder", &seed)?;
             pixels.map_batches(embed, Resources::cpu(1.0).batch_rows(64).pool(1, cpus))

@@ -44,6 +44,8 @@ impl AdapterChoice {
 pub struct GpuDevice {
     /// "adapter name (backend)".
     pub label: String,
+    /// A software rasterizer (Mesa's lavapipe, llvmpipe) running on the CPU.
+    pub software: bool,
     adapter: wgpu::Adapter,
     opened: OnceLock<Result<(wgpu::Device, wgpu::Queue), wgpu::RequestDeviceError>>,
 }
@@ -115,6 +117,7 @@ impl GpuPool {
             .map(|(adapter, info)| {
                 Arc::new(GpuDevice {
                     label: format!("{} ({:?})", info.name, info.backend),
+                    software: info.device_type == wgpu::DeviceType::Cpu,
                     adapter,
                     opened: OnceLock::new(),
                 })
@@ -147,6 +150,11 @@ impl GpuPool {
     /// The adapters' labels ("name (backend)"), one per GPU slot.
     pub fn labels(&self) -> Vec<String> {
         self.devices.iter().map(|d| d.label.clone()).collect()
+    }
+
+    /// Whether some adapter is a real GPU, not a software rasterizer.
+    pub fn has_hardware(&self) -> bool {
+        self.devices.iter().any(|d| !d.software)
     }
 
     /// How many GPU slots the pool gives.
