@@ -287,11 +287,19 @@ fn toml_pipeline_on(cluster: &Cluster) {
     run(&["run", "local.toml"]);
     let driver = cluster.driver_config();
     let stdout = run(&["run", "cluster.toml", "--cluster", driver.to_str().unwrap()]);
-    // Every node ran tasks: "node NAME: N tasks; ..."
-    let per_node: Vec<&str> = stdout.lines().filter(|l| l.starts_with("node ")).collect();
+    // Every node ran tasks: the stats' node table has a row per node,
+    // "NAME TASKS ...", between its "node tasks ..." header and the
+    // closing "wall ..." line.
+    let per_node: Vec<Vec<&str>> = stdout
+        .lines()
+        .skip_while(|l| !(l.starts_with("node ") && l.contains("tasks")))
+        .skip(1)
+        .take_while(|l| !l.starts_with("wall "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .collect();
     assert_eq!(per_node.len(), cluster.nodes.len(), "{stdout}");
-    for line in per_node {
-        assert!(!line.contains(": 0 tasks"), "{line}\n{stdout}");
+    for row in per_node {
+        assert_ne!(row[1], "0", "{row:?} ran no task\n{stdout}");
     }
     let local = Context::with_config(streambatch::NodeConfig {
         gpus: Some(0.0),
