@@ -222,6 +222,14 @@ pub struct Pauses {
 }
 
 impl Pauses {
+    /// Adds `other`'s pauses to these.
+    pub fn merge(&mut self, other: &Pauses) {
+        self.output_budget_count += other.output_budget_count;
+        self.output_budget += other.output_budget;
+        self.store_full_count += other.store_full_count;
+        self.store_full += other.store_full;
+    }
+
     /// Counts a pause of `cause` that lasted `time`.
     pub fn add(&mut self, cause: PauseCause, time: Duration) {
         match cause {

@@ -95,11 +95,7 @@ impl Tally {
         for e in &stats.errored {
             self.stages.entry(e.stage.clone()).or_default().skipped += 1;
         }
-        let p = &stats.pauses;
-        self.pauses.output_budget_count += p.output_budget_count;
-        self.pauses.output_budget += p.output_budget;
-        self.pauses.store_full_count += p.store_full_count;
-        self.pauses.store_full += p.store_full;
+        self.pauses.merge(&stats.pauses);
         self.lost_partitions += stats.recovery.lost_partitions;
         self.remade_partitions += stats.recovery.remade_partitions;
         if ended {
@@ -289,11 +285,7 @@ impl Tally {
             mine.rows += s.rows;
             mine.bytes += s.bytes;
         }
-        let (p, q) = (&mut self.pauses, &other.pauses);
-        p.output_budget_count += q.output_budget_count;
-        p.output_budget += q.output_budget;
-        p.store_full_count += q.store_full_count;
-        p.store_full += q.store_full;
+        self.pauses.merge(&other.pauses);
         self.lost_partitions += other.lost_partitions;
         self.remade_partitions += other.remade_partitions;
         self.jobs_ended += other.jobs_ended;
