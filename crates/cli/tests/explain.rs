@@ -2,14 +2,29 @@
 //! running it: the logical plan, the fused stages with their resources and
 //! pools, and the store memory reserved for each stage's outputs.
 
-use std::process::Command;
+use std::process::{Command, Output};
+
+/// Runs `streambatch run p.toml FLAGS` on `pipeline` (TOML) in a directory
+/// of its own, with `env` set.
+fn run(pipeline: &str, flags: &[&str], env: &[(&str, &str)]) -> (tempfile::TempDir, Output) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, pipeline).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_streambatch"))
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&file)
+        .args(flags)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    (dir, out)
+}
 
 #[test]
 fn run_explain_prints_the_plan_its_stages_and_their_memory_and_runs_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let pipeline = dir.path().join("p.toml");
-    std::fs::write(
-        &pipeline,
+    let (dir, out) = run(
         r#"
 [node]
 store_capacity = "64MiB"
@@ -33,15 +48,9 @@ n = 100
 [sink]
 write_parquet = "out"
 "#,
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_streambatch"))
-        .arg("run")
-        .arg(&pipeline)
-        .arg("--explain")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        &["--explain"],
+        &[],
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     for line in [
         "logical plan: range (10 splits) -> select -> repartition 4 -> limit 100",
@@ -57,10 +66,7 @@ write_parquet = "out"
 
 #[test]
 fn debug_logs_show_each_scheduling_decision_with_its_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    let pipeline = dir.path().join("p.toml");
-    std::fs::write(
-        &pipeline,
+    let (_dir, out) = run(
         r#"
 [node]
 cpus = 2
@@ -69,16 +75,9 @@ range = { n = 1000, partitions = 10 }
 [sink]
 count = true
 "#,
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_streambatch"))
-        .arg("run")
-        .arg(&pipeline)
-        .env("RUST_LOG", "streambatch=debug")
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+        &[],
+        &[("RUST_LOG", "streambatch=debug"), ("NO_COLOR", "1")],
+    );
     let log = String::from_utf8_lossy(&out.stderr);
     let starts: Vec<&str> = log.lines().filter(|l| l.contains("start a task")).collect();
     assert_eq!(starts.len(), 10, "one per split:\n{log}");

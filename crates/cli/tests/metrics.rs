@@ -40,21 +40,12 @@ fn value(samples: &[prometheus_parse::Sample], metric: &str, labels: &[(&str, &s
 #[test]
 fn a_scraped_node_reports_what_the_jobs_stats_report() {
     let ctx = Context::with_config(NodeConfig {
-        cpus: 8.0,
-        gpus: Some(4.0),
-        store_capacity: 3 << 20,
         metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
-        ..NodeConfig::default()
+        ..common::small_w1_node()
     })
     .unwrap();
     let addr = ctx.metrics_addr().expect("the endpoint listens");
-    let shape = Shape {
-        rows: 80,
-        partitions: 16,
-        row_bytes: 128 << 10,
-        millis: (20, 5, 5),
-    };
-    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+    let ds = common::small_w1(&ctx);
 
     // While it runs: one job, no more tasks than slots.
     let mut batches = ds.iter_batches().unwrap();

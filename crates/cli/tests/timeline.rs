@@ -4,13 +4,14 @@
 //! (`streambatch timeline`) rendered by headless Chromium is not blank.
 //! `SB_KEEP_TRACE=DIR` keeps the trace, page and screenshot in DIR.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use streambatch::{Context, Dataset, JobStats, NodeConfig};
-use streambatch_bench::{Shape, registry, w1_pipeline};
 
 /// Runs a W1-shaped job on a store small enough that outputs wait for
 /// memory, and writes its trace into `dir`.
@@ -23,20 +24,11 @@ fn record_w1(dir: &Path) -> (PathBuf, JobStats) {
 
 fn run_w1(record_timeline: bool) -> Dataset {
     let ctx = Context::with_config(NodeConfig {
-        cpus: 8.0,
-        gpus: Some(4.0),
-        store_capacity: 3 << 20,
         record_timeline,
-        ..NodeConfig::default()
+        ..common::small_w1_node()
     })
     .unwrap();
-    let shape = Shape {
-        rows: 80,
-        partitions: 16,
-        row_bytes: 128 << 10,
-        millis: (20, 5, 5),
-    };
-    let ds = w1_pipeline(ctx.range(shape.rows, shape.partitions), &registry(), shape).unwrap();
+    let ds = common::small_w1(&ctx);
     assert_eq!(ds.count().unwrap(), 80);
     ds
 }

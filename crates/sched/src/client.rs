@@ -23,7 +23,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use crate::agent::AgentMsg;
 use crate::cluster::{load_identity, peer_timeout, runtime};
 use crate::error::ClusterError;
-use crate::executor::{ExecutorArgs, Nodes, sizing};
+use crate::executor::{ExecutorArgs, Nodes};
 use crate::groups::{head_group, node_group, remote_member};
 use crate::msg::ExecutorMsg;
 use crate::output::JobOutput;
@@ -174,7 +174,7 @@ impl ClusterClient {
         members: Vec<NodeInfo>,
     ) -> Result<(Vec<RemoteNode>, JobStart)> {
         let smallest = members.iter().map(|n| n.store_capacity).min().unwrap_or(1);
-        let (target_bytes, reserve) = sizing(plan, self.config.target_partition_bytes, smallest);
+        let (target_bytes, reserve) = plan.sizing(self.config.target_partition_bytes, smallest);
         let start = JobStart {
             key: key.clone(),
             plan: spec.clone(),

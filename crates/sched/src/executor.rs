@@ -122,12 +122,6 @@ struct Remote {
     adopting: HashMap<(String, u64), (Origin, usize)>,
 }
 
-/// Partition size and each stage's memory reserve: partitions small enough
-/// that every stage's reserve holds one in the smallest store.
-pub(crate) fn sizing(plan: &ExecPlan, target: u64, capacity: u64) -> (u64, Vec<u64>) {
-    plan.sizing(target, capacity)
-}
-
 /// Memory as the local store and the job's budgets have it now.
 struct LiveMemory<'a> {
     budgets: &'a Budgets,
@@ -191,7 +185,7 @@ impl Actor for Executor {
             Nodes::Local { manager, store } => {
                 let capacity = store.stats().capacity_bytes;
                 let (target_bytes, reserve) =
-                    sizing(&plan, args.config.target_partition_bytes, capacity);
+                    plan.sizing(args.config.target_partition_bytes, capacity);
                 let budgets = Budgets::new(capacity, reserve, notify());
                 let ctx = Arc::new(JobCtx {
                     job: args.job,
@@ -225,7 +219,7 @@ impl Actor for Executor {
             } => {
                 let _ = port.set(me.clone());
                 let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
-                let (_, reserve) = sizing(&plan, args.config.target_partition_bytes, smallest);
+                let (_, reserve) = plan.sizing(args.config.target_partition_bytes, smallest);
                 let shadows = nodes
                     .iter()
                     .map(|n| Budgets::new(n.capacity, reserve.clone(), notify()))

@@ -59,7 +59,7 @@ struct Jobs {
 }
 
 /// Counts summed over jobs.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Tally {
     stages: BTreeMap<String, StageTally>,
     pauses: Pauses,
@@ -69,7 +69,7 @@ struct Tally {
     jobs_running: u64,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct StageTally {
     finished: u64,
     running: u64,
@@ -133,12 +133,11 @@ impl NodeMetrics {
         let tally = {
             let mut jobs = self.lock();
             jobs.fold_ended();
-            let mut tally = Tally::default();
+            let mut tally = jobs.ended.clone();
             for live in &jobs.watched {
                 let stats = live.lock().unwrap_or_else(|p| p.into_inner());
                 tally.add(&stats, !stats.wall.is_zero());
             }
-            tally.merge(&jobs.ended);
             tally
         };
         let mut text = String::new();
@@ -271,25 +270,6 @@ impl Jobs {
             }
             !gone
         });
-    }
-}
-
-impl Tally {
-    fn merge(&mut self, other: &Tally) {
-        for (name, s) in &other.stages {
-            let mine = self.stages.entry(name.clone()).or_default();
-            mine.finished += s.finished;
-            mine.running += s.running;
-            mine.retried += s.retried;
-            mine.skipped += s.skipped;
-            mine.rows += s.rows;
-            mine.bytes += s.bytes;
-        }
-        self.pauses.merge(&other.pauses);
-        self.lost_partitions += other.lost_partitions;
-        self.remade_partitions += other.remade_partitions;
-        self.jobs_ended += other.jobs_ended;
-        self.jobs_running += other.jobs_running;
     }
 }
 

@@ -337,3 +337,27 @@ pub fn members(cluster: &Cluster) -> Vec<String> {
         .filter_map(|l| l.split_whitespace().next().map(String::from))
         .collect()
 }
+
+/// The node of the W1-shaped tests: 8 CPU and 4 GPU slots, and a 3 MiB
+/// store, small enough that outputs wait for memory.
+pub fn small_w1_node() -> streambatch::NodeConfig {
+    streambatch::NodeConfig {
+        cpus: 8.0,
+        gpus: Some(4.0),
+        store_capacity: 3 << 20,
+        ..Default::default()
+    }
+}
+
+/// A W1-shaped job for tests on `ctx`: 80 rows of 128 KiB in 16
+/// partitions, quick sleeps (not run yet).
+pub fn small_w1(ctx: &streambatch::Context) -> streambatch::Dataset {
+    let shape = streambatch_bench::Shape {
+        rows: 80,
+        partitions: 16,
+        row_bytes: 128 << 10,
+        millis: (20, 5, 5),
+    };
+    let source = ctx.range(shape.rows, shape.partitions);
+    streambatch_bench::w1_pipeline(source, &streambatch_bench::registry(), shape).unwrap()
+}
