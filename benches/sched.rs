@@ -1,8 +1,9 @@
 //! cargo bench --bench sched
 //!
 //! The scheduler's cost per task: jobs of no-op tasks through the whole
-//! executor (W3's shape), one decision of the pure policy, and the job
-//! state machine's fault simulation on 1,000 virtual nodes.
+//! executor (W3's shape), one decision of the pure policy, the job state
+//! machine's fault simulation on 1,000 virtual nodes, and W3's shape in the
+//! job state with and without recording the timeline.
 
 use arrow_array::RecordBatch;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -12,22 +13,31 @@ use streambatch_sched::policy::{Snapshot, StageView, next_decision};
 use streambatch_sched::sim;
 
 fn dispatch_noop_tasks(c: &mut Criterion) {
-    let ctx = Context::with_config(NodeConfig {
-        gpus: Some(0.0),
-        store_capacity: 256 << 20,
-        ..NodeConfig::default()
-    })
-    .expect("a node");
     let mut group = c.benchmark_group("sched");
     group.throughput(Throughput::Elements(500));
-    group.bench_function("500 no-op tasks", |b| {
-        b.iter(|| {
-            let ds = ctx
-                .range(5_000, 500)
-                .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
-            assert_eq!(ds.count().expect("runs"), 5_000);
+    // Recording the timeline (on by default) against not: one run, the
+    // same tasks, so their ratio is what recording costs the executor.
+    for record_timeline in [true, false] {
+        let ctx = Context::with_config(NodeConfig {
+            gpus: Some(0.0),
+            store_capacity: 256 << 20,
+            record_timeline,
+            ..NodeConfig::default()
         })
-    });
+        .expect("a node");
+        let name = match record_timeline {
+            true => "500 no-op tasks".to_string(),
+            false => "500 no-op tasks, record_timeline = false".to_string(),
+        };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let ds = ctx
+                    .range(5_000, 500)
+                    .map_batches(|b: RecordBatch| Ok::<_, UdfError>(b), Resources::cpu(1.0));
+                assert_eq!(ds.count().expect("runs"), 5_000);
+            })
+        });
+    }
     let view = |waiting| StageView {
         waiting_inputs: waiting,
         paused: vec![],
@@ -55,6 +65,23 @@ fn dispatch_noop_tasks(c: &mut Criterion) {
     group.bench_function("job state: 1,000 virtual nodes", |b| {
         b.iter(|| sim::run(&scenario).expect("the simulated job ends"))
     });
+    // What recording the timeline costs the job state per task: W3's
+    // 2,000 splits on one node of 2 slots, no faults, with and without.
+    for record_timeline in [false, true] {
+        let scenario = sim::Scenario {
+            nodes: 1,
+            cpus: 2.0,
+            faults: vec![],
+            record_timeline,
+            ..sim::Scenario::wide(1, 2_000)
+        };
+        let run = sim::run(&scenario).expect("the simulated job ends");
+        group.throughput(Throughput::Elements(run.tasks));
+        let name = format!("job state: W3's shape, record_timeline = {record_timeline}");
+        group.bench_function(name, |b| {
+            b.iter(|| sim::run(&scenario).expect("the simulated job ends"))
+        });
+    }
     group.finish();
 }
 

@@ -445,6 +445,21 @@ fn a_repartition_larger_than_the_store_spills_instead_of_stalling() {
     let stats = ds.stats().unwrap();
     assert!(stats.spilled_bytes > 0, "nothing spilled");
     assert!(stats.peak_store_bytes <= cap && ctx.store_stats().peak_bytes <= cap);
+    // The timeline's samples count the spilled bytes up to the job's total.
+    let spilled: Vec<u64> = stats.store_samples.iter().map(|s| s.spilled).collect();
+    assert!(spilled.is_sorted(), "spilled bytes went down: {spilled:?}");
+    assert_eq!(spilled.last(), Some(&stats.spilled_bytes));
+
+    // A second job on the same store counts its own spills only.
+    let before = ctx.store_stats().spilled_bytes;
+    assert_eq!(ds.count().unwrap(), 48);
+    let again = ds.stats().unwrap();
+    assert!(again.spilled_bytes > 0, "the second job spilled nothing");
+    assert_eq!(
+        again.spilled_bytes,
+        ctx.store_stats().spilled_bytes - before,
+        "{again}"
+    );
 }
 
 #[test]

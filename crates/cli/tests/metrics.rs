@@ -169,7 +169,13 @@ fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stat
             } else {
                 NodeSpec::cpu(name, 2)
             };
-            spec.with_env("STREAMBATCH_METRICS_ADDR", &addr.to_string())
+            let spec = spec.with_env("STREAMBATCH_METRICS_ADDR", &addr.to_string());
+            // About one CPU task in ten panics once on each CPU node: a
+            // task fails at most twice, within the driver's 3 retries.
+            match *name {
+                "gpu" => spec,
+                _ => spec.with_env("SB_FAILPOINTS", "worker.panic=7:10"),
+            }
         })
         .collect();
     let cluster = Cluster::start(&specs);
@@ -192,20 +198,25 @@ fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stat
     let scrapes: Vec<_> = addrs.iter().map(|a| scrape(*a)).collect();
     for op in &stats.operators {
         let finished = [("stage", op.name.as_str()), ("state", "finished")];
+        let retried = [("stage", op.name.as_str()), ("state", "retried")];
         let rows = [("stage", op.name.as_str())];
-        let (mut tasks, mut out) = (0.0, 0.0);
+        let (mut tasks, mut retries, mut out) = (0.0, 0.0, 0.0);
         for samples in &scrapes {
             let has = samples
                 .iter()
                 .any(|s| s.labels.get("stage") == Some(op.name.as_str()));
             if has {
                 tasks += value(samples, "streambatch_tasks_total", &finished);
+                retries += value(samples, "streambatch_tasks_total", &retried);
                 out += value(samples, "streambatch_stage_rows_total", &rows);
             }
         }
         assert_eq!(tasks, op.tasks as f64, "{}: {stats}", op.name);
+        assert_eq!(retries, op.retries as f64, "{}: {stats}", op.name);
         assert_eq!(out, op.rows as f64, "{}: {stats}", op.name);
     }
+    let retries: u64 = stats.operators.iter().map(|o| o.retries).sum();
+    assert!(retries > 0, "no worker panicked: {stats}");
     for (name, samples) in names.iter().zip(&scrapes) {
         let node = stats.nodes.iter().find(|n| n.name == *name).unwrap();
         let here: f64 = samples

@@ -164,8 +164,10 @@ pub struct Event {
 pub struct StoreSample {
     /// Since the job started.
     pub at: Duration,
-    /// Bytes held (on every node of the job).
+    /// Bytes held in memory (on every node of the job).
     pub used: u64,
+    /// Bytes written to spill files so far (on every node of the job).
+    pub spilled: u64,
 }
 
 /// The stats of one job.

@@ -3,7 +3,7 @@
 //! tasks it ran, each partition they yielded with its size) and tracks of
 //! paused tasks with their cause, a track per stage with the times it
 //! waited for a slot or memory, and the job's store bytes against the
-//! store's capacity.
+//! store's capacity, with the bytes it spilled to disk so far.
 //!
 //! Slots are laid out from the events: a task takes the lowest track of its
 //! node free when it starts or resumes, and gives it back when it pauses,
@@ -98,8 +98,13 @@ impl<'a> Trace<'a> {
         })];
         let capacity = stats.store_capacity;
         events.push(counter("store capacity", Duration::ZERO, capacity));
+        let mut spilled = 0;
         for s in &stats.store_samples {
             events.push(counter("store bytes", s.at, s.used));
+            if s.spilled != spilled {
+                spilled = s.spilled;
+                events.push(counter("spilled bytes", s.at, spilled));
+            }
         }
         Self {
             stats,

@@ -249,8 +249,14 @@ impl Actor for Executor {
                 (Backend::Remote(remote), free, total)
             }
         };
-        let recorder =
-            Recorder::new(args.live, names, capacity).record_timeline(args.config.record_timeline);
+        // A cluster node's relay counts spills from the job's start itself.
+        let spilled_before = match &backend {
+            Backend::Local(local) => local.store.stats().spilled_bytes,
+            Backend::Remote(_) => 0,
+        };
+        let recorder = Recorder::new(args.live, names, capacity)
+            .record_timeline(args.config.record_timeline)
+            .spilled_before(spilled_before);
         if let Backend::Remote(remote) = &backend {
             let names: Vec<String> = remote.nodes.iter().map(|n| n.name.clone()).collect();
             recorder.nodes(&names);
@@ -550,7 +556,8 @@ impl ExecState {
                 self.apply(action);
             }
         }
-        self.job.recorder().store_used(self.store_used());
+        let (used, spilled) = self.store_now();
+        self.job.recorder().store_now(used, spilled);
         if let Backend::Local(local) = &mut self.backend
             && std::mem::take(&mut local.manager_stopped)
         {
@@ -565,10 +572,17 @@ impl ExecState {
         }
     }
 
-    fn store_used(&self) -> u64 {
+    /// Bytes the job's stores hold in memory now, and have spilled so far.
+    fn store_now(&self) -> (u64, u64) {
         match &self.backend {
-            Backend::Local(local) => local.store.stats().used_bytes,
-            Backend::Remote(remote) => remote.stores.iter().map(|s| s.used).sum(),
+            Backend::Local(local) => {
+                let stats = local.store.stats();
+                (stats.used_bytes, stats.spilled_bytes)
+            }
+            Backend::Remote(remote) => remote
+                .stores
+                .iter()
+                .fold((0, 0), |(u, s), v| (u + v.used, s + v.spilled)),
         }
     }
 
@@ -594,8 +608,8 @@ impl ExecState {
                         let _ = local.manager.cast(msg);
                     }
                     Backend::Remote(remote) => {
-                        let used = self.store_used();
-                        self.job.recorder_mut().ended(used, 0, 0);
+                        let (used, spilled) = self.store_now();
+                        self.job.recorder_mut().ended(used, spilled, 0);
                         remote.tell_all(JobOrder::End);
                     }
                 }

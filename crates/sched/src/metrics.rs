@@ -360,8 +360,8 @@ fn respond<B>(metrics: &NodeMetrics, request: &Request<B>) -> Response<Full<Byte
 }
 
 /// A cluster node's share of a job, for its metrics: the tasks the job ran
-/// here, their rows and bytes, and their pauses. The job's own stats live
-/// with its driver.
+/// here, their rows and bytes, their pauses, and the tasks that failed here
+/// for the driver to retry. The job's own stats live with its driver.
 pub(crate) struct NodeShare {
     live: Arc<Mutex<JobStats>>,
     started: std::time::Instant,
@@ -371,6 +371,19 @@ pub(crate) struct NodeShare {
 }
 
 type Paused = (std::time::Instant, streambatch_plan::PauseCause);
+
+/// How a task of a cluster node's share ended there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskEnd {
+    Finished,
+    /// It failed in a way the driver retries: its worker panicked, or a
+    /// system error (a failed put or fetch). The driver decides; the node
+    /// counts it retried, as the driver does while its retries last.
+    Retried,
+    /// Its operator failed: the driver skips it, retries it (with
+    /// `retry_user_errors`) or ends the job; the node counts none of these.
+    Errored,
+}
 
 impl NodeShare {
     /// A share of a job with these stages, counted by `metrics`.
@@ -439,15 +452,17 @@ impl NodeShare {
         }
     }
 
-    /// `task` ended here: it `finished`, or failed or was lost.
-    pub(crate) fn ended(&mut self, task: streambatch_core::TaskId, finished: bool) {
+    /// `task` ended here, as `how` says.
+    pub(crate) fn ended(&mut self, task: streambatch_core::TaskId, how: TaskEnd) {
         if let Some((stage, paused)) = self.tasks.remove(&task) {
             self.with(|s| {
                 match paused {
                     Some((since, cause)) => s.pauses.add(cause, since.elapsed()),
                     None => s.operators[stage].running -= 1,
                 }
-                s.operators[stage].tasks += u64::from(finished);
+                let op = &mut s.operators[stage];
+                op.tasks += u64::from(how == TaskEnd::Finished);
+                op.retries += u64::from(how == TaskEnd::Retried);
             });
         }
     }

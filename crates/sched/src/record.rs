@@ -28,6 +28,9 @@ pub(crate) struct Recorder {
     pending: Vec<Event>,
     /// Events recorded so far, pending ones included.
     recorded: usize,
+    /// The store's spilled bytes when the job started: a store counts from
+    /// when it opened, the job from when it started.
+    spilled_before: u64,
 }
 
 /// A stage as the job state sees it after deciding.
@@ -62,6 +65,7 @@ impl Recorder {
             waiting: vec![None; stages],
             pending: Vec::new(),
             recorded: 0,
+            spilled_before: 0,
         }
     }
 
@@ -69,6 +73,13 @@ impl Recorder {
     /// and pause time by cause are all a job then reports.
     pub(crate) fn record_timeline(mut self, on: bool) -> Self {
         self.timeline = on;
+        self
+    }
+
+    /// The store had spilled `bytes` before the job started: the job's
+    /// figures leave them out.
+    pub(crate) fn spilled_before(mut self, bytes: u64) -> Self {
+        self.spilled_before = bytes;
         self
     }
 
@@ -222,14 +233,19 @@ impl Recorder {
         self.stats().operators[stage].retries += 1;
     }
 
-    /// The store holds `used` bytes now (sampled when it changed).
-    pub(crate) fn store_used(&self, used: u64) {
+    /// The store holds `used` bytes in memory now and has spilled
+    /// `spilled` so far (sampled when either changed).
+    pub(crate) fn store_now(&self, used: u64, spilled: u64) {
+        let spilled = spilled.saturating_sub(self.spilled_before);
         let at = self.started.elapsed();
         let mut stats = self.stats();
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
-        let changed = stats.store_samples.last().is_none_or(|s| s.used != used);
+        let changed = stats
+            .store_samples
+            .last()
+            .is_none_or(|s| (s.used, s.spilled) != (used, spilled));
         if self.timeline && changed && stats.store_samples.len() < MAX_EVENTS {
-            stats.store_samples.push(StoreSample { at, used });
+            stats.store_samples.push(StoreSample { at, used, spilled });
         }
     }
 
@@ -295,7 +311,7 @@ impl Recorder {
         }
         stats.wall = wall;
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
-        stats.spilled_bytes = spilled;
+        stats.spilled_bytes = spilled.saturating_sub(self.spilled_before);
         stats.restored_bytes = restored;
     }
 

@@ -22,7 +22,7 @@ use streambatch_store::{ObjectStore, batch_bytes};
 use crate::budget::Budgets;
 use crate::groups::remote_member;
 use crate::job::{Input, Keep};
-use crate::metrics::{NodeMetrics, NodeShare};
+use crate::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::msg::NodeMsg;
 use crate::partition::{Output, Slice};
 use crate::port::PortMsg;
@@ -111,6 +111,9 @@ pub(crate) struct RelayState {
     running: std::collections::HashSet<TaskId>,
     /// What the job did here, for the node's metrics.
     share: NodeShare,
+    /// The store's spilled bytes when the job came here: the store counts
+    /// from when it opened, the job's figures from when it started.
+    spilled_before: u64,
 }
 
 /// Inputs this node pulled for the job: by shared memory, over QUIC.
@@ -169,6 +172,7 @@ impl Actor for JobRelay {
             events: myself.get_derived(),
             target_bytes: args.target_bytes,
         });
+        let spilled_before = ctx.store.stats().spilled_bytes;
         Ok(RelayState {
             key: args.key,
             node: args.node,
@@ -184,6 +188,7 @@ impl Actor for JobRelay {
             draining: false,
             running: Default::default(),
             share,
+            spilled_before,
         })
     }
 
@@ -248,7 +253,7 @@ impl RelayState {
                 used: stats.used_bytes,
                 capacity: stats.capacity_bytes,
                 frees: stats.frees,
-                spilled: stats.spilled_bytes,
+                spilled: stats.spilled_bytes.saturating_sub(self.spilled_before),
             },
             pulled: Pulled {
                 shared: self.pulled.shared.load(Ordering::Relaxed),
@@ -296,7 +301,7 @@ impl RelayState {
             }
             TaskEvent::Finished { task, busy } => {
                 self.running.remove(&task);
-                self.share.ended(task, true);
+                self.share.ended(task, TaskEnd::Finished);
                 Happened::Finished {
                     task: task.0,
                     busy_us: busy.as_micros() as u64,
@@ -307,7 +312,11 @@ impl RelayState {
             },
             TaskEvent::Errored { task, error } => {
                 self.running.remove(&task);
-                self.share.ended(task, false);
+                let how = match error.is_user_error() {
+                    true => TaskEnd::Errored,
+                    false => TaskEnd::Retried,
+                };
+                self.share.ended(task, how);
                 Happened::Errored {
                     task: task.0,
                     user_error: error.is_user_error(),
@@ -316,7 +325,7 @@ impl RelayState {
             }
             TaskEvent::Lost { task, message } => {
                 self.running.remove(&task);
-                self.share.ended(task, false);
+                self.share.ended(task, TaskEnd::Retried);
                 Happened::Lost {
                     task: task.0,
                     message,

@@ -103,6 +103,8 @@ pub struct Scenario {
     pub capacity: u64,
     /// Retries a task gets (`max_task_retries`).
     pub max_task_retries: u32,
+    /// Whether the job's recorder keeps its timeline (`record_timeline`).
+    pub record_timeline: bool,
 }
 
 impl Scenario {
@@ -141,6 +143,7 @@ impl Scenario {
             read_gap: 0..4,
             capacity: CAPACITY,
             max_task_retries: 3,
+            record_timeline: true,
         }
     }
 
@@ -169,6 +172,7 @@ impl Scenario {
             read_gap: 0..0,
             capacity: 1 << 40,
             max_task_retries: 3,
+            record_timeline: true,
         }
     }
 }
@@ -340,7 +344,8 @@ impl<'a> Sim<'a> {
             Arc::new(Mutex::new(JobStats::default())),
             names,
             scenario.capacity,
-        );
+        )
+        .record_timeline(scenario.record_timeline);
         let nodes = scenario.nodes.max(1);
         let job = JobState::<Rows>::new(
             shapes,

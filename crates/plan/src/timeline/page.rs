@@ -30,6 +30,9 @@ const COLOURS: [&str; 10] = [
     "#9c755f", "#bab0ac",
 ];
 const PAUSE_COLOURS: [(&str, &str); 2] = [("output budget", "#f1a340"), ("store full", "#d7301f")];
+/// The store's bytes in memory, and the bytes it spilled so far.
+const STORE_COLOUR: &str = "#4e79a7";
+const SPILLED_COLOUR: &str = "#9c755f";
 /// Stage waits: for a slot, then the pause causes.
 const WAIT_COLOURS: [(&str, &str); 3] = [
     ("no slot", "#8c8c8c"),
@@ -99,6 +102,8 @@ struct Job {
     /// Stage names by stage, from the wait tracks too.
     wait_names: BTreeMap<u64, String>,
     store: Vec<(f64, u64)>,
+    /// Bytes spilled to disk so far, when they grew.
+    spilled: Vec<(f64, u64)>,
     capacity: u64,
     nodes: BTreeMap<u64, String>,
     /// Distinct tasks (a paused task runs in several slices).
@@ -118,6 +123,7 @@ impl Job {
             waits: Vec::new(),
             wait_names: BTreeMap::new(),
             store: Vec::new(),
+            spilled: Vec::new(),
             capacity: 0,
             nodes: BTreeMap::new(),
             task_count: 0,
@@ -182,6 +188,7 @@ impl Job {
                     let bytes = e["args"]["bytes"].as_u64().unwrap_or(0);
                     match e["name"].as_str() {
                         Some("store bytes") => job.store.push((start, bytes)),
+                        Some("spilled bytes") => job.spilled.push((start, bytes)),
                         Some("store capacity") => job.capacity = bytes,
                         _ => {}
                     }
@@ -196,6 +203,7 @@ impl Job {
         }
         job.task_count = task_ids.len();
         job.store.sort_by(|a, b| a.0.total_cmp(&b.0));
+        job.spilled.sort_by(|a, b| a.0.total_cmp(&b.0));
         job.tasks.sort_by_key(|t| (t.node, t.track));
         Ok(job)
     }
@@ -243,26 +251,27 @@ impl Job {
         stacked(html, &series, slots as f64, self.end, count);
     }
 
-    /// The store's bytes (a step line) under its capacity (dashed).
+    /// The store's bytes (a step line) under its capacity (dashed), and
+    /// the bytes it spilled so far (a second step line, when it spilled).
     fn store_chart(&self, html: &mut String) {
-        let peak = self.store.iter().map(|s| s.1).max().unwrap_or(0);
-        let top = self.capacity.max(peak).max(1) as f64;
+        let peak = self.store.iter().chain(&self.spilled).map(|s| s.1).max();
+        let top = self.capacity.max(peak.unwrap_or(0)).max(1) as f64;
         let height = 160.0;
-        html.push_str("<h2>Store memory</h2>\n<p class=\"note\">Bytes the object store held (all nodes of the job), against its capacity (dashed).</p>\n");
-        let mut svg = Chart::new(height, self.end, top, |v| format_bytes(v as u64));
-        let mut points = String::new();
-        let mut last = 0.0;
-        for (at, used) in &self.store {
-            let (x, y) = (svg.x(*at), svg.y(*used as f64));
-            let _ = write!(points, "{x:.1},{last:.1} {x:.1},{y:.1} ");
-            last = y;
-        }
-        if !self.store.is_empty() {
-            let _ = write!(points, "{:.1},{last:.1}", svg.x(self.end));
+        html.push_str("<h2>Store memory</h2>\n<p class=\"note\">");
+        let _ = write!(
+            html,
+            "<span class=\"swatch\" style=\"background:{STORE_COLOUR}\"></span>bytes the object store held in memory (all nodes of the job), against its capacity (dashed)"
+        );
+        if !self.spilled.is_empty() {
             let _ = write!(
-                svg.body,
-                "<polyline points=\"{points}\" fill=\"none\" stroke=\"#4e79a7\" stroke-width=\"1.5\"/>"
+                html,
+                "; <span class=\"swatch\" style=\"background:{SPILLED_COLOUR}\"></span>bytes it spilled to disk so far"
             );
+        }
+        html.push_str(".</p>\n");
+        let mut svg = Chart::new(height, self.end, top, |v| format_bytes(v as u64));
+        for (series, colour) in [(&self.store, STORE_COLOUR), (&self.spilled, SPILLED_COLOUR)] {
+            step_line(&mut svg, series, self.end, colour);
         }
         if self.capacity > 0 {
             let y = svg.y(self.capacity as f64);
@@ -411,6 +420,25 @@ fn count(v: f64) -> String {
     } else {
         format!("{v:.1}")
     }
+}
+
+/// `series` (time, bytes) as a step line on `svg` up to `end`.
+fn step_line(svg: &mut Chart, series: &[(f64, u64)], end: f64, colour: &str) {
+    if series.is_empty() {
+        return;
+    }
+    let mut points = String::new();
+    let mut last = svg.y(0.0);
+    for (at, bytes) in series {
+        let (x, y) = (svg.x(*at), svg.y(*bytes as f64));
+        let _ = write!(points, "{x:.1},{last:.1} {x:.1},{y:.1} ");
+        last = y;
+    }
+    let _ = write!(points, "{:.1},{last:.1}", svg.x(end));
+    let _ = write!(
+        svg.body,
+        "<polyline points=\"{points}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\"/>"
+    );
 }
 
 /// How many of `slices` were open, on average, in each of [`BINS`] windows
@@ -594,10 +622,18 @@ mod tests {
                 event(2, 1, EventKind::TaskStarted, 400),
                 event(2, 1, EventKind::TaskFinished, 1000),
             ],
-            store_samples: vec![StoreSample {
-                at: Duration::from_millis(400),
-                used: 1 << 20,
-            }],
+            store_samples: vec![
+                StoreSample {
+                    at: Duration::from_millis(400),
+                    used: 1 << 20,
+                    spilled: 0,
+                },
+                StoreSample {
+                    at: Duration::from_millis(600),
+                    used: 4 << 20,
+                    spilled: 2 << 20,
+                },
+            ],
             store_capacity: 4 << 20,
             wall: Duration::from_secs(1),
             waits: vec![WaitSpan {
@@ -622,6 +658,10 @@ mod tests {
             "5 backgrounds, 2 tasks, 1 wait"
         );
         assert!(html.contains("2 tasks on 1 node(s)"));
+        for colour in [STORE_COLOUR, SPILLED_COLOUR] {
+            let line = format!("stroke=\"{colour}\"");
+            assert_eq!(html.matches(&line).count(), 1, "store and spilled lines");
+        }
         assert!(
             html.contains(&format!("fill=\"{}\"", WAIT_COLOURS[0].1)),
             "no slot drawn"
