@@ -172,3 +172,63 @@ fn a_udf_error_keeps_its_type_as_the_source() {
     assert_eq!(source.downcast_ref::<Unparseable>(), Some(&Unparseable(7)));
     assert!(err.to_string().contains("parse"), "{err}");
 }
+
+/// A Snappy file of 20,000 rows in two row groups, then `damage` done to
+/// its bytes; reading it (planning and running) fails naming the file.
+fn damaged_file_is_named(what: &str, damage: impl Fn(&mut Vec<u8>)) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir
+        .path()
+        .join(format!("{}.parquet", what.replace(' ', "-")));
+    let options = ParquetWriteOptions {
+        max_row_group_rows: 10_000,
+        ..Default::default()
+    };
+    let ctx = ctx();
+    ctx.from_batches(vec![people(0..20_000)])
+        .write_parquet_file_with(&path, &options)
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    damage(&mut bytes);
+    std::fs::write(&path, &bytes).unwrap();
+    let err = ctx
+        .read_parquet(path.to_str().unwrap())
+        .and_then(|ds| ds.count())
+        .expect_err(what);
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(err.to_string().contains(&name), "{what}: {err}");
+}
+
+#[test]
+fn a_truncated_file_is_named() {
+    damaged_file_is_named("truncated", |b| b.truncate(b.len() / 2));
+}
+
+#[test]
+fn a_file_with_a_corrupt_footer_is_named() {
+    damaged_file_is_named("corrupt footer", |b| {
+        // The footer's length and magic stay; its metadata is garbage.
+        let end = b.len() - 8;
+        for byte in &mut b[end - 64..end] {
+            *byte = 0xff;
+        }
+    });
+}
+
+#[test]
+fn a_file_with_a_corrupt_page_is_named() {
+    damaged_file_is_named("corrupt page", |b| {
+        // The first data page's header follows the leading magic.
+        for byte in &mut b[4..68] {
+            *byte = 0xff;
+        }
+    });
+}
+
+#[test]
+fn a_file_with_the_wrong_magic_is_named() {
+    damaged_file_is_named("wrong magic", |b| {
+        let end = b.len();
+        b[end - 4..].copy_from_slice(b"PAR2");
+    });
+}

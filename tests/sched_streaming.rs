@@ -450,14 +450,20 @@ fn a_repartition_larger_than_the_store_spills_instead_of_stalling() {
     assert!(spilled.is_sorted(), "spilled bytes went down: {spilled:?}");
     assert_eq!(spilled.last(), Some(&stats.spilled_bytes));
 
-    // A second job on the same store counts its own spills only.
-    let before = ctx.store_stats().spilled_bytes;
+    // A second job on the same store counts its own spills and restores
+    // only.
+    let before = ctx.store_stats();
     assert_eq!(ds.count().unwrap(), 48);
-    let again = ds.stats().unwrap();
+    let (again, after) = (ds.stats().unwrap(), ctx.store_stats());
     assert!(again.spilled_bytes > 0, "the second job spilled nothing");
     assert_eq!(
         again.spilled_bytes,
-        ctx.store_stats().spilled_bytes - before,
+        after.spilled_bytes - before.spilled_bytes,
+        "{again}"
+    );
+    assert_eq!(
+        again.restored_bytes,
+        after.restored_bytes - before.restored_bytes,
         "{again}"
     );
 }

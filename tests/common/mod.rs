@@ -63,7 +63,7 @@ pub fn write_parquet_file(path: &std::path::Path, batch: &RecordBatch) {
     w.close().unwrap();
 }
 
-/// Part files in `dir` (anything not hidden).
+/// The names in `dir`, hidden ones too, sorted (none when it is absent).
 pub fn visible_files(dir: &std::path::Path) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();

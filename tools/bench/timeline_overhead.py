@@ -3,7 +3,10 @@
 against `streambatch bench w3 --timeline` (recording on), in one run:
 `--rounds` rounds, each running both in turn, the first of the pair
 alternating between rounds (a run's place in the pair biases it on a busy
-machine). W3's own shapes by default; `--shape ROWS,PARTITIONS` (repeated)
+machine), each run with an environment of random size (0-4 KiB): where
+the stack starts moves a short run's speed by several per cent (one more
+argument, `--timeline PATH`, does too), and a random one averages that
+out. W3's own shapes by default; `--shape ROWS,PARTITIONS` (repeated)
 runs others, as a longer one whose runs last a second.
 
 A W3 run lasts 7 ms (200 partitions) or 60 ms (2,000) on 2 cores, and one
@@ -29,15 +32,17 @@ import sys
 import tempfile
 
 
-def run(binary, timeline, shape):
-    """One `bench w3` run: rows/s of each shape it ran, by config."""
+def run(binary, timeline, shape, pad):
+    """One `bench w3` run: rows/s of each shape it ran, by config. `pad`
+    bytes of environment shift where the process's stack starts."""
     args = [binary, "bench", "w3"]
     if shape:
         rows, partitions = shape.split(",")
         args += ["--rows", rows, "--partitions", partitions]
     if timeline:
         args += ["--timeline", timeline]
-    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, SB_BENCH_PAD="x" * pad)
+    out = subprocess.run(args, check=True, capture_output=True, text=True, env=env).stdout
     rates = {}
     for line in out.splitlines():
         if line.startswith("{"):
@@ -55,6 +60,7 @@ def main():
     parser.add_argument("--bin", default=os.path.join(target, "release", "streambatch"))
     args = parser.parse_args()
     without, with_ = {}, {}
+    layout = random.Random(2)
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.json")
         for round in range(args.rounds):
@@ -63,7 +69,8 @@ def main():
                 pair.reverse()
             for shape in args.shape or [None]:
                 for timeline, rates in pair:
-                    for config, rate in run(args.bin, timeline, shape).items():
+                    pad = layout.randrange(4096)
+                    for config, rate in run(args.bin, timeline, shape, pad).items():
                         rates.setdefault(config, []).append(rate)
     worst = 1.0
     print(

@@ -11,7 +11,11 @@ use streambatch_core::{NodeConfig, StageOptions};
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
-use crate::sink::{abort_staging, commit_staging, create_staging};
+use crate::sink::{
+    ParquetSink, ParquetWriteOptions, Staging, abort_staging, commit_staging, create_staging,
+    open_writer, staging_name,
+};
+use crate::source::bad_file;
 use crate::source::{binary_files_schema, csv_schema, expand_paths, parquet_schema};
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
@@ -347,31 +351,118 @@ impl Dataset {
         }
     }
 
-    /// Writes the rows as Parquet files `part-*.parquet` in `dir`, one per
-    /// task, replacing an earlier write's part files. All or nothing: files
-    /// appear only when the whole job has succeeded.
+    /// Writes the rows as Snappy Parquet files `part-*.parquet` in `dir`,
+    /// one per task, replacing an earlier write's part files (see
+    /// [`Dataset::write_parquet_with`] for the codec and row groups).
     pub fn write_parquet(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
-        let dir = dir.as_ref();
-        let staging = create_staging(dir)?;
+        self.write_parquet_with(dir, &ParquetWriteOptions::default())
+    }
+
+    /// Writes the rows as Parquet files `part-*.parquet` in `dir`, one per
+    /// task, with `options`' codec and row groups, replacing an earlier
+    /// write's part files. All or nothing: files appear only when the whole
+    /// job has succeeded, and a failed write leaves `dir` as it was (it is
+    /// removed if the write made it). A result with no rows is one file
+    /// with the schema.
+    pub fn write_parquet_with(
+        &self,
+        dir: impl AsRef<Path>,
+        options: &ParquetWriteOptions,
+    ) -> Result<Vec<PathBuf>> {
+        let staging = create_staging(dir.as_ref())?;
         let op = LogicalOp::Op(OpSpec {
             name: "write_parquet".into(),
-            kind: OpKind::WriteParquet(staging.clone()),
+            kind: OpKind::WriteParquet(ParquetSink {
+                dir: staging.path.clone(),
+                options: *options,
+            }),
             options: StageOptions::default(),
         });
         let plan = Arc::new(LogicalPlan {
             input: Some(self.plan.clone()),
             op,
         });
-        let result = self
+        let staged = self
             .start(plan)
-            .and_then(|stream| stream.collect::<Result<Vec<_>>>());
-        match result {
-            Ok(_) => commit_staging(&staging, dir),
+            .and_then(|stream| stream.collect::<Result<Vec<_>>>())
+            .and_then(|_| self.stage_schema_if_empty(&staging, options));
+        match staged {
+            Ok(()) => commit_staging(staging),
             Err(e) => {
-                abort_staging(&staging);
+                abort_staging(staging);
                 Err(e)
             }
         }
+    }
+
+    /// When no task staged a file (there was no input at all), stages one
+    /// with the plan's schema, or fails when that is known only from rows:
+    /// a write always leaves a file with the schema.
+    fn stage_schema_if_empty(
+        &self,
+        staging: &Staging,
+        options: &ParquetWriteOptions,
+    ) -> Result<()> {
+        if !staging.is_empty()? {
+            return Ok(());
+        }
+        let schema = self.schema_without_rows(staging.path.parent().unwrap_or(&staging.path))?;
+        staging.stage_empty(schema, options)
+    }
+
+    /// The schema of a write with no rows, for its schema-only file: known
+    /// from the plan, or an error naming `target`.
+    fn schema_without_rows(&self, target: &Path) -> Result<SchemaRef> {
+        static_schema(&self.plan)?.ok_or_else(|| {
+            Error::Invalid(format!(
+                "cannot write {}: the dataset has no rows, and its schema is known only from rows",
+                target.display()
+            ))
+        })
+    }
+
+    /// Writes the rows to the one Snappy Parquet file `path` (see
+    /// [`Dataset::write_parquet_file_with`]).
+    pub fn write_parquet_file(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
+        self.write_parquet_file_with(path, &ParquetWriteOptions::default())
+    }
+
+    /// Writes the rows to the one Parquet file `path`, in the order the job
+    /// yields them, with `options`' codec and row groups: the batches
+    /// stream to this process, which writes them as they come. The file
+    /// appears whole or not at all (it is written beside `path`, then
+    /// renamed), replacing an earlier one. A result with no rows is a file
+    /// with the schema.
+    pub fn write_parquet_file_with(
+        &self,
+        path: impl AsRef<Path>,
+        options: &ParquetWriteOptions,
+    ) -> Result<PathBuf> {
+        let path = path.as_ref();
+        let tmp = staging_name(path);
+        let written = self.write_one_file(&tmp, path, options);
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map(|()| path.to_path_buf())
+    }
+
+    fn write_one_file(&self, tmp: &Path, path: &Path, options: &ParquetWriteOptions) -> Result<()> {
+        let mut writer = None;
+        for batch in self.iter_batches()? {
+            let batch = batch?;
+            if writer.is_none() {
+                writer = Some(open_writer(tmp, batch.schema(), options)?);
+            }
+            let w = writer.as_mut().expect("opened above");
+            w.write(&batch).map_err(|e| bad_file(path, e))?;
+        }
+        let writer = match writer {
+            Some(w) => w,
+            None => open_writer(tmp, self.schema_without_rows(path)?, options)?,
+        };
+        writer.close().map_err(|e| bad_file(path, e))?;
+        std::fs::rename(tmp, path).map_err(|e| Error::io("renaming into", path, e))
     }
 
     /// Runs the plan and keeps its output in memory as a new dataset.

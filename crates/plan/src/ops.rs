@@ -1,7 +1,6 @@
 //! Operators as batch-stream adapters. A task chains them over its input, so
 //! a fused stage is one pull loop with no copies between operators.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use arrow_schema::{Field, Schema};
 use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
 use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
-use crate::sink::write_parquet_part;
+use crate::sink::{ParquetSink, write_parquet_part};
 use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
 use crate::{BatchIter, Error, Expr, Result};
 
@@ -77,7 +76,7 @@ pub enum OpKind {
     /// A batch function.
     MapBatches(Arc<dyn BatchUdf>),
     /// Write each task's rows to a Parquet file in a staging directory.
-    WriteParquet(PathBuf),
+    WriteParquet(ParquetSink),
 }
 
 /// One operator of a plan: what it does, its name and how it runs.
@@ -229,13 +228,13 @@ pub fn apply(
                 out
             }))
         }
-        OpKind::WriteParquet(dir) => {
-            let dir = dir.clone();
+        OpKind::WriteParquet(sink) => {
+            let sink = sink.clone();
             let task = env.task;
             let mut input = Some(input);
             Box::new(std::iter::from_fn(move || {
                 let input = input.take()?;
-                Some(write_parquet_part(&dir, task, input).map(|written| {
+                Some(write_parquet_part(&sink, task, input).map(|written| {
                     let (paths, rows): (Vec<String>, Vec<i64>) = written
                         .into_iter()
                         .map(|(p, r)| (p.display().to_string(), r as i64))

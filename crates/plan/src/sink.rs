@@ -3,65 +3,151 @@
 //! task writes the same name again, so a partition lands once. When the job
 //! succeeds the staged files move into the output directory (replacing the
 //! `part-*.parquet` files of an earlier write); when it fails the staging
-//! directory is removed. The output never holds a partial file.
+//! directory is removed. The output never holds a partial file. A write
+//! whose rows were all filtered away still leaves one file, with the schema
+//! and no rows, as Spark and pyarrow do.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
 use streambatch_core::TaskId;
 
+use crate::source::bad_file;
 use crate::{BatchIter, Error, Result};
 
+/// How a Parquet write compresses and groups its rows.
+///
+/// ```
+/// use parquet::basic::{Compression, ZstdLevel};
+/// use streambatch_plan::sink::ParquetWriteOptions;
+///
+/// let options = ParquetWriteOptions {
+///     compression: Compression::ZSTD(ZstdLevel::try_new(9).unwrap()),
+///     max_row_group_rows: 10_000,
+/// };
+/// assert_eq!(options.codec_name(), "zstd(9)");
+/// assert_eq!(ParquetWriteOptions::default().with_codec("zstd(9)").unwrap().compression, options.compression);
+/// assert!(ParquetWriteOptions::default().with_codec("zip").is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParquetWriteOptions {
+    /// The codec, with its level for gzip, brotli and zstd: Snappy unless
+    /// set (what Spark and pyarrow write by default).
+    pub compression: Compression,
+    /// Rows in a row group at most (the `parquet` crate's default,
+    /// 1,048,576): smaller groups let readers skip more by statistics.
+    pub max_row_group_rows: usize,
+}
+
+impl Default for ParquetWriteOptions {
+    fn default() -> Self {
+        Self {
+            compression: Compression::SNAPPY,
+            max_row_group_rows: DEFAULT_MAX_ROW_GROUP_ROW_COUNT,
+        }
+    }
+}
+
+impl ParquetWriteOptions {
+    /// The codec as [`ParquetWriteOptions::with_codec`] reads it:
+    /// `snappy`, `zstd(3)`, `gzip(6)`, `brotli(4)`, `lz4`, `uncompressed`.
+    pub fn codec_name(&self) -> String {
+        match self.compression {
+            Compression::UNCOMPRESSED => "uncompressed".into(),
+            Compression::SNAPPY => "snappy".into(),
+            Compression::GZIP(level) => format!("gzip({})", level.compression_level()),
+            Compression::LZO => "lzo".into(),
+            Compression::BROTLI(level) => format!("brotli({})", level.compression_level()),
+            Compression::LZ4 => "lz4".into(),
+            Compression::ZSTD(level) => format!("zstd({})", level.compression_level()),
+            Compression::LZ4_RAW => "lz4_raw".into(),
+        }
+    }
+
+    /// These options with the codec `name` (as [`Self::codec_name`] writes
+    /// it; gzip, brotli and zstd need a level).
+    pub fn with_codec(self, name: &str) -> Result<Self> {
+        let refuse = |why: &dyn std::fmt::Display| {
+            Error::Invalid(format!(
+                "Parquet compression `{name}`: {why} (one of uncompressed, snappy, lz4, \
+                 lz4_raw, gzip(0-9), brotli(0-11), zstd(1-22))"
+            ))
+        };
+        // The parser reads a level up to the last byte, whatever it is.
+        if name.contains('(') && !name.ends_with(')') {
+            return Err(refuse(&"a level is written `codec(level)`"));
+        }
+        let compression = name.parse().map_err(|e| refuse(&e))?;
+        if compression == Compression::LZO {
+            return Err(refuse(&"the parquet crate cannot write LZO"));
+        }
+        Ok(Self {
+            compression,
+            ..self
+        })
+    }
+
+    fn properties(&self) -> WriterProperties {
+        WriterProperties::builder()
+            .set_compression(self.compression)
+            .set_max_row_group_row_count(Some(self.max_row_group_rows.max(1)))
+            .build()
+    }
+}
+
+/// Where a write's tasks put their files, and how they write them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParquetSink {
+    /// The write's staging directory.
+    pub dir: PathBuf,
+    /// Codec and row groups.
+    pub options: ParquetWriteOptions,
+}
+
 /// Writes all of `input` to `dir/part-<task>.parquet`; returns the file and
-/// its rows, or nothing when the input was empty.
+/// its rows, or nothing when the input had no rows (then, when it had a
+/// schema, a hidden schema-only file is left for [`commit_staging`]).
 pub fn write_parquet_part(
-    dir: &Path,
+    sink: &ParquetSink,
     task: TaskId,
     input: BatchIter,
 ) -> Result<Vec<(PathBuf, usize)>> {
+    let dir = &sink.dir;
     let path = dir.join(format!("part-{:06}.parquet", task.0));
     let tmp = dir.join(format!(".part-{:06}.parquet.tmp", task.0));
     let mut writer: Option<ArrowWriter<File>> = None;
+    let mut schema: Option<SchemaRef> = None;
     let mut rows = 0;
     let result = (|| -> Result<()> {
         for batch in input {
             let batch = batch?;
             if batch.num_rows() == 0 {
+                schema.get_or_insert_with(|| batch.schema());
                 continue;
             }
             if writer.is_none() {
-                let file = File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-                let props = WriterProperties::builder()
-                    .set_compression(Compression::SNAPPY)
-                    .build();
-                let w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| {
-                    Error::BadFile {
-                        path: tmp.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
-                writer = Some(w);
+                writer = Some(open_writer(&tmp, batch.schema(), &sink.options)?);
             }
+            let w = writer.as_mut().expect("opened above");
             rows += batch.num_rows();
-            let w = writer.as_mut().expect("set above");
-            w.write(&batch).map_err(|e| Error::BadFile {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
+            w.write(&batch).map_err(|e| bad_file(&path, e))?;
         }
         Ok(())
     })();
     let Some(writer) = writer else {
-        return result.map(|()| Vec::new());
+        result?;
+        if let Some(schema) = schema {
+            let empty = dir.join(format!("{EMPTY_PREFIX}{:06}.parquet", task.0));
+            write_empty(&empty, schema, &sink.options)?;
+        }
+        return Ok(Vec::new());
     };
     let finished = result.and_then(|()| {
-        writer.close().map_err(|e| Error::BadFile {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        writer.close().map_err(|e| bad_file(&path, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("renaming into", &path, e))
     });
     if let Err(e) = finished {
@@ -71,21 +157,106 @@ pub fn write_parquet_part(
     Ok(vec![(path, rows)])
 }
 
+/// Names of the schema-only files that tasks without rows leave in staging.
+const EMPTY_PREFIX: &str = ".empty-";
+
+/// A Parquet writer of `schema` into a new file at `path`.
+pub(crate) fn open_writer(
+    path: &Path,
+    schema: SchemaRef,
+    options: &ParquetWriteOptions,
+) -> Result<ArrowWriter<File>> {
+    let file = File::create(path).map_err(|e| Error::io("creating", path, e))?;
+    ArrowWriter::try_new(file, schema, Some(options.properties())).map_err(|e| bad_file(path, e))
+}
+
+/// Writes a file with `schema` and no rows at `path`, whole or not at all.
+pub(crate) fn write_empty(
+    path: &Path,
+    schema: SchemaRef,
+    options: &ParquetWriteOptions,
+) -> Result<()> {
+    let tmp = staging_name(path);
+    let written = open_writer(&tmp, schema, options)
+        .and_then(|w| w.close().map(drop).map_err(|e| bad_file(path, e)))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// `.<name>.partial` beside `path`: where a file is written before it is
+/// renamed into place.
+pub fn staging_name(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.partial"))
+}
+
+/// One write's staging directory inside its output directory.
+#[derive(Debug)]
+pub struct Staging {
+    /// Where the tasks write.
+    pub path: PathBuf,
+    /// The output directory.
+    dir: PathBuf,
+    /// The outermost directory the write made on the way to `dir`: a
+    /// failed write removes it (and those inside it) when they are empty.
+    made: Option<PathBuf>,
+}
+
 /// A fresh staging directory inside `dir` for one write. The staging
 /// directories that writers killed before they finished left in `dir`
 /// (their process is gone) are removed first.
-pub fn create_staging(dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+pub fn create_staging(dir: &Path) -> Result<Staging> {
+    let made = dir.ancestors().take_while(|d| !d.exists()).last();
+    let staging = Staging {
+        path: PathBuf::new(),
+        dir: dir.to_path_buf(),
+        made: made.map(Path::to_path_buf),
+    };
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        let err = Error::io("creating", dir, e);
+        abort_staging(staging);
+        return Err(err);
+    }
     remove_abandoned(dir);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let staging = dir.join(format!(
+    let path = dir.join(format!(
         ".streambatch-staging-{}-{stamp:x}",
         std::process::id()
     ));
-    std::fs::create_dir(&staging).map_err(|e| Error::io("creating", &staging, e))?;
+    let staging = Staging { path, ..staging };
+    if let Err(e) = std::fs::create_dir(&staging.path) {
+        let err = Error::io("creating", &staging.path, e);
+        abort_staging(staging);
+        return Err(err);
+    }
     Ok(staging)
+}
+
+impl Staging {
+    /// True when no task staged a file, not even a schema-only one.
+    pub fn is_empty(&self) -> Result<bool> {
+        let mut entries =
+            std::fs::read_dir(&self.path).map_err(|e| Error::io("listing", &self.path, e))?;
+        Ok(entries.all(|e| {
+            e.is_ok_and(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with('.') && !name.starts_with(EMPTY_PREFIX)
+            })
+        }))
+    }
+
+    /// Stages a file with `schema` and no rows as `part-000000.parquet`.
+    pub fn stage_empty(&self, schema: SchemaRef, options: &ParquetWriteOptions) -> Result<()> {
+        write_empty(&self.path.join("part-000000.parquet"), schema, options)
+    }
 }
 
 /// Removes `dir`'s staging directories whose writer process is dead.
@@ -109,9 +280,18 @@ fn remove_abandoned(dir: &Path) {
     }
 }
 
-/// Moves the staged files into `dir`, replacing its earlier `part-*.parquet`
-/// files, and removes the staging directory.
-pub fn commit_staging(staging: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+/// Moves the staged files into the output directory, replacing its earlier
+/// `part-*.parquet` files, and removes the staging directory. When no task
+/// wrote rows, one task's schema-only file becomes `part-000000.parquet`.
+pub fn commit_staging(staging: Staging) -> Result<Vec<PathBuf>> {
+    let committed = move_staged(&staging);
+    // Whatever happened, the staging directory goes.
+    let _ = std::fs::remove_dir_all(&staging.path);
+    committed
+}
+
+fn move_staged(staging: &Staging) -> Result<Vec<PathBuf>> {
+    let (path, dir) = (&staging.path, &staging.dir);
     for old in std::fs::read_dir(dir)
         .map_err(|e| Error::io("listing", dir, e))?
         .flatten()
@@ -123,12 +303,17 @@ pub fn commit_staging(staging: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
         }
     }
     let mut committed = Vec::new();
-    for staged in std::fs::read_dir(staging)
-        .map_err(|e| Error::io("listing", staging, e))?
+    let mut empty = None;
+    for staged in std::fs::read_dir(path)
+        .map_err(|e| Error::io("listing", path, e))?
         .flatten()
     {
         let name = staged.file_name();
-        if name.to_string_lossy().starts_with('.') {
+        let name_text = name.to_string_lossy();
+        if name_text.starts_with(EMPTY_PREFIX) {
+            empty.get_or_insert(staged.path());
+        }
+        if name_text.starts_with('.') {
             continue;
         }
         let target = dir.join(&name);
@@ -136,12 +321,38 @@ pub fn commit_staging(staging: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
             .map_err(|e| Error::io("renaming into", &target, e))?;
         committed.push(target);
     }
-    std::fs::remove_dir_all(staging).map_err(|e| Error::io("removing", staging, e))?;
+    if let (true, Some(empty)) = (committed.is_empty(), empty) {
+        let target = dir.join("part-000000.parquet");
+        std::fs::rename(&empty, &target).map_err(|e| Error::io("renaming into", &target, e))?;
+        committed.push(target);
+    }
     committed.sort();
     Ok(committed)
 }
 
-/// Removes a failed write's staging directory.
-pub fn abort_staging(staging: &Path) {
-    let _ = std::fs::remove_dir_all(staging);
+/// Removes a failed write's staging directory, and the directories the
+/// write made on the way to its output directory when nothing else is in
+/// them.
+pub fn abort_staging(staging: Staging) {
+    // A cancelled task may still be creating a file as the directory goes:
+    // a second pass removes what the first one missed (once the directory
+    // is gone, no file can be made in it).
+    for _ in 0..3 {
+        if staging.path.as_os_str().is_empty()
+            || std::fs::remove_dir_all(&staging.path).is_ok()
+            || !staging.path.exists()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let Some(made) = &staging.made else {
+        return;
+    };
+    for dir in staging.dir.ancestors() {
+        // Fails, as it should, when something else is there now.
+        if std::fs::remove_dir(dir).is_err() || dir == made {
+            break;
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -100,7 +101,8 @@ impl SourceSplit {
     }
 }
 
-fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
+/// A file that could not be decoded, with what the decoder said.
+pub(crate) fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::BadFile {
         path: path.to_path_buf(),
         message: e.to_string(),
@@ -151,10 +153,20 @@ fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter>
     })))
 }
 
+/// One file as a row: its path, and its bytes read straight into the
+/// buffer that becomes the Arrow array (no copy after the read).
 fn read_binary_file(path: &Path) -> Result<RecordBatch> {
     let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, e))?;
+    let end = i32::try_from(bytes.len()).map_err(|_| {
+        let len = bytes.len();
+        bad_file(
+            path,
+            format!("{len} bytes: a binary file is one row of at most 2 GiB"),
+        )
+    })?;
+    let offsets = OffsetBuffer::new(ScalarBuffer::from(vec![0, end]));
+    let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(bytes), None));
     let paths: ArrayRef = Arc::new(StringArray::from(vec![path.display().to_string()]));
-    let data: ArrayRef = Arc::new(BinaryArray::from(vec![bytes.as_slice()]));
     Ok(RecordBatch::try_new(binary_files_schema(), vec![paths, data]).expect("matches the schema"))
 }
 

@@ -250,13 +250,16 @@ impl Actor for Executor {
             }
         };
         // A cluster node's relay counts spills from the job's start itself.
-        let spilled_before = match &backend {
-            Backend::Local(local) => local.store.stats().spilled_bytes,
-            Backend::Remote(_) => 0,
+        let (spilled, restored) = match &backend {
+            Backend::Local(local) => {
+                let store = local.store.stats();
+                (store.spilled_bytes, store.restored_bytes)
+            }
+            Backend::Remote(_) => (0, 0),
         };
         let recorder = Recorder::new(args.live, names, capacity)
             .record_timeline(args.config.record_timeline)
-            .spilled_before(spilled_before);
+            .store_before(spilled, restored);
         if let Backend::Remote(remote) = &backend {
             let names: Vec<String> = remote.nodes.iter().map(|n| n.name.clone()).collect();
             recorder.nodes(&names);

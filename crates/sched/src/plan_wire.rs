@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
+use streambatch_plan::sink::{ParquetSink, ParquetWriteOptions};
 use streambatch_plan::{
     Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, SourceSplit, Stage, StageKind,
 };
@@ -51,8 +52,17 @@ pub(crate) struct OpWire {
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum OpKindSpec {
-    Recipe { name: String, params: Vec<u8> },
-    WriteParquet(String),
+    Recipe {
+        name: String,
+        params: Vec<u8>,
+    },
+    /// The staging directory, the codec as `ParquetWriteOptions::codec_name`
+    /// writes it, rows per row group.
+    WriteParquet {
+        dir: String,
+        codec: String,
+        max_row_group_rows: u64,
+    },
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -149,7 +159,7 @@ impl PlanSpec {
             })
             .filter_map(|op| match &op.kind {
                 OpKindSpec::Recipe { name, .. } => Some(name.clone()),
-                OpKindSpec::WriteParquet(_) => None,
+                OpKindSpec::WriteParquet { .. } => None,
             })
             .collect();
         names.sort();
@@ -254,7 +264,11 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         .ok_or_else(|| cannot_travel(&what(), "it is a closure"))?;
                     OpKindSpec::Recipe { name, params }
                 }
-                OpKind::WriteParquet(dir) => OpKindSpec::WriteParquet(absolute(dir)),
+                OpKind::WriteParquet(sink) => OpKindSpec::WriteParquet {
+                    dir: absolute(&sink.dir),
+                    codec: sink.options.codec_name(),
+                    max_row_group_rows: sink.options.max_row_group_rows as u64,
+                },
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }
@@ -283,7 +297,20 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
                     };
                     OpKind::MapBatches(Arc::new(registry.rebuild(&recipe)?))
                 }
-                OpKindSpec::WriteParquet(dir) => OpKind::WriteParquet(dir.into()),
+                OpKindSpec::WriteParquet {
+                    dir,
+                    codec,
+                    max_row_group_rows,
+                } => {
+                    let options = ParquetWriteOptions {
+                        max_row_group_rows: *max_row_group_rows as usize,
+                        ..Default::default()
+                    };
+                    OpKind::WriteParquet(ParquetSink {
+                        dir: dir.into(),
+                        options: options.with_codec(codec)?,
+                    })
+                }
             };
             let spec = OpSpec {
                 name: op.name.clone(),

@@ -28,9 +28,9 @@ pub(crate) struct Recorder {
     pending: Vec<Event>,
     /// Events recorded so far, pending ones included.
     recorded: usize,
-    /// The store's spilled bytes when the job started: a store counts from
-    /// when it opened, the job from when it started.
-    spilled_before: u64,
+    /// The store's spilled and restored bytes when the job started: a store
+    /// counts from when it opened, the job from when it started.
+    store_before: (u64, u64),
 }
 
 /// A stage as the job state sees it after deciding.
@@ -65,7 +65,7 @@ impl Recorder {
             waiting: vec![None; stages],
             pending: Vec::new(),
             recorded: 0,
-            spilled_before: 0,
+            store_before: (0, 0),
         }
     }
 
@@ -76,10 +76,10 @@ impl Recorder {
         self
     }
 
-    /// The store had spilled `bytes` before the job started: the job's
-    /// figures leave them out.
-    pub(crate) fn spilled_before(mut self, bytes: u64) -> Self {
-        self.spilled_before = bytes;
+    /// The store had spilled and restored these bytes before the job
+    /// started: the job's figures leave them out.
+    pub(crate) fn store_before(mut self, spilled: u64, restored: u64) -> Self {
+        self.store_before = (spilled, restored);
         self
     }
 
@@ -236,7 +236,7 @@ impl Recorder {
     /// The store holds `used` bytes in memory now and has spilled
     /// `spilled` so far (sampled when either changed).
     pub(crate) fn store_now(&self, used: u64, spilled: u64) {
-        let spilled = spilled.saturating_sub(self.spilled_before);
+        let spilled = spilled.saturating_sub(self.store_before.0);
         let at = self.started.elapsed();
         let mut stats = self.stats();
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
@@ -311,8 +311,8 @@ impl Recorder {
         }
         stats.wall = wall;
         stats.peak_store_bytes = stats.peak_store_bytes.max(used);
-        stats.spilled_bytes = spilled.saturating_sub(self.spilled_before);
-        stats.restored_bytes = restored;
+        stats.spilled_bytes = spilled.saturating_sub(self.store_before.0);
+        stats.restored_bytes = restored.saturating_sub(self.store_before.1);
     }
 
     /// The recovery counts so far.

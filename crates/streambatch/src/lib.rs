@@ -17,6 +17,7 @@
 //! assert_eq!(evens, 500);
 //! ```
 
+mod chunks;
 mod cluster;
 mod context;
 pub mod ops;
@@ -36,6 +37,7 @@ pub use streambatch_core::{
 };
 pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
+pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
     BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
     NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Recipe, Registry, Result, Row, Stateful,
@@ -48,11 +50,33 @@ pub use streambatch_store::{
     ObjectStore, OutputBuffer, SharedStore, StoreConfig, StoreStats, batch_bytes,
 };
 
+/// The Arrow crates streambatch is built on, at the versions it uses:
+/// build columns and schemas with these instead of pinning `arrow-array`
+/// to the engine's version yourself.
+///
+/// ```
+/// use std::sync::Arc;
+/// use streambatch::arrow::array::{ArrayRef, Int64Array, RecordBatch};
+///
+/// let ids: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+/// let batch = RecordBatch::try_from_iter([("id", ids)]).unwrap();
+/// assert_eq!(batch.schema().field(0).data_type(), &streambatch::arrow::schema::DataType::Int64);
+/// ```
+pub mod arrow {
+    pub use arrow_array as array;
+    pub use arrow_buffer as buffer;
+    pub use arrow_schema as schema;
+}
+
+/// The `parquet` crate at the version streambatch reads and writes with,
+/// for [`ParquetWriteOptions`]' codecs (`parquet::basic::Compression`).
+pub use parquet;
+
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BatchFn, Context, Dataset, Expr, GpuKernel, Resources, Result, Row, StageOptions, Stateful,
-        UdfError, Value, col, lit,
+        BatchFn, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions, Resources, Result,
+        Row, StageOptions, Stateful, UdfError, Value, col, lit,
     };
     pub use arrow_array::RecordBatch;
 }

@@ -1,5 +1,6 @@
 //! Built-in operators: the ones TOML pipelines name (`preprocess_images`,
-//! `seeded_uniform` constants) and the demo embedding model of the main job
+//! `seeded_uniform` constants), [`chunk_binary`] (large binary values cut
+//! into pieces without copies), and the demo embedding model of the main job
 //! (`examples/batch_inference.rs`), on the CPU ([`CpuEmbedder`]) or as a WGSL
 //! kernel ([`gpu_embedder`]).
 //!
@@ -42,6 +43,8 @@ use arrow_schema::{DataType, Field};
 use rand::{Rng, SeedableRng};
 
 use crate::{BatchFn, Error, GpuKernel, Result, UdfError};
+
+pub use crate::chunks::{BinaryPieces, chunk_binary};
 
 /// Side of the square images [`preprocess`] takes.
 pub const IMAGE_SIDE: usize = 64;

@@ -31,8 +31,9 @@ const COLOURS: [&str; 10] = [
 ];
 const PAUSE_COLOURS: [(&str, &str); 2] = [("output budget", "#f1a340"), ("store full", "#d7301f")];
 /// The store's bytes in memory, and the bytes it spilled so far.
-const STORE_COLOUR: &str = "#4e79a7";
-const SPILLED_COLOUR: &str = "#9c755f";
+/// (Neither is a stage's colour.)
+const STORE_COLOUR: &str = "#2f4b7c";
+const SPILLED_COLOUR: &str = "#a05195";
 /// Stage waits: for a slot, then the pause causes.
 const WAIT_COLOURS: [(&str, &str); 3] = [
     ("no slot", "#8c8c8c"),
@@ -309,7 +310,8 @@ impl Job {
                 "<span class=\"swatch\" style=\"background:{colour}\"></span>{name} &nbsp; "
             );
         }
-        let seconds: f64 = self.pauses.iter().map(|p| p.end - p.start).sum();
+        // From 0.0: an empty f64 sum is -0.0, which prints as "-0.00".
+        let seconds = self.pauses.iter().fold(0.0, |s, p| s + (p.end - p.start));
         let _ = writeln!(
             html,
             "({} pauses, {seconds:.2} task-seconds). A task pauses when its output does not fit its stage's budget or the store; it resumes when memory frees.</p>",
@@ -658,6 +660,7 @@ mod tests {
             "5 backgrounds, 2 tasks, 1 wait"
         );
         assert!(html.contains("2 tasks on 1 node(s)"));
+        assert!(html.contains("(0 pauses, 0.00 task-seconds)"), "{html}");
         for colour in [STORE_COLOUR, SPILLED_COLOUR] {
             let line = format!("stroke=\"{colour}\"");
             assert_eq!(html.matches(&line).count(), 1, "store and spilled lines");
