@@ -215,3 +215,49 @@ fn read_parquet_reads_every_codec() {
         );
     }
 }
+
+#[test]
+fn read_text_gives_one_row_per_line_without_its_ending() {
+    let dir = tempfile::tempdir().unwrap();
+    // Unix and Windows endings, an empty line, no final newline, and a
+    // file long enough for several batches.
+    std::fs::write(dir.path().join("a.txt"), "alpha\r\n\nbeta\ngamma").unwrap();
+    let long: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(dir.path().join("b.txt"), &long).unwrap();
+    std::fs::write(dir.path().join("c.log"), "not matched\n").unwrap();
+    let ctx = ctx();
+    let pattern = dir.path().join("*.txt");
+    let ds = ctx.read_text(pattern.to_str().unwrap()).unwrap();
+    assert_eq!(
+        ds.input_files(),
+        vec![dir.path().join("a.txt"), dir.path().join("b.txt")]
+    );
+    let mut lines: Vec<String> = ds
+        .iter_rows()
+        .unwrap()
+        .map(|r| r.unwrap().str("text").unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = ["alpha", "", "beta", "gamma"]
+        .into_iter()
+        .map(String::from)
+        .chain((0..20_000).map(|i| format!("line {i}")))
+        .collect();
+    lines.sort();
+    want.sort();
+    assert_eq!(lines, want);
+    assert!(ctx.range(10, 2).input_files().is_empty());
+}
+
+#[test]
+fn a_text_line_that_is_not_utf8_is_named_with_its_file_and_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.txt");
+    std::fs::write(&path, b"fine\nalso fine\n\xff\xfe\n").unwrap();
+    let err = ctx()
+        .read_text(path.to_str().unwrap())
+        .unwrap()
+        .count()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad.txt") && err.contains("line 3"), "{err}");
+}

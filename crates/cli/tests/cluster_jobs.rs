@@ -715,3 +715,61 @@ fn outputs_a_limit_let_through_are_made_again_when_their_node_is_lost() {
     );
     assert!(r.rerun_tasks > 0, "{stats}");
 }
+
+#[test]
+fn text_files_read_on_a_cluster_write_parquet_with_its_options() {
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let dir = cluster.dir.path();
+    let input = dir.join("text");
+    std::fs::create_dir_all(&input).unwrap();
+    for f in 0..6 {
+        let lines: String = (0..500).map(|i| format!("file {f} line {i}\n")).collect();
+        std::fs::write(input.join(format!("{f}.txt")), lines).unwrap();
+    }
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let options = streambatch::ParquetWriteOptions {
+        max_row_group_rows: 100,
+        ..streambatch::ParquetWriteOptions::default()
+            .with_codec("zstd(5)")
+            .unwrap()
+    };
+    let out = dir.join("out");
+    let files = ctx
+        .read_text(input.to_str().unwrap())
+        .unwrap()
+        .write_parquet_with(&out, &options)
+        .unwrap();
+    let source = ctx.read_text(input.to_str().unwrap()).unwrap();
+    assert_eq!(source.input_files().len(), 6);
+
+    // The nodes wrote zstd in row groups of at most 100 rows.
+    for file in &files {
+        let reader = streambatch::parquet::file::reader::SerializedFileReader::new(
+            std::fs::File::open(file).unwrap(),
+        )
+        .unwrap();
+        let meta = streambatch::parquet::file::reader::FileReader::metadata(&reader);
+        for group in meta.row_groups() {
+            assert!(group.num_rows() <= 100, "{}", file.display());
+            let codec = group.column(0).compression();
+            assert!(
+                matches!(codec, streambatch::parquet::basic::Compression::ZSTD(_)),
+                "{codec:?}"
+            );
+        }
+    }
+    let local = Context::local().unwrap();
+    let mut lines: Vec<String> = local
+        .read_parquet(out.to_str().unwrap())
+        .unwrap()
+        .iter_rows()
+        .unwrap()
+        .map(|r| r.unwrap().str("text").unwrap().to_string())
+        .collect();
+    lines.sort();
+    let mut want: Vec<String> = (0..6)
+        .flat_map(|f| (0..500).map(move |i| format!("file {f} line {i}")))
+        .collect();
+    want.sort();
+    assert_eq!(lines, want);
+}

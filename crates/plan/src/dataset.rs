@@ -15,8 +15,9 @@ use crate::sink::{
     ParquetSink, ParquetWriteOptions, Staging, abort_staging, commit_staging, create_staging,
     open_writer, staging_name,
 };
-use crate::source::bad_file;
-use crate::source::{binary_files_schema, csv_schema, expand_paths, parquet_schema};
+use crate::source::{
+    bad_file, binary_files_schema, csv_schema, expand_paths, parquet_schema, text_schema,
+};
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
 
@@ -129,6 +130,38 @@ impl Dataset {
             })
             .collect();
         Ok(Self::from_source(runner, "read_csv", splits, Some(schema)))
+    }
+
+    /// Text files (a file, a directory or a glob): one row per line, in a
+    /// column `text`, without its line ending; a task per file.
+    pub fn read_text(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        let splits = expand_paths(path)?
+            .into_iter()
+            .map(SourceSplit::Text)
+            .collect();
+        Ok(Self::from_source(
+            runner,
+            "read_text",
+            splits,
+            Some(text_schema()),
+        ))
+    }
+
+    /// The files this dataset's source reads, in the order its tasks take
+    /// them (none for `range` or `from_batches`).
+    pub fn input_files(&self) -> Vec<PathBuf> {
+        let mut plan = &self.plan;
+        while let Some(input) = &plan.input {
+            plan = input;
+        }
+        match &plan.op {
+            LogicalOp::Source { splits, .. } => splits
+                .iter()
+                .flat_map(|s| s.files())
+                .map(Path::to_path_buf)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Files read whole: one row per file with its `path` and `bytes`.

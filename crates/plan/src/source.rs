@@ -3,10 +3,11 @@
 //! by one task, which yields partitions as it reads.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use arrow_array::builder::{ArrayBuilder, StringBuilder};
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -46,6 +47,8 @@ pub enum SourceSplit {
     },
     /// Files read whole, one row each (`path`, `bytes`).
     BinaryFiles(Arc<Vec<PathBuf>>),
+    /// A text file, one row per line.
+    Text(PathBuf),
 }
 
 impl SourceSplit {
@@ -83,6 +86,18 @@ impl SourceSplit {
                     (0..paths.len()).map(move |i| read_binary_file(&paths[i])),
                 ))
             }
+            SourceSplit::Text(path) => open_text(path),
+        }
+    }
+
+    /// The files the split reads (none for a range or a batch).
+    pub fn files(&self) -> Vec<&Path> {
+        match self {
+            SourceSplit::Range { .. } | SourceSplit::Batch(_) => Vec::new(),
+            SourceSplit::Parquet { path, .. }
+            | SourceSplit::Csv { path, .. }
+            | SourceSplit::Text(path) => vec![path],
+            SourceSplit::BinaryFiles(paths) => paths.iter().map(PathBuf::as_path).collect(),
         }
     }
 
@@ -91,9 +106,9 @@ impl SourceSplit {
         match self {
             SourceSplit::Range { start, end } => format!("range {start}..{end}"),
             SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
-            SourceSplit::Parquet { path, .. } | SourceSplit::Csv { path, .. } => {
-                path.display().to_string()
-            }
+            SourceSplit::Parquet { path, .. }
+            | SourceSplit::Csv { path, .. }
+            | SourceSplit::Text(path) => path.display().to_string(),
             SourceSplit::BinaryFiles(paths) => {
                 format!("{} files from {}", paths.len(), paths[0].display())
             }
@@ -168,6 +183,56 @@ fn read_binary_file(path: &Path) -> Result<RecordBatch> {
     let data: ArrayRef = Arc::new(BinaryArray::new(offsets, Buffer::from_vec(bytes), None));
     let paths: ArrayRef = Arc::new(StringArray::from(vec![path.display().to_string()]));
     Ok(RecordBatch::try_new(binary_files_schema(), vec![paths, data]).expect("matches the schema"))
+}
+
+/// The lines of the text file `path`, in batches of [`READ_BATCH_ROWS`]:
+/// each without its line ending (`\n` or `\r\n`). A line that is not
+/// UTF-8 is an error naming the file and the line.
+fn open_text(path: &Path) -> Result<BatchIter> {
+    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let mut lines = BufReader::new(file).split(b'\n');
+    let path = path.to_path_buf();
+    let (mut line_number, mut done) = (0usize, false);
+    Ok(Box::new(std::iter::from_fn(move || {
+        let mut text = StringBuilder::new();
+        while !done && text.len() < READ_BATCH_ROWS {
+            let mut line = match lines.next() {
+                None => {
+                    done = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    done = true;
+                    return Some(Err(Error::io("reading", &path, e)));
+                }
+                Some(Ok(line)) => line,
+            };
+            line_number += 1;
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            match std::str::from_utf8(&line) {
+                Ok(line) => text.append_value(line),
+                Err(e) => {
+                    done = true;
+                    let why = format!("line {line_number} is not UTF-8 ({e})");
+                    return Some(Err(bad_file(&path, why)));
+                }
+            }
+        }
+        if text.is_empty() {
+            return None;
+        }
+        let text: ArrayRef = Arc::new(text.finish());
+        Some(Ok(
+            RecordBatch::try_new(text_schema(), vec![text]).expect("matches the schema")
+        ))
+    })))
+}
+
+/// The schema of `read_text`: `text` (utf8), one row per line.
+pub fn text_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, false)]))
 }
 
 /// The schema of `read_binary_files`: `path` (utf8) and `bytes` (binary).

@@ -76,6 +76,7 @@ pub(crate) enum SplitSpec {
         columns: Option<Vec<String>>,
     },
     BinaryFiles(Vec<String>),
+    Text(String),
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -217,6 +218,7 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
         SourceSplit::BinaryFiles(paths) => {
             SplitSpec::BinaryFiles(paths.iter().map(|p| absolute(p)).collect())
         }
+        SourceSplit::Text(path) => SplitSpec::Text(absolute(path)),
         SourceSplit::Batch(_) => {
             return Err(cannot_travel(
                 "the source `from_batches`",
@@ -250,6 +252,7 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
         SplitSpec::BinaryFiles(paths) => {
             SourceSplit::BinaryFiles(Arc::new(paths.iter().map(Into::into).collect()))
         }
+        SplitSpec::Text(path) => SourceSplit::Text(path.into()),
     }
 }
 

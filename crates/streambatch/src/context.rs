@@ -156,6 +156,11 @@ impl Context {
         Dataset::read_csv(self.runner.clone(), path)
     }
 
+    /// Text files: one row per line (`text`), without its line ending.
+    pub fn read_text(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_text(self.runner.clone(), path)
+    }
+
     /// Files read whole: one row per file (`path`, `bytes`).
     pub fn read_binary_files(&self, path: &str) -> Result<Dataset> {
         Dataset::read_binary_files(self.runner.clone(), path)
