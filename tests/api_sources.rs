@@ -261,3 +261,70 @@ fn a_text_line_that_is_not_utf8_is_named_with_its_file_and_number() {
         .to_string();
     assert!(err.contains("bad.txt") && err.contains("line 3"), "{err}");
 }
+
+#[test]
+fn read_json_merges_the_files_schemas_and_reads_every_object() {
+    use arrow_array::Array;
+    let dir = tempfile::tempdir().unwrap();
+    // The second file adds a field; nested objects and lists; a null.
+    std::fs::write(
+        dir.path().join("a.json"),
+        "{\"id\": 1, \"name\": \"ann\", \"tags\": [\"x\", \"y\"]}\n\
+         {\"id\": 2, \"name\": null, \"tags\": []}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.json"),
+        "{\"id\": 3, \"name\": \"bo\", \"tags\": [\"z\"], \"place\": {\"city\": \"Oslo\"}}\n",
+    )
+    .unwrap();
+    let ctx = ctx();
+    let ds = ctx.read_json(dir.path().to_str().unwrap()).unwrap();
+    let schema = ds.schema().unwrap();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["id", "name", "tags", "place"]);
+    let batches = ds.collect().unwrap();
+    assert_eq!(sorted_i64(&batches, "id"), vec![1, 2, 3]);
+    let mut seen = Vec::new();
+    for b in &batches {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let names = b.column(1).as_string::<i32>();
+        let tags = b.column(2).as_list::<i32>();
+        let place = b.column(3).as_struct();
+        for i in 0..b.num_rows() {
+            let tags = tags.value(i);
+            let tags: Vec<String> = tags
+                .as_string::<i32>()
+                .iter()
+                .map(|t| t.unwrap().to_string())
+                .collect();
+            let city = place.column(0).as_string::<i32>();
+            let city = (!place.is_null(i)).then(|| city.value(i).to_string());
+            let name = (!names.is_null(i)).then(|| names.value(i).to_string());
+            seen.push((ids.value(i), name, tags, city));
+        }
+    }
+    seen.sort();
+    let s = |v: &str| v.to_string();
+    assert_eq!(
+        seen,
+        vec![
+            (1, Some(s("ann")), vec![s("x"), s("y")], None),
+            (2, None, vec![], None),
+            (3, Some(s("bo")), vec![s("z")], Some(s("Oslo"))),
+        ]
+    );
+}
+
+#[test]
+fn a_json_file_that_is_not_json_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("good.json"), "{\"id\": 1}\n").unwrap();
+    std::fs::write(dir.path().join("bad.json"), "{\"id\": 2}\n{\"id\": \n").unwrap();
+    let err = ctx()
+        .read_json(dir.path().to_str().unwrap())
+        .and_then(|ds| ds.count())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bad.json"), "{err}");
+}

@@ -16,7 +16,8 @@ use crate::sink::{
     open_writer, staging_name,
 };
 use crate::source::{
-    bad_file, binary_files_schema, csv_schema, expand_paths, parquet_schema, text_schema,
+    bad_file, binary_files_schema, csv_schema, expand_paths, json_schema, parquet_schema,
+    text_schema,
 };
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
@@ -130,6 +131,22 @@ impl Dataset {
             })
             .collect();
         Ok(Self::from_source(runner, "read_csv", splits, Some(schema)))
+    }
+
+    /// Newline-delimited JSON files (a file, a directory or a glob): one
+    /// row per object, with the schema inferred from the files (their
+    /// first 1,000 objects each, merged); a task per file.
+    pub fn read_json(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        let files = expand_paths(path)?;
+        let schema = json_schema(&files)?;
+        let splits = files
+            .into_iter()
+            .map(|path| SourceSplit::Json {
+                path,
+                schema: schema.clone(),
+            })
+            .collect();
+        Ok(Self::from_source(runner, "read_json", splits, Some(schema)))
     }
 
     /// Text files (a file, a directory or a glob): one row per line, in a

@@ -49,6 +49,14 @@ pub enum SourceSplit {
     BinaryFiles(Arc<Vec<PathBuf>>),
     /// A text file, one row per line.
     Text(PathBuf),
+    /// A file of newline-delimited JSON, one row per object, read with the
+    /// schema of all the source's files.
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The schema inferred from the files.
+        schema: SchemaRef,
+    },
 }
 
 impl SourceSplit {
@@ -75,10 +83,15 @@ impl SourceSplit {
                     .with_batch_size(READ_BATCH_ROWS)
                     .build(BufReader::new(file))
                     .map_err(|e| bad_file(path, e))?;
-                let path = path.clone();
-                Ok(Box::new(
-                    reader.map(move |b| b.map_err(|e| bad_file(&path, e))),
-                ))
+                Ok(naming(path, reader))
+            }
+            SourceSplit::Json { path, schema } => {
+                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let reader = arrow_json::ReaderBuilder::new(schema.clone())
+                    .with_batch_size(READ_BATCH_ROWS)
+                    .build(BufReader::new(file))
+                    .map_err(|e| bad_file(path, e))?;
+                Ok(naming(path, reader))
             }
             SourceSplit::BinaryFiles(paths) => {
                 let paths = paths.clone();
@@ -96,6 +109,7 @@ impl SourceSplit {
             SourceSplit::Range { .. } | SourceSplit::Batch(_) => Vec::new(),
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
+            | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path) => vec![path],
             SourceSplit::BinaryFiles(paths) => paths.iter().map(PathBuf::as_path).collect(),
         }
@@ -108,12 +122,39 @@ impl SourceSplit {
             SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
+            | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path) => path.display().to_string(),
             SourceSplit::BinaryFiles(paths) => {
                 format!("{} files from {}", paths.len(), paths[0].display())
             }
         }
     }
+}
+
+/// `reader`'s batches, an error naming `path`.
+fn naming(
+    path: &Path,
+    reader: impl Iterator<Item = std::result::Result<RecordBatch, arrow_schema::ArrowError>>
+    + Send
+    + 'static,
+) -> BatchIter {
+    let path = path.to_path_buf();
+    Box::new(reader.map(move |b| b.map_err(|e| bad_file(&path, e))))
+}
+
+/// The schema of newline-delimited JSON files: each file's first 1,000
+/// objects inferred and the files' schemas merged (a field may be absent
+/// from some objects, then null). A file that is not JSON, or a field whose
+/// types disagree between files, is an error naming the file.
+pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
+    let mut merged = Schema::empty();
+    for path in files {
+        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let (schema, _) = arrow_json::reader::infer_json_schema(BufReader::new(file), Some(1000))
+            .map_err(|e| bad_file(path, e))?;
+        merged = Schema::try_merge([merged, schema]).map_err(|e| bad_file(path, e))?;
+    }
+    Ok(Arc::new(merged))
 }
 
 /// A file that could not be decoded, with what the decoder said.

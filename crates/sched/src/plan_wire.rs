@@ -228,6 +228,9 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
         SourceSplit::Csv { .. } => {
             return Err(cannot_travel("the source `read_csv`", "not supported yet"));
         }
+        SourceSplit::Json { .. } => {
+            return Err(cannot_travel("the source `read_json`", "not supported yet"));
+        }
     })
 }
 

@@ -156,6 +156,12 @@ impl Context {
         Dataset::read_csv(self.runner.clone(), path)
     }
 
+    /// Newline-delimited JSON files: one row per object, the schema
+    /// inferred from the files.
+    pub fn read_json(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_json(self.runner.clone(), path)
+    }
+
     /// Text files: one row per line (`text`), without its line ending.
     pub fn read_text(&self, path: &str) -> Result<Dataset> {
         Dataset::read_text(self.runner.clone(), path)
