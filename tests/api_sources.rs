@@ -317,7 +317,37 @@ fn read_json_merges_the_files_schemas_and_reads_every_object() {
 }
 
 #[test]
-fn a_json_file_that_is_not_json_is_named() {
+fn json_values_of_mixed_types_read_as_their_common_type() {
+    let dir = tempfile::tempdir().unwrap();
+    // A number and a string in one file: strings. Integers in one file,
+    // floats in the other: floats.
+    std::fs::write(
+        dir.path().join("a.json"),
+        "{\"v\": 1, \"n\": 1}\n{\"v\": \"x\", \"n\": 2}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("b.json"), "{\"v\": \"y\", \"n\": 2.5}\n").unwrap();
+    let batches = ctx()
+        .read_json(dir.path().to_str().unwrap())
+        .unwrap()
+        .collect()
+        .unwrap();
+    let mut got: Vec<(String, f64)> = Vec::new();
+    for b in &batches {
+        let v = b.column_by_name("v").unwrap().as_string::<i32>();
+        let n = b.column_by_name("n").unwrap().as_primitive::<Float64Type>();
+        got.extend((0..b.num_rows()).map(|i| (v.value(i).to_string(), n.value(i))));
+    }
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, [(s("1"), 1.0), (s("x"), 2.0), (s("y"), 2.5)]);
+}
+
+fn s(v: &str) -> String {
+    v.to_string()
+}
+
+#[test]
+fn a_json_file_that_is_not_json_is_named_when_planned_or_read() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("good.json"), "{\"id\": 1}\n").unwrap();
     std::fs::write(dir.path().join("bad.json"), "{\"id\": 2}\n{\"id\": \n").unwrap();
@@ -327,4 +357,13 @@ fn a_json_file_that_is_not_json_is_named() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("bad.json"), "{err}");
+
+    // Past the 1,000 objects the schema is inferred from: the read fails.
+    let late = tempfile::tempdir().unwrap();
+    let mut text: String = (0..1_500).map(|i| format!("{{\"id\": {i}}}\n")).collect();
+    text.push_str("{\"id\": oops}\n");
+    std::fs::write(late.path().join("late.json"), text).unwrap();
+    let ds = ctx().read_json(late.path().to_str().unwrap()).unwrap();
+    let err = ds.count().unwrap_err().to_string();
+    assert!(err.contains("late.json"), "{err}");
 }

@@ -13,11 +13,10 @@ use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
 use crate::sink::{
     ParquetSink, ParquetWriteOptions, Staging, abort_staging, commit_staging, create_staging,
-    open_writer, staging_name,
+    open_writer, staging_name, write_failed,
 };
 use crate::source::{
-    bad_file, binary_files_schema, csv_schema, expand_paths, json_schema, parquet_schema,
-    text_schema,
+    binary_files_schema, csv_schema, expand_paths, json_schema, parquet_schema, text_schema,
 };
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
@@ -134,8 +133,10 @@ impl Dataset {
     }
 
     /// Newline-delimited JSON files (a file, a directory or a glob): one
-    /// row per object, with the schema inferred from the files (their
-    /// first 1,000 objects each, merged); a task per file.
+    /// row per object, with the schema inferred from the first 1,000
+    /// objects of each file (a field first seen later is left out; a value
+    /// of a number and a string in one field reads as a string); a task
+    /// per file.
     pub fn read_json(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
         let files = expand_paths(path)?;
         let schema = json_schema(&files)?;
@@ -502,16 +503,16 @@ impl Dataset {
         for batch in self.iter_batches()? {
             let batch = batch?;
             if writer.is_none() {
-                writer = Some(open_writer(tmp, batch.schema(), options)?);
+                writer = Some(open_writer(tmp, path, batch.schema(), options)?);
             }
             let w = writer.as_mut().expect("opened above");
-            w.write(&batch).map_err(|e| bad_file(path, e))?;
+            w.write(&batch).map_err(|e| write_failed(path, e))?;
         }
         let writer = match writer {
             Some(w) => w,
-            None => open_writer(tmp, self.schema_without_rows(path)?, options)?,
+            None => open_writer(tmp, path, self.schema_without_rows(path)?, options)?,
         };
-        writer.close().map_err(|e| bad_file(path, e))?;
+        writer.close().map_err(|e| write_failed(path, e))?;
         std::fs::rename(tmp, path).map_err(|e| Error::io("renaming into", path, e))
     }
 

@@ -38,6 +38,14 @@ pub enum Error {
         /// What the decoder said.
         message: String,
     },
+    /// A file could not be written (the encoder failed, or the disk).
+    #[error("cannot write {path}: {message}")]
+    WriteFailed {
+        /// The file.
+        path: PathBuf,
+        /// What the encoder said.
+        message: String,
+    },
     /// Input files whose schemas disagree.
     #[error("schema of {path} differs from {first}: expected {expected}, found {found}")]
     SchemaMismatch {

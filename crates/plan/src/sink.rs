@@ -16,7 +16,6 @@ use parquet::basic::Compression;
 use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
 use streambatch_core::TaskId;
 
-use crate::source::bad_file;
 use crate::{BatchIter, Error, Result};
 
 /// How a Parquet write compresses and groups its rows.
@@ -74,7 +73,7 @@ impl ParquetWriteOptions {
         let refuse = |why: &dyn std::fmt::Display| {
             Error::Invalid(format!(
                 "Parquet compression `{name}`: {why} (one of uncompressed, snappy, lz4, \
-                 lz4_raw, gzip(0-9), brotli(0-11), zstd(1-22))"
+                 lz4_raw, gzip(0-9), brotli(0-11), zstd(up to 22))"
             ))
         };
         // The parser reads a level up to the last byte, whatever it is.
@@ -130,11 +129,11 @@ pub fn write_parquet_part(
                 continue;
             }
             if writer.is_none() {
-                writer = Some(open_writer(&tmp, batch.schema(), &sink.options)?);
+                writer = Some(open_writer(&tmp, &path, batch.schema(), &sink.options)?);
             }
             let w = writer.as_mut().expect("opened above");
             rows += batch.num_rows();
-            w.write(&batch).map_err(|e| bad_file(&path, e))?;
+            w.write(&batch).map_err(|e| write_failed(&path, e))?;
         }
         Ok(())
     })();
@@ -147,7 +146,7 @@ pub fn write_parquet_part(
         return Ok(Vec::new());
     };
     let finished = result.and_then(|()| {
-        writer.close().map_err(|e| bad_file(&path, e))?;
+        writer.close().map_err(|e| write_failed(&path, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("renaming into", &path, e))
     });
     if let Err(e) = finished {
@@ -160,14 +159,25 @@ pub fn write_parquet_part(
 /// Names of the schema-only files that tasks without rows leave in staging.
 const EMPTY_PREFIX: &str = ".empty-";
 
-/// A Parquet writer of `schema` into a new file at `path`.
+/// A Parquet writer of `schema` into a new file at `tmp`, its errors
+/// naming `path`, the file it becomes.
 pub(crate) fn open_writer(
+    tmp: &Path,
     path: &Path,
     schema: SchemaRef,
     options: &ParquetWriteOptions,
 ) -> Result<ArrowWriter<File>> {
-    let file = File::create(path).map_err(|e| Error::io("creating", path, e))?;
-    ArrowWriter::try_new(file, schema, Some(options.properties())).map_err(|e| bad_file(path, e))
+    let file = File::create(tmp).map_err(|e| write_failed(path, e))?;
+    ArrowWriter::try_new(file, schema, Some(options.properties()))
+        .map_err(|e| write_failed(path, e))
+}
+
+/// `path` could not be written, for `why`.
+pub(crate) fn write_failed(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::WriteFailed {
+        path: path.to_path_buf(),
+        message: why.to_string(),
+    }
 }
 
 /// Writes a file with `schema` and no rows at `path`, whole or not at all.
@@ -177,8 +187,8 @@ pub(crate) fn write_empty(
     options: &ParquetWriteOptions,
 ) -> Result<()> {
     let tmp = staging_name(path);
-    let written = open_writer(&tmp, schema, options)
-        .and_then(|w| w.close().map(drop).map_err(|e| bad_file(path, e)))
+    let written = open_writer(&tmp, path, schema, options)
+        .and_then(|w| w.close().map(drop).map_err(|e| write_failed(path, e)))
         .and_then(|()| {
             std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
         });
@@ -211,7 +221,9 @@ pub struct Staging {
 /// directories that writers killed before they finished left in `dir`
 /// (their process is gone) are removed first.
 pub fn create_staging(dir: &Path) -> Result<Staging> {
-    let made = dir.ancestors().take_while(|d| !d.exists()).last();
+    let made = (dir.ancestors())
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .last();
     let staging = Staging {
         path: PathBuf::new(),
         dir: dir.to_path_buf(),
@@ -290,41 +302,42 @@ pub fn commit_staging(staging: Staging) -> Result<Vec<PathBuf>> {
     committed
 }
 
+/// Renames the staged files in (replacing earlier parts of the same name),
+/// then removes the earlier parts not replaced: a failure part way loses
+/// no file of either write.
 fn move_staged(staging: &Staging) -> Result<Vec<PathBuf>> {
     let (path, dir) = (&staging.path, &staging.dir);
+    let mut staged = Vec::new();
+    let mut empty = None;
+    for entry in std::fs::read_dir(path)
+        .map_err(|e| Error::io("listing", path, e))?
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(EMPTY_PREFIX) {
+            empty.get_or_insert(entry.path());
+        } else if !name.starts_with('.') {
+            staged.push((entry.path(), name));
+        }
+    }
+    if let (true, Some(empty)) = (staged.is_empty(), empty) {
+        staged.push((empty, "part-000000.parquet".to_string()));
+    }
+    let mut committed = Vec::new();
+    for (from, name) in &staged {
+        let target = dir.join(name);
+        std::fs::rename(from, &target).map_err(|e| Error::io("renaming into", &target, e))?;
+        committed.push(target);
+    }
     for old in std::fs::read_dir(dir)
         .map_err(|e| Error::io("listing", dir, e))?
         .flatten()
     {
-        let name = old.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("part-") && name.ends_with(".parquet") {
+        let name = old.file_name().to_string_lossy().into_owned();
+        let replaced = staged.iter().any(|(_, n)| *n == name);
+        if name.starts_with("part-") && name.ends_with(".parquet") && !replaced {
             std::fs::remove_file(old.path()).map_err(|e| Error::io("removing", old.path(), e))?;
         }
-    }
-    let mut committed = Vec::new();
-    let mut empty = None;
-    for staged in std::fs::read_dir(path)
-        .map_err(|e| Error::io("listing", path, e))?
-        .flatten()
-    {
-        let name = staged.file_name();
-        let name_text = name.to_string_lossy();
-        if name_text.starts_with(EMPTY_PREFIX) {
-            empty.get_or_insert(staged.path());
-        }
-        if name_text.starts_with('.') {
-            continue;
-        }
-        let target = dir.join(&name);
-        std::fs::rename(staged.path(), &target)
-            .map_err(|e| Error::io("renaming into", &target, e))?;
-        committed.push(target);
-    }
-    if let (true, Some(empty)) = (committed.is_empty(), empty) {
-        let target = dir.join("part-000000.parquet");
-        std::fs::rename(&empty, &target).map_err(|e| Error::io("renaming into", &target, e))?;
-        committed.push(target);
     }
     committed.sort();
     Ok(committed)

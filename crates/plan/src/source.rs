@@ -87,8 +87,11 @@ impl SourceSplit {
             }
             SourceSplit::Json { path, schema } => {
                 let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                // A field inferred as a string from numbers and strings
+                // reads its numbers as strings.
                 let reader = arrow_json::ReaderBuilder::new(schema.clone())
                     .with_batch_size(READ_BATCH_ROWS)
+                    .with_coerce_primitive(true)
                     .build(BufReader::new(file))
                     .map_err(|e| bad_file(path, e))?;
                 Ok(naming(path, reader))
@@ -142,19 +145,30 @@ fn naming(
     Box::new(reader.map(move |b| b.map_err(|e| bad_file(&path, e))))
 }
 
-/// The schema of newline-delimited JSON files: each file's first 1,000
-/// objects inferred and the files' schemas merged (a field may be absent
-/// from some objects, then null). A file that is not JSON, or a field whose
-/// types disagree between files, is an error naming the file.
+/// The schema of newline-delimited JSON files, inferred from the first
+/// 1,000 objects of each file taken together (so that a field holding
+/// integers in one file and floats in another is a float, as it would be
+/// within one file). A file that is not JSON is an error naming it.
 pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
-    let mut merged = Schema::empty();
+    let mut objects = Vec::new();
     for path in files {
         let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-        let (schema, _) = arrow_json::reader::infer_json_schema(BufReader::new(file), Some(1000))
-            .map_err(|e| bad_file(path, e))?;
-        merged = Schema::try_merge([merged, schema]).map_err(|e| bad_file(path, e))?;
+        for object in arrow_json::reader::ValueIter::new(BufReader::new(file), Some(1000)) {
+            objects.push(object.map_err(|e| bad_file(path, e))?);
+        }
     }
-    Ok(Arc::new(merged))
+    let objects = objects.into_iter().map(Ok::<_, arrow_schema::ArrowError>);
+    let schema = arrow_json::reader::infer_json_schema_from_iterator(objects).map_err(|e| {
+        let files = files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>();
+        Error::Invalid(format!(
+            "cannot infer one schema for {}: {e}",
+            files.join(", ")
+        ))
+    })?;
+    Ok(Arc::new(schema))
 }
 
 /// A file that could not be decoded, with what the decoder said.

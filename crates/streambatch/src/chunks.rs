@@ -1,6 +1,6 @@
 //! Cutting large binary values (files read by `read_binary_files`) into
 //! pieces without copying them: each piece is a slice of the input's value
-//! buffer, which for a file is its read-only mapping.
+//! buffer.
 
 use std::sync::Arc;
 
@@ -65,7 +65,7 @@ impl BinaryPieces {
     fn new(batch: RecordBatch, name: &str, piece: usize, batch_bytes: usize) -> Self {
         let input = batch.schema();
         let column = match input.index_of(name) {
-            _ if name != "offset" && input.index_of("offset").is_ok() => Err(
+            _ if input.index_of("offset").is_ok() => Err(
                 "chunk_binary: the input has a column `offset` already, which its output adds"
                     .to_string(),
             ),
