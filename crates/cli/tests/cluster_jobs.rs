@@ -775,4 +775,17 @@ fn text_files_read_on_a_cluster_write_parquet_with_its_options() {
         .collect();
     want.sort();
     assert_eq!(lines, want);
+
+    // The other formats travel too: Arrow IPC written by the nodes, read
+    // back by them.
+    let ipc = dir.join("ipc");
+    let text = ctx.read_text(input.to_str().unwrap()).unwrap();
+    assert_eq!(text.write_ipc(&ipc).unwrap().len(), 6);
+    assert_eq!(
+        ctx.read_ipc(ipc.to_str().unwrap())
+            .unwrap()
+            .count()
+            .unwrap(),
+        3000
+    );
 }

@@ -12,11 +12,12 @@ use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
 use crate::sink::{
-    ParquetSink, ParquetWriteOptions, Staging, abort_staging, commit_staging, create_staging,
-    open_writer, staging_name, write_failed,
+    FileFormat, FileSink, FormatWriter, ParquetWriteOptions, Staging, abort_staging,
+    commit_staging, create_staging, write_whole,
 };
 use crate::source::{
-    binary_files_schema, csv_schema, expand_paths, json_schema, parquet_schema, text_schema,
+    binary_files_schema, csv_schema, expand_paths, ipc_schema, json_schema, parquet_schema,
+    text_schema,
 };
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
@@ -148,6 +149,15 @@ impl Dataset {
             })
             .collect();
         Ok(Self::from_source(runner, "read_json", splits, Some(schema)))
+    }
+
+    /// Arrow IPC files (a file, a directory or a glob), a task per file;
+    /// every file's schema is read now, and must agree.
+    pub fn read_ipc(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        let files = expand_paths(path)?;
+        let schema = ipc_schema(&files)?;
+        let splits = files.into_iter().map(SourceSplit::Ipc).collect();
+        Ok(Self::from_source(runner, "read_ipc", splits, Some(schema)))
     }
 
     /// Text files (a file, a directory or a glob): one row per line, in a
@@ -420,12 +430,37 @@ impl Dataset {
         dir: impl AsRef<Path>,
         options: &ParquetWriteOptions,
     ) -> Result<Vec<PathBuf>> {
-        let staging = create_staging(dir.as_ref())?;
+        self.write_files(dir.as_ref(), FileFormat::Parquet(*options), "write_parquet")
+    }
+
+    /// Writes the rows as CSV files with a header row, `part-*.csv` in
+    /// `dir`, one per task, as [`Dataset::write_parquet_with`] writes
+    /// Parquet (all or nothing; a result with no rows is a file with the
+    /// header).
+    pub fn write_csv(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
+        self.write_files(dir.as_ref(), FileFormat::Csv, "write_csv")
+    }
+
+    /// Writes the rows as newline-delimited JSON, `part-*.json` in `dir`,
+    /// one object per row and a file per task, as
+    /// [`Dataset::write_parquet_with`] writes Parquet.
+    pub fn write_json(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
+        self.write_files(dir.as_ref(), FileFormat::Json, "write_json")
+    }
+
+    /// Writes the rows as Arrow IPC files, `part-*.arrow` in `dir`, a file
+    /// per task, as [`Dataset::write_parquet_with`] writes Parquet.
+    pub fn write_ipc(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
+        self.write_files(dir.as_ref(), FileFormat::Ipc, "write_ipc")
+    }
+
+    fn write_files(&self, dir: &Path, format: FileFormat, name: &str) -> Result<Vec<PathBuf>> {
+        let staging = create_staging(dir)?;
         let op = LogicalOp::Op(OpSpec {
-            name: "write_parquet".into(),
-            kind: OpKind::WriteParquet(ParquetSink {
+            name: name.into(),
+            kind: OpKind::WriteFiles(FileSink {
                 dir: staging.path.clone(),
-                options: *options,
+                format,
             }),
             options: StageOptions::default(),
         });
@@ -436,9 +471,9 @@ impl Dataset {
         let staged = self
             .start(plan)
             .and_then(|stream| stream.collect::<Result<Vec<_>>>())
-            .and_then(|_| self.stage_schema_if_empty(&staging, options));
+            .and_then(|_| self.stage_schema_if_empty(&staging, &format));
         match staged {
-            Ok(()) => commit_staging(staging),
+            Ok(()) => commit_staging(staging, &format),
             Err(e) => {
                 abort_staging(staging);
                 Err(e)
@@ -449,16 +484,12 @@ impl Dataset {
     /// When no task staged a file (there was no input at all), stages one
     /// with the plan's schema, or fails when that is known only from rows:
     /// a write always leaves a file with the schema.
-    fn stage_schema_if_empty(
-        &self,
-        staging: &Staging,
-        options: &ParquetWriteOptions,
-    ) -> Result<()> {
+    fn stage_schema_if_empty(&self, staging: &Staging, format: &FileFormat) -> Result<()> {
         if !staging.is_empty()? {
             return Ok(());
         }
         let schema = self.schema_without_rows(staging.path.parent().unwrap_or(&staging.path))?;
-        staging.stage_empty(schema, options)
+        staging.stage_empty(schema, format)
     }
 
     /// The schema of a write with no rows, for its schema-only file: known
@@ -490,30 +521,25 @@ impl Dataset {
         options: &ParquetWriteOptions,
     ) -> Result<PathBuf> {
         let path = path.as_ref();
-        let tmp = staging_name(path);
-        let written = self.write_one_file(&tmp, path, options);
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map(|()| path.to_path_buf())
-    }
-
-    fn write_one_file(&self, tmp: &Path, path: &Path, options: &ParquetWriteOptions) -> Result<()> {
-        let mut writer = None;
-        for batch in self.iter_batches()? {
-            let batch = batch?;
-            if writer.is_none() {
-                writer = Some(open_writer(tmp, path, batch.schema(), options)?);
+        let format = FileFormat::Parquet(*options);
+        write_whole(path, |tmp| {
+            let mut writer = None;
+            for batch in self.iter_batches()? {
+                let batch = batch?;
+                if writer.is_none() {
+                    writer = Some(FormatWriter::create(tmp, path, batch.schema(), &format)?);
+                }
+                writer.as_mut().expect("opened above").write(&batch, path)?;
             }
-            let w = writer.as_mut().expect("opened above");
-            w.write(&batch).map_err(|e| write_failed(path, e))?;
-        }
-        let writer = match writer {
-            Some(w) => w,
-            None => open_writer(tmp, path, self.schema_without_rows(path)?, options)?,
-        };
-        writer.close().map_err(|e| write_failed(path, e))?;
-        std::fs::rename(tmp, path).map_err(|e| Error::io("renaming into", path, e))
+            match writer {
+                Some(w) => w.close(path),
+                None => {
+                    let schema = self.schema_without_rows(path)?;
+                    FormatWriter::create(tmp, path, schema, &format)?.close(path)
+                }
+            }
+        })?;
+        Ok(path.to_path_buf())
     }
 
     /// Runs the plan and keeps its output in memory as a new dataset.

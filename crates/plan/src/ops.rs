@@ -10,7 +10,7 @@ use arrow_schema::{Field, Schema};
 use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
 use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
-use crate::sink::{ParquetSink, write_parquet_part};
+use crate::sink::{FileSink, write_part};
 use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
 use crate::{BatchIter, Error, Expr, Result};
 
@@ -75,8 +75,8 @@ pub enum OpKind {
     WithColumn(String, Expr),
     /// A batch function.
     MapBatches(Arc<dyn BatchUdf>),
-    /// Write each task's rows to a Parquet file in a staging directory.
-    WriteParquet(ParquetSink),
+    /// Write each task's rows to a file in a staging directory.
+    WriteFiles(FileSink),
 }
 
 /// One operator of a plan: what it does, its name and how it runs.
@@ -228,13 +228,13 @@ pub fn apply(
                 out
             }))
         }
-        OpKind::WriteParquet(sink) => {
+        OpKind::WriteFiles(sink) => {
             let sink = sink.clone();
             let task = env.task;
             let mut input = Some(input);
             Box::new(std::iter::from_fn(move || {
                 let input = input.take()?;
-                Some(write_parquet_part(&sink, task, input).map(|written| {
+                Some(write_part(&sink, task, input).map(|written| {
                     let (paths, rows): (Vec<String>, Vec<i64>) = written
                         .into_iter()
                         .map(|(p, r)| (p.display().to_string(), r as i64))

@@ -309,7 +309,7 @@ impl ExecPlan {
         self.stages.iter().any(|s| match &s.kind {
             StageKind::Source { ops, .. } | StageKind::Map { ops } => ops
                 .iter()
-                .any(|(_, op)| matches!(op.kind, OpKind::WriteParquet(_))),
+                .any(|(_, op)| matches!(op.kind, OpKind::WriteFiles(_))),
             _ => false,
         })
     }

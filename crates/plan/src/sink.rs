@@ -1,22 +1,26 @@
-//! The Parquet sink. Each task writes its rows to one file in a staging
-//! directory under a temporary name and renames it when complete; a retried
-//! task writes the same name again, so a partition lands once. When the job
-//! succeeds the staged files move into the output directory (replacing the
-//! `part-*.parquet` files of an earlier write); when it fails the staging
+//! The file sink (Parquet, CSV, JSON, Arrow IPC; see [`FileFormat`]). Each
+//! task writes its rows to one file in a staging directory under a
+//! temporary name and renames it when complete; a retried task writes the
+//! same name again, so a partition lands once. When the job succeeds the
+//! staged files move into the output directory (replacing the `part-*`
+//! files of an earlier write in that format); when it fails the staging
 //! directory is removed. The output never holds a partial file. A write
 //! whose rows were all filtered away still leaves one file, with the schema
 //! and no rows, as Spark and pyarrow do.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow_schema::SchemaRef;
-use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
 use streambatch_core::TaskId;
 
 use crate::{BatchIter, Error, Result};
+
+mod format;
+
+pub use format::FileFormat;
+pub(crate) use format::FormatWriter;
 
 /// How a Parquet write compresses and groups its rows.
 ///
@@ -90,7 +94,7 @@ impl ParquetWriteOptions {
         })
     }
 
-    fn properties(&self) -> WriterProperties {
+    pub(crate) fn properties(&self) -> WriterProperties {
         WriterProperties::builder()
             .set_compression(self.compression)
             .set_max_row_group_row_count(Some(self.max_row_group_rows.max(1)))
@@ -98,27 +102,27 @@ impl ParquetWriteOptions {
     }
 }
 
-/// Where a write's tasks put their files, and how they write them.
+/// Where a write's tasks put their files, and in what format.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ParquetSink {
+pub struct FileSink {
     /// The write's staging directory.
     pub dir: PathBuf,
-    /// Codec and row groups.
-    pub options: ParquetWriteOptions,
+    /// The files' format.
+    pub format: FileFormat,
 }
 
-/// Writes all of `input` to `dir/part-<task>.parquet`; returns the file and
-/// its rows, or nothing when the input had no rows (then, when it had a
-/// schema, a hidden schema-only file is left for [`commit_staging`]).
-pub fn write_parquet_part(
-    sink: &ParquetSink,
+/// Writes all of `input` to `dir/part-<task>.<extension>`; returns the file
+/// and its rows, or nothing when the input had no rows (then, when it had a
+/// schema, a hidden file without rows is left for [`commit_staging`]).
+pub fn write_part(
+    sink: &FileSink,
     task: TaskId,
     input: BatchIter,
 ) -> Result<Vec<(PathBuf, usize)>> {
-    let dir = &sink.dir;
-    let path = dir.join(format!("part-{:06}.parquet", task.0));
-    let tmp = dir.join(format!(".part-{:06}.parquet.tmp", task.0));
-    let mut writer: Option<ArrowWriter<File>> = None;
+    let (dir, ext) = (&sink.dir, sink.format.extension());
+    let path = dir.join(format!("part-{:06}.{ext}", task.0));
+    let tmp = dir.join(format!(".part-{:06}.{ext}.tmp", task.0));
+    let mut writer: Option<FormatWriter> = None;
     let mut schema: Option<SchemaRef> = None;
     let mut rows = 0;
     let result = (|| -> Result<()> {
@@ -129,24 +133,28 @@ pub fn write_parquet_part(
                 continue;
             }
             if writer.is_none() {
-                writer = Some(open_writer(&tmp, &path, batch.schema(), &sink.options)?);
+                let w = FormatWriter::create(&tmp, &path, batch.schema(), &sink.format)?;
+                writer = Some(w);
             }
-            let w = writer.as_mut().expect("opened above");
             rows += batch.num_rows();
-            w.write(&batch).map_err(|e| write_failed(&path, e))?;
+            writer
+                .as_mut()
+                .expect("opened above")
+                .write(&batch, &path)?;
         }
         Ok(())
     })();
     let Some(writer) = writer else {
+        let _ = std::fs::remove_file(&tmp);
         result?;
         if let Some(schema) = schema {
-            let empty = dir.join(format!("{EMPTY_PREFIX}{:06}.parquet", task.0));
-            write_empty(&empty, schema, &sink.options)?;
+            let empty = dir.join(format!("{EMPTY_PREFIX}{:06}.{ext}", task.0));
+            write_empty(&empty, schema, &sink.format)?;
         }
         return Ok(Vec::new());
     };
     let finished = result.and_then(|()| {
-        writer.close().map_err(|e| write_failed(&path, e))?;
+        writer.close(&path)?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("renaming into", &path, e))
     });
     if let Err(e) = finished {
@@ -156,21 +164,8 @@ pub fn write_parquet_part(
     Ok(vec![(path, rows)])
 }
 
-/// Names of the schema-only files that tasks without rows leave in staging.
+/// Names of the files without rows that tasks without rows leave in staging.
 const EMPTY_PREFIX: &str = ".empty-";
-
-/// A Parquet writer of `schema` into a new file at `tmp`, its errors
-/// naming `path`, the file it becomes.
-pub(crate) fn open_writer(
-    tmp: &Path,
-    path: &Path,
-    schema: SchemaRef,
-    options: &ParquetWriteOptions,
-) -> Result<ArrowWriter<File>> {
-    let file = File::create(tmp).map_err(|e| write_failed(path, e))?;
-    ArrowWriter::try_new(file, schema, Some(options.properties()))
-        .map_err(|e| write_failed(path, e))
-}
 
 /// `path` could not be written, for `why`.
 pub(crate) fn write_failed(path: &Path, why: impl std::fmt::Display) -> Error {
@@ -181,17 +176,19 @@ pub(crate) fn write_failed(path: &Path, why: impl std::fmt::Display) -> Error {
 }
 
 /// Writes a file with `schema` and no rows at `path`, whole or not at all.
-pub(crate) fn write_empty(
-    path: &Path,
-    schema: SchemaRef,
-    options: &ParquetWriteOptions,
-) -> Result<()> {
+pub(crate) fn write_empty(path: &Path, schema: SchemaRef, format: &FileFormat) -> Result<()> {
+    write_whole(path, |tmp| {
+        FormatWriter::create(tmp, path, schema, format)?.close(path)
+    })
+}
+
+/// Writes `path` through `write` (given where to write), beside it first,
+/// then renamed into place: whole or not at all.
+pub(crate) fn write_whole(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = staging_name(path);
-    let written = open_writer(&tmp, path, schema, options)
-        .and_then(|w| w.close().map(drop).map_err(|e| write_failed(path, e)))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
-        });
+    let written = write(&tmp).and_then(|()| {
+        std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
+    });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -265,9 +262,10 @@ impl Staging {
         }))
     }
 
-    /// Stages a file with `schema` and no rows as `part-000000.parquet`.
-    pub fn stage_empty(&self, schema: SchemaRef, options: &ParquetWriteOptions) -> Result<()> {
-        write_empty(&self.path.join("part-000000.parquet"), schema, options)
+    /// Stages a file with `schema` and no rows as `part-000000.<extension>`.
+    pub fn stage_empty(&self, schema: SchemaRef, format: &FileFormat) -> Result<()> {
+        let name = format!("part-000000.{}", format.extension());
+        write_empty(&self.path.join(name), schema, format)
     }
 }
 
@@ -293,10 +291,10 @@ fn remove_abandoned(dir: &Path) {
 }
 
 /// Moves the staged files into the output directory, replacing its earlier
-/// `part-*.parquet` files, and removes the staging directory. When no task
-/// wrote rows, one task's schema-only file becomes `part-000000.parquet`.
-pub fn commit_staging(staging: Staging) -> Result<Vec<PathBuf>> {
-    let committed = move_staged(&staging);
+/// `part-*` files of `format`, and removes the staging directory. When no
+/// task wrote rows, one task's file without rows becomes `part-000000`.
+pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathBuf>> {
+    let committed = move_staged(&staging, format.extension());
     // Whatever happened, the staging directory goes.
     let _ = std::fs::remove_dir_all(&staging.path);
     committed
@@ -305,7 +303,7 @@ pub fn commit_staging(staging: Staging) -> Result<Vec<PathBuf>> {
 /// Renames the staged files in (replacing earlier parts of the same name),
 /// then removes the earlier parts not replaced: a failure part way loses
 /// no file of either write.
-fn move_staged(staging: &Staging) -> Result<Vec<PathBuf>> {
+fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     let (path, dir) = (&staging.path, &staging.dir);
     let mut staged = Vec::new();
     let mut empty = None;
@@ -321,7 +319,7 @@ fn move_staged(staging: &Staging) -> Result<Vec<PathBuf>> {
         }
     }
     if let (true, Some(empty)) = (staged.is_empty(), empty) {
-        staged.push((empty, "part-000000.parquet".to_string()));
+        staged.push((empty, format!("part-000000.{extension}")));
     }
     let mut committed = Vec::new();
     for (from, name) in &staged {
@@ -335,7 +333,8 @@ fn move_staged(staging: &Staging) -> Result<Vec<PathBuf>> {
     {
         let name = old.file_name().to_string_lossy().into_owned();
         let replaced = staged.iter().any(|(_, n)| *n == name);
-        if name.starts_with("part-") && name.ends_with(".parquet") && !replaced {
+        let part = name.starts_with("part-") && name.ends_with(&format!(".{extension}"));
+        if part && !replaced {
             std::fs::remove_file(old.path()).map_err(|e| Error::io("removing", old.path(), e))?;
         }
     }

@@ -49,6 +49,8 @@ pub enum SourceSplit {
     BinaryFiles(Arc<Vec<PathBuf>>),
     /// A text file, one row per line.
     Text(PathBuf),
+    /// An Arrow IPC file.
+    Ipc(PathBuf),
     /// A file of newline-delimited JSON, one row per object, read with the
     /// schema of all the source's files.
     Json {
@@ -103,6 +105,12 @@ impl SourceSplit {
                 ))
             }
             SourceSplit::Text(path) => open_text(path),
+            SourceSplit::Ipc(path) => {
+                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let reader = arrow_ipc::reader::FileReader::try_new_buffered(file, None)
+                    .map_err(|e| bad_file(path, e))?;
+                Ok(naming(path, reader))
+            }
         }
     }
 
@@ -113,7 +121,8 @@ impl SourceSplit {
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
             | SourceSplit::Json { path, .. }
-            | SourceSplit::Text(path) => vec![path],
+            | SourceSplit::Text(path)
+            | SourceSplit::Ipc(path) => vec![path],
             SourceSplit::BinaryFiles(paths) => paths.iter().map(PathBuf::as_path).collect(),
         }
     }
@@ -126,7 +135,8 @@ impl SourceSplit {
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
             | SourceSplit::Json { path, .. }
-            | SourceSplit::Text(path) => path.display().to_string(),
+            | SourceSplit::Text(path)
+            | SourceSplit::Ipc(path) => path.display().to_string(),
             SourceSplit::BinaryFiles(paths) => {
                 format!("{} files from {}", paths.len(), paths[0].display())
             }
@@ -143,6 +153,33 @@ fn naming(
 ) -> BatchIter {
     let path = path.to_path_buf();
     Box::new(reader.map(move |b| b.map_err(|e| bad_file(&path, e))))
+}
+
+/// The schema of Arrow IPC files, read from each file's footer; files whose
+/// schemas disagree are an error naming both.
+pub fn ipc_schema(files: &[PathBuf]) -> Result<SchemaRef> {
+    let mut first: Option<(SchemaRef, &PathBuf)> = None;
+    for path in files {
+        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let reader = arrow_ipc::reader::FileReader::try_new_buffered(file, None)
+            .map_err(|e| bad_file(path, e))?;
+        let schema = reader.schema();
+        match &first {
+            None => first = Some((schema, path)),
+            Some((expected, first_path)) if expected.fields() != schema.fields() => {
+                return Err(Error::SchemaMismatch {
+                    path: path.clone(),
+                    first: (*first_path).clone(),
+                    expected: describe_schema(expected),
+                    found: describe_schema(&schema),
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    first
+        .map(|(schema, _)| schema)
+        .ok_or_else(|| Error::Invalid("read_ipc: no files".into()))
 }
 
 /// The schema of newline-delimited JSON files, inferred from the first

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
-use streambatch_plan::sink::{ParquetSink, ParquetWriteOptions};
+use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
     Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, SourceSplit, Stage, StageKind,
 };
@@ -56,10 +56,12 @@ pub(crate) enum OpKindSpec {
         name: String,
         params: Vec<u8>,
     },
-    /// The staging directory, the codec as `ParquetWriteOptions::codec_name`
-    /// writes it, rows per row group.
-    WriteParquet {
+    /// The staging directory, the format's extension and, for Parquet, the
+    /// codec as `ParquetWriteOptions::codec_name` writes it and the rows per
+    /// row group.
+    WriteFiles {
         dir: String,
+        format: String,
         codec: String,
         max_row_group_rows: u64,
     },
@@ -77,6 +79,7 @@ pub(crate) enum SplitSpec {
     },
     BinaryFiles(Vec<String>),
     Text(String),
+    Ipc(String),
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -160,7 +163,7 @@ impl PlanSpec {
             })
             .filter_map(|op| match &op.kind {
                 OpKindSpec::Recipe { name, .. } => Some(name.clone()),
-                OpKindSpec::WriteParquet { .. } => None,
+                OpKindSpec::WriteFiles { .. } => None,
             })
             .collect();
         names.sort();
@@ -219,6 +222,7 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             SplitSpec::BinaryFiles(paths.iter().map(|p| absolute(p)).collect())
         }
         SourceSplit::Text(path) => SplitSpec::Text(absolute(path)),
+        SourceSplit::Ipc(path) => SplitSpec::Ipc(absolute(path)),
         SourceSplit::Batch(_) => {
             return Err(cannot_travel(
                 "the source `from_batches`",
@@ -256,6 +260,7 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
             SourceSplit::BinaryFiles(Arc::new(paths.iter().map(Into::into).collect()))
         }
         SplitSpec::Text(path) => SourceSplit::Text(path.into()),
+        SplitSpec::Ipc(path) => SourceSplit::Ipc(path.into()),
     }
 }
 
@@ -270,11 +275,18 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         .ok_or_else(|| cannot_travel(&what(), "it is a closure"))?;
                     OpKindSpec::Recipe { name, params }
                 }
-                OpKind::WriteParquet(sink) => OpKindSpec::WriteParquet {
-                    dir: absolute(&sink.dir),
-                    codec: sink.options.codec_name(),
-                    max_row_group_rows: sink.options.max_row_group_rows as u64,
-                },
+                OpKind::WriteFiles(sink) => {
+                    let parquet = match sink.format {
+                        FileFormat::Parquet(options) => options,
+                        _ => ParquetWriteOptions::default(),
+                    };
+                    OpKindSpec::WriteFiles {
+                        dir: absolute(&sink.dir),
+                        format: sink.format.extension().to_string(),
+                        codec: parquet.codec_name(),
+                        max_row_group_rows: parquet.max_row_group_rows as u64,
+                    }
+                }
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }
@@ -303,18 +315,21 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
                     };
                     OpKind::MapBatches(Arc::new(registry.rebuild(&recipe)?))
                 }
-                OpKindSpec::WriteParquet {
+                OpKindSpec::WriteFiles {
                     dir,
+                    format,
                     codec,
                     max_row_group_rows,
                 } => {
-                    let options = ParquetWriteOptions {
+                    let parquet = ParquetWriteOptions {
                         max_row_group_rows: *max_row_group_rows as usize,
                         ..Default::default()
                     };
-                    OpKind::WriteParquet(ParquetSink {
+                    let format = FileFormat::of_extension(format, parquet.with_codec(codec)?)
+                        .ok_or_else(|| Error::Invalid(format!("unknown file format `{format}`")))?;
+                    OpKind::WriteFiles(FileSink {
                         dir: dir.into(),
-                        options: options.with_codec(codec)?,
+                        format,
                     })
                 }
             };

@@ -162,6 +162,11 @@ impl Context {
         Dataset::read_json(self.runner.clone(), path)
     }
 
+    /// Arrow IPC files, their schemas read now.
+    pub fn read_ipc(&self, path: &str) -> Result<Dataset> {
+        Dataset::read_ipc(self.runner.clone(), path)
+    }
+
     /// Text files: one row per line (`text`), without its line ending.
     pub fn read_text(&self, path: &str) -> Result<Dataset> {
         Dataset::read_text(self.runner.clone(), path)

@@ -1,0 +1,130 @@
+//! The formats a write's files can be in, and a writer for each: Parquet
+//! (with its codec and row groups), CSV with a header row,
+//! newline-delimited JSON, and Arrow IPC files.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use parquet::arrow::ArrowWriter;
+
+use super::{ParquetWriteOptions, write_failed};
+use crate::Result;
+
+/// The format of a write's files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileFormat {
+    /// Parquet, with its codec and row groups.
+    Parquet(ParquetWriteOptions),
+    /// CSV with a header row (an empty result: the header alone).
+    Csv,
+    /// One JSON object per line (an empty result: an empty file).
+    Json,
+    /// An Arrow IPC file (an empty result: the schema alone).
+    Ipc,
+}
+
+impl FileFormat {
+    /// The files' extension: `parquet`, `csv`, `json`, `arrow`.
+    pub fn extension(&self) -> &'static str {
+        match self {
+            Self::Parquet(_) => "parquet",
+            Self::Csv => "csv",
+            Self::Json => "json",
+            Self::Ipc => "arrow",
+        }
+    }
+
+    /// The format whose files end in `extension` (Parquet with `parquet`).
+    pub fn of_extension(extension: &str, parquet: ParquetWriteOptions) -> Option<Self> {
+        match extension {
+            "parquet" => Some(Self::Parquet(parquet)),
+            "csv" => Some(Self::Csv),
+            "json" => Some(Self::Json),
+            "arrow" => Some(Self::Ipc),
+            _ => None,
+        }
+    }
+}
+
+/// A file being written in one of the formats.
+pub(crate) enum FormatWriter {
+    Parquet(ArrowWriter<File>),
+    Csv(arrow_csv::Writer<BufWriter<File>>),
+    Json(arrow_json::LineDelimitedWriter<BufWriter<File>>),
+    Ipc(arrow_ipc::writer::FileWriter<BufWriter<File>>),
+}
+
+impl FormatWriter {
+    /// A writer of `schema` into a new file at `tmp`, its errors naming
+    /// `path`, the file it becomes.
+    pub(crate) fn create(
+        tmp: &Path,
+        path: &Path,
+        schema: SchemaRef,
+        format: &FileFormat,
+    ) -> Result<Self> {
+        let file = File::create(tmp).map_err(|e| write_failed(path, e))?;
+        let failed = |e: arrow_schema::ArrowError| write_failed(path, e);
+        Ok(match format {
+            FileFormat::Parquet(options) => {
+                let properties = Some(options.properties());
+                let writer = ArrowWriter::try_new(file, schema, properties);
+                Self::Parquet(writer.map_err(|e| write_failed(path, e))?)
+            }
+            FileFormat::Csv => {
+                let mut writer = arrow_csv::Writer::new(BufWriter::new(file));
+                // The header, so that a file without rows still has it.
+                writer
+                    .write(&RecordBatch::new_empty(schema))
+                    .map_err(failed)?;
+                Self::Csv(writer)
+            }
+            FileFormat::Json => {
+                Self::Json(arrow_json::LineDelimitedWriter::new(BufWriter::new(file)))
+            }
+            FileFormat::Ipc => {
+                let writer = arrow_ipc::writer::FileWriter::try_new_buffered(file, &schema)
+                    .map_err(failed)?;
+                Self::Ipc(writer)
+            }
+        })
+    }
+
+    /// Appends `batch`; an error names `path`.
+    pub(crate) fn write(&mut self, batch: &RecordBatch, path: &Path) -> Result<()> {
+        match self {
+            Self::Parquet(w) => w.write(batch).map_err(|e| write_failed(path, e)),
+            Self::Csv(w) => w.write(batch).map_err(|e| write_failed(path, e)),
+            Self::Json(w) => w.write(batch).map_err(|e| write_failed(path, e)),
+            Self::Ipc(w) => w.write(batch).map_err(|e| write_failed(path, e)),
+        }
+    }
+
+    /// Finishes the file (footer, flush) and closes it.
+    pub(crate) fn close(self, path: &Path) -> Result<()> {
+        let failed = |e: &dyn std::fmt::Display| write_failed(path, e);
+        match self {
+            Self::Parquet(w) => w.close().map(drop).map_err(|e| failed(&e)),
+            Self::Csv(w) => w
+                .into_inner()
+                .into_inner()
+                .map(drop)
+                .map_err(|e| failed(&e)),
+            Self::Json(mut w) => {
+                w.finish().map_err(|e| failed(&e))?;
+                w.into_inner()
+                    .into_inner()
+                    .map(drop)
+                    .map_err(|e| failed(&e))
+            }
+            Self::Ipc(mut w) => {
+                w.finish().map_err(|e| failed(&e))?;
+                let inner = w.into_inner().map_err(|e| failed(&e))?;
+                inner.into_inner().map(drop).map_err(|e| failed(&e))
+            }
+        }
+    }
+}
