@@ -37,10 +37,9 @@ pub fn write(stats: &JobStats, path: &Path) -> Result<()> {
 /// Writes `bytes` beside `path`, then renames them into it: a reader sees
 /// the whole file or none.
 fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let staging = path.with_file_name(format!(".{name}.partial"));
-    std::fs::write(&staging, bytes).map_err(|e| Error::io("writing", &staging, e))?;
-    std::fs::rename(&staging, path).map_err(|e| Error::io("renaming into", path, e))
+    crate::sink::write_whole(path, |tmp| {
+        std::fs::write(tmp, bytes).map_err(|e| Error::io("writing", tmp, e))
+    })
 }
 
 /// The Chrome trace of `stats` (a JSON object with `traceEvents`).
