@@ -121,16 +121,9 @@ impl Dataset {
 
     /// CSV files with a header row; the schema is inferred from the first file.
     pub fn read_csv(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
-        let files = expand_paths(path)?;
-        let schema = csv_schema(&files)?;
-        let splits = files
-            .into_iter()
-            .map(|path| SourceSplit::Csv {
-                path,
-                schema: schema.clone(),
-            })
-            .collect();
-        Ok(Self::from_source(runner, "read_csv", splits, Some(schema)))
+        Self::per_file(runner, "read_csv", path, csv_schema, |path, schema| {
+            SourceSplit::Csv { path, schema }
+        })
     }
 
     /// Newline-delimited JSON files (a file, a directory or a glob): one
@@ -139,40 +132,45 @@ impl Dataset {
     /// of a number and a string in one field reads as a string); a task
     /// per file.
     pub fn read_json(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
-        let files = expand_paths(path)?;
-        let schema = json_schema(&files)?;
-        let splits = files
-            .into_iter()
-            .map(|path| SourceSplit::Json {
-                path,
-                schema: schema.clone(),
-            })
-            .collect();
-        Ok(Self::from_source(runner, "read_json", splits, Some(schema)))
+        Self::per_file(runner, "read_json", path, json_schema, |path, schema| {
+            SourceSplit::Json { path, schema }
+        })
     }
 
     /// Arrow IPC files (a file, a directory or a glob), a task per file;
     /// every file's schema is read now, and must agree.
     pub fn read_ipc(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
+        Self::per_file(runner, "read_ipc", path, ipc_schema, |path, _| {
+            SourceSplit::Ipc(path)
+        })
+    }
+
+    /// A source named `name` with a split per file of `path` (a file, a
+    /// directory or a glob), made by `split` with the files' schema as
+    /// `schema_of` finds it.
+    fn per_file(
+        runner: Arc<dyn Runner>,
+        name: &str,
+        path: &str,
+        schema_of: impl FnOnce(&[PathBuf]) -> Result<SchemaRef>,
+        split: impl Fn(PathBuf, SchemaRef) -> SourceSplit,
+    ) -> Result<Self> {
         let files = expand_paths(path)?;
-        let schema = ipc_schema(&files)?;
-        let splits = files.into_iter().map(SourceSplit::Ipc).collect();
-        Ok(Self::from_source(runner, "read_ipc", splits, Some(schema)))
+        let schema = schema_of(&files)?;
+        let splits = files
+            .into_iter()
+            .map(|file| split(file, schema.clone()))
+            .collect();
+        Ok(Self::from_source(runner, name, splits, Some(schema)))
     }
 
     /// Text files (a file, a directory or a glob): one row per line, in a
     /// column `text`, without its line ending; a task per file.
     pub fn read_text(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
-        let splits = expand_paths(path)?
-            .into_iter()
-            .map(SourceSplit::Text)
-            .collect();
-        Ok(Self::from_source(
-            runner,
-            "read_text",
-            splits,
-            Some(text_schema()),
-        ))
+        let text = |_: &[PathBuf]| Ok(text_schema());
+        Self::per_file(runner, "read_text", path, text, |path, _| {
+            SourceSplit::Text(path)
+        })
     }
 
     /// The files this dataset's source reads, in the order its tasks take
@@ -488,7 +486,7 @@ impl Dataset {
         if !staging.is_empty()? {
             return Ok(());
         }
-        let schema = self.schema_without_rows(staging.path.parent().unwrap_or(&staging.path))?;
+        let schema = self.schema_without_rows(staging.dir())?;
         staging.stage_empty(schema, format)
     }
 

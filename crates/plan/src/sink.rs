@@ -197,7 +197,7 @@ pub(crate) fn write_whole(path: &Path, write: impl FnOnce(&Path) -> Result<()>) 
 
 /// `.<name>.partial` beside `path`: where a file is written before it is
 /// renamed into place.
-pub fn staging_name(path: &Path) -> PathBuf {
+fn staging_name(path: &Path) -> PathBuf {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     path.with_file_name(format!(".{name}.partial"))
 }
@@ -249,6 +249,11 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
 }
 
 impl Staging {
+    /// The output directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// True when no task staged a file, not even a schema-only one.
     pub fn is_empty(&self) -> Result<bool> {
         let mut entries =

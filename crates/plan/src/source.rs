@@ -79,7 +79,7 @@ impl SourceSplit {
             SourceSplit::Batch(batch) => Ok(Box::new(std::iter::once(Ok(batch.clone())))),
             SourceSplit::Parquet { path, columns } => open_parquet(path, columns.as_deref()),
             SourceSplit::Csv { path, schema } => {
-                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let file = open_file(path)?;
                 let reader = arrow_csv::ReaderBuilder::new(schema.clone())
                     .with_header(true)
                     .with_batch_size(READ_BATCH_ROWS)
@@ -88,7 +88,7 @@ impl SourceSplit {
                 Ok(naming(path, reader))
             }
             SourceSplit::Json { path, schema } => {
-                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let file = open_file(path)?;
                 // A field inferred as a string from numbers and strings
                 // reads its numbers as strings.
                 let reader = arrow_json::ReaderBuilder::new(schema.clone())
@@ -106,7 +106,7 @@ impl SourceSplit {
             }
             SourceSplit::Text(path) => open_text(path),
             SourceSplit::Ipc(path) => {
-                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                let file = open_file(path)?;
                 let reader = arrow_ipc::reader::FileReader::try_new_buffered(file, None)
                     .map_err(|e| bad_file(path, e))?;
                 Ok(naming(path, reader))
@@ -160,7 +160,7 @@ fn naming(
 pub fn ipc_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
-        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let file = open_file(path)?;
         let reader = arrow_ipc::reader::FileReader::try_new_buffered(file, None)
             .map_err(|e| bad_file(path, e))?;
         let schema = reader.schema();
@@ -189,7 +189,7 @@ pub fn ipc_schema(files: &[PathBuf]) -> Result<SchemaRef> {
 pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let mut objects = Vec::new();
     for path in files {
-        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let file = open_file(path)?;
         for object in arrow_json::reader::ValueIter::new(BufReader::new(file), Some(1000)) {
             objects.push(object.map_err(|e| bad_file(path, e))?);
         }
@@ -208,6 +208,11 @@ pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     Ok(Arc::new(schema))
 }
 
+/// Opens `path` to read it, an error naming it.
+fn open_file(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| Error::io("opening", path, e))
+}
+
 /// A file that could not be decoded, with what the decoder said.
 pub(crate) fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::BadFile {
@@ -217,7 +222,7 @@ pub(crate) fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter> {
-    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let file = open_file(path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
     let builder = match columns {
         Some(columns) => {
@@ -281,7 +286,7 @@ fn read_binary_file(path: &Path) -> Result<RecordBatch> {
 /// each without its line ending (`\n` or `\r\n`). A line that is not
 /// UTF-8 is an error naming the file and the line.
 fn open_text(path: &Path) -> Result<BatchIter> {
-    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let file = open_file(path)?;
     let mut lines = BufReader::new(file).split(b'\n');
     let path = path.to_path_buf();
     let (mut line_number, mut done) = (0usize, false);
@@ -374,7 +379,7 @@ fn is_hidden(path: &Path) -> bool {
 pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
-        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let file = open_file(path)?;
         let builder =
             ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
         let schema = builder.schema().clone();
@@ -401,7 +406,7 @@ pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let format = arrow_csv::reader::Format::default().with_header(true);
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
-        let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+        let file = open_file(path)?;
         let (schema, _) = format
             .infer_schema(BufReader::new(file), Some(1000))
             .map_err(|e| bad_file(path, e))?;

@@ -456,10 +456,7 @@ impl NodeShare {
     pub(crate) fn ended(&mut self, task: streambatch_core::TaskId, how: TaskEnd) {
         if let Some((stage, paused)) = self.tasks.remove(&task) {
             self.with(|s| {
-                match paused {
-                    Some((since, cause)) => s.pauses.add(cause, since.elapsed()),
-                    None => s.operators[stage].running -= 1,
-                }
+                stop(s, stage, paused);
                 let op = &mut s.operators[stage];
                 op.tasks += u64::from(how == TaskEnd::Finished);
                 op.retries += u64::from(how == TaskEnd::Retried);
@@ -476,12 +473,18 @@ impl NodeShare {
         let paused: Vec<_> = self.tasks.drain().collect();
         self.with(|s| {
             for (_, (stage, paused)) in paused {
-                match paused {
-                    Some((since, cause)) => s.pauses.add(cause, since.elapsed()),
-                    None => s.operators[stage].running -= 1,
-                }
+                stop(s, stage, paused);
             }
             s.wall = wall;
         });
+    }
+}
+
+/// A task of `stage` stops here: a paused one adds its pause, a running one
+/// gives back its slot.
+fn stop(stats: &mut JobStats, stage: usize, paused: Option<Paused>) {
+    match paused {
+        Some((since, cause)) => stats.pauses.add(cause, since.elapsed()),
+        None => stats.operators[stage].running -= 1,
     }
 }
