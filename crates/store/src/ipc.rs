@@ -1,5 +1,6 @@
-//! Partitions as Arrow IPC streams: encoded with one copy of each buffer into
-//! the destination, decoded zero-copy (the batch's buffers point into the
+//! Partitions as Arrow IPC streams (schema, the dictionaries of any
+//! dictionary-encoded columns, one batch): encoded with one copy of each
+//! buffer into the destination, decoded zero-copy (the batch's buffers point into the
 //! bytes given), either validated ([`decode`], for bytes from elsewhere) or
 //! trusted ([`decode_trusted`], for bytes this process wrote).
 
@@ -49,93 +50,115 @@ impl Encoded {
     }
 }
 
-/// Decodes the IPC stream in `bytes` (a schema message, then one batch)
-/// zero-copy, checking everything: the framing, that every buffer lies
-/// inside the message body, and Arrow's full validation of the arrays
-/// (offsets, UTF-8, dictionary keys...). For bytes another process wrote.
-/// Corrupt bytes give an error, not a panic or an out-of-bounds read.
+/// Decodes the IPC stream in `bytes` (a schema message, the dictionaries of
+/// its dictionary-encoded columns, then one batch) zero-copy, checking
+/// everything: the framing, that every buffer lies inside its message's
+/// body, and Arrow's full validation of the arrays (offsets, UTF-8,
+/// dictionary keys...). For bytes another process wrote. Corrupt bytes give
+/// an error, not a panic or an out-of-bounds read.
 pub fn decode(bytes: &Buffer) -> Result<RecordBatch, ArrowError> {
-    let (decoder, block, batch_at) = frame(bytes)?;
-    check_buffers(bytes, batch_at, &block)?;
     // arrow-data 60 still asserts on some malformed input instead of
     // returning an error (a typed buffer whose length is not a multiple of
     // its type's width): such a panic, raised before any read out of
     // bounds, becomes an error here. Nothing outlives the call but the
     // result, so no state is left half-updated.
-    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        decoder.read_record_batch(&block, &bytes.slice(batch_at))
-    }))
-    .map_err(|_| ArrowError::IpcError("arrow rejected the batch with a panic".into()))?;
-    read?.ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| read(bytes, false)))
+        .map_err(|_| ArrowError::IpcError("arrow rejected the batch with a panic".into()))?
 }
 
-/// Decodes the IPC stream in `bytes` (a schema message, then one batch),
-/// whose owner keeps them alive: the batch's buffers are slices of `bytes`,
-/// and nothing reads the data (arrow-ipc 60's `StreamDecoder` ignores its
-/// skip-validation flag, so the batch message goes to `FileDecoder`, which
-/// honours it).
+/// Decodes the IPC stream in `bytes` as [`decode`] does, whose owner keeps
+/// them alive: the batch's buffers are slices of `bytes`, and nothing reads
+/// the data (arrow-ipc 60's `StreamDecoder` ignores its skip-validation
+/// flag, so the messages go to `FileDecoder`, which honours it).
 ///
 /// # Safety
 /// `bytes` must hold a stream encoded by [`encode`] from a valid batch
 /// (checked against its CRC when read from disk): its contents are trusted.
 pub unsafe fn decode_trusted(bytes: &Buffer) -> Result<RecordBatch, ArrowError> {
-    let (decoder, block, batch_at) = frame(bytes)?;
-    // SAFETY: the caller vouches for the bytes (see above).
-    let decoder = unsafe { decoder.with_skip_validation(true) };
-    decoder
-        .read_record_batch(&block, &bytes.slice(batch_at))?
-        .ok_or_else(|| ArrowError::IpcError("no batch in partition".into()))
+    read(bytes, true)
 }
 
-/// The schema (as a decoder), the batch message's block and where the batch
-/// message starts. Every length read from the bytes is checked, so that
-/// corrupt framing is an error (never an overflow or a slice out of range).
-fn frame(bytes: &Buffer) -> Result<(FileDecoder, arrow_ipc::Block, usize), ArrowError> {
+/// Reads the schema, then dictionaries until the batch. Every length read
+/// from the bytes is checked, so that corrupt framing is an error (never an
+/// overflow or a slice out of range); unless `trusted`, so is every buffer
+/// and every array. Each message takes at least 8 bytes, so the loop ends.
+fn read(bytes: &Buffer, trusted: bool) -> Result<RecordBatch, ArrowError> {
     let (schema_meta, schema_message) = message_at(bytes, 0)?;
     let schema = schema_message
         .header_as_schema()
         .ok_or_else(|| ArrowError::IpcError("the partition does not start with a schema".into()))?;
     let schema = Arc::new(arrow_ipc::convert::try_fb_to_schema(schema)?);
-    let batch_at = usize::try_from(schema_message.bodyLength())
+    let mut at = usize::try_from(schema_message.bodyLength())
         .ok()
         .and_then(|body| schema_meta.checked_add(body))
         .filter(|&at| at <= bytes.len())
         .ok_or_else(|| ArrowError::IpcError("the schema message overruns the partition".into()))?;
-    let (batch_meta, batch_message) = message_at(bytes, batch_at)?;
-    let meta = i32::try_from(batch_meta)
-        .map_err(|_| ArrowError::IpcError("the batch header is too large".into()))?;
-    let body = batch_message.bodyLength();
-    let fits = usize::try_from(body)
-        .ok()
-        .and_then(|body| batch_at.checked_add(batch_meta)?.checked_add(body))
-        .is_some_and(|end| end <= bytes.len());
-    if !fits {
-        return Err(ArrowError::IpcError(
-            "the batch message overruns the partition".into(),
-        ));
+    let mut decoder = FileDecoder::new(schema, MetadataVersion::V5).with_require_alignment(true);
+    if trusted {
+        // SAFETY: the caller of `decode_trusted` vouches for the bytes.
+        decoder = unsafe { decoder.with_skip_validation(true) };
     }
-    let block = arrow_ipc::Block::new(0, meta, body);
-    let decoder = FileDecoder::new(schema, MetadataVersion::V5).with_require_alignment(true);
-    Ok((decoder, block, batch_at))
+    loop {
+        let (block, message) = block_at(bytes, at)?;
+        let body = bytes.slice(at);
+        if let Some(dictionary) = message.header_as_dictionary_batch() {
+            if !trusted {
+                check_buffers(bytes, at, &block, dictionary.data())?;
+            }
+            decoder.read_dictionary(&block, &body)?;
+        } else if let Some(batch) = message.header_as_record_batch() {
+            if !trusted {
+                check_buffers(bytes, at, &block, Some(batch))?;
+            }
+            return decoder
+                .read_record_batch(&block, &body)?
+                .ok_or_else(|| ArrowError::IpcError("no batch in partition".into()));
+        } else {
+            return Err(ArrowError::IpcError(format!(
+                "a message at byte {at} is neither a dictionary nor a batch"
+            )));
+        }
+        at += block.metaDataLength() as usize + block.bodyLength() as usize;
+    }
 }
 
-/// Checks that every buffer of the batch message at `batch_at` lies inside
-/// its body (arrow-ipc slices them unchecked, and would panic).
+/// The message at `at` and its block, checked to lie inside `bytes`.
+fn block_at(
+    bytes: &[u8],
+    at: usize,
+) -> Result<(arrow_ipc::Block, arrow_ipc::Message<'_>), ArrowError> {
+    let (meta_len, message) = message_at(bytes, at)?;
+    let meta = i32::try_from(meta_len)
+        .map_err(|_| ArrowError::IpcError(format!("the header at byte {at} is too large")))?;
+    let body = message.bodyLength();
+    let fits = usize::try_from(body)
+        .ok()
+        .and_then(|body| at.checked_add(meta_len)?.checked_add(body))
+        .is_some_and(|end| end <= bytes.len());
+    if !fits {
+        return Err(ArrowError::IpcError(format!(
+            "the message at byte {at} overruns the partition"
+        )));
+    }
+    Ok((arrow_ipc::Block::new(0, meta, body), message))
+}
+
+/// Checks that every buffer of the batch (or dictionary) message at `at`
+/// lies inside its body (arrow-ipc slices them unchecked, and would panic).
 fn check_buffers(
     bytes: &[u8],
-    batch_at: usize,
+    at: usize,
     block: &arrow_ipc::Block,
+    batch: Option<arrow_ipc::RecordBatch<'_>>,
 ) -> Result<(), ArrowError> {
-    let (_, message) = message_at(bytes, batch_at)?;
-    let batch = message
-        .header_as_record_batch()
-        .ok_or_else(|| ArrowError::IpcError("the second message is not a batch".into()))?;
+    let batch = batch
+        .ok_or_else(|| ArrowError::IpcError(format!("no batch in the message at byte {at}")))?;
     let body = block.bodyLength();
-    // `frame` checked that the body lies inside `bytes`.
-    let body_at = batch_at + block.metaDataLength() as usize;
+    // `block_at` checked that the body lies inside `bytes`.
+    let body_at = at + block.metaDataLength() as usize;
     if !(bytes.as_ptr() as usize + body_at).is_multiple_of(ALIGN) {
         return Err(ArrowError::IpcError(format!(
-            "the batch body is not aligned to {ALIGN} bytes"
+            "the body at byte {body_at} is not aligned to {ALIGN} bytes"
         )));
     }
     let align = ALIGN as i64;
@@ -148,7 +171,7 @@ fn check_buffers(
             && offset.checked_add(len).is_some_and(|end| end <= body);
         if !inside {
             return Err(ArrowError::IpcError(format!(
-                "a buffer at offset {offset} of length {len} is misaligned or outside the batch body of {body} bytes"
+                "a buffer at offset {offset} of length {len} is misaligned or outside the body of {body} bytes"
             )));
         }
     }
@@ -228,22 +251,40 @@ mod tests {
         assert_eq!(decode(&aligned(&encoded(&batch))).unwrap(), batch);
     }
 
+    fn dictionary_batch() -> RecordBatch {
+        let colours: arrow_array::DictionaryArray<arrow_array::types::Int32Type> =
+            vec![Some("red"), None, Some("blue"), Some("red")]
+                .into_iter()
+                .collect();
+        RecordBatch::try_from_iter([("colour", Arc::new(colours) as ArrayRef)]).unwrap()
+    }
+
+    #[test]
+    fn dictionary_columns_decode_validated_and_trusted() {
+        let batch = dictionary_batch();
+        let bytes = aligned(&encoded(&batch));
+        assert_eq!(decode(&bytes).unwrap(), batch);
+        // SAFETY: `encode` wrote the bytes from a valid batch.
+        assert_eq!(unsafe { decode_trusted(&bytes) }.unwrap(), batch);
+    }
+
     #[test]
     fn decode_of_any_single_corrupt_byte_is_an_error_or_a_valid_batch() {
         // Every byte position, a few ways: never a panic, and whatever
         // decodes passed Arrow's validation.
-        let bytes = encoded(&batch());
-        for at in 0..bytes.len() {
-            for flip in [0x01, 0x80, 0xff] {
-                let mut corrupt = bytes.clone();
-                corrupt[at] ^= flip;
-                let result = std::panic::catch_unwind(|| decode(&aligned(&corrupt)));
-                let Ok(result) = result else {
-                    panic!("decode panicked with byte {at} ^ {flip:#x}");
-                };
-                if let Ok(batch) = result {
-                    for column in batch.columns() {
-                        column.to_data().validate_full().unwrap();
+        for bytes in [encoded(&batch()), encoded(&dictionary_batch())] {
+            for at in 0..bytes.len() {
+                for flip in [0x01, 0x80, 0xff] {
+                    let mut corrupt = bytes.clone();
+                    corrupt[at] ^= flip;
+                    let result = std::panic::catch_unwind(|| decode(&aligned(&corrupt)));
+                    let Ok(result) = result else {
+                        panic!("decode panicked with byte {at} ^ {flip:#x}");
+                    };
+                    if let Ok(batch) = result {
+                        for column in batch.columns() {
+                            column.to_data().validate_full().unwrap();
+                        }
                     }
                 }
             }
