@@ -367,3 +367,50 @@ fn a_json_file_that_is_not_json_is_named_when_planned_or_read() {
     let err = ds.count().unwrap_err().to_string();
     assert!(err.contains("late.json"), "{err}");
 }
+
+/// Files of more than half the store, and one larger than the whole store,
+/// among small ones, cut into pieces on a node with a small store: the
+/// tasks holding large files take turns (the budget counts the files they
+/// hold), and every byte arrives once.
+#[test]
+fn binary_files_larger_than_the_store_are_cut_without_a_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut want: Vec<(String, u64, u64)> = Vec::new();
+    for f in 0..24usize {
+        let size = match f {
+            5 | 11 => 5 << 20,
+            17 => 12 << 20,
+            _ => 1000 + f * 997,
+        };
+        let bytes: Vec<u8> = (0..size).map(|i| (i % 253) as u8 ^ f as u8).collect();
+        let path = dir.path().join(format!("blob-{f:02}.bin"));
+        std::fs::write(&path, &bytes).unwrap();
+        let sum = bytes.iter().map(|&b| b as u64).sum();
+        want.push((path.display().to_string(), size as u64, sum));
+    }
+    let ctx = common::ctx_with(|c| {
+        c.cpus = 2.0;
+        c.store_capacity = 8 << 20;
+    });
+    let pieces = ctx
+        .read_binary_files(dir.path().to_str().unwrap())
+        .unwrap()
+        .flat_map_batches(
+            streambatch::ops::chunk_binary("bytes", 64 << 10),
+            streambatch::Resources::cpu(1.0),
+        );
+    let mut got: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for batch in pieces.iter_batches().unwrap() {
+        let batch = batch.unwrap();
+        let paths = batch.column_by_name("path").unwrap().as_string::<i32>();
+        let data = batch.column_by_name("bytes").unwrap().as_binary::<i32>();
+        for (path, piece) in paths.iter().zip(data.iter()) {
+            let (len, sum) = got.entry(path.unwrap().to_string()).or_default();
+            let piece = piece.unwrap();
+            *len += piece.len() as u64;
+            *sum += piece.iter().map(|&b| b as u64).sum::<u64>();
+        }
+    }
+    let got: Vec<(String, u64, u64)> = got.into_iter().map(|(p, (l, s))| (p, l, s)).collect();
+    assert_eq!(got, want);
+}

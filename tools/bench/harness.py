@@ -1,5 +1,5 @@
-"""Runs W1 to W4 (docs/workloads.md) in streambatch, Ray Data and (W3, W4)
-Daft, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W5 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data and (W3, W4) Daft, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -35,6 +35,7 @@ METRICS = {
     "w3": ("partitions_per_s", True),
     "w4": ("rows_per_s", True),
     "w5": ("efficiency", True),
+    "binary_files": ("wall_s", False),
 }
 W1_ROWS = 800
 
@@ -106,6 +107,17 @@ def cases(w4_device):
             },
             pick=f"device={w4_device}",
             outputs={"streambatch": f"out/w4-{w4_device}", "ray-data": "out/w4-ray", "daft": "out/w4-daft"},
+        )
+    )
+    # streambatch first: it makes the files (data/binary-files) if absent.
+    out.append(
+        Case(
+            "binary_files",
+            "5 x 200 MiB among 200 small files, store cap 256 MiB",
+            {
+                "streambatch": SB + ["binary-files", "--store-cap", "256MiB"],
+                "ray-data": RAY + ["binary_files", "--store-cap", "256MiB"],
+            },
         )
     )
     # W5 last: a multi-node Ray cluster that fails to stop cleanly must not
@@ -318,6 +330,16 @@ def targets(rows):
                 sb["value"] is not None and sb["value"] >= 0.9 and sb["correct"],
                 f"streambatch {fmt(sb['value'])}, Ray Data ({ray[0] if ray else '-'}) {fmt(ray_v)}",
             )
+        elif case.workload == "binary_files":
+            # The larger of the sampled RSS and the VmHWM (which no sample misses).
+            sb_mem = max(sb["rss_mib"], sb["hwm_mib"])
+            ray_r = results.get("ray-data", {})
+            check(
+                "binary files: peak RSS <= 512 MiB at a 256 MiB store cap, output checked",
+                sb["value"] is not None and sb["correct"] and sb_mem <= 512,
+                f"streambatch {sb_mem:.0f} MiB (RSS {sb['rss_mib']:.0f}, VmHWM {sb['hwm_mib']:.0f}) in {fmt(sb['value'])} s; "
+                f"Ray Data RSS {ray_r.get('rss_mib', 0):.0f} MiB, PSS {ray_r.get('pss_mib', 0):.0f} MiB in {fmt(ray_v)} s",
+            )
         elif case.workload == "w4":
             daft_v = daft[1]["value"] if daft else None
             peers_pss = [r["pss_mib"] for s, r in results.items() if s != "streambatch"]
@@ -371,7 +393,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,w5", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,w5", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")

@@ -8,8 +8,10 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py w3
     python tools/bench/ray_workloads.py w4 --input data/w4-images --output out/w4-ray
     python tools/bench/ray_workloads.py w5 --nodes 4
+    python tools/bench/ray_workloads.py binary_files --store-cap 256MiB
 """
 
+import json
 import os
 import shutil
 import time
@@ -216,5 +218,39 @@ def w5_run(n):
     line("ray-data", "w5", f"nodes={n}", wall, progress.rows, 160 * n, correct, W1_IDEAL_S, nodes=n)
 
 
+def binary_files(args):
+    """`read_binary_files` over `streambatch bench binary-files`' input
+    (data/binary-files: 5 files of 200 MiB among 200 small ones; its
+    summary says what they hold), each file cut into 64 KiB pieces by a
+    row-level `flat_map`, on 2 CPUs with the object store capped; the
+    pieces' bytes summed in the driver."""
+    directory = "data/binary-files"
+    with open(directory + ".json") as f:
+        expected = json.load(f)
+    piece = expected["piece_bytes"]
+    start(args, num_cpus=2, object_store_memory=args.store_cap)
+
+    def cut(row):
+        data = row["bytes"]
+        return [{"path": row["path"], "offset": at, "bytes": data[at : at + piece]} for at in range(0, len(data), piece)]
+
+    started = time.perf_counter()
+    ds = ray.data.read_binary_files(directory, include_paths=True).flat_map(cut)
+    progress = Progress(started)
+    total = byte_sum = 0
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        column = batch.column("bytes")
+        progress.add(len(column))
+        for chunk in column.chunks:
+            values = np.frombuffer(chunk.buffers()[2], dtype=np.uint8) if len(chunk) else np.zeros(0, np.uint8)
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32 if chunk.type == "binary" else np.int64)
+            first, last = offsets[chunk.offset], offsets[chunk.offset + len(chunk)]
+            total += int(last - first)
+            byte_sum += int(values[first:last].sum(dtype=np.uint64))
+    wall = time.perf_counter() - started
+    correct = (progress.rows, total, byte_sum) == (expected["pieces"], expected["bytes"], expected["byte_sum"])
+    line("ray-data", "binary_files", f"store_cap={args.store_cap >> 20}MiB", wall, progress.rows, expected["files"], correct)
+
+
 if __name__ == "__main__":
-    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5}, "out/w4-ray")
+    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "binary_files": binary_files}, "out/w4-ray")

@@ -1,14 +1,16 @@
-//! The benchmark workloads of `docs/workloads.md` (W1 to W4 and the store
-//! benchmark), their checks and the JSON line they print: what
+//! The benchmark workloads of `docs/workloads.md` (W1 to W5, the store
+//! and network benchmarks, the binary-files benchmark), their checks and the JSON line they print: what
 //! `streambatch bench` runs, and what the examples and tests use to make
 //! and check the main job's data. Not published: benchmarks stay out of the
 //! library users link (`streambatch`), whose built-in operators
 //! (`streambatch::ops`) the workloads use.
 
+mod files;
 mod net;
 mod shaped;
 mod w5;
 
+pub use files::{FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use w5::{w5, w5_kill_one};

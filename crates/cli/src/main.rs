@@ -147,6 +147,10 @@ enum Workload {
     /// Moving a partition between two nodes: over QUIC against a bare quinn
     /// stream, and by shared memory (1 MiB against 1 GiB).
     Net,
+    /// 5 files of 200 MiB among 200 small ones read whole and cut into
+    /// 64 KiB pieces on 2 CPU slots (data/binary-files, made if absent);
+    /// the figure is peak RSS against the store cap (default 256 MiB).
+    BinaryFiles,
 }
 
 fn main() {
@@ -313,6 +317,12 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     }
                     return Ok(());
                 }
+                Workload::BinaryFiles => vec![workloads::binary_files(
+                    std::path::Path::new("data/binary-files"),
+                    store_cap.unwrap_or(256 << 20),
+                    &base,
+                    &mut progress,
+                )?],
                 Workload::Net => {
                     std::fs::create_dir_all(&base.spill_dir)
                         .map_err(|e| streambatch::Error::io("creating", &base.spill_dir, e))?;

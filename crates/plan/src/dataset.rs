@@ -197,9 +197,21 @@ impl Dataset {
             .len()
             .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
             .max(1);
+        let sizes = files
+            .iter()
+            .map(|f| {
+                std::fs::metadata(f)
+                    .map(|m| m.len())
+                    .map_err(|e| Error::io("reading the size of", f, e))
+            })
+            .collect::<Result<Vec<u64>>>()?;
         let splits = files
             .chunks(per_split)
-            .map(|c| SourceSplit::BinaryFiles(Arc::new(c.to_vec())))
+            .zip(sizes.chunks(per_split))
+            .map(|(paths, sizes)| SourceSplit::BinaryFiles {
+                paths: Arc::new(paths.to_vec()),
+                largest: sizes.iter().copied().max().unwrap_or(0),
+            })
             .collect();
         Ok(Self::from_source(
             runner,

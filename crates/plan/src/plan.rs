@@ -97,6 +97,15 @@ pub enum TaskInput {
 }
 
 impl Stage {
+    /// What a task of this stage over split `i` holds outside the store
+    /// ([`SourceSplit::held_bytes`]; 0 for other stages).
+    pub fn split_held_bytes(&self, i: usize) -> u64 {
+        match &self.kind {
+            StageKind::Source { splits, .. } => splits.get(i).map_or(0, SourceSplit::held_bytes),
+            _ => 0,
+        }
+    }
+
     /// Opens a task of this stage over `input`: the returned stream yields the
     /// task's output as it is computed.
     pub fn open(&self, input: TaskInput, env: &mut TaskEnv<'_>) -> Result<BatchIter> {

@@ -46,7 +46,13 @@ pub enum SourceSplit {
         schema: SchemaRef,
     },
     /// Files read whole, one row each (`path`, `bytes`).
-    BinaryFiles(Arc<Vec<PathBuf>>),
+    BinaryFiles {
+        /// The files, read in this order.
+        paths: Arc<Vec<PathBuf>>,
+        /// The largest file's size, as it was planned: what a task holds
+        /// at most while it reads and its operators use one file.
+        largest: u64,
+    },
     /// A text file, one row per line.
     Text(PathBuf),
     /// An Arrow IPC file.
@@ -98,7 +104,7 @@ impl SourceSplit {
                     .map_err(|e| bad_file(path, e))?;
                 Ok(naming(path, reader))
             }
-            SourceSplit::BinaryFiles(paths) => {
+            SourceSplit::BinaryFiles { paths, .. } => {
                 let paths = paths.clone();
                 Ok(Box::new(
                     (0..paths.len()).map(move |i| read_binary_file(&paths[i])),
@@ -123,7 +129,7 @@ impl SourceSplit {
             | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path)
             | SourceSplit::Ipc(path) => vec![path],
-            SourceSplit::BinaryFiles(paths) => paths.iter().map(PathBuf::as_path).collect(),
+            SourceSplit::BinaryFiles { paths, .. } => paths.iter().map(PathBuf::as_path).collect(),
         }
     }
 
@@ -137,9 +143,22 @@ impl SourceSplit {
             | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path)
             | SourceSplit::Ipc(path) => path.display().to_string(),
-            SourceSplit::BinaryFiles(paths) => {
+            SourceSplit::BinaryFiles { paths, .. } => {
                 format!("{} files from {}", paths.len(), paths[0].display())
             }
+        }
+    }
+
+    /// Bytes a task reading this split holds in memory outside the store
+    /// for as long as it runs: a binary file read whole (the largest of
+    /// the split's); 0 for sources that stream in batches. The executor
+    /// counts them against the job's memory budget, so that two tasks do
+    /// not hold large files at once when the store cannot also take their
+    /// outputs.
+    pub fn held_bytes(&self) -> u64 {
+        match self {
+            SourceSplit::BinaryFiles { largest, .. } => *largest,
+            _ => 0,
         }
     }
 }

@@ -14,6 +14,11 @@
 //!
 //! An admitted output holds a [`Reservation`] until the partition is
 //! consumed; dropping it returns the bytes and tells the executor.
+//!
+//! A task that keeps input in memory outside the store while it runs (a
+//! binary file read whole) takes a [`Hold`] on those bytes: outputs then
+//! have that much less room, so that the files held and the store's
+//! contents together stay within the capacity.
 
 use std::sync::{Arc, Mutex};
 
@@ -38,12 +43,14 @@ struct Inner {
 struct State {
     reserve: Vec<u64>,
     used: Vec<u64>,
+    /// Bytes tasks hold outside the store ([`Hold`]).
+    held: u64,
 }
 
 impl State {
     /// The shared pool: what the reserves leave of the capacity.
     fn pool(&self, capacity: u64) -> u64 {
-        capacity.saturating_sub(self.reserve.iter().sum())
+        capacity.saturating_sub(self.reserve.iter().sum::<u64>() + self.held)
     }
 
     /// Bytes of the pool in use: each stage's use beyond its reserve.
@@ -59,7 +66,7 @@ impl State {
     /// excess within what is left of the pool.
     fn fits(&self, capacity: u64, stage: usize, bytes: u64) -> bool {
         // A reserve that grew back may be lent out still: never past the capacity.
-        if self.used.iter().sum::<u64>() + bytes > capacity {
+        if self.used.iter().sum::<u64>() + self.held + bytes > capacity {
             return false;
         }
         let reserve = self.reserve[stage];
@@ -82,7 +89,11 @@ impl Budgets {
             inner: Arc::new(Inner {
                 capacity,
                 initial: reserve.clone(),
-                state: Mutex::new(State { reserve, used }),
+                state: Mutex::new(State {
+                    reserve,
+                    used,
+                    held: 0,
+                }),
                 on_release,
             }),
         }
@@ -110,7 +121,7 @@ impl Budgets {
     pub fn try_admit(&self, stage: usize, bytes: u64) -> Result<Reservation, Refused> {
         let mut state = self.state();
         if !state.fits(self.inner.capacity, stage, bytes) {
-            let used: u64 = state.used.iter().sum();
+            let used: u64 = state.used.iter().sum::<u64>() + state.held;
             return Err(Refused {
                 stage,
                 needed: bytes,
@@ -144,6 +155,35 @@ impl Budgets {
     /// Bytes of `stage`'s outputs held now.
     pub fn used(&self, stage: usize) -> u64 {
         self.state().used[stage]
+    }
+
+    /// The capacity the budgets share.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity
+    }
+
+    /// Takes `bytes` off the room outputs have, for input a task keeps in
+    /// memory outside the store, until the hold drops. Always granted: the
+    /// executor starts such a task only when it fits (see `job::hold_fits`).
+    pub fn hold(&self, bytes: u64) -> Hold {
+        self.state().held += bytes;
+        Hold {
+            budgets: self.clone(),
+            bytes,
+        }
+    }
+}
+
+/// Bytes a running task keeps in memory outside the store; returned on drop.
+pub struct Hold {
+    budgets: Budgets,
+    bytes: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.budgets.state().held -= self.bytes;
+        (self.budgets.inner.on_release)();
     }
 }
 
@@ -207,6 +247,21 @@ impl Drop for Reservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hold_leaves_outputs_less_room_until_it_drops() {
+        let b = budgets(100, vec![10]);
+        let hold = b.hold(60);
+        assert!(b.fits(0, 40));
+        assert!(!b.fits(0, 41));
+        let refused = b.try_admit(0, 50).unwrap_err();
+        assert_eq!(refused.free, 40);
+        // Outputs only count as the stage's use.
+        let _r = b.try_admit(0, 40).unwrap();
+        assert_eq!(b.used(0), 40);
+        drop(hold);
+        assert!(b.fits(0, 60));
+    }
 
     fn budgets(capacity: u64, reserve: Vec<u64>) -> Budgets {
         Budgets::new(capacity, reserve, Arc::new(|| {}))

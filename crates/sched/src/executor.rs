@@ -142,6 +142,10 @@ impl Memory for LiveMemory<'_> {
     fn held(&self, stage: usize) -> u64 {
         self.budgets.used(stage)
     }
+
+    fn capacity(&self, _node: usize) -> u64 {
+        self.budgets.capacity()
+    }
 }
 
 impl Memory for Remote {
@@ -156,6 +160,10 @@ impl Memory for Remote {
 
     fn held(&self, stage: usize) -> u64 {
         self.shadows.iter().map(|b| b.used(stage)).sum()
+    }
+
+    fn capacity(&self, node: usize) -> u64 {
+        self.stores[node].capacity
     }
 }
 

@@ -34,6 +34,8 @@ pub(crate) trait Memory {
     fn frees(&self, node: usize) -> u64;
     /// Bytes of `stage`'s outputs held now, on all nodes.
     fn held(&self, stage: usize) -> u64;
+    /// The capacity of the store of `node`.
+    fn capacity(&self, node: usize) -> u64;
 }
 
 /// The input of a task: a source split or parts of upstream partitions.
@@ -95,6 +97,10 @@ pub(crate) struct StageShape {
     pub(crate) resources: Resources,
     /// The most tasks at once (a stateful operator's pool).
     pub(crate) max_running: Option<usize>,
+    /// A source's bytes each split's task holds outside the store while it
+    /// runs ([`streambatch_plan::SourceSplit::held_bytes`]); empty when
+    /// none do.
+    pub(crate) held_bytes: Vec<u64>,
 }
 
 /// The kind of a stage, without its operators.
@@ -123,11 +129,18 @@ impl StageShape {
             StageKind::Limit(n) => ShapeKind::Limit(*n),
             StageKind::Repartition(n) => ShapeKind::Repartition(*n),
         };
+        let held_bytes = match &stage.kind {
+            StageKind::Source { splits, .. } if splits.iter().any(|s| s.held_bytes() > 0) => {
+                splits.iter().map(|s| s.held_bytes()).collect()
+            }
+            _ => Vec::new(),
+        };
         Self {
             name: stage.name.clone(),
             kind,
             resources: stage.options.resources,
             max_running: stage.options.pool.map(|p| p.max),
+            held_bytes,
         }
     }
 }
@@ -1202,6 +1215,7 @@ impl<P: Part> JobState<P> {
     /// What the policy sees of node `node`: its free slots, the tasks
     /// paused there, and its memory.
     fn snapshot(&self, memory: &impl Memory, node: usize) -> Snapshot {
+        let holding = self.holding(node);
         let stages = self
             .stages
             .iter()
@@ -1223,7 +1237,8 @@ impl<P: Part> JobState<P> {
                     running: s.running,
                     resources: shape.resources,
                     max_running: shape.max_running,
-                    budget_fits_typical: memory.fits(node, i, s.typical_bytes),
+                    budget_fits_typical: memory.fits(node, i, s.typical_bytes)
+                        && hold_fits(next_held_bytes(s, shape), holding, memory.capacity(node)),
                 }
             })
             .collect();
@@ -1231,6 +1246,25 @@ impl<P: Part> JobState<P> {
             stages,
             free: self.free[node],
         }
+    }
+
+    /// Bytes the tasks placed on `node` (running or paused) hold outside
+    /// the store ([`StageShape::held_bytes`]); 0 without a source that
+    /// holds any, which costs nothing to find.
+    fn holding(&self, node: usize) -> Holding {
+        let mut holding = Holding::default();
+        if self.shapes.iter().all(|s| s.held_bytes.is_empty()) {
+            return holding;
+        }
+        for r in self.tasks.values().filter(|r| r.placed && r.node == node) {
+            if let TaskInput::Split(i) = r.input {
+                let held = self.shapes[r.stage].held_bytes.get(i).copied();
+                let held = held.unwrap_or_default();
+                holding.all += held;
+                holding.largest = holding.largest.max(held);
+            }
+        }
+        holding
     }
 
     /// Starts or resumes a task on `node` as decided (a decision's paused
@@ -1593,4 +1627,31 @@ fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece<P>>> {
     }
     groups.retain(|g| !g.is_empty());
     groups
+}
+
+/// What the next task `start` gives `stage` holds outside the store while
+/// it runs: a new split's held bytes (0 for a retry, which goes first).
+fn next_held_bytes<P>(stage: &StageState<P>, shape: &StageShape) -> u64 {
+    if !stage.retry.is_empty() {
+        return 0;
+    }
+    shape.held_bytes.get(stage.next_split).copied().unwrap_or(0)
+}
+
+/// Whether a task holding `next` bytes outside the store may start on a
+/// node whose tasks hold `holding` (in all, and the largest) and whose
+/// store holds `capacity`: one task may hold any amount, the others
+/// together at most half the capacity. So two large files are never held
+/// at once, small ones are read beside a large one, and outputs keep room
+/// (the budgets give them what the holds leave).
+fn hold_fits(next: u64, holding: Holding, capacity: u64) -> bool {
+    let all = holding.all + next;
+    next == 0 || all - holding.largest.max(next) <= capacity / 2
+}
+
+/// Bytes tasks placed on a node hold outside the store.
+#[derive(Clone, Copy, Default)]
+struct Holding {
+    all: u64,
+    largest: u64,
 }

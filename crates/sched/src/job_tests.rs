@@ -286,3 +286,49 @@ proptest! {
         prop_assert_eq!(concat_tasks, n.min(total), "one task per non-empty group");
     }
 }
+
+/// A source whose splits hold large inputs outside the store (binary files
+/// read whole): two large ones never run on a node at once, a small one
+/// runs beside a large one, and a large one runs once the other ended.
+#[test]
+fn tasks_holding_large_inputs_take_turns() {
+    let mut shapes = Pipeline::Maps(0).shapes(4);
+    // Beside the largest hold, the others may take half the capacity.
+    let large = CAPACITY / 2 + 1;
+    shapes[0].held_bytes = vec![large, 1, large, 1];
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+    let budgets = vec![Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {}))];
+    let mut job = JobState::<Rows>::new(
+        shapes,
+        vec![Resources::cpu(4.0)],
+        FailurePolicy::default(),
+        recorder,
+    );
+    let started = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start {
+                    task,
+                    input: Input::Split(i),
+                    ..
+                } => Some((task, i)),
+                _ => None,
+            })
+            .collect()
+    };
+    let first = started(job.advance(&SimMemory(&budgets)));
+    let splits: Vec<usize> = first.iter().map(|&(_, i)| i).collect();
+    assert_eq!(splits, vec![0, 1], "split 2 waits for split 0's hold");
+    // Split 1 (small) ends: split 2 still waits.
+    job.on_finished(first[1].0);
+    assert!(started(job.advance(&SimMemory(&budgets))).is_empty());
+    // Split 0 ends: split 2 starts, and split 3 (small) beside it.
+    job.on_finished(first[0].0);
+    let next: Vec<usize> = started(job.advance(&SimMemory(&budgets)))
+        .iter()
+        .map(|&(_, i)| i)
+        .collect();
+    assert_eq!(next, vec![2, 3]);
+}

@@ -77,7 +77,10 @@ pub(crate) enum SplitSpec {
         path: String,
         columns: Option<Vec<String>>,
     },
-    BinaryFiles(Vec<String>),
+    BinaryFiles {
+        paths: Vec<String>,
+        largest: u64,
+    },
     Text(String),
     Ipc(String),
 }
@@ -218,9 +221,10 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             path: absolute(path),
             columns: columns.as_ref().map(|c| c.to_vec()),
         },
-        SourceSplit::BinaryFiles(paths) => {
-            SplitSpec::BinaryFiles(paths.iter().map(|p| absolute(p)).collect())
-        }
+        SourceSplit::BinaryFiles { paths, largest } => SplitSpec::BinaryFiles {
+            paths: paths.iter().map(|p| absolute(p)).collect(),
+            largest: *largest,
+        },
         SourceSplit::Text(path) => SplitSpec::Text(absolute(path)),
         SourceSplit::Ipc(path) => SplitSpec::Ipc(absolute(path)),
         SourceSplit::Batch(_) => {
@@ -256,9 +260,10 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
             path: path.into(),
             columns: columns.clone().map(Arc::new),
         },
-        SplitSpec::BinaryFiles(paths) => {
-            SourceSplit::BinaryFiles(Arc::new(paths.iter().map(Into::into).collect()))
-        }
+        SplitSpec::BinaryFiles { paths, largest } => SourceSplit::BinaryFiles {
+            paths: Arc::new(paths.iter().map(Into::into).collect()),
+            largest: *largest,
+        },
         SplitSpec::Text(path) => SourceSplit::Text(path.into()),
         SplitSpec::Ipc(path) => SourceSplit::Ipc(path.into()),
     }

@@ -186,6 +186,7 @@ impl Pipeline {
             kind,
             resources: Resources::cpu(1.0),
             max_running: None,
+            held_bytes: Vec::new(),
         };
         let mut out = vec![shape("source", ShapeKind::Source { splits })];
         match self {

@@ -112,4 +112,8 @@ impl Memory for SimMemory<'_> {
     fn held(&self, stage: usize) -> u64 {
         self.0.iter().map(|b| b.used(stage)).sum()
     }
+
+    fn capacity(&self, node: usize) -> u64 {
+        self.0[node].capacity()
+    }
 }

@@ -16,7 +16,7 @@ use streambatch_plan::{
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
-use crate::budget::Budgets;
+use crate::budget::{Budgets, Hold};
 use crate::job::{Input, Keep};
 use crate::partition::{Output, Partitioner, Slice};
 
@@ -106,6 +106,9 @@ pub struct TaskRun {
     /// later free can make room, so the task waits for one.
     pub store_full_at: Option<u64>,
     busy: Duration,
+    /// The budget held for what the task's split keeps in memory outside
+    /// the store (a binary file read whole) until the task ends.
+    _held: Option<Hold>,
 }
 
 /// How a drive of a task ended.
@@ -183,6 +186,7 @@ impl TaskRun {
             may_spill: false,
             store_full_at: None,
             busy: Duration::ZERO,
+            _held: None,
         }
     }
 
@@ -244,7 +248,13 @@ impl TaskRun {
 
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
         let input = match self.input.take().expect("a task is opened once") {
-            Input::Split(i) => TaskInput::Split(i),
+            Input::Split(i) => {
+                let held = self.job.plan.stages[self.stage].split_held_bytes(i);
+                if held > 0 {
+                    self._held = Some(self.job.budgets.hold(held));
+                }
+                TaskInput::Split(i)
+            }
             Input::Parts(slices) => {
                 TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
             }
