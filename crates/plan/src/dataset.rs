@@ -109,6 +109,7 @@ impl Dataset {
             .map(|path| SourceSplit::Parquet {
                 path,
                 columns: columns.clone(),
+                prune: None,
             })
             .collect();
         Ok(Self::from_source(
@@ -299,12 +300,54 @@ impl Dataset {
 
     /// Keeps the rows where `predicate` holds: an expression such as
     /// `col("x").gt(lit(5))`, or a closure over rows.
+    ///
+    /// An expression right after `read_parquet` also skips the row groups
+    /// whose statistics (min, max, null counts) show that none of their
+    /// rows can satisfy it: comparisons of a column with a constant,
+    /// `is_null`, and `and` / `or` of those; any other part keeps every
+    /// row group.
     pub fn filter(&self, predicate: impl Into<Predicate>) -> Self {
-        self.op(
+        let predicate = predicate.into();
+        let input = match &predicate {
+            Predicate::Expr(e) => self.pruning_row_groups(e),
+            Predicate::Rows(_) => None,
+        };
+        input.as_ref().unwrap_or(self).op(
             "filter",
-            OpKind::Filter(predicate.into()),
+            OpKind::Filter(predicate),
             StageOptions::default(),
         )
+    }
+
+    /// This dataset's Parquet source with `predicate` given to its splits
+    /// to prune row groups by, when this is a `read_parquet` source.
+    fn pruning_row_groups(&self, predicate: &Expr) -> Option<Self> {
+        let LogicalOp::Source {
+            name,
+            splits,
+            schema,
+        } = &self.plan.op
+        else {
+            return None;
+        };
+        let predicate = Arc::new(predicate.clone());
+        let splits = splits
+            .iter()
+            .map(|split| match split {
+                SourceSplit::Parquet { path, columns, .. } => Some(SourceSplit::Parquet {
+                    path: path.clone(),
+                    columns: columns.clone(),
+                    prune: Some(predicate.clone()),
+                }),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self::from_source(
+            self.runner.clone(),
+            name,
+            splits,
+            schema.clone(),
+        ))
     }
 
     /// Keeps only these columns (or expressions).

@@ -12,6 +12,7 @@ mod explain;
 mod expr;
 pub mod ops;
 mod plan;
+mod prune;
 mod recipe;
 mod row;
 pub mod sink;

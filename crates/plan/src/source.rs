@@ -14,7 +14,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use crate::{BatchIter, Error, Result};
+use crate::prune::RowGroupStats;
+use crate::{BatchIter, Error, Expr, Result};
 
 /// Rows per batch that readers produce; partitions are cut from these.
 const READ_BATCH_ROWS: usize = 8192;
@@ -37,6 +38,10 @@ pub enum SourceSplit {
         path: PathBuf,
         /// Columns to read; `None` reads all.
         columns: Option<Arc<Vec<String>>>,
+        /// The `filter` that follows the read, when there is one: row
+        /// groups whose statistics show that no row satisfies it are not
+        /// read (the filter still runs on the rows that are).
+        prune: Option<Arc<Expr>>,
     },
     /// One CSV file with a header row.
     Csv {
@@ -83,7 +88,11 @@ impl SourceSplit {
                 )))
             }
             SourceSplit::Batch(batch) => Ok(Box::new(std::iter::once(Ok(batch.clone())))),
-            SourceSplit::Parquet { path, columns } => open_parquet(path, columns.as_deref()),
+            SourceSplit::Parquet {
+                path,
+                columns,
+                prune,
+            } => open_parquet(path, columns.as_deref(), prune.as_deref()),
             SourceSplit::Csv { path, schema } => {
                 let file = open_file(path)?;
                 let reader = arrow_csv::ReaderBuilder::new(schema.clone())
@@ -240,9 +249,25 @@ pub(crate) fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
     }
 }
 
-fn open_parquet(path: &Path, columns: Option<&Vec<String>>) -> Result<BatchIter> {
+fn open_parquet(
+    path: &Path,
+    columns: Option<&Vec<String>>,
+    prune: Option<&Expr>,
+) -> Result<BatchIter> {
     let file = open_file(path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
+    let builder = match prune {
+        Some(predicate) => {
+            let stats = RowGroupStats {
+                arrow: builder.schema(),
+                parquet: builder.parquet_schema(),
+                groups: builder.metadata().row_groups(),
+            };
+            let groups = stats.may_match(predicate);
+            builder.with_row_groups(groups)
+        }
+        None => builder,
+    };
     let builder = match columns {
         Some(columns) => {
             let indices = columns

@@ -217,7 +217,9 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             start: *start,
             end: *end,
         },
-        SourceSplit::Parquet { path, columns } => SplitSpec::Parquet {
+        // A pruning predicate stays behind: the filter it comes from
+        // cannot travel either (refused below), and pruning only saves reads.
+        SourceSplit::Parquet { path, columns, .. } => SplitSpec::Parquet {
             path: absolute(path),
             columns: columns.as_ref().map(|c| c.to_vec()),
         },
@@ -259,6 +261,7 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
         SplitSpec::Parquet { path, columns } => SourceSplit::Parquet {
             path: path.into(),
             columns: columns.clone().map(Arc::new),
+            prune: None,
         },
         SplitSpec::BinaryFiles { paths, largest } => SourceSplit::BinaryFiles {
             paths: Arc::new(paths.iter().map(Into::into).collect()),

@@ -1,0 +1,148 @@
+//! Row-group pruning: which row groups of a Parquet file a `filter` right
+//! after `read_parquet` can match, judged from each row group's statistics
+//! (min, max, null and NaN counts), so that the others are never read.
+//!
+//! The judgement is conservative: a row group is skipped only when its
+//! statistics prove that no row satisfies the predicate; anything unknown
+//! (no statistics, a nested column, an expression of more than a column and
+//! a constant) keeps it. The filter still runs on the rows read.
+
+use std::sync::Arc;
+
+use arrow_arith::boolean::{and_kleene, or_kleene};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::file::metadata::RowGroupMetaData;
+use parquet::schema::types::SchemaDescriptor;
+
+use crate::expr::{BinaryOp, Expr, Literal};
+
+/// The file's statistics, per row group, as the pruner reads them.
+pub(crate) struct RowGroupStats<'a> {
+    /// The file's Arrow schema.
+    pub arrow: &'a Schema,
+    /// The file's Parquet schema.
+    pub parquet: &'a SchemaDescriptor,
+    /// Its row groups.
+    pub groups: &'a [RowGroupMetaData],
+}
+
+impl RowGroupStats<'_> {
+    /// The row groups `predicate` may match, in file order.
+    pub(crate) fn may_match(&self, predicate: &Expr) -> Vec<usize> {
+        match self.judge(predicate) {
+            None => (0..self.groups.len()).collect(),
+            Some(mask) => (0..mask.len())
+                .filter(|&i| !mask.is_valid(i) || mask.value(i))
+                .collect(),
+        }
+    }
+
+    /// Per row group: false where no row can satisfy `e`; true or null
+    /// where one may. `None` when nothing is known.
+    fn judge(&self, e: &Expr) -> Option<BooleanArray> {
+        match e {
+            Expr::Binary(l, BinaryOp::And, r) => match (self.judge(l), self.judge(r)) {
+                (Some(a), Some(b)) => and_kleene(&a, &b).ok(),
+                (one, None) | (None, one) => one,
+            },
+            Expr::Binary(l, BinaryOp::Or, r) => or_kleene(&self.judge(l)?, &self.judge(r)?).ok(),
+            Expr::Binary(l, op, r) => match (&**l, &**r) {
+                (Expr::Column(c), Expr::Literal(v)) => self.compare(c, *op, v),
+                (Expr::Literal(v), Expr::Column(c)) => self.compare(c, flipped(*op)?, v),
+                _ => None,
+            },
+            Expr::IsNull(inner) => {
+                let Expr::Column(c) = &**inner else {
+                    return None;
+                };
+                let nulls = self.converter(c)?.row_group_null_counts(self.groups).ok()?;
+                Some(nulls.iter().map(|n| n.map(|n| n > 0)).collect())
+            }
+            Expr::Not(inner) => {
+                let Expr::IsNull(inner) = &**inner else {
+                    return None;
+                };
+                let Expr::Column(c) = &**inner else {
+                    return None;
+                };
+                let nulls = self.converter(c)?.row_group_null_counts(self.groups).ok()?;
+                let rows = self.groups.iter().map(|g| g.num_rows() as u64);
+                Some(
+                    nulls
+                        .iter()
+                        .zip(rows)
+                        .map(|(n, rows)| n.map(|n| n < rows))
+                        .collect(),
+                )
+            }
+            _ => None,
+        }
+    }
+
+    /// Where `column op value` may hold: the bound that decides it (the
+    /// max for `>`, the min for `<`, both for `=`) compared with `value`
+    /// by the expression evaluator itself, so that types coerce as the
+    /// filter's do.
+    fn compare(&self, column: &str, op: BinaryOp, value: &Literal) -> Option<BooleanArray> {
+        let converter = self.converter(column)?;
+        let mins = converter.row_group_mins(self.groups).ok()?;
+        let maxes = converter.row_group_maxes(self.groups).ok()?;
+        let test = |bound: &ArrayRef, op| holds(column, bound, op, value);
+        let mask = match op {
+            BinaryOp::Lt | BinaryOp::LtEq => test(&mins, op)?,
+            BinaryOp::Gt | BinaryOp::GtEq => test(&maxes, op)?,
+            BinaryOp::Eq => and_kleene(&test(&mins, BinaryOp::LtEq)?, &test(&maxes, BinaryOp::GtEq)?).ok()?,
+            // Only a row group all of `value` fails `!=`.
+            BinaryOp::NotEq => {
+                let all_equal = and_kleene(&test(&mins, BinaryOp::Eq)?, &test(&maxes, BinaryOp::Eq)?).ok()?;
+                arrow_arith::boolean::not(&all_equal).ok()?
+            }
+            _ => return None,
+        };
+        if !is_float(converter.arrow_field().data_type()) {
+            return Some(mask);
+        }
+        // NaN lies outside min and max (the format leaves it out of both)
+        // and compares above every number here: a row group with NaNs, or
+        // that does not say, may match.
+        let nans = converter.row_group_nan_counts(self.groups).ok()?;
+        let no_nans: BooleanArray = nans.iter().map(|n| Some(n == Some(0))).collect();
+        let with_nans = arrow_arith::boolean::not(&no_nans).ok()?;
+        or_kleene(&mask, &with_nans).ok()
+    }
+
+    fn converter(&self, column: &str) -> Option<StatisticsConverter<'_>> {
+        StatisticsConverter::try_new(column, self.arrow, self.parquet).ok()
+    }
+}
+
+/// `bound op value` per row group, through [`Expr::evaluate`].
+fn holds(column: &str, bound: &ArrayRef, op: BinaryOp, value: &Literal) -> Option<BooleanArray> {
+    let field = Field::new(column, bound.data_type().clone(), true);
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![bound.clone()]).ok()?;
+    let e = Expr::Binary(
+        Box::new(Expr::Column(column.to_string())),
+        op,
+        Box::new(Expr::Literal(value.clone())),
+    );
+    let result = e.evaluate(&batch).ok()?;
+    result.as_any().downcast_ref::<BooleanArray>().cloned()
+}
+
+/// `a op b` as `b op' a`.
+fn flipped(op: BinaryOp) -> Option<BinaryOp> {
+    Some(match op {
+        BinaryOp::Eq | BinaryOp::NotEq => op,
+        BinaryOp::Lt => BinaryOp::Gt,
+        BinaryOp::LtEq => BinaryOp::GtEq,
+        BinaryOp::Gt => BinaryOp::Lt,
+        BinaryOp::GtEq => BinaryOp::LtEq,
+        _ => return None,
+    })
+}
+
+fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+}
