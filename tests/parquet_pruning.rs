@@ -22,9 +22,13 @@ const GROUP_ROWS: usize = 1_000;
 fn input() -> RecordBatch {
     let id = Int64Array::from_iter_values(0..ROWS);
     let name = StringArray::from_iter_values((0..ROWS).map(|i| format!("n{i:05}")));
-    let score = Float64Array::from_iter_values(
-        (0..ROWS).map(|i| if i == 3_500 { f64::NAN } else { i as f64 / 10.0 }),
-    );
+    let score = Float64Array::from_iter_values((0..ROWS).map(|i| {
+        if i == 3_500 {
+            f64::NAN
+        } else {
+            i as f64 / 10.0
+        }
+    }));
     let maybe = Int64Array::from_iter((0..ROWS).map(|i| (i >= 5_000).then_some(i)));
     RecordBatch::try_from_iter([
         ("id", Arc::new(id) as ArrayRef),
@@ -39,8 +43,12 @@ fn write(path: &std::path::Path, batch: &RecordBatch) {
     let props = WriterProperties::builder()
         .set_max_row_group_row_count(Some(GROUP_ROWS))
         .build();
-    let mut w = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), Some(props))
-        .unwrap();
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(path).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
     w.write(batch).unwrap();
     w.close().unwrap();
 }
@@ -67,7 +75,12 @@ fn a_filter_after_read_parquet_reads_only_the_row_groups_that_can_match() {
         (col("id").gt(lit(ROWS)), 0),
         (col("id").lt(lit(1_500)).or(col("id").gt_eq(lit(8_000))), 4),
         (col("id").gt_eq(lit(2_000)).and(col("id").lt(lit(4_000))), 2),
-        (col("name").gt_eq(lit("n07000")).and(col("name").lt(lit("n08000"))), 1),
+        (
+            col("name")
+                .gt_eq(lit("n07000"))
+                .and(col("name").lt(lit("n08000"))),
+            1,
+        ),
         (col("maybe").is_null(), 5),
         (col("maybe").is_null().not(), 5),
         // NaN sits outside min and max: the group holding one may match.
@@ -75,7 +88,12 @@ fn a_filter_after_read_parquet_reads_only_the_row_groups_that_can_match() {
         // Not a column against a constant: nothing is known, all are read.
         ((col("id") % lit(1_000)).eq(lit(0)), 10),
         // The part that is known prunes; the other keeps what it may.
-        (col("id").lt(lit(1_000)).and((col("id") % lit(7)).eq(lit(0))), 1),
+        (
+            col("id")
+                .lt(lit(1_000))
+                .and((col("id") % lit(7)).eq(lit(0))),
+            1,
+        ),
     ];
     for (predicate, most_groups) in cases {
         let ds = ctx

@@ -8,6 +8,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use streambatch_core::{NodeConfig, StageOptions};
 
+use crate::images::{ImageSize, images_schema, is_image};
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
@@ -219,6 +220,45 @@ impl Dataset {
             "read_binary_files",
             splits,
             Some(binary_files_schema()),
+        ))
+    }
+
+    /// PNG and JPEG files (a file, a directory or a glob; by their
+    /// extension), each decoded and resized to `size` on a CPU slot: one
+    /// row per image, `path` and `image` (`height x width x 3` RGB bytes,
+    /// row-major). A file that does not decode fails the job, naming it.
+    pub fn read_images(runner: Arc<dyn Runner>, path: &str, size: ImageSize) -> Result<Self> {
+        if size.height == 0 || size.width == 0 {
+            return Err(Error::Invalid(format!(
+                "read_images: a size of {} x {} pixels holds nothing",
+                size.height, size.width
+            )));
+        }
+        let files: Vec<PathBuf> = expand_paths(path)?
+            .into_iter()
+            .filter(|f| is_image(f))
+            .collect();
+        if files.is_empty() {
+            return Err(Error::Invalid(format!(
+                "read_images: no .png, .jpg or .jpeg files in {path}"
+            )));
+        }
+        let per_split = files
+            .len()
+            .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
+            .max(1);
+        let splits = files
+            .chunks(per_split)
+            .map(|paths| SourceSplit::Images {
+                paths: Arc::new(paths.to_vec()),
+                size,
+            })
+            .collect();
+        Ok(Self::from_source(
+            runner,
+            "read_images",
+            splits,
+            Some(images_schema()),
         ))
     }
 

@@ -93,10 +93,15 @@ impl RowGroupStats<'_> {
         let mask = match op {
             BinaryOp::Lt | BinaryOp::LtEq => test(&mins, op)?,
             BinaryOp::Gt | BinaryOp::GtEq => test(&maxes, op)?,
-            BinaryOp::Eq => and_kleene(&test(&mins, BinaryOp::LtEq)?, &test(&maxes, BinaryOp::GtEq)?).ok()?,
+            BinaryOp::Eq => and_kleene(
+                &test(&mins, BinaryOp::LtEq)?,
+                &test(&maxes, BinaryOp::GtEq)?,
+            )
+            .ok()?,
             // Only a row group all of `value` fails `!=`.
             BinaryOp::NotEq => {
-                let all_equal = and_kleene(&test(&mins, BinaryOp::Eq)?, &test(&maxes, BinaryOp::Eq)?).ok()?;
+                let all_equal =
+                    and_kleene(&test(&mins, BinaryOp::Eq)?, &test(&maxes, BinaryOp::Eq)?).ok()?;
                 arrow_arith::boolean::not(&all_equal).ok()?
             }
             _ => return None,
@@ -121,7 +126,8 @@ impl RowGroupStats<'_> {
 /// `bound op value` per row group, through [`Expr::evaluate`].
 fn holds(column: &str, bound: &ArrayRef, op: BinaryOp, value: &Literal) -> Option<BooleanArray> {
     let field = Field::new(column, bound.data_type().clone(), true);
-    let batch = RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![bound.clone()]).ok()?;
+    let batch =
+        RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![bound.clone()]).ok()?;
     let e = Expr::Binary(
         Box::new(Expr::Column(column.to_string())),
         op,

@@ -14,6 +14,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use crate::images::{ImageSize, open_images};
 use crate::prune::RowGroupStats;
 use crate::{BatchIter, Error, Expr, Result};
 
@@ -57,6 +58,14 @@ pub enum SourceSplit {
         /// The largest file's size, as it was planned: what a task holds
         /// at most while it reads and its operators use one file.
         largest: u64,
+    },
+    /// PNG and JPEG files, decoded and resized, one row each (`path`,
+    /// `image`).
+    Images {
+        /// The files, read in this order.
+        paths: Arc<Vec<PathBuf>>,
+        /// The size every image is resized to.
+        size: ImageSize,
     },
     /// A text file, one row per line.
     Text(PathBuf),
@@ -119,6 +128,7 @@ impl SourceSplit {
                     (0..paths.len()).map(move |i| read_binary_file(&paths[i])),
                 ))
             }
+            SourceSplit::Images { paths, size } => Ok(open_images(paths.clone(), *size)),
             SourceSplit::Text(path) => open_text(path),
             SourceSplit::Ipc(path) => {
                 let file = open_file(path)?;
@@ -138,7 +148,9 @@ impl SourceSplit {
             | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path)
             | SourceSplit::Ipc(path) => vec![path],
-            SourceSplit::BinaryFiles { paths, .. } => paths.iter().map(PathBuf::as_path).collect(),
+            SourceSplit::BinaryFiles { paths, .. } | SourceSplit::Images { paths, .. } => {
+                paths.iter().map(PathBuf::as_path).collect()
+            }
         }
     }
 
@@ -152,7 +164,7 @@ impl SourceSplit {
             | SourceSplit::Json { path, .. }
             | SourceSplit::Text(path)
             | SourceSplit::Ipc(path) => path.display().to_string(),
-            SourceSplit::BinaryFiles { paths, .. } => {
+            SourceSplit::BinaryFiles { paths, .. } | SourceSplit::Images { paths, .. } => {
                 format!("{} files from {}", paths.len(), paths[0].display())
             }
         }
@@ -237,7 +249,7 @@ pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
 }
 
 /// Opens `path` to read it, an error naming it.
-fn open_file(path: &Path) -> Result<File> {
+pub(crate) fn open_file(path: &Path) -> Result<File> {
     File::open(path).map_err(|e| Error::io("opening", path, e))
 }
 

@@ -81,6 +81,11 @@ pub(crate) enum SplitSpec {
         paths: Vec<String>,
         largest: u64,
     },
+    Images {
+        paths: Vec<String>,
+        height: u32,
+        width: u32,
+    },
     Text(String),
     Ipc(String),
 }
@@ -227,6 +232,11 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
             paths: paths.iter().map(|p| absolute(p)).collect(),
             largest: *largest,
         },
+        SourceSplit::Images { paths, size } => SplitSpec::Images {
+            paths: paths.iter().map(|p| absolute(p)).collect(),
+            height: size.height,
+            width: size.width,
+        },
         SourceSplit::Text(path) => SplitSpec::Text(absolute(path)),
         SourceSplit::Ipc(path) => SplitSpec::Ipc(absolute(path)),
         SourceSplit::Batch(_) => {
@@ -266,6 +276,17 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
         SplitSpec::BinaryFiles { paths, largest } => SourceSplit::BinaryFiles {
             paths: Arc::new(paths.iter().map(Into::into).collect()),
             largest: *largest,
+        },
+        SplitSpec::Images {
+            paths,
+            height,
+            width,
+        } => SourceSplit::Images {
+            paths: Arc::new(paths.iter().map(Into::into).collect()),
+            size: streambatch_plan::ImageSize {
+                height: *height,
+                width: *width,
+            },
         },
         SplitSpec::Text(path) => SourceSplit::Text(path.into()),
         SplitSpec::Ipc(path) => SourceSplit::Ipc(path.into()),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use streambatch_core::NodeConfig;
 use streambatch_gpu::{AdapterChoice, GpuPool};
-use streambatch_plan::{Dataset, Result, Runner};
+use streambatch_plan::{Dataset, ImageSize, Result, Runner};
 use streambatch_sched::{ClusterClient, LocalCluster};
 use streambatch_store::StoreStats;
 
@@ -175,5 +175,12 @@ impl Context {
     /// Files read whole: one row per file (`path`, `bytes`).
     pub fn read_binary_files(&self, path: &str) -> Result<Dataset> {
         Dataset::read_binary_files(self.runner.clone(), path)
+    }
+
+    /// PNG and JPEG files decoded and resized to `height x width`: one row
+    /// per image (`path`, `image`: `height x width x 3` RGB bytes,
+    /// row-major, as `ops::preprocess` reads them).
+    pub fn read_images(&self, path: &str, height: u32, width: u32) -> Result<Dataset> {
+        Dataset::read_images(self.runner.clone(), path, ImageSize { height, width })
     }
 }
