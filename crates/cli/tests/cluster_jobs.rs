@@ -788,4 +788,28 @@ fn text_files_read_on_a_cluster_write_parquet_with_its_options() {
             .unwrap(),
         3000
     );
+
+    // CSV and JSON written by the nodes, read back by them with the schema
+    // the driver inferred (it travels with each split).
+    let formats: [(&str, Write, Read); 2] = [
+        ("csv", |d, p| d.write_csv(p), |c, p| c.read_csv(p)),
+        ("json", |d, p| d.write_json(p), |c, p| c.read_json(p)),
+    ];
+    for (format, write, read) in formats {
+        let at = dir.join(format);
+        let text = ctx.read_text(input.to_str().unwrap()).unwrap();
+        assert_eq!(write(&text, &at).unwrap().len(), 6, "{format}");
+        let mut back: Vec<String> = read(&ctx, at.to_str().unwrap())
+            .unwrap()
+            .iter_rows()
+            .unwrap()
+            .map(|r| r.unwrap().str("text").unwrap().to_string())
+            .collect();
+        back.sort();
+        assert_eq!(back, want, "{format}");
+    }
 }
+
+type Write =
+    fn(&streambatch::Dataset, &std::path::Path) -> streambatch::Result<Vec<std::path::PathBuf>>;
+type Read = fn(&Context, &str) -> streambatch::Result<streambatch::Dataset>;

@@ -88,6 +88,16 @@ pub(crate) enum SplitSpec {
     },
     Text(String),
     Ipc(String),
+    /// The schema as an Arrow IPC stream with no batches: every node reads
+    /// the files with the one the driver inferred.
+    Csv {
+        path: String,
+        schema: Vec<u8>,
+    },
+    Json {
+        path: String,
+        schema: Vec<u8>,
+    },
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -187,7 +197,7 @@ impl PlanSpec {
             .map(|spec| {
                 let kind = match &spec.kind {
                     KindSpec::Source { splits, ops } => StageKind::Source {
-                        splits: splits.iter().map(split_of).collect(),
+                        splits: splits.iter().map(split_of).collect::<Result<_, _>>()?,
                         ops: ops_of(ops, registry)?,
                     },
                     KindSpec::Map { ops } => StageKind::Map {
@@ -245,12 +255,14 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
                 "its batches live in the driver",
             ));
         }
-        SourceSplit::Csv { .. } => {
-            return Err(cannot_travel("the source `read_csv`", "not supported yet"));
-        }
-        SourceSplit::Json { .. } => {
-            return Err(cannot_travel("the source `read_json`", "not supported yet"));
-        }
+        SourceSplit::Csv { path, schema } => SplitSpec::Csv {
+            path: absolute(path),
+            schema: schema_bytes(schema)?,
+        },
+        SourceSplit::Json { path, schema } => SplitSpec::Json {
+            path: absolute(path),
+            schema: schema_bytes(schema)?,
+        },
     })
 }
 
@@ -262,8 +274,25 @@ fn absolute(path: &std::path::Path) -> String {
         .to_string()
 }
 
-fn split_of(spec: &SplitSpec) -> SourceSplit {
-    match spec {
+/// `schema` as an Arrow IPC stream holding no batch.
+fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
+    let encode = || {
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
+        writer.finish()?;
+        writer.into_inner()
+    };
+    encode().map_err(|e| Error::Invalid(format!("cannot encode the schema {schema}: {e}")))
+}
+
+/// The schema of an IPC stream made by [`schema_bytes`], checked.
+fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
+    arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .map(|r| r.schema())
+        .map_err(|e| Error::Invalid(format!("a source's schema does not decode: {e}")))
+}
+
+fn split_of(spec: &SplitSpec) -> Result<SourceSplit, Error> {
+    Ok(match spec {
         SplitSpec::Range { start, end } => SourceSplit::Range {
             start: *start,
             end: *end,
@@ -290,7 +319,15 @@ fn split_of(spec: &SplitSpec) -> SourceSplit {
         },
         SplitSpec::Text(path) => SourceSplit::Text(path.into()),
         SplitSpec::Ipc(path) => SourceSplit::Ipc(path.into()),
-    }
+        SplitSpec::Csv { path, schema } => SourceSplit::Csv {
+            path: path.into(),
+            schema: schema_of(schema)?,
+        },
+        SplitSpec::Json { path, schema } => SourceSplit::Json {
+            path: path.into(),
+            schema: schema_of(schema)?,
+        },
+    })
 }
 
 fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
