@@ -143,8 +143,7 @@ pub fn apply(
         OpKind::FlatMap(f) => Box::new(FlatMap {
             input,
             f: f.clone(),
-            pending: Vec::new(),
-            next: 0,
+            pending: Vec::new().into_iter(),
             on_err: Box::new(udf_error),
         }),
         OpKind::FlatMapBatches(f) => {
@@ -283,8 +282,8 @@ const FLAT_MAP_CHUNK_ROWS: usize = 4096;
 struct FlatMap {
     input: BatchIter,
     f: RowFlatMapFn,
-    pending: Vec<Row>,
-    next: usize,
+    /// The input batch's rows not yet given to `f`, each moved into it.
+    pending: std::vec::IntoIter<Row>,
     on_err: Box<dyn Fn(crate::UdfError) -> Error + Send>,
 }
 
@@ -295,21 +294,19 @@ impl Iterator for FlatMap {
         let mut out = Vec::new();
         let mut bytes = 0;
         loop {
-            if self.next == self.pending.len() {
+            let Some(row) = self.pending.next() else {
                 if !out.is_empty() {
                     break;
                 }
                 match self.input.next()? {
                     Ok(b) => match batch_to_rows(&b) {
-                        Ok(rows) => (self.pending, self.next) = (rows, 0),
+                        Ok(rows) => self.pending = rows.into_iter(),
                         Err(m) => return Some(Err((self.on_err)(m.into()))),
                     },
                     Err(e) => return Some(Err(e)),
                 }
                 continue;
-            }
-            let row = self.pending[self.next].clone();
-            self.next += 1;
+            };
             match (self.f)(row) {
                 Ok(rows) => {
                     bytes += rows.iter().map(row_bytes).sum::<usize>();

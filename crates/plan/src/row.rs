@@ -180,10 +180,15 @@ pub fn batch_to_rows(batch: &RecordBatch) -> Result<Vec<Row>, String> {
         .zip(schema.fields())
         .map(|(c, f)| column_values(c, f))
         .collect::<Result<Vec<_>, _>>()?;
+    // Each value moves into its row: no value is copied twice.
+    let mut columns: Vec<_> = columns.into_iter().map(Vec::into_iter).collect();
     Ok((0..batch.num_rows())
-        .map(|r| Row {
+        .map(|_| Row {
             names: names.clone(),
-            values: columns.iter().map(|c| c[r].clone()).collect(),
+            values: columns
+                .iter_mut()
+                .map(|c| c.next().expect("a value per row"))
+                .collect(),
         })
         .collect())
 }
