@@ -399,18 +399,26 @@ fn binary_files_larger_than_the_store_are_cut_without_a_stall() {
             streambatch::ops::chunk_binary("bytes", 64 << 10),
             streambatch::Resources::cpu(1.0),
         );
-    let mut got: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-    for batch in pieces.iter_batches().unwrap() {
-        let batch = batch.unwrap();
-        let paths = batch.column_by_name("path").unwrap().as_string::<i32>();
-        let data = batch.column_by_name("bytes").unwrap().as_binary::<i32>();
-        for (path, piece) in paths.iter().zip(data.iter()) {
-            let (len, sum) = got.entry(path.unwrap().to_string()).or_default();
-            let piece = piece.unwrap();
-            *len += piece.len() as u64;
-            *sum += piece.iter().map(|&b| b as u64).sum::<u64>();
+    // A stall fails the test instead of hanging it.
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        for batch in pieces.iter_batches().unwrap() {
+            let batch = batch.unwrap();
+            let paths = batch.column_by_name("path").unwrap().as_string::<i32>();
+            let data = batch.column_by_name("bytes").unwrap().as_binary::<i32>();
+            for (path, piece) in paths.iter().zip(data.iter()) {
+                let (len, sum) = got.entry(path.unwrap().to_string()).or_default();
+                let piece = piece.unwrap();
+                *len += piece.len() as u64;
+                *sum += piece.iter().map(|&b| b as u64).sum::<u64>();
+            }
         }
-    }
+        let _ = done.send(got);
+    });
+    let got = finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the job finishes within 2 minutes");
     let got: Vec<(String, u64, u64)> = got.into_iter().map(|(p, (l, s))| (p, l, s)).collect();
     assert_eq!(got, want);
 }

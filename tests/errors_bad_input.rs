@@ -175,7 +175,9 @@ fn a_udf_error_keeps_its_type_as_the_source() {
 
 /// A Snappy file of 20,000 rows in two row groups, then `damage` done to
 /// its bytes; reading it (planning and running) fails naming the file.
-fn damaged_file_is_named(what: &str, damage: impl Fn(&mut Vec<u8>)) {
+/// Damages a file of `people` rows (`id`, `name`) and checks that reading
+/// it fails naming the file; returns the error.
+fn damaged_file_is_named(what: &str, damage: impl Fn(&mut Vec<u8>)) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir
         .path()
@@ -197,11 +199,14 @@ fn damaged_file_is_named(what: &str, damage: impl Fn(&mut Vec<u8>)) {
         .expect_err(what);
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     assert!(err.to_string().contains(&name), "{what}: {err}");
+    err.to_string()
 }
 
 #[test]
 fn a_truncated_file_is_named() {
-    damaged_file_is_named("truncated", |b| b.truncate(b.len() / 2));
+    damaged_file_is_named("truncated", |b| {
+        b.truncate(b.len() / 2);
+    });
 }
 
 #[test]
@@ -216,13 +221,15 @@ fn a_file_with_a_corrupt_footer_is_named() {
 }
 
 #[test]
-fn a_file_with_a_corrupt_page_is_named() {
-    damaged_file_is_named("corrupt page", |b| {
-        // The first data page's header follows the leading magic.
+fn a_file_with_a_corrupt_page_is_named_with_its_column() {
+    let err = damaged_file_is_named("corrupt page", |b| {
+        // The first data page's header follows the leading magic: the
+        // first column's (`id`).
         for byte in &mut b[4..68] {
             *byte = 0xff;
         }
     });
+    assert!(err.contains("column `id`"), "{err}");
 }
 
 #[test]

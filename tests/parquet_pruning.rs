@@ -72,6 +72,8 @@ fn a_filter_after_read_parquet_reads_only_the_row_groups_that_can_match() {
         (col("id").gt_eq(lit(9_500)), 1),
         (col("id").lt(lit(1_000)), 1),
         (lit(2_500).eq(col("id")), 1),
+        (lit(1_000).gt(col("id")), 1),
+        (col("id").not_eq(lit(5)), 10),
         (col("id").gt(lit(ROWS)), 0),
         (col("id").lt(lit(1_500)).or(col("id").gt_eq(lit(8_000))), 4),
         (col("id").gt_eq(lit(2_000)).and(col("id").lt(lit(4_000))), 2),
@@ -108,6 +110,55 @@ fn a_filter_after_read_parquet_reads_only_the_row_groups_that_can_match() {
             read <= most_groups * GROUP_ROWS as u64,
             "`{predicate}` read {read} rows, at most {most_groups} row groups expected"
         );
+    }
+}
+
+#[test]
+fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sorted.parquet");
+    let batch = input();
+    write(&path, &batch);
+    let ctx = ctx();
+    // A column the read leaves out: the filter's error, whatever pruning
+    // would have kept.
+    let err = ctx
+        .read_parquet_columns(path.to_str().unwrap(), &["name"])
+        .unwrap()
+        .filter(col("id").gt(lit(ROWS)))
+        .count()
+        .unwrap_err();
+    assert!(err.to_string().contains("no column `id`"), "{err}");
+
+    // Row groups of one value each pruned by `!=` that value, and a
+    // dictionary column (its bounds are values): every group read.
+    let ones = Int64Array::from_iter_values((0..ROWS).map(|i| i / GROUP_ROWS as i64));
+    let colours: arrow_array::DictionaryArray<arrow_array::types::Int32Type> = (0..ROWS)
+        .map(|i| ["red", "green"][(i / GROUP_ROWS as i64) as usize % 2])
+        .collect();
+    let other = RecordBatch::try_from_iter([
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..ROWS)) as ArrayRef,
+        ),
+        ("group", Arc::new(ones) as ArrayRef),
+        ("colour", Arc::new(colours) as ArrayRef),
+    ])
+    .unwrap();
+    let path = dir.path().join("groups.parquet");
+    write(&path, &other);
+    for (predicate, most_groups) in [
+        (col("group").not_eq(lit(3)), 9),
+        (col("colour").eq(lit("red")), 10),
+    ] {
+        let ds = ctx
+            .read_parquet(path.to_str().unwrap())
+            .unwrap()
+            .filter(predicate.clone());
+        let got = common::sorted_i64(&ds.collect().unwrap(), "id");
+        assert_eq!(got, selected(&other, &predicate), "rows of `{predicate}`");
+        let read = ds.stats().unwrap().operators[0].ops[0].rows;
+        assert_eq!(read, most_groups * GROUP_ROWS as u64, "`{predicate}`");
     }
 }
 

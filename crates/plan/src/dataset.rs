@@ -49,6 +49,14 @@ pub struct Dataset {
     last_stats: Arc<Mutex<Option<JobStats>>>,
 }
 
+/// Files per split of a source that groups many files into a task: about
+/// four tasks per CPU slot, so that every slot stays busy to the end.
+fn files_per_split(runner: &dyn Runner, files: usize) -> usize {
+    files
+        .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
+        .max(1)
+}
+
 impl Dataset {
     fn from_source(
         runner: Arc<dyn Runner>,
@@ -195,10 +203,7 @@ impl Dataset {
     /// Files read whole: one row per file with its `path` and `bytes`.
     pub fn read_binary_files(runner: Arc<dyn Runner>, path: &str) -> Result<Self> {
         let files = expand_paths(path)?;
-        let per_split = files
-            .len()
-            .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
-            .max(1);
+        let per_split = files_per_split(runner.as_ref(), files.len());
         let sizes = files
             .iter()
             .map(|f| {
@@ -228,12 +233,7 @@ impl Dataset {
     /// row per image, `path` and `image` (`height x width x 3` RGB bytes,
     /// row-major). A file that does not decode fails the job, naming it.
     pub fn read_images(runner: Arc<dyn Runner>, path: &str, size: ImageSize) -> Result<Self> {
-        if size.height == 0 || size.width == 0 {
-            return Err(Error::Invalid(format!(
-                "read_images: a size of {} x {} pixels holds nothing",
-                size.height, size.width
-            )));
-        }
+        size.check()?;
         let files: Vec<PathBuf> = expand_paths(path)?
             .into_iter()
             .filter(|f| is_image(f))
@@ -243,10 +243,7 @@ impl Dataset {
                 "read_images: no .png, .jpg or .jpeg files in {path}"
             )));
         }
-        let per_split = files
-            .len()
-            .div_ceil((runner.config().cpus.ceil() as usize).max(1) * 4)
-            .max(1);
+        let per_split = files_per_split(runner.as_ref(), files.len());
         let splits = files
             .chunks(per_split)
             .map(|paths| SourceSplit::Images {
@@ -360,16 +357,21 @@ impl Dataset {
     }
 
     /// This dataset's Parquet source with `predicate` given to its splits
-    /// to prune row groups by, when this is a `read_parquet` source.
+    /// to prune row groups by, when this is a `read_parquet` source and
+    /// the predicate holds for the columns it reads (else the filter's
+    /// error, say a column not read, must not depend on what pruning left).
     fn pruning_row_groups(&self, predicate: &Expr) -> Option<Self> {
         let LogicalOp::Source {
             name,
             splits,
-            schema,
+            schema: Some(schema),
         } = &self.plan.op
         else {
             return None;
         };
+        predicate
+            .evaluate_predicate(&RecordBatch::new_empty(schema.clone()))
+            .ok()?;
         let predicate = Arc::new(predicate.clone());
         let splits = splits
             .iter()
@@ -386,7 +388,7 @@ impl Dataset {
             self.runner.clone(),
             name,
             splits,
-            schema.clone(),
+            Some(schema.clone()),
         ))
     }
 

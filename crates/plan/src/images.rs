@@ -28,9 +28,24 @@ pub struct ImageSize {
 }
 
 impl ImageSize {
-    /// Bytes of one decoded image.
+    /// Bytes of one decoded image (`check` has made sure they fit a
+    /// binary value).
     pub fn bytes(self) -> usize {
         self.height as usize * self.width as usize * 3
+    }
+
+    /// An error unless images of this size hold something and fit one
+    /// binary value (2 GiB).
+    pub fn check(self) -> Result<()> {
+        let bytes = u64::from(self.height) * u64::from(self.width) * 3;
+        if bytes == 0 || bytes > i32::MAX as u64 {
+            return Err(crate::Error::Invalid(format!(
+                "read_images: images of {} x {} pixels are {bytes} bytes each; \
+                 a size must hold 1 byte to 2 GiB",
+                self.height, self.width
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -78,8 +93,9 @@ fn decode_batch(paths: &[PathBuf], size: ImageSize) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(images_schema(), columns).expect("matches the schema"))
 }
 
-/// One image as RGB bytes of `size` (resized with a triangle filter when
-/// its own size differs; grey, alpha and 16-bit images converted).
+/// One image as RGB bytes of `size`: grey, alpha and 16-bit images
+/// converted to 8-bit RGB first, then resized with a triangle filter when
+/// its own size differs.
 fn decode(path: &Path, size: ImageSize) -> Result<Vec<u8>> {
     let reader = image::ImageReader::new(BufReader::new(open_file(path)?))
         .with_guessed_format()
@@ -87,11 +103,11 @@ fn decode(path: &Path, size: ImageSize) -> Result<Vec<u8>> {
     if reader.format().is_none() {
         return Err(bad_file(path, "neither a PNG nor a JPEG image"));
     }
-    let image = reader.decode().map_err(|e| bad_file(path, e))?;
-    let image = if (image.height(), image.width()) == (size.height, size.width) {
+    let image = reader.decode().map_err(|e| bad_file(path, e))?.into_rgb8();
+    let image = if image.dimensions() == (size.width, size.height) {
         image
     } else {
-        image.resize_exact(size.width, size.height, FilterType::Triangle)
+        image::imageops::resize(&image, size.width, size.height, FilterType::Triangle)
     };
-    Ok(image.into_rgb8().into_raw())
+    Ok(image.into_raw())
 }

@@ -4,8 +4,10 @@
 //!
 //! The judgement is conservative: a row group is skipped only when its
 //! statistics prove that no row satisfies the predicate; anything unknown
-//! (no statistics, a nested column, an expression of more than a column and
-//! a constant) keeps it. The filter still runs on the rows read.
+//! (no statistics, a nested or dictionary column, an expression of more
+//! than a column and a constant, min and max from a writer that predates
+//! the format's column orders, whose byte order was signed) keeps it. The
+//! filter still runs on the rows read.
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use arrow_arith::boolean::{and_kleene, or_kleene};
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::basic::ColumnOrder;
 use parquet::file::metadata::RowGroupMetaData;
 use parquet::schema::types::SchemaDescriptor;
 
@@ -26,6 +29,9 @@ pub(crate) struct RowGroupStats<'a> {
     pub parquet: &'a SchemaDescriptor,
     /// Its row groups.
     pub groups: &'a [RowGroupMetaData],
+    /// The order its min and max follow, per leaf column (`None`: a writer
+    /// from before the format had them).
+    pub orders: Option<&'a [ColumnOrder]>,
 }
 
 impl RowGroupStats<'_> {
@@ -53,32 +59,30 @@ impl RowGroupStats<'_> {
                 (Expr::Literal(v), Expr::Column(c)) => self.compare(c, flipped(*op)?, v),
                 _ => None,
             },
-            Expr::IsNull(inner) => {
-                let Expr::Column(c) = &**inner else {
-                    return None;
-                };
-                let nulls = self.converter(c)?.row_group_null_counts(self.groups).ok()?;
-                Some(nulls.iter().map(|n| n.map(|n| n > 0)).collect())
-            }
-            Expr::Not(inner) => {
-                let Expr::IsNull(inner) = &**inner else {
-                    return None;
-                };
-                let Expr::Column(c) = &**inner else {
-                    return None;
-                };
-                let nulls = self.converter(c)?.row_group_null_counts(self.groups).ok()?;
-                let rows = self.groups.iter().map(|g| g.num_rows() as u64);
-                Some(
-                    nulls
-                        .iter()
-                        .zip(rows)
-                        .map(|(n, rows)| n.map(|n| n < rows))
-                        .collect(),
-                )
-            }
+            Expr::IsNull(inner) => self.nulls(inner, |nulls, _| nulls > 0),
+            Expr::Not(inner) => match &**inner {
+                Expr::IsNull(inner) => self.nulls(inner, |nulls, rows| nulls < rows),
+                _ => None,
+            },
             _ => None,
         }
+    }
+
+    /// `test(null count, rows)` per row group of the column `e`; null
+    /// where a row group does not give its null count.
+    fn nulls(&self, e: &Expr, test: impl Fn(u64, u64) -> bool) -> Option<BooleanArray> {
+        let Expr::Column(c) = e else {
+            return None;
+        };
+        let nulls = self.converter(c)?.row_group_null_counts(self.groups).ok()?;
+        let rows = self.groups.iter().map(|g| g.num_rows() as u64);
+        Some(
+            nulls
+                .iter()
+                .zip(rows)
+                .map(|(n, rows)| n.map(|n| test(n, rows)))
+                .collect(),
+        )
     }
 
     /// Where `column op value` may hold: the bound that decides it (the
@@ -87,6 +91,21 @@ impl RowGroupStats<'_> {
     /// filter's do.
     fn compare(&self, column: &str, op: BinaryOp, value: &Literal) -> Option<BooleanArray> {
         let converter = self.converter(column)?;
+        // A dictionary column's bounds are its values, which coerce against
+        // the constant otherwise than the column itself does.
+        if matches!(
+            converter.arrow_field().data_type(),
+            DataType::Dictionary(..)
+        ) {
+            return None;
+        }
+        let order = self.orders?.get(converter.parquet_column_index()?)?;
+        if !matches!(
+            order,
+            ColumnOrder::TYPE_DEFINED_ORDER(_) | ColumnOrder::IEEE_754_TOTAL_ORDER
+        ) {
+            return None;
+        }
         let mins = converter.row_group_mins(self.groups).ok()?;
         let maxes = converter.row_group_maxes(self.groups).ok()?;
         let test = |bound: &ArrayRef, op| holds(column, bound, op, value);
@@ -109,9 +128,9 @@ impl RowGroupStats<'_> {
         if !is_float(converter.arrow_field().data_type()) {
             return Some(mask);
         }
-        // NaN lies outside min and max (the format leaves it out of both)
-        // and compares above every number here: a row group with NaNs, or
-        // that does not say, may match.
+        // Whether NaN is inside min and max depends on the writer, and it
+        // compares outside every number: a row group with NaNs, or that
+        // does not count them (pyarrow does not), may match.
         let nans = converter.row_group_nan_counts(self.groups).ok()?;
         let no_nans: BooleanArray = nans.iter().map(|n| Some(n == Some(0))).collect();
         let with_nans = arrow_arith::boolean::not(&no_nans).ok()?;
@@ -119,7 +138,13 @@ impl RowGroupStats<'_> {
     }
 
     fn converter(&self, column: &str) -> Option<StatisticsConverter<'_>> {
-        StatisticsConverter::try_new(column, self.arrow, self.parquet).ok()
+        let converter = StatisticsConverter::try_new(column, self.arrow, self.parquet).ok()?;
+        // A null count the writer left out is unknown, not zero.
+        Some(
+            converter
+                .with_missing_null_counts_as_zero(false)
+                .with_column_orders(self.orders),
+        )
     }
 }
 

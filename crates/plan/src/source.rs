@@ -268,42 +268,43 @@ fn open_parquet(
 ) -> Result<BatchIter> {
     let file = open_file(path)?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
-    let builder = match prune {
-        Some(predicate) => {
-            let stats = RowGroupStats {
-                arrow: builder.schema(),
-                parquet: builder.parquet_schema(),
-                groups: builder.metadata().row_groups(),
-            };
-            let groups = stats.may_match(predicate);
-            builder.with_row_groups(groups)
+    let groups = match prune {
+        Some(predicate) => RowGroupStats {
+            arrow: builder.schema(),
+            parquet: builder.parquet_schema(),
+            groups: builder.metadata().row_groups(),
+            orders: builder
+                .metadata()
+                .file_metadata()
+                .column_orders()
+                .map(Vec::as_slice),
         }
-        None => builder,
+        .may_match(predicate),
+        None => (0..builder.metadata().num_row_groups()).collect(),
     };
-    let builder = match columns {
-        Some(columns) => {
-            let indices = columns
-                .iter()
-                .map(|c| {
-                    builder
-                        .schema()
-                        .index_of(c)
-                        .map_err(|_| bad_file(path, format!("no column `{c}`")))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let mask = ProjectionMask::roots(builder.parquet_schema(), indices);
-            builder.with_projection(mask)
-        }
-        None => builder,
+    let roots = match columns {
+        Some(columns) => columns
+            .iter()
+            .map(|c| {
+                builder
+                    .schema()
+                    .index_of(c)
+                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..builder.schema().fields().len()).collect(),
     };
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
     let reader = builder
+        .with_row_groups(groups.clone())
+        .with_projection(mask)
         .with_batch_size(READ_BATCH_ROWS)
         .build()
-        .map_err(|e| bad_file(path, e))?;
+        .map_err(|e| decode_error(path, &groups, &roots, e))?;
     let path = path.to_path_buf();
     let columns = columns.cloned();
     Ok(Box::new(reader.map(move |b| {
-        let batch = b.map_err(|e| bad_file(&path, e))?;
+        let batch = b.map_err(|e| decode_error(&path, &groups, &roots, e))?;
         // A projection reads columns in file order; give them in the order asked.
         match &columns {
             Some(columns) => {
@@ -319,6 +320,43 @@ fn open_parquet(
             None => Ok(batch),
         }
     })))
+}
+
+/// A Parquet file that failed to decode: the error names the column whose
+/// pages fail when each of the columns read is read again alone (only on
+/// this path, so a good file pays nothing for it).
+fn decode_error(
+    path: &Path,
+    groups: &[usize],
+    roots: &[usize],
+    e: impl std::fmt::Display,
+) -> Error {
+    match failing_column(path, groups, roots) {
+        Some(column) => bad_file(path, format!("column `{column}`: {e}")),
+        None => bad_file(path, e),
+    }
+}
+
+/// The first of the columns `roots` whose row groups `groups` fail to
+/// decode, read one column at a time.
+fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<String> {
+    for &root in roots {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).ok()?).ok()?;
+        let name = builder.schema().field(root).name().clone();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), [root]);
+        let fails = match builder
+            .with_row_groups(groups.to_vec())
+            .with_projection(mask)
+            .build()
+        {
+            Ok(mut reader) => reader.any(|b| b.is_err()),
+            Err(_) => true,
+        };
+        if fails {
+            return Some(name);
+        }
+    }
+    None
 }
 
 /// One file as a row: its path, and its bytes read straight into the

@@ -44,13 +44,13 @@ struct State {
     reserve: Vec<u64>,
     used: Vec<u64>,
     /// Bytes tasks hold outside the store ([`Hold`]).
-    held: u64,
+    outside: u64,
 }
 
 impl State {
     /// The shared pool: what the reserves leave of the capacity.
     fn pool(&self, capacity: u64) -> u64 {
-        capacity.saturating_sub(self.reserve.iter().sum::<u64>() + self.held)
+        capacity.saturating_sub(self.reserve.iter().sum::<u64>() + self.outside)
     }
 
     /// Bytes of the pool in use: each stage's use beyond its reserve.
@@ -66,7 +66,7 @@ impl State {
     /// excess within what is left of the pool.
     fn fits(&self, capacity: u64, stage: usize, bytes: u64) -> bool {
         // A reserve that grew back may be lent out still: never past the capacity.
-        if self.used.iter().sum::<u64>() + self.held + bytes > capacity {
+        if self.used.iter().sum::<u64>() + self.outside + bytes > capacity {
             return false;
         }
         let reserve = self.reserve[stage];
@@ -92,7 +92,7 @@ impl Budgets {
                 state: Mutex::new(State {
                     reserve,
                     used,
-                    held: 0,
+                    outside: 0,
                 }),
                 on_release,
             }),
@@ -121,7 +121,7 @@ impl Budgets {
     pub fn try_admit(&self, stage: usize, bytes: u64) -> Result<Reservation, Refused> {
         let mut state = self.state();
         if !state.fits(self.inner.capacity, stage, bytes) {
-            let used: u64 = state.used.iter().sum::<u64>() + state.held;
+            let used: u64 = state.used.iter().sum::<u64>() + state.outside;
             return Err(Refused {
                 stage,
                 needed: bytes,
@@ -162,11 +162,18 @@ impl Budgets {
         self.inner.capacity
     }
 
+    /// Bytes held outside the store now ([`Budgets::hold`]).
+    pub fn outside(&self) -> u64 {
+        self.state().outside
+    }
+
     /// Takes `bytes` off the room outputs have, for input a task keeps in
-    /// memory outside the store, until the hold drops. Always granted: the
-    /// executor starts such a task only when it fits (see `job::hold_fits`).
+    /// memory outside the store, until the hold drops. Always granted (the
+    /// executor decides which tasks start, `job::hold_fits`): one hold may
+    /// exceed the capacity, and outputs then wait until the executor lets
+    /// a task spill because nothing else can run.
     pub fn hold(&self, bytes: u64) -> Hold {
-        self.state().held += bytes;
+        self.state().outside += bytes;
         Hold {
             budgets: self.clone(),
             bytes,
@@ -182,7 +189,7 @@ pub struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.budgets.state().held -= self.bytes;
+        self.budgets.state().outside -= self.bytes;
         (self.budgets.inner.on_release)();
     }
 }

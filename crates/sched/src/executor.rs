@@ -146,6 +146,10 @@ impl Memory for LiveMemory<'_> {
     fn capacity(&self, _node: usize) -> u64 {
         self.budgets.capacity()
     }
+
+    fn outside(&self, _node: usize) -> u64 {
+        self.budgets.outside()
+    }
 }
 
 impl Memory for Remote {
@@ -164,6 +168,10 @@ impl Memory for Remote {
 
     fn capacity(&self, node: usize) -> u64 {
         self.stores[node].capacity
+    }
+
+    fn outside(&self, _node: usize) -> u64 {
+        0
     }
 }
 

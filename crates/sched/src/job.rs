@@ -36,6 +36,10 @@ pub(crate) trait Memory {
     fn held(&self, stage: usize) -> u64;
     /// The capacity of the store of `node`.
     fn capacity(&self, node: usize) -> u64;
+    /// Bytes of tasks' input held outside the store that `fits` already
+    /// counts on `node` (a node's own budgets count a hold once the task
+    /// opened; a driver's shadow of a remote node's budgets never does).
+    fn outside(&self, node: usize) -> u64;
 }
 
 /// The input of a task: a source split or parts of upstream partitions.
@@ -1216,6 +1220,9 @@ impl<P: Part> JobState<P> {
     /// paused there, and its memory.
     fn snapshot(&self, memory: &impl Memory, node: usize) -> Snapshot {
         let holding = self.holding(node);
+        // Holds `fits` does not count yet: tasks started and not opened, or
+        // all of them where the budgets are a remote node's shadow.
+        let unseen = holding.all.saturating_sub(memory.outside(node));
         let stages = self
             .stages
             .iter()
@@ -1227,7 +1234,7 @@ impl<P: Part> JobState<P> {
                 let paused_fits = here()
                     .map(|p| {
                         let freed_since = p.store_full_at.is_none_or(|at| memory.frees(node) > at);
-                        freed_since && memory.fits(node, i, p.pending_bytes)
+                        freed_since && memory.fits(node, i, p.pending_bytes + unseen)
                     })
                     .collect();
                 StageView {
@@ -1237,8 +1244,12 @@ impl<P: Part> JobState<P> {
                     running: s.running,
                     resources: shape.resources,
                     max_running: shape.max_running,
-                    budget_fits_typical: memory.fits(node, i, s.typical_bytes)
-                        && hold_fits(next_held_bytes(s, shape), holding, memory.capacity(node)),
+                    budget_fits_typical: memory.fits(node, i, s.typical_bytes + unseen)
+                        && hold_fits(
+                            next_held_bytes(s, shape, &self.tasks),
+                            holding,
+                            memory.capacity(node),
+                        ),
                 }
             })
             .collect();
@@ -1630,12 +1641,21 @@ fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece<P>>> {
 }
 
 /// What the next task `start` gives `stage` holds outside the store while
-/// it runs: a new split's held bytes (0 for a retry, which goes first).
-fn next_held_bytes<P>(stage: &StageState<P>, shape: &StageShape) -> u64 {
-    if !stage.retry.is_empty() {
-        return 0;
-    }
-    shape.held_bytes.get(stage.next_split).copied().unwrap_or(0)
+/// it runs: its split's held bytes, for a retry (which goes first) as for
+/// a new split.
+fn next_held_bytes<P>(
+    stage: &StageState<P>,
+    shape: &StageShape,
+    tasks: &HashMap<TaskId, TaskRecord<P>>,
+) -> u64 {
+    let split = match stage.retry.front() {
+        Some(task) => match tasks.get(task).map(|r| &r.input) {
+            Some(TaskInput::Split(i)) => *i,
+            _ => return 0,
+        },
+        None => stage.next_split,
+    };
+    shape.held_bytes.get(split).copied().unwrap_or(0)
 }
 
 /// Whether a task holding `next` bytes outside the store may start on a

@@ -408,3 +408,105 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_schema::{DataType, Field, Schema};
+    use streambatch_plan::{ExecPlan, ImageSize, Registry, SourceSplit, Stage, StageKind};
+
+    use super::PlanSpec;
+
+    /// A plan whose source has `splits`, through its travelling form and
+    /// back: the splits a node rebuilds.
+    fn travelled(splits: Vec<SourceSplit>) -> Vec<SourceSplit> {
+        let stage = Stage {
+            name: "source".into(),
+            kind: StageKind::Source {
+                splits,
+                ops: Vec::new(),
+            },
+            options: streambatch_core::Resources::cpu(1.0).into(),
+            op_names: vec!["source".into()],
+            counters: vec![Arc::default()],
+        };
+        let spec = PlanSpec::of(&ExecPlan {
+            stages: vec![stage],
+        })
+        .unwrap();
+        let bytes = rkyv::to_bytes::<rkyv::rancor::Error>(&spec).unwrap();
+        let spec: PlanSpec = rkyv::from_bytes::<PlanSpec, rkyv::rancor::Error>(&bytes).unwrap();
+        match spec
+            .build(&Registry::default())
+            .unwrap()
+            .stages
+            .remove(0)
+            .kind
+        {
+            StageKind::Source { splits, .. } => splits,
+            _ => panic!("not a source"),
+        }
+    }
+
+    #[test]
+    fn csv_json_images_and_binary_splits_travel_whole() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(
+                "tags",
+                DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+                true,
+            ),
+        ]));
+        let size = ImageSize {
+            height: 48,
+            width: 64,
+        };
+        let splits = travelled(vec![
+            SourceSplit::Csv {
+                path: "/data/a.csv".into(),
+                schema: schema.clone(),
+            },
+            SourceSplit::Json {
+                path: "/data/a.json".into(),
+                schema: schema.clone(),
+            },
+            SourceSplit::Images {
+                paths: Arc::new(vec!["/data/a.png".into(), "/data/b.jpg".into()]),
+                size,
+            },
+            SourceSplit::BinaryFiles {
+                paths: Arc::new(vec!["/data/blob".into()]),
+                largest: 7 << 20,
+            },
+        ]);
+        match &splits[..] {
+            [
+                SourceSplit::Csv {
+                    path: csv,
+                    schema: s1,
+                },
+                SourceSplit::Json {
+                    path: json,
+                    schema: s2,
+                },
+                SourceSplit::Images { paths, size: got },
+                SourceSplit::BinaryFiles { largest, .. },
+            ] => {
+                assert_eq!(csv.to_str(), Some("/data/a.csv"));
+                assert_eq!(json.to_str(), Some("/data/a.json"));
+                assert_eq!((s1, s2), (&schema, &schema));
+                assert_eq!(paths.len(), 2);
+                assert_eq!(*got, size);
+                assert_eq!(*largest, 7 << 20);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_schema_that_does_not_decode_is_refused() {
+        assert!(super::schema_of(b"not an IPC stream").is_err());
+    }
+}

@@ -116,4 +116,8 @@ impl Memory for SimMemory<'_> {
     fn capacity(&self, node: usize) -> u64 {
         self.0[node].capacity()
     }
+
+    fn outside(&self, node: usize) -> u64 {
+        self.0[node].outside()
+    }
 }

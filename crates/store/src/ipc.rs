@@ -24,7 +24,8 @@ pub struct Encoded {
     pub len: usize,
 }
 
-/// Encodes `batch` as an IPC stream (schema, batch, end), buffers aligned to 64.
+/// Encodes `batch` as an IPC stream (schema, dictionaries, batch, end),
+/// buffers aligned to 64.
 pub fn encode(batch: &RecordBatch) -> Result<Encoded, ArrowError> {
     let options = IpcWriteOptions::try_new(ALIGN, false, MetadataVersion::V5)?;
     let mut encoder = StreamEncoder::try_new_with_options(&batch.schema(), options)?;
@@ -102,6 +103,13 @@ fn read(bytes: &Buffer, trusted: bool) -> Result<RecordBatch, ArrowError> {
         let (block, message) = block_at(bytes, at)?;
         let body = bytes.slice(at);
         if let Some(dictionary) = message.header_as_dictionary_batch() {
+            // `encode` writes whole dictionaries; a delta would also let
+            // crafted bytes make each dictionary cost more than the last.
+            if dictionary.isDelta() {
+                return Err(ArrowError::IpcError(format!(
+                    "a delta dictionary at byte {at}: partitions hold whole dictionaries"
+                )));
+            }
             if !trusted {
                 check_buffers(bytes, at, &block, dictionary.data())?;
             }
