@@ -82,6 +82,13 @@ def table():
             type=pa.string(),
         ).dictionary_encode(),
         "nulls": pa.nulls(ROWS),
+        # Parquet's UUID and JSON logical types (Arrow extension types).
+        "uuid": pa.ExtensionArray.from_storage(
+            pa.uuid(), column(pa.binary(16), [(i * 0x9E3779B97F4A7C15).to_bytes(16, "big") for i in n])
+        ),
+        "json": pa.ExtensionArray.from_storage(
+            pa.json_(), column(pa.string(), [f'{{"row": {i}, "tags": ["a", {i % 3}]}}' for i in n])
+        ),
         "list_i32": column(pa.list_(pa.int32()), [list(range(i % 5)) for i in n]),
         "list_string_nulls": column(
             pa.list_(pa.string()), [[None if j == 1 else f"s{j}" for j in range(i % 4)] for i in n]
