@@ -114,6 +114,26 @@ fn a_filter_after_read_parquet_reads_only_the_row_groups_that_can_match() {
 }
 
 #[test]
+fn filters_one_after_another_prune_by_all_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sorted.parquet");
+    let batch = input();
+    write(&path, &batch);
+    let ds = ctx()
+        .read_parquet(path.to_str().unwrap())
+        .unwrap()
+        .filter(col("id").gt_eq(lit(2_000)))
+        .filter(col("id").lt(lit(3_000)))
+        .filter(col("name").gt_eq(lit("n02500")));
+    let got = common::sorted_i64(&ds.collect().unwrap(), "id");
+    assert_eq!(got, (2_500..3_000).collect::<Vec<_>>());
+    assert_eq!(
+        ds.stats().unwrap().operators[0].ops[0].rows,
+        GROUP_ROWS as u64
+    );
+}
+
+#[test]
 fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sorted.parquet");

@@ -338,11 +338,11 @@ impl Dataset {
     /// Keeps the rows where `predicate` holds: an expression such as
     /// `col("x").gt(lit(5))`, or a closure over rows.
     ///
-    /// An expression right after `read_parquet` also skips the row groups
-    /// whose statistics (min, max, null counts) show that none of their
-    /// rows can satisfy it: comparisons of a column with a constant,
-    /// `is_null`, and `and` / `or` of those; any other part keeps every
-    /// row group.
+    /// An expression right after `read_parquet` (or after other such
+    /// filters) also skips the row groups whose statistics (min, max, null
+    /// counts) show that none of their rows can satisfy it: comparisons of
+    /// a column with a constant, `is_null`, and `and` / `or` of those; any
+    /// other part keeps every row group.
     pub fn filter(&self, predicate: impl Into<Predicate>) -> Self {
         let predicate = predicate.into();
         let input = match &predicate {
@@ -356,30 +356,52 @@ impl Dataset {
         )
     }
 
-    /// This dataset's Parquet source with `predicate` given to its splits
-    /// to prune row groups by, when this is a `read_parquet` source and
-    /// the predicate holds for the columns it reads (else the filter's
+    /// This dataset with `predicate` given to its Parquet source's splits
+    /// to prune row groups by, when it is a `read_parquet` source, or one
+    /// under filters only (whose own predicates the splits have already),
+    /// and the predicate holds for the columns read (else the filter's
     /// error, say a column not read, must not depend on what pruning left).
     fn pruning_row_groups(&self, predicate: &Expr) -> Option<Self> {
-        let LogicalOp::Source {
-            name,
-            splits,
-            schema: Some(schema),
-        } = &self.plan.op
-        else {
-            return None;
+        let (name, splits, schema) = match &self.plan.op {
+            LogicalOp::Source {
+                name,
+                splits,
+                schema: Some(schema),
+            } => (name, splits, schema),
+            LogicalOp::Op(OpSpec {
+                kind: OpKind::Filter(Predicate::Expr(_)),
+                ..
+            }) => {
+                let input = Self {
+                    runner: self.runner.clone(),
+                    plan: self.plan.input.clone()?,
+                    last_stats: Default::default(),
+                };
+                return Some(
+                    input
+                        .pruning_row_groups(predicate)?
+                        .then(self.plan.op.clone()),
+                );
+            }
+            _ => return None,
         };
         predicate
             .evaluate_predicate(&RecordBatch::new_empty(schema.clone()))
             .ok()?;
-        let predicate = Arc::new(predicate.clone());
         let splits = splits
             .iter()
             .map(|split| match split {
-                SourceSplit::Parquet { path, columns, .. } => Some(SourceSplit::Parquet {
+                SourceSplit::Parquet {
+                    path,
+                    columns,
+                    prune,
+                } => Some(SourceSplit::Parquet {
                     path: path.clone(),
                     columns: columns.clone(),
-                    prune: Some(predicate.clone()),
+                    prune: Some(Arc::new(match prune {
+                        Some(earlier) => earlier.as_ref().clone().and(predicate.clone()),
+                        None => predicate.clone(),
+                    })),
                 }),
                 _ => None,
             })

@@ -211,3 +211,11 @@ impl Error {
         }
     }
 }
+
+/// A file that could not be decoded, with what the decoder said.
+pub(crate) fn bad_file(path: &std::path::Path, e: impl std::fmt::Display) -> Error {
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}

@@ -12,8 +12,8 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use image::imageops::FilterType;
 
-use crate::source::{bad_file, open_file};
-use crate::{BatchIter, Result};
+use crate::error::bad_file;
+use crate::{BatchIter, Error, Result};
 
 /// Bytes of decoded images one batch holds at most (one image at least).
 const BATCH_BYTES: usize = 4 << 20;
@@ -39,7 +39,7 @@ impl ImageSize {
     pub fn check(self) -> Result<()> {
         let bytes = u64::from(self.height) * u64::from(self.width) * 3;
         if bytes == 0 || bytes > i32::MAX as u64 {
-            return Err(crate::Error::Invalid(format!(
+            return Err(Error::Invalid(format!(
                 "read_images: images of {} x {} pixels are {bytes} bytes each; \
                  a size must hold 1 byte to 2 GiB",
                 self.height, self.width
@@ -97,7 +97,8 @@ fn decode_batch(paths: &[PathBuf], size: ImageSize) -> Result<RecordBatch> {
 /// converted to 8-bit RGB first, then resized with a triangle filter when
 /// its own size differs.
 fn decode(path: &Path, size: ImageSize) -> Result<Vec<u8>> {
-    let reader = image::ImageReader::new(BufReader::new(open_file(path)?))
+    let file = std::fs::File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let reader = image::ImageReader::new(BufReader::new(file))
         .with_guessed_format()
         .map_err(|e| bad_file(path, e))?;
     if reader.format().is_none() {

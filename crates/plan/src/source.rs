@@ -14,6 +14,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::prune::RowGroupStats;
 use crate::{BatchIter, Error, Expr, Result};
@@ -249,16 +250,8 @@ pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
 }
 
 /// Opens `path` to read it, an error naming it.
-pub(crate) fn open_file(path: &Path) -> Result<File> {
+fn open_file(path: &Path) -> Result<File> {
     File::open(path).map_err(|e| Error::io("opening", path, e))
-}
-
-/// A file that could not be decoded, with what the decoder said.
-pub(crate) fn bad_file(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::BadFile {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    }
 }
 
 fn open_parquet(
