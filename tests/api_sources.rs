@@ -416,9 +416,11 @@ fn binary_files_larger_than_the_store_are_cut_without_a_stall() {
         }
         let _ = done.send(got);
     });
-    let got = finished
-        .recv_timeout(std::time::Duration::from_secs(120))
-        .expect("the job finishes within 2 minutes");
+    let got = match finished.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(got) => got,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("the job stalled"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the job's thread failed"),
+    };
     let got: Vec<(String, u64, u64)> = got.into_iter().map(|(p, (l, s))| (p, l, s)).collect();
     assert_eq!(got, want);
 }

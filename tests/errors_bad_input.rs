@@ -173,10 +173,9 @@ fn a_udf_error_keeps_its_type_as_the_source() {
     assert!(err.to_string().contains("parse"), "{err}");
 }
 
-/// A Snappy file of 20,000 rows in two row groups, then `damage` done to
-/// its bytes; reading it (planning and running) fails naming the file.
-/// Damages a file of `people` rows (`id`, `name`) and checks that reading
-/// it fails naming the file; returns the error.
+/// A Snappy file of 20,000 `people` rows (`id`, `name`) in two row groups,
+/// then `damage` done to its bytes; reading it (planning and running) fails
+/// naming the file. Returns the error.
 fn damaged_file_is_named(what: &str, damage: impl Fn(&mut Vec<u8>)) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir
@@ -223,13 +222,23 @@ fn a_file_with_a_corrupt_footer_is_named() {
 #[test]
 fn a_file_with_a_corrupt_page_is_named_with_its_column() {
     let err = damaged_file_is_named("corrupt page", |b| {
-        // The first data page's header follows the leading magic: the
-        // first column's (`id`).
-        for byte in &mut b[4..68] {
+        // The first page header of the second column (`name`), found in
+        // the file's metadata.
+        let copy = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(copy.path(), &*b).unwrap();
+        let file = std::fs::File::open(copy.path()).unwrap();
+        let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+        let meta = parquet::file::reader::FileReader::metadata(&reader);
+        let name = meta.row_group(0).column(1);
+        assert_eq!(name.column_path().string(), "name");
+        let at = name
+            .dictionary_page_offset()
+            .unwrap_or(name.data_page_offset()) as usize;
+        for byte in &mut b[at..at + 64] {
             *byte = 0xff;
         }
     });
-    assert!(err.contains("column `id`"), "{err}");
+    assert!(err.contains("column `name`"), "{err}");
 }
 
 #[test]

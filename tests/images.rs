@@ -142,6 +142,15 @@ fn a_file_that_is_not_an_image_is_named() {
         .unwrap()
         .to_string();
     assert!(err.contains("no .png, .jpg or .jpeg files"), "{err}");
+    // Sizes that hold nothing, or more than a binary value can.
+    for (height, width) in [(0, 8), (40_000, 40_000)] {
+        let err = ctx()
+            .read_images(dir.path().to_str().unwrap(), height, width)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("1 byte to 2 GiB"), "{err}");
+    }
 }
 
 #[test]

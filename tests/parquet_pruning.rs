@@ -123,10 +123,11 @@ fn filters_one_after_another_prune_by_all_of_them() {
         .read_parquet(path.to_str().unwrap())
         .unwrap()
         .filter(col("id").gt_eq(lit(2_000)))
-        .filter(col("id").lt(lit(3_000)))
-        .filter(col("name").gt_eq(lit("n02500")));
+        .filter(col("id").lt(lit(4_000)))
+        .filter(col("name").gt_eq(lit("n03500")));
     let got = common::sorted_i64(&ds.collect().unwrap(), "id");
-    assert_eq!(got, (2_500..3_000).collect::<Vec<_>>());
+    // Each filter alone would read two row groups or more; together, one.
+    assert_eq!(got, (3_500..4_000).collect::<Vec<_>>());
     assert_eq!(
         ds.stats().unwrap().operators[0].ops[0].rows,
         GROUP_ROWS as u64
@@ -149,6 +150,51 @@ fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
         .count()
         .unwrap_err();
     assert!(err.to_string().contains("no column `id`"), "{err}");
+    // ... also when a later filter could prune by a column that is read.
+    let err = ctx
+        .read_parquet_columns(path.to_str().unwrap(), &["name"])
+        .unwrap()
+        .filter(col("id").gt(lit(ROWS)))
+        .filter(col("name").gt_eq(lit("zzz")))
+        .count()
+        .unwrap_err();
+    assert!(err.to_string().contains("no column `id`"), "{err}");
+    // A predicate that is not boolean: an error from the job, not a panic.
+    let err = ctx
+        .read_parquet(path.to_str().unwrap())
+        .unwrap()
+        .filter(col("id").not())
+        .count()
+        .unwrap_err();
+    assert!(err.to_string().contains("not boolean"), "{err}");
+
+    // Without statistics nothing is known: every row group is read.
+    let bare = dir.path().join("bare.parquet");
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(GROUP_ROWS))
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+        .build();
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(&bare).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    for predicate in [col("maybe").is_null(), col("id").gt_eq(lit(9_500))] {
+        let ds = ctx
+            .read_parquet(bare.to_str().unwrap())
+            .unwrap()
+            .filter(predicate.clone());
+        let got = common::sorted_i64(&ds.collect().unwrap(), "id");
+        assert_eq!(got, selected(&batch, &predicate), "rows of `{predicate}`");
+        assert_eq!(
+            ds.stats().unwrap().operators[0].ops[0].rows,
+            ROWS as u64,
+            "`{predicate}`"
+        );
+    }
 
     // Row groups of one value each pruned by `!=` that value, and a
     // dictionary column (its bounds are values): every group read.
@@ -167,7 +213,7 @@ fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
     .unwrap();
     let path = dir.path().join("groups.parquet");
     write(&path, &other);
-    for (predicate, most_groups) in [
+    for (predicate, groups) in [
         (col("group").not_eq(lit(3)), 9),
         (col("colour").eq(lit("red")), 10),
     ] {
@@ -178,7 +224,7 @@ fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
         let got = common::sorted_i64(&ds.collect().unwrap(), "id");
         assert_eq!(got, selected(&other, &predicate), "rows of `{predicate}`");
         let read = ds.stats().unwrap().operators[0].ops[0].rows;
-        assert_eq!(read, most_groups * GROUP_ROWS as u64, "`{predicate}`");
+        assert_eq!(read, groups * GROUP_ROWS as u64, "`{predicate}`");
     }
 }
 

@@ -357,10 +357,11 @@ impl Dataset {
     }
 
     /// This dataset with `predicate` given to its Parquet source's splits
-    /// to prune row groups by, when it is a `read_parquet` source, or one
-    /// under filters only (whose own predicates the splits have already),
-    /// and the predicate holds for the columns read (else the filter's
-    /// error, say a column not read, must not depend on what pruning left).
+    /// to prune row groups by, when it is a `read_parquet` source or one
+    /// under filter expressions only (then their predicates and this one,
+    /// joined by `and`, replace what the splits had), and all of them hold
+    /// for the columns read (else a filter's error, say a column not read,
+    /// must not depend on what pruning left).
     fn pruning_row_groups(&self, predicate: &Expr) -> Option<Self> {
         let (name, splits, schema) = match &self.plan.op {
             LogicalOp::Source {
@@ -369,7 +370,7 @@ impl Dataset {
                 schema: Some(schema),
             } => (name, splits, schema),
             LogicalOp::Op(OpSpec {
-                kind: OpKind::Filter(Predicate::Expr(_)),
+                kind: OpKind::Filter(Predicate::Expr(earlier)),
                 ..
             }) => {
                 let input = Self {
@@ -377,31 +378,22 @@ impl Dataset {
                     plan: self.plan.input.clone()?,
                     last_stats: Default::default(),
                 };
-                return Some(
-                    input
-                        .pruning_row_groups(predicate)?
-                        .then(self.plan.op.clone()),
-                );
+                let both = earlier.clone().and(predicate.clone());
+                return Some(input.pruning_row_groups(&both)?.then(self.plan.op.clone()));
             }
             _ => return None,
         };
         predicate
             .evaluate_predicate(&RecordBatch::new_empty(schema.clone()))
             .ok()?;
+        let predicate = Arc::new(predicate.clone());
         let splits = splits
             .iter()
             .map(|split| match split {
-                SourceSplit::Parquet {
-                    path,
-                    columns,
-                    prune,
-                } => Some(SourceSplit::Parquet {
+                SourceSplit::Parquet { path, columns, .. } => Some(SourceSplit::Parquet {
                     path: path.clone(),
                     columns: columns.clone(),
-                    prune: Some(Arc::new(match prune {
-                        Some(earlier) => earlier.as_ref().clone().and(predicate.clone()),
-                        None => predicate.clone(),
-                    })),
+                    prune: Some(predicate.clone()),
                 }),
                 _ => None,
             })

@@ -177,9 +177,16 @@ impl Expr {
                 Operand::Array(column.clone())
             }
             Expr::Literal(l) => Operand::Scalar(l.to_scalar()),
-            Expr::Not(e) => Operand::Array(Arc::new(arrow_arith::boolean::not(
-                e.evaluate(batch)?.as_boolean(),
-            )?)),
+            Expr::Not(e) => {
+                let operand = e.evaluate(batch)?;
+                let operand = operand.as_boolean_opt().ok_or_else(|| {
+                    ArrowError::InvalidArgumentError(format!(
+                        "NOT {e}: {e} is of type {}, not boolean",
+                        operand.data_type()
+                    ))
+                })?;
+                Operand::Array(Arc::new(arrow_arith::boolean::not(operand)?))
+            }
             Expr::IsNull(e) => Operand::Array(Arc::new(arrow_arith::boolean::is_null(
                 &e.evaluate(batch)?,
             )?)),

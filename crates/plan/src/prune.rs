@@ -108,6 +108,13 @@ impl RowGroupStats<'_> {
         }
         let mins = converter.row_group_mins(self.groups).ok()?;
         let maxes = converter.row_group_maxes(self.groups).ok()?;
+        let float = is_float(converter.arrow_field().data_type());
+        // The format lets a min of +0 stand for -0 and a max of -0 for +0,
+        // which the filter's order tells apart: widen them.
+        let (mins, maxes) = match float {
+            true => (widen_zero(&mins, true)?, widen_zero(&maxes, false)?),
+            false => (mins, maxes),
+        };
         let test = |bound: &ArrayRef, op| holds(column, bound, op, value);
         let mask = match op {
             BinaryOp::Lt | BinaryOp::LtEq => test(&mins, op)?,
@@ -125,7 +132,7 @@ impl RowGroupStats<'_> {
             }
             _ => return None,
         };
-        if !is_float(converter.arrow_field().data_type()) {
+        if !float {
             return Some(mask);
         }
         // Whether NaN is inside min and max depends on the writer, and it
@@ -162,6 +169,31 @@ fn holds(column: &str, bound: &ArrayRef, op: BinaryOp, value: &Literal) -> Optio
     result.as_any().downcast_ref::<BooleanArray>().cloned()
 }
 
+/// Float bounds with a zero made the widest zero: -0 for a min, +0 for a
+/// max. `None` for a type it does not know (Float16), which then stays
+/// unjudged.
+fn widen_zero(bound: &ArrayRef, min: bool) -> Option<ArrayRef> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, Float64Type};
+    Some(match bound.data_type() {
+        DataType::Float32 => Arc::new(bound.as_primitive::<Float32Type>().unary::<_, Float32Type>(
+            |v| match (v == 0.0, min) {
+                (true, true) => -0.0,
+                (true, false) => 0.0,
+                _ => v,
+            },
+        )),
+        DataType::Float64 => Arc::new(bound.as_primitive::<Float64Type>().unary::<_, Float64Type>(
+            |v| match (v == 0.0, min) {
+                (true, true) => -0.0,
+                (true, false) => 0.0,
+                _ => v,
+            },
+        )),
+        _ => return None,
+    })
+}
+
 /// `a op b` as `b op' a`.
 fn flipped(op: BinaryOp) -> Option<BinaryOp> {
     Some(match op {
@@ -176,4 +208,78 @@ fn flipped(op: BinaryOp) -> Option<BinaryOp> {
 
 fn is_float(t: &DataType) -> bool {
     matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{col, lit};
+    use arrow_array::Int64Array;
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::properties::WriterProperties;
+
+    /// Ids 0..4000 in four row groups of 1,000.
+    fn file() -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..4_000));
+        let batch = RecordBatch::try_from_iter([("id", ids)]).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1_000))
+            .build();
+        let mut w =
+            ArrowWriter::try_new(file.reopen().unwrap(), batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        file
+    }
+
+    #[test]
+    fn bounds_without_a_declared_column_order_are_not_trusted() {
+        let file = file();
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file.reopen().unwrap()).unwrap();
+        let meta = builder.metadata();
+        let orders = meta.file_metadata().column_orders().map(Vec::as_slice);
+        assert!(orders.is_some(), "parquet-rs declares its column orders");
+        let stats = |orders| RowGroupStats {
+            arrow: builder.schema(),
+            parquet: builder.parquet_schema(),
+            groups: meta.row_groups(),
+            orders,
+        };
+        let predicate = col("id").gt_eq(lit(3_500));
+        assert_eq!(stats(orders).may_match(&predicate), vec![3]);
+        // A legacy writer's (signed) bounds: every row group.
+        assert_eq!(stats(None).may_match(&predicate), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_zero_bound_is_widened_to_both_zeros() {
+        let mins: ArrayRef = Arc::new(arrow_array::Float64Array::from(vec![0.0, -0.0, 1.5]));
+        let widened = widen_zero(&mins, true).unwrap();
+        let widened = widened
+            .as_any()
+            .downcast_ref::<arrow_array::Float64Array>()
+            .unwrap();
+        assert!(
+            widened
+                .values()
+                .iter()
+                .take(2)
+                .all(|v| *v == 0.0 && v.is_sign_negative())
+        );
+        assert_eq!(widened.value(2), 1.5);
+        let maxes = widen_zero(&mins, false).unwrap();
+        let maxes = maxes
+            .as_any()
+            .downcast_ref::<arrow_array::Float64Array>()
+            .unwrap();
+        assert!(
+            maxes
+                .values()
+                .iter()
+                .take(2)
+                .all(|v| *v == 0.0 && v.is_sign_positive())
+        );
+    }
 }

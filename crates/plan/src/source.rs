@@ -12,7 +12,7 @@ use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
@@ -316,8 +316,8 @@ fn open_parquet(
 }
 
 /// A Parquet file that failed to decode: the error names the column whose
-/// pages fail when each of the columns read is read again alone (only on
-/// this path, so a good file pays nothing for it).
+/// pages fail when each of the columns read is read again alone, with that
+/// read's own error (only on this path, so a good file pays nothing).
 fn decode_error(
     path: &Path,
     groups: &[usize],
@@ -325,28 +325,33 @@ fn decode_error(
     e: impl std::fmt::Display,
 ) -> Error {
     match failing_column(path, groups, roots) {
-        Some(column) => bad_file(path, format!("column `{column}`: {e}")),
+        Some((column, why)) => bad_file(path, format!("column `{column}`: {why}")),
         None => bad_file(path, e),
     }
 }
 
 /// The first of the columns `roots` whose row groups `groups` fail to
-/// decode, read one column at a time.
-fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<String> {
+/// decode, read one column at a time, and why it fails.
+fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<(String, String)> {
+    let file = File::open(path).ok()?;
+    let meta = ArrowReaderMetadata::load(&file, Default::default()).ok()?;
     for &root in roots {
-        let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).ok()?).ok()?;
+        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            file.try_clone().ok()?,
+            meta.clone(),
+        );
         let name = builder.schema().field(root).name().clone();
         let mask = ProjectionMask::roots(builder.parquet_schema(), [root]);
-        let fails = match builder
+        let failure = match builder
             .with_row_groups(groups.to_vec())
             .with_projection(mask)
             .build()
         {
-            Ok(mut reader) => reader.any(|b| b.is_err()),
-            Err(_) => true,
+            Ok(reader) => reader.filter_map(|b| b.err()).next().map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
         };
-        if fails {
-            return Some(name);
+        if let Some(why) = failure {
+            return Some((name, why));
         }
     }
     None

@@ -332,3 +332,59 @@ fn tasks_holding_large_inputs_take_turns() {
         .collect();
     assert_eq!(next, vec![2, 3]);
 }
+
+/// A large split retried after its node is lost waits while another large
+/// split runs on the node left, and starts once that one ended.
+#[test]
+fn a_retried_large_split_waits_for_the_other_large_one() {
+    let mut shapes = Pipeline::Maps(0).shapes(3);
+    let large = CAPACITY / 2 + 1;
+    shapes[0].held_bytes = vec![large, large, 1];
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+    let budgets = vec![
+        Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {})),
+        Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {})),
+    ];
+    let mut job = JobState::<Rows>::new(
+        shapes,
+        vec![Resources::cpu(2.0), Resources::cpu(1.0)],
+        FailurePolicy {
+            max_task_retries: 3,
+            ..Default::default()
+        },
+        recorder,
+    )
+    .with_lineage();
+    let started = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize, usize)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start {
+                    task,
+                    node,
+                    input: Input::Split(i),
+                    ..
+                } => Some((task, node, i)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut first = started(job.advance(&SimMemory(&budgets)));
+    first.sort_by_key(|&(_, _, split)| split);
+    let node_of = |split: usize| first.iter().find(|&&(_, _, i)| i == split).unwrap().1;
+    // One large split per node, the small one beside the first.
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert_ne!(node_of(0), node_of(1));
+    let (stays, lost) = (node_of(0), node_of(1));
+    assert_eq!(node_of(2), stays);
+    job.on_finished(first[2].0);
+    job.on_node_lost(lost, "worker-lost");
+    // Split 1 is retried on the node left, where split 0 still runs: it waits.
+    let retried = started(job.advance(&SimMemory(&budgets)));
+    assert!(retried.is_empty(), "{retried:?}");
+    job.on_finished(first[0].0);
+    let retried = started(job.advance(&SimMemory(&budgets)));
+    let placed: Vec<(usize, usize)> = retried.iter().map(|&(_, n, i)| (n, i)).collect();
+    assert_eq!(placed, vec![(stays, 1)]);
+}
