@@ -40,9 +40,17 @@ fn input() -> RecordBatch {
 }
 
 fn write(path: &std::path::Path, batch: &RecordBatch) {
-    let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(GROUP_ROWS))
-        .build();
+    write_with(path, batch, WriterProperties::builder());
+}
+
+/// `batch` in row groups of [`GROUP_ROWS`], with the writer's other
+/// settings from `props`.
+fn write_with(
+    path: &std::path::Path,
+    batch: &RecordBatch,
+    props: parquet::file::properties::WriterPropertiesBuilder,
+) {
+    let props = props.set_max_row_group_row_count(Some(GROUP_ROWS)).build();
     let mut w = ArrowWriter::try_new(
         std::fs::File::create(path).unwrap(),
         batch.schema(),
@@ -170,18 +178,9 @@ fn pruning_keeps_the_filters_own_errors_and_what_it_cannot_judge() {
 
     // Without statistics nothing is known: every row group is read.
     let bare = dir.path().join("bare.parquet");
-    let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(GROUP_ROWS))
-        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
-        .build();
-    let mut w = ArrowWriter::try_new(
-        std::fs::File::create(&bare).unwrap(),
-        batch.schema(),
-        Some(props),
-    )
-    .unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    let no_stats = WriterProperties::builder()
+        .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None);
+    write_with(&bare, &batch, no_stats);
     for predicate in [col("maybe").is_null(), col("id").gt_eq(lit(9_500))] {
         let ds = ctx
             .read_parquet(bare.to_str().unwrap())

@@ -147,12 +147,7 @@ impl Expr {
     /// Evaluates a predicate: a boolean per row, null counting as false.
     pub fn evaluate_predicate(&self, batch: &RecordBatch) -> Result<BooleanArray, ArrowError> {
         let array = self.evaluate(batch)?;
-        let mask = array.as_boolean_opt().ok_or_else(|| {
-            ArrowError::InvalidArgumentError(format!(
-                "filter `{self}` is of type {}, not boolean",
-                array.data_type()
-            ))
-        })?;
+        let mask = booleans(&array, || format!("filter `{self}`"))?;
         Ok(match mask.nulls() {
             Some(_) => arrow_select::filter::prep_null_mask_filter(mask),
             None => mask.clone(),
@@ -179,12 +174,7 @@ impl Expr {
             Expr::Literal(l) => Operand::Scalar(l.to_scalar()),
             Expr::Not(e) => {
                 let operand = e.evaluate(batch)?;
-                let operand = operand.as_boolean_opt().ok_or_else(|| {
-                    ArrowError::InvalidArgumentError(format!(
-                        "NOT {e}: {e} is of type {}, not boolean",
-                        operand.data_type()
-                    ))
-                })?;
+                let operand = booleans(&operand, || format!("NOT {e}: {e}"))?;
                 Operand::Array(Arc::new(arrow_arith::boolean::not(operand)?))
             }
             Expr::IsNull(e) => Operand::Array(Arc::new(arrow_arith::boolean::is_null(
@@ -196,6 +186,17 @@ impl Expr {
             }
         })
     }
+}
+
+/// `array` as booleans, or an error saying that `what` is not boolean.
+fn booleans(array: &ArrayRef, what: impl FnOnce() -> String) -> Result<&BooleanArray, ArrowError> {
+    array.as_boolean_opt().ok_or_else(|| {
+        ArrowError::InvalidArgumentError(format!(
+            "{} is of type {}, not boolean",
+            what(),
+            array.data_type()
+        ))
+    })
 }
 
 macro_rules! arithmetic {

@@ -173,25 +173,28 @@ fn holds(column: &str, bound: &ArrayRef, op: BinaryOp, value: &Literal) -> Optio
 /// max. `None` for a type it does not know (Float16), which then stays
 /// unjudged.
 fn widen_zero(bound: &ArrayRef, min: bool) -> Option<ArrayRef> {
-    use arrow_array::cast::AsArray;
     use arrow_array::types::{Float32Type, Float64Type};
     Some(match bound.data_type() {
-        DataType::Float32 => Arc::new(bound.as_primitive::<Float32Type>().unary::<_, Float32Type>(
-            |v| match (v == 0.0, min) {
-                (true, true) => -0.0,
-                (true, false) => 0.0,
-                _ => v,
-            },
-        )),
-        DataType::Float64 => Arc::new(bound.as_primitive::<Float64Type>().unary::<_, Float64Type>(
-            |v| match (v == 0.0, min) {
-                (true, true) => -0.0,
-                (true, false) => 0.0,
-                _ => v,
-            },
-        )),
+        DataType::Float32 => widened::<Float32Type>(bound, min),
+        DataType::Float64 => widened::<Float64Type>(bound, min),
         _ => return None,
     })
+}
+
+/// [`widen_zero`] for one float type.
+fn widened<T: arrow_array::ArrowPrimitiveType>(bound: &ArrayRef, min: bool) -> ArrayRef {
+    use arrow_array::ArrowNativeTypeOp;
+    use arrow_array::cast::AsArray;
+    // `is_zero` holds for both zeros; the negated zero of a float is -0.
+    let zero = match min {
+        true => T::Native::ZERO.neg_wrapping(),
+        false => T::Native::ZERO,
+    };
+    Arc::new(
+        bound
+            .as_primitive::<T>()
+            .unary::<_, T>(|v| if v.is_zero() { zero } else { v }),
+    )
 }
 
 /// `a op b` as `b op' a`.
@@ -253,33 +256,22 @@ mod tests {
         assert_eq!(stats(None).may_match(&predicate), vec![0, 1, 2, 3]);
     }
 
+    fn floats(array: ArrayRef) -> Vec<f64> {
+        let array = array.as_any().downcast_ref::<arrow_array::Float64Array>();
+        array.unwrap().values().to_vec()
+    }
+
     #[test]
     fn a_zero_bound_is_widened_to_both_zeros() {
         let mins: ArrayRef = Arc::new(arrow_array::Float64Array::from(vec![0.0, -0.0, 1.5]));
-        let widened = widen_zero(&mins, true).unwrap();
-        let widened = widened
-            .as_any()
-            .downcast_ref::<arrow_array::Float64Array>()
-            .unwrap();
+        let widened = floats(widen_zero(&mins, true).unwrap());
         assert!(
-            widened
-                .values()
+            widened[..2]
                 .iter()
-                .take(2)
                 .all(|v| *v == 0.0 && v.is_sign_negative())
         );
-        assert_eq!(widened.value(2), 1.5);
-        let maxes = widen_zero(&mins, false).unwrap();
-        let maxes = maxes
-            .as_any()
-            .downcast_ref::<arrow_array::Float64Array>()
-            .unwrap();
-        assert!(
-            maxes
-                .values()
-                .iter()
-                .take(2)
-                .all(|v| *v == 0.0 && v.is_sign_positive())
-        );
+        assert_eq!(widened[2], 1.5);
+        let maxes = floats(widen_zero(&mins, false).unwrap());
+        assert!(maxes[..2].iter().all(|v| *v == 0.0 && v.is_sign_positive()));
     }
 }

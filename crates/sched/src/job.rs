@@ -1221,8 +1221,12 @@ impl<P: Part> JobState<P> {
     fn snapshot(&self, memory: &impl Memory, node: usize) -> Snapshot {
         let holding = self.holding(node);
         // Holds `fits` does not count yet: tasks started and not opened, or
-        // all of them where the budgets are a remote node's shadow.
-        let unseen = holding.all.saturating_sub(memory.outside(node));
+        // all of them where the budgets are a remote node's shadow. (Asked
+        // only when there are holds: it takes the budgets' lock.)
+        let unseen = match holding.all {
+            0 => 0,
+            all => all.saturating_sub(memory.outside(node)),
+        };
         let stages = self
             .stages
             .iter()
