@@ -79,10 +79,11 @@ fn node_config_from_toml_and_environment() {
         (ctx.config().cpus, ctx.config().store_capacity),
         (defaults.cpus, defaults.store_capacity)
     );
-    // gpus "auto": one slot per adapter found.
+    // gpus "auto": one slot per hardware adapter found; a software one
+    // (lavapipe) only when asked for.
     assert_eq!(
         ctx.config().gpus,
-        Some(streambatch::GpuPool::global().len() as f64)
+        Some(streambatch::GpuPool::global().auto_slots(false) as f64)
     );
 }
 

@@ -39,6 +39,8 @@ fn gpu_ctx() -> Context {
     Context::with_config(NodeConfig {
         cpus: 2.0,
         gpus: None,
+        // CI has only lavapipe, a software adapter, which "auto" leaves out.
+        gpu_software: true,
         store_capacity: 1 << 30,
         target_partition_bytes: 4 << 20,
         ..NodeConfig::default()

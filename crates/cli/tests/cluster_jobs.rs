@@ -813,3 +813,38 @@ fn text_files_read_on_a_cluster_write_parquet_with_its_options() {
 type Write =
     fn(&streambatch::Dataset, &std::path::Path) -> streambatch::Result<Vec<std::path::PathBuf>>;
 type Read = fn(&Context, &str) -> streambatch::Result<streambatch::Dataset>;
+
+/// `gpus = "auto"` on a machine whose only adapter is a software one
+/// (lavapipe): the node counts no GPU slot and says why on its log, so the
+/// cluster's main job (which embeds on the GPU only where a node has GPU
+/// slots, see `examples/batch_inference.rs`) takes its CPU path; a node
+/// that asks for software adapters gets its slot.
+#[test]
+fn auto_counts_no_software_adapter_so_the_main_job_embeds_on_the_cpu() {
+    let pool = streambatch::GpuPool::global();
+    if pool.has_hardware() || pool.software_labels().is_empty() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI has only lavapipe: install mesa-vulkan-drivers"
+        );
+        eprintln!(
+            "test auto_counts_no_software_adapter_so_the_main_job_embeds_on_the_cpu: SKIPPED (needs a software adapter and no hardware one; CI=true makes this a failure)"
+        );
+        return;
+    }
+    let cluster = Cluster::start(&[
+        NodeSpec::auto_gpu("worker-1", 1),
+        NodeSpec::auto_gpu("worker-2", 1).with_env("STREAMBATCH_GPU_SOFTWARE", "true"),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    assert_eq!(
+        ctx.gpu_devices(),
+        [format!("worker-2: {} GPU slots", pool.len())],
+        "only the node that asked counts its software adapter"
+    );
+    let log = std::fs::read_to_string(cluster.dir.path().join("worker-1.log")).unwrap();
+    assert!(
+        log.contains("counts no software adapter") && log.contains("gpu_software = true"),
+        "{log}"
+    );
+}

@@ -59,8 +59,13 @@ pub struct NodeConfig {
     /// Logical CPU slots. Default: the cores detected.
     pub cpus: f64,
     /// Logical GPU slots; `None` ("auto", the default) gives one slot per
-    /// GPU adapter found.
+    /// hardware GPU adapter found (a software rasterizer such as Mesa's
+    /// llvmpipe counts only with `gpu_software`).
     pub gpus: Option<f64>,
+    /// Whether "auto" counts software adapters (llvmpipe) as GPU slots:
+    /// they run WGSL kernels correctly but far slower than a CPU path.
+    /// Default: false.
+    pub gpu_software: bool,
     /// Use only GPU adapters whose name contains this.
     pub gpu_adapter: Option<String>,
     /// Use only GPU adapters of this backend ("vulkan", ...).
@@ -113,9 +118,10 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
 }
 
-const KNOWN_KEYS: [&str; 19] = [
+const KNOWN_KEYS: [&str; 20] = [
     "cpus",
     "gpus",
+    "gpu_software",
     "gpu_adapter",
     "gpu_backend",
     "store_capacity",
@@ -141,6 +147,7 @@ impl Default for NodeConfig {
         Self {
             cpus: cores as f64,
             gpus: None,
+            gpu_software: false,
             gpu_adapter: None,
             gpu_backend: None,
             store_capacity: default_store_capacity(),
@@ -223,6 +230,7 @@ impl NodeConfig {
         let config = Self {
             cpus: reader.number("cpus", defaults.cpus)?,
             gpus: reader.gpus()?,
+            gpu_software: reader.flag("gpu_software", defaults.gpu_software)?,
             gpu_adapter: reader.text("gpu_adapter")?,
             gpu_backend: reader.text("gpu_backend")?,
             store_capacity: reader.size("store_capacity", defaults.store_capacity)?,

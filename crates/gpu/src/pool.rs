@@ -157,7 +157,22 @@ impl GpuPool {
         self.devices.iter().any(|d| !d.software)
     }
 
-    /// How many GPU slots the pool gives.
+    /// The GPU slots "auto" gives: one per hardware adapter, and one per
+    /// software adapter too when `software` is asked for.
+    pub fn auto_slots(&self, software: bool) -> usize {
+        self.devices
+            .iter()
+            .filter(|d| software || !d.software)
+            .count()
+    }
+
+    /// The software adapters' labels.
+    pub fn software_labels(&self) -> Vec<String> {
+        let software = self.devices.iter().filter(|d| d.software);
+        software.map(|d| d.label.clone()).collect()
+    }
+
+    /// How many adapters the pool holds.
     pub fn len(&self) -> usize {
         self.devices.len()
     }

@@ -187,6 +187,10 @@ fn client_settings(mut config: quinn::ClientConfig, peer_timeout: Duration) -> q
     config
 }
 
+/// How long a peer may take to send a new stream's kind byte: it is
+/// written with the stream's opening, so only a broken peer takes longer.
+pub const KIND_BYTE_WAIT: Duration = Duration::from_secs(10);
+
 /// A connection to another node that passed the handshake, named by the
 /// common name of its certificate.
 #[derive(Clone, Debug)]
@@ -230,24 +234,24 @@ impl Peer {
     }
 
     /// The next stream the peer opens, with its kind; `None` once the
-    /// connection is closed. A stream of an unknown kind closes the
-    /// connection (the peer is broken or hostile).
+    /// connection is closed. A stream that ends before its kind byte, sends
+    /// none within [`KIND_BYTE_WAIT`], or names an unknown kind closes the
+    /// connection (the peer is broken or hostile): a peer must never be
+    /// left with a connection no one serves.
     pub async fn accept(&self) -> Option<(StreamKind, SendStream, RecvStream)> {
         let (send, mut recv) = self.connection.accept_bi().await.ok()?;
         let mut byte = [0u8];
-        if recv.read_exact(&mut byte).await.is_err() {
-            return None;
-        }
-        match StreamKind::from_byte(byte[0]) {
-            Some(kind) => Some((kind, send, recv)),
-            None => {
-                self.refuse(&FrameError::Malformed(format!(
-                    "unknown stream kind {:#04x}",
-                    byte[0]
-                )));
-                None
-            }
-        }
+        let read = tokio::time::timeout(KIND_BYTE_WAIT, recv.read_exact(&mut byte)).await;
+        let problem = match read {
+            Ok(Ok(())) => match StreamKind::from_byte(byte[0]) {
+                Some(kind) => return Some((kind, send, recv)),
+                None => format!("unknown stream kind {:#04x}", byte[0]),
+            },
+            Ok(Err(e)) => format!("a stream without its kind byte: {e}"),
+            Err(_) => format!("no stream kind byte within {KIND_BYTE_WAIT:?}"),
+        };
+        self.refuse(&FrameError::Malformed(problem));
+        None
     }
 
     /// Closes this connection, and only this one, for a protocol violation.

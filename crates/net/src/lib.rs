@@ -25,6 +25,7 @@ mod endpoint;
 mod error;
 pub mod fetch;
 pub mod frame;
+mod membership;
 pub mod tls;
 mod transport;
 
@@ -35,6 +36,7 @@ pub use endpoint::{
 };
 pub use error::{FrameError, NetError};
 pub use fetch::{Fetched, Locality, MappedLease, PartitionServer, Served};
+pub use membership::{OnPeerLost, Sessions};
 pub use tls::{Identity, TlsFiles, init_cluster};
 pub use transport::Transport;
 

@@ -206,6 +206,24 @@ impl Identity {
     /// QUIC server settings: TLS 1.3, a client certificate of the CA
     /// required; the endpoint adds its transport settings.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, NetError> {
+        let mut tls = self.tls_server_config()?;
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+            .map_err(|e| NetError::Config(e.to_string()))?;
+        Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+    }
+
+    /// TLS over TCP with the same rule as QUIC (TLS 1.3, a client
+    /// certificate of the CA required), for ractor_cluster's own loopback
+    /// listener: a local process without the cluster's key material fails
+    /// the handshake before any actor session exists.
+    pub fn tcp_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, NetError> {
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(
+            self.tls_server_config()?,
+        )))
+    }
+
+    fn tls_server_config(&self) -> Result<rustls::ServerConfig, NetError> {
         let provider = crate::provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             self.roots.clone(),
@@ -213,16 +231,12 @@ impl Identity {
         )
         .build()
         .map_err(|e| NetError::Config(format!("client verifier: {e}")))?;
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| NetError::Config(e.to_string()))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
-            .map_err(|e| NetError::Config(format!("this node's certificate: {e}")))?;
-        tls.alpn_protocols = vec![ALPN.to_vec()];
-        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
-            .map_err(|e| NetError::Config(e.to_string()))?;
-        Ok(quinn::ServerConfig::with_crypto(Arc::new(quic)))
+            .map_err(|e| NetError::Config(format!("this node's certificate: {e}")))
     }
 
     /// QUIC client settings: the server must show a certificate of the CA

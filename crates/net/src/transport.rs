@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use quinn::{RecvStream, SendStream};
 use ractor::{Actor, ActorRef};
 use ractor_cluster::node::NodeServerSessionInformation;
-use ractor_cluster::{BoxRead, BoxWrite, ClusterBidiStream, NodeServer, NodeServerMessage};
+use ractor_cluster::{
+    BoxRead, BoxWrite, ClusterBidiStream, IncomingEncryptionMode, NodeServer, NodeServerMessage,
+};
 
 use crate::NetError;
 use crate::endpoint::{Endpoint, Peer, StreamKind, handshake};
@@ -69,15 +71,20 @@ impl Transport {
         here: Locality,
         supervisor: Option<ractor::ActorCell>,
     ) -> Result<Self, NetError> {
-        // Mutual TLS authenticates peers; ractor_cluster's own cookie check
-        // runs inside that channel, and its TCP listener stays on loopback
-        // with no one told its port.
+        // Mutual TLS authenticates peers on QUIC. ractor_cluster also
+        // listens on loopback TCP (it cannot be turned off): that listener
+        // demands the same certificates, so a local process without the
+        // cluster's key material is refused in the TLS handshake, before
+        // any session, cookie or election. The cookie, then, is no secret;
+        // it keeps two clusters' sessions apart.
+        let acceptor = endpoint.identity().tcp_acceptor()?;
+        let cookie = format!("streambatch-{}", endpoint.identity().cluster_id());
         let server = NodeServer::new(
             0,
-            "streambatch".into(),
+            cookie,
             name.to_string(),
             endpoint.local_addr().to_string(),
-            None,
+            Some(IncomingEncryptionMode::Tls(acceptor)),
             None,
         )
         .with_listen_addr(std::net::Ipv4Addr::LOCALHOST.into())
@@ -261,9 +268,9 @@ impl Transport {
 
 /// Stops an actor session whose peer is not who its certificate says. The
 /// name a peer declares in ractor_cluster's handshake must be the name in
-/// its certificate, on a QUIC connection of this transport. ractor_cluster
-/// also listens on loopback TCP (it cannot be turned off, and its cookie is
-/// no secret): a session from there has no certificate and is stopped as
+/// its certificate, on a QUIC connection of this transport. A session over
+/// ractor_cluster's loopback TCP listener (which only a holder of a cluster
+/// certificate can open) is not one this transport made, and is stopped as
 /// soon as it authenticates.
 struct SessionCheck(std::sync::Weak<Inner>);
 

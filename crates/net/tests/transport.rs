@@ -155,6 +155,7 @@ async fn a_bad_frame_closes_its_connection_only() {
     let malformed = [b"F".as_slice(), &8u32.to_le_bytes(), &[0xff; 8]].concat();
     let unknown_kind = b"Zhello".to_vec();
     for (what, bytes) in [
+        ("stream ended before its kind byte", Vec::new()),
         ("oversized", oversized),
         ("truncated", truncated),
         ("malformed", malformed),
@@ -345,5 +346,67 @@ async fn a_session_under_another_name_than_its_certificate_is_stopped() {
     let later = tokio::time::timeout(Duration::from_millis(500), events.recv()).await;
     assert!(later.is_err(), "the session ended: {later:?}");
     worker.stop();
+    head.stop();
+}
+
+/// The peers `transport` loses: their last session ended.
+fn losses(transport: &Transport) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let lost = streambatch_net::OnPeerLost::new(move |peer: &str| {
+        let _ = tx.send(peer.to_string());
+    });
+    transport
+        .node_server()
+        .cast(NodeServerMessage::SubscribeToEvents {
+            id: "test-losses".into(),
+            subscription: Box::new(lost),
+        })
+        .unwrap();
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_session_torn_down_is_not_the_loss_of_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let mut events = membership(&head);
+    let mut lost = losses(&head);
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    worker.join(head.local_addr()).await.unwrap();
+    assert_eq!(
+        wait(events.recv()).await.unwrap(),
+        ("up", "worker-1".into())
+    );
+    // The worker dials again (as after a reconnect, or both sides dialling):
+    // the session election keeps one session and tears the other down.
+    worker.join(head.local_addr()).await.unwrap();
+    let torn_down = wait(async {
+        loop {
+            match events.recv().await.unwrap() {
+                ("down", peer) => break peer,
+                _ => continue,
+            }
+        }
+    })
+    .await;
+    assert_eq!(torn_down, "worker-1");
+    // A session to the worker lives on, and the worker was not lost.
+    let sessions = ractor::call_t!(head.node_server(), NodeServerMessage::GetSessions, 1_000);
+    assert_eq!(
+        sessions.unwrap().len(),
+        1,
+        "one session to worker-1 remains"
+    );
+    assert!(
+        lost.try_recv().is_err(),
+        "a duplicate's teardown counted as a loss"
+    );
+    // The worker goes away: now it is lost, once.
+    worker.stop();
+    assert_eq!(wait(lost.recv()).await.unwrap(), "worker-1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(lost.try_recv().is_err(), "one loss per node");
     head.stop();
 }

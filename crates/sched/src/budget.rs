@@ -20,6 +20,7 @@
 //! have that much less room, so that the files held and the store's
 //! contents together stay within the capacity.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What happens when memory is returned (the executor re-runs its policy).
@@ -33,6 +34,8 @@ pub struct Budgets {
 
 struct Inner {
     capacity: u64,
+    /// Each stage's use, added up with other budgets sharing the totals.
+    totals: StageTotals,
     /// The reserves as the job started: the most a reserve grows back to.
     initial: Vec<u64>,
     state: Mutex<State>,
@@ -84,10 +87,23 @@ impl Budgets {
     /// Budgets for stages whose reserves are `reserve` (0 for stages that
     /// keep no outputs), sharing `capacity` bytes in all.
     pub fn new(capacity: u64, reserve: Vec<u64>, on_release: OnRelease) -> Self {
+        let totals = StageTotals::new(reserve.len());
+        Self::adding_to(totals, capacity, reserve, on_release)
+    }
+
+    /// [`Budgets::new`], adding each stage's use to `totals` (shared by a
+    /// job's budgets on all its nodes).
+    pub fn adding_to(
+        totals: StageTotals,
+        capacity: u64,
+        reserve: Vec<u64>,
+        on_release: OnRelease,
+    ) -> Self {
         let used = vec![0; reserve.len()];
         Self {
             inner: Arc::new(Inner {
                 capacity,
+                totals,
                 initial: reserve.clone(),
                 state: Mutex::new(State {
                     reserve,
@@ -132,6 +148,7 @@ impl Budgets {
             });
         }
         state.used[stage] += bytes;
+        self.inner.totals.add(stage, bytes);
         Ok(Reservation {
             budgets: self.clone(),
             stage,
@@ -144,6 +161,7 @@ impl Budgets {
     /// the executor lets spill because nothing else can progress.
     pub fn force_admit(&self, stage: usize, bytes: u64) -> Reservation {
         self.state().used[stage] += bytes;
+        self.inner.totals.add(stage, bytes);
         Reservation {
             budgets: self.clone(),
             stage,
@@ -155,6 +173,11 @@ impl Budgets {
     /// Bytes of `stage`'s outputs held now.
     pub fn used(&self, stage: usize) -> u64 {
         self.state().used[stage]
+    }
+
+    /// The totals this budget adds its stages' use to.
+    pub fn totals(&self) -> &StageTotals {
+        &self.inner.totals
     }
 
     /// The capacity the budgets share.
@@ -178,6 +201,32 @@ impl Budgets {
             budgets: self.clone(),
             bytes,
         }
+    }
+}
+
+/// Each stage's outputs held over several [`Budgets`] (one per node of a
+/// job), kept as reservations come and go: reading them costs no pass over
+/// the nodes, which a decision on every event cannot afford on a thousand.
+#[derive(Clone)]
+pub struct StageTotals(Arc<[AtomicU64]>);
+
+impl StageTotals {
+    /// Totals for `stages` stages, all zero.
+    pub fn new(stages: usize) -> Self {
+        Self((0..stages).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Bytes of `stage`'s outputs held now, over all the budgets.
+    pub fn held(&self, stage: usize) -> u64 {
+        self.0[stage].load(Ordering::Relaxed)
+    }
+
+    fn add(&self, stage: usize, bytes: u64) {
+        self.0[stage].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn sub(&self, stage: usize, bytes: u64) {
+        self.0[stage].fetch_sub(bytes, Ordering::Relaxed);
     }
 }
 
@@ -245,6 +294,7 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.budgets.state().used[self.stage] -= self.bytes;
+        self.budgets.inner.totals.sub(self.stage, self.bytes);
         if self.notify {
             (self.budgets.inner.on_release)();
         }

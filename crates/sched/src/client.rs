@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
-use ractor_cluster::node::NodeServerSessionInformation;
-use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
+use ractor_cluster::NodeServerMessage;
 use streambatch_core::{JobId, NodeConfig};
 use streambatch_net::{
-    Endpoint, Fetched, Locality, NetError, PartitionServer, Served, Transport, frame,
+    Endpoint, Fetched, Locality, NetError, OnPeerLost, PartitionServer, Served, Transport, frame,
 };
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
@@ -124,6 +123,7 @@ impl ClusterClient {
                 jobs: jobs.clone(),
                 head: head_name.clone(),
             };
+            let lost = OnPeerLost::new(move |peer: &str| lost.lost(peer));
             let _ = transport
                 .node_server()
                 .cast(NodeServerMessage::SubscribeToEvents {
@@ -538,28 +538,24 @@ impl ClusterSource {
     }
 }
 
-/// Tells running jobs when one of their nodes' connections is lost.
+/// Tells running jobs when one of their nodes is lost (its last session).
 struct NodeLoss {
     jobs: RunningJobs,
     /// The head's name: its loss ends every running job.
     head: Arc<Mutex<String>>,
 }
 
-impl NodeEventSubscription for NodeLoss {
-    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
-
-    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
-        let lost = &session.peer_addr;
-        let head = *self.head.lock().unwrap_or_else(|p| p.into_inner()) == *lost;
+impl NodeLoss {
+    /// `lost`'s last session ended.
+    fn lost(&self, lost: &str) {
+        let head = *self.head.lock().unwrap_or_else(|p| p.into_inner()) == lost;
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         for (nodes, executor) in jobs.iter() {
             if head {
-                let _ = executor.cast(ExecutorMsg::HeadLost(lost.clone()));
-            } else if nodes.contains(lost) {
-                let _ = executor.cast(ExecutorMsg::NodeLost(lost.clone()));
+                let _ = executor.cast(ExecutorMsg::HeadLost(lost.to_string()));
+            } else if nodes.iter().any(|n| n == lost) {
+                let _ = executor.cast(ExecutorMsg::NodeLost(lost.to_string()));
             }
         }
     }
-
-    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
 }

@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
-use ractor_cluster::node::NodeServerSessionInformation;
-use ractor_cluster::{NodeEventSubscription, NodeServerMessage};
+use ractor_cluster::NodeServerMessage;
 use streambatch_core::NodeConfig;
-use streambatch_net::{Endpoint, Identity, Locality, NetError, TlsFiles, frame};
+use streambatch_net::{Endpoint, Identity, Locality, NetError, OnPeerLost, TlsFiles, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
@@ -190,7 +189,10 @@ impl ClusterNode {
     /// Tells the agent when a peer's connection is lost (on the head: a
     /// member; on any node: a driver whose jobs end).
     fn watch_members(&self) -> Result<(), ClusterError> {
-        let subscription = Membership(self.children.agent.clone());
+        let agent = self.children.agent.clone();
+        let subscription = OnPeerLost::new(move |peer: &str| {
+            let _ = agent.cast(AgentMsg::NodeDown(peer.to_string()));
+        });
         self.children
             .transport
             .node_server()
@@ -306,20 +308,6 @@ pub(crate) fn load_identity(
             source,
         }
     })
-}
-
-/// Forwards the NodeServer's membership events to the agent (the callbacks
-/// run inside the NodeServer and must not block).
-struct Membership(ActorRef<AgentMsg>);
-
-impl NodeEventSubscription for Membership {
-    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
-
-    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
-        let _ = self.0.cast(AgentMsg::NodeDown(session.peer_addr));
-    }
-
-    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
 }
 
 /// How long a peer may be silent before it is lost (`node_timeout_ms`).

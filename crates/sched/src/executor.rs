@@ -17,7 +17,7 @@ use streambatch_core::{JobId, NodeConfig, Resources, TaskId};
 use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
-use crate::budget::Budgets;
+use crate::budget::{Budgets, StageTotals};
 use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Origin, StageShape};
 use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
 use crate::partition::{RemotePart, RemoteSource, Slice};
@@ -163,7 +163,7 @@ impl Memory for Remote {
     }
 
     fn held(&self, stage: usize) -> u64 {
-        self.shadows.iter().map(|b| b.used(stage)).sum()
+        self.shadows.first().map_or(0, |b| b.totals().held(stage))
     }
 
     fn capacity(&self, node: usize) -> u64 {
@@ -236,10 +236,11 @@ impl Actor for Executor {
                 let _ = port.set(me.clone());
                 let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
                 let (_, reserve) = plan.sizing(args.config.target_partition_bytes, smallest);
-                let shadows = nodes
-                    .iter()
-                    .map(|n| Budgets::new(n.capacity, reserve.clone(), notify()))
-                    .collect();
+                let totals = StageTotals::new(reserve.len());
+                let shadow = |n: &RemoteNode| {
+                    Budgets::adding_to(totals.clone(), n.capacity, reserve.clone(), notify())
+                };
+                let shadows = nodes.iter().map(shadow).collect();
                 let joined_reserve = reserve.clone();
                 let stores = nodes
                     .iter()
@@ -399,9 +400,10 @@ impl ExecState {
         let notify = Arc::new(move || {
             let _ = me.cast(ExecutorMsg::MemoryFreed);
         });
-        remote
-            .shadows
-            .push(Budgets::new(node.capacity, remote.reserve.clone(), notify));
+        let totals = remote.shadows[0].totals().clone();
+        let reserve = remote.reserve.clone();
+        let shadow = Budgets::adding_to(totals, node.capacity, reserve, notify);
+        remote.shadows.push(shadow);
         remote.stores.push(StoreView {
             capacity: node.capacity,
             ..Default::default()

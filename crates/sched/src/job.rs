@@ -306,6 +306,11 @@ pub(crate) struct JobState<P> {
     /// ones a decision can place work on, so that a round of decisions on a
     /// busy cluster costs what it decides, not the number of nodes.
     open: BTreeSet<usize>,
+    /// Per node, per stage: the node is not lost and its free slots fit a
+    /// task of the stage; `fitting` counts such nodes per stage, so that
+    /// reporting what a stage waits for costs no pass over the nodes.
+    fits_here: Vec<Vec<bool>>,
+    fitting: Vec<usize>,
     /// Outputs asked to move off a draining node, with that node.
     moving: HashMap<Origin, usize>,
     /// Something may have come to rest on a draining node (its drain, an
@@ -334,6 +339,7 @@ impl<P: Part> JobState<P> {
     ) -> Self {
         let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
         let nodes = free.len();
+        let stage_count = shapes.len();
         let mut job = Self {
             shapes,
             stages,
@@ -344,6 +350,8 @@ impl<P: Part> JobState<P> {
             draining: vec![false; free.len()],
             lost: vec![false; free.len()],
             open: BTreeSet::new(),
+            fits_here: vec![vec![false; stage_count]; nodes],
+            fitting: vec![0; stage_count],
             moving: HashMap::new(),
             hand_over_due: false,
             slots: free.clone(),
@@ -374,6 +382,7 @@ impl<P: Part> JobState<P> {
         self.slots.push(free);
         self.draining.push(false);
         self.lost.push(false);
+        self.fits_here.push(vec![false; self.shapes.len()]);
         let node = self.free.len() - 1;
         self.reopen(node);
         node
@@ -1084,8 +1093,7 @@ impl<P: Part> JobState<P> {
                     })
                 } else if queued > 0 {
                     let pool_full = shape.max_running.is_some_and(|max| s.running >= max);
-                    let fits = |n: &usize| shape.resources.fits_in(&self.free[*n]);
-                    if pool_full || !self.open.iter().any(fits) {
+                    if pool_full || self.fitting[i] == 0 {
                         Some(Wait::NoSlot)
                     } else {
                         // A slot is free: the policy held the input back
@@ -1196,14 +1204,22 @@ impl<P: Part> JobState<P> {
         })
     }
 
-    /// Keeps `open` up to date after `node`'s free slots changed.
+    /// Keeps `open`, `fits_here` and `fitting` up to date after `node`'s
+    /// free slots changed.
     fn reopen(&mut self, node: usize) {
-        let free = &self.free[node];
-        let fits = !self.lost[node]
-            && self
-                .shapes
-                .iter()
-                .any(|s| s.kind.runs_tasks() && s.resources.fits_in(free));
+        let free = self.free[node];
+        let mut fits = false;
+        for (stage, shape) in self.shapes.iter().enumerate() {
+            let here =
+                !self.lost[node] && shape.kind.runs_tasks() && shape.resources.fits_in(&free);
+            let was = std::mem::replace(&mut self.fits_here[node][stage], here);
+            match (was, here) {
+                (false, true) => self.fitting[stage] += 1,
+                (true, false) => self.fitting[stage] -= 1,
+                _ => {}
+            }
+            fits |= here;
+        }
         if fits {
             self.open.insert(node);
         } else {

@@ -18,7 +18,9 @@ use crate::budget::Budgets;
 use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
 use crate::record::Recorder;
 use crate::sim::Pipeline;
-use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
+use crate::sim_parts::{
+    CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
+};
 
 /// A task the simulated node runs: the rows of each output it will yield.
 struct SimTask {
@@ -66,9 +68,7 @@ fn simulate(
             _ => 0,
         })
         .collect();
-    let budgets: Vec<Budgets> = (0..nodes)
-        .map(|_| Budgets::new(CAPACITY, reserves.clone(), Arc::new(|| {})))
-        .collect();
+    let budgets: Vec<Budgets> = node_budgets(nodes, CAPACITY, &reserves);
     let forced = Arc::new(AtomicUsize::new(0));
     let free = vec![Resources::cpu(cpus); nodes];
     let mut job = JobState::<Rows>::new(
@@ -298,7 +298,7 @@ fn tasks_holding_large_inputs_take_turns() {
     shapes[0].held_bytes = vec![large, 1, large, 1];
     let names = shapes.iter().map(|s| s.name.clone()).collect();
     let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
-    let budgets = vec![Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {}))];
+    let budgets = node_budgets(1, CAPACITY, &[RESERVE]);
     let mut job = JobState::<Rows>::new(
         shapes,
         vec![Resources::cpu(4.0)],
@@ -342,10 +342,7 @@ fn a_retried_large_split_waits_for_the_other_large_one() {
     shapes[0].held_bytes = vec![large, large, 1];
     let names = shapes.iter().map(|s| s.name.clone()).collect();
     let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
-    let budgets = vec![
-        Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {})),
-        Budgets::new(CAPACITY, vec![RESERVE], Arc::new(|| {})),
-    ];
+    let budgets = node_budgets(2, CAPACITY, &[RESERVE]);
     let mut job = JobState::<Rows>::new(
         shapes,
         vec![Resources::cpu(2.0), Resources::cpu(1.0)],

@@ -197,7 +197,23 @@ impl Slice {
                 .part
                 .get()
                 .map_err(|e| Error::store("reading a stored partition", e))?,
-            Data::Remote(part) => part.source.fetch(&part.holder, part.id, part.clone())?,
+            Data::Remote(part) => {
+                let batch = part.source.fetch(&part.holder, part.id, part.clone())?;
+                // The holder reported the row count the driver sliced by:
+                // a batch that disagrees is the peer's fault, not a panic.
+                if batch.num_rows() != part.rows {
+                    return Err(Error::OnNode {
+                        node: part.holder.clone(),
+                        message: format!(
+                            "partition {} holds {} rows, but the node reported {}",
+                            part.id,
+                            batch.num_rows(),
+                            part.rows
+                        ),
+                    });
+                }
+                batch
+            }
             Data::Fetched(batch) => batch.clone(),
         };
         if self.offset == 0 && self.len == batch.num_rows() {
@@ -341,6 +357,44 @@ mod tests {
                     .to_vec()
             })
             .collect()
+    }
+
+    /// A holder whose partitions hold `rows` rows, whatever it reported.
+    struct Holder {
+        rows: i64,
+    }
+
+    impl RemoteSource for Holder {
+        fn fetch(&self, _: &str, _: u64, _: Arc<RemotePart>) -> Result<RecordBatch> {
+            Ok(ints(self.rows))
+        }
+        fn release(&self, _: &str, _: u64) {}
+    }
+
+    #[test]
+    fn a_remote_partition_whose_rows_differ_from_its_report_is_an_error() {
+        for held in [3, 10] {
+            let source = Arc::new(Holder { rows: held });
+            let part = RemotePart::new((1, "worker-1".into()), (7, 5, 40), source, None);
+            let slice = Slice::remote(part);
+            for read in [slice.clone(), slice.sub(2, 3)] {
+                let err = read.read().unwrap_err().to_string();
+                assert!(
+                    err.contains("worker-1") && err.contains(&format!("{held} rows")),
+                    "{err}"
+                );
+            }
+        }
+        let part = RemotePart::new(
+            (1, "worker-1".into()),
+            (7, 5, 40),
+            Arc::new(Holder { rows: 5 }),
+            None,
+        );
+        assert_eq!(
+            values(&[Slice::remote(part).sub(2, 3).read().unwrap()]),
+            [2, 3, 4]
+        );
     }
 
     #[test]

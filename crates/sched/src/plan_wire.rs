@@ -206,6 +206,7 @@ impl PlanSpec {
                     KindSpec::Limit(n) => StageKind::Limit(*n as usize),
                     KindSpec::Repartition(n) => StageKind::Repartition(*n as usize),
                 };
+                check_op_names(spec, &kind)?;
                 Ok(Stage {
                     name: spec.name.clone(),
                     kind,
@@ -217,6 +218,25 @@ impl PlanSpec {
             .collect::<Result<_, Error>>()?;
         Ok(ExecPlan { stages })
     }
+}
+
+/// A stage names each operator it runs (its source first), as the plan
+/// made it: counters and stats pair names with operators by position, so a
+/// peer's plan whose names do not line up is refused, not run short.
+fn check_op_names(spec: &StageSpec, kind: &StageKind) -> Result<(), Error> {
+    let expected = match kind {
+        StageKind::Source { ops, .. } => ops.len() + 1,
+        StageKind::Map { ops } => ops.len(),
+        StageKind::Limit(_) | StageKind::Repartition(_) => 0,
+    };
+    if spec.op_names.len() != expected {
+        return Err(Error::Invalid(format!(
+            "stage `{}` names {} operators but runs {expected}",
+            spec.name,
+            spec.op_names.len()
+        )));
+    }
+    Ok(())
 }
 
 fn cannot_travel(what: &str, why: &str) -> Error {
@@ -503,6 +523,44 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn operator_names_that_do_not_match_the_operators_are_refused() {
+        let stage = Stage {
+            name: "source".into(),
+            kind: StageKind::Source {
+                splits: vec![SourceSplit::Range { start: 0, end: 10 }],
+                ops: Vec::new(),
+            },
+            options: streambatch_core::Resources::cpu(1.0).into(),
+            op_names: vec!["source".into()],
+            counters: vec![Arc::default()],
+        };
+        let good = PlanSpec::of(&ExecPlan {
+            stages: vec![stage],
+        })
+        .unwrap();
+        for names in [vec![], vec!["source".to_string(), "extra".to_string()]] {
+            let mut spec = good.clone();
+            spec.stages[0].op_names = names.clone();
+            let err = spec
+                .build(&Registry::default())
+                .err()
+                .map(|e| e.to_string());
+            let err = err.unwrap_or_else(|| panic!("{names:?} accepted"));
+            assert!(err.contains("stage `source` names"), "{err}");
+        }
+        let mut limit = good.clone();
+        limit.stages.push(super::StageSpec {
+            name: "limit".into(),
+            kind: super::KindSpec::Limit(3),
+            options: good.stages[0].options.clone(),
+            op_names: vec!["limit".into()],
+        });
+        assert!(limit.build(&Registry::default()).is_err());
+        let built = good.build(&Registry::default()).unwrap();
+        assert_eq!(built.stages[0].op_stats().len(), 1);
     }
 
     #[test]

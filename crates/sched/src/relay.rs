@@ -435,6 +435,8 @@ impl RelayState {
         may_spill: bool,
         myself: &ActorRef<RelayMsg>,
     ) {
+        // Counted as running from here on, on every path: a draining node
+        // stops only once nothing runs, so a task it forgot would hold it.
         self.running.insert(task);
         self.share.started(task, stage);
         let parts = match input {
@@ -462,7 +464,11 @@ impl RelayState {
                 Some(output) => {
                     match Slice::whole(output.clone()).sub_within(part.offset, part.len) {
                         Some(slice) => local.push((at, slice)),
-                        None => return self.on_task_event(TaskEvent::Failed(rows_outside(&part))),
+                        None => {
+                            self.running.remove(&task);
+                            self.share.ended(task, TaskEnd::Errored);
+                            return self.on_task_event(TaskEvent::Failed(rows_outside(&part)));
+                        }
                     }
                 }
                 None => pulls.push((at, part)),

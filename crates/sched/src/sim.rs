@@ -34,7 +34,9 @@ use crate::job::{
     Action, FailurePolicy, Input, JobState, Keep, Origin, PieceId, ShapeKind, StageShape,
 };
 use crate::record::Recorder;
-use crate::sim_parts::{CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, split_outputs};
+use crate::sim_parts::{
+    CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
+};
 
 /// A small deterministic generator (SplitMix64): the same seed, the same run.
 struct Rng(u64);
@@ -398,16 +400,15 @@ impl<'a> Sim<'a> {
             events: 0,
             tasks: 0,
         };
-        sim.budgets = (0..nodes).map(|_| sim.new_budgets()).collect();
+        sim.budgets = node_budgets(nodes, sim.scenario.capacity, &sim.reserves);
         sim
     }
 
+    /// A joining node's budgets, adding to the others' totals.
     fn new_budgets(&self) -> Budgets {
-        Budgets::new(
-            self.scenario.capacity,
-            self.reserves.clone(),
-            Arc::new(|| {}),
-        )
+        let totals = self.budgets[0].totals().clone();
+        let reserves = self.reserves.clone();
+        Budgets::adding_to(totals, self.scenario.capacity, reserves, Arc::new(|| {}))
     }
 
     fn run(mut self) -> Result<SimRun, String> {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::budget::{Budgets, Reservation};
+use crate::budget::{Budgets, Reservation, StageTotals};
 use crate::job::{Memory, Part};
 
 pub(crate) const ROW_BYTES: u64 = 100;
@@ -97,8 +97,16 @@ impl Part for Rows {
     }
 }
 
-/// Each node's budgets.
+/// Each node's budgets, all adding to one [`StageTotals`] (see
+/// [`node_budgets`]).
 pub(crate) struct SimMemory<'a>(pub(crate) &'a [Budgets]);
+
+/// Budgets for `nodes` nodes of `capacity` bytes, adding to one total.
+pub(crate) fn node_budgets(nodes: usize, capacity: u64, reserves: &[u64]) -> Vec<Budgets> {
+    let totals = StageTotals::new(reserves.len());
+    let new = |_| Budgets::adding_to(totals.clone(), capacity, reserves.to_vec(), Arc::new(|| {}));
+    (0..nodes).map(new).collect()
+}
 
 impl Memory for SimMemory<'_> {
     fn fits(&self, node: usize, stage: usize, bytes: u64) -> bool {
@@ -110,7 +118,7 @@ impl Memory for SimMemory<'_> {
     }
 
     fn held(&self, stage: usize) -> u64 {
-        self.0.iter().map(|b| b.used(stage)).sum()
+        self.0.first().map_or(0, |b| b.totals().held(stage))
     }
 
     fn capacity(&self, node: usize) -> u64 {

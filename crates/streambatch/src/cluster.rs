@@ -108,7 +108,11 @@ pub fn run_node(
     registry: &Registry,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut settings = NodeConfig::load(Some(config))?;
-    resolve_gpu_slots(&mut settings);
+    if let Some(note) = resolve_gpu_slots(&mut settings) {
+        // On stderr, with the node's log: stdout's first line is the start
+        // line scripts wait for.
+        eprintln!("node {}: {note}", settings.name);
+    }
     keep_freed_memory();
     let node = streambatch_sched::ClusterNode::start(&settings, Some(config), registry.clone())?;
     let role = if settings.head.is_some() {

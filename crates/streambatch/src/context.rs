@@ -10,16 +10,29 @@ use streambatch_store::StoreStats;
 
 use crate::progress::ProgressRunner;
 
-/// Turns `gpus = "auto"` into one slot per GPU adapter found (of the
-/// configured name and backend), opening those adapters for this process.
-pub fn resolve_gpu_slots(config: &mut NodeConfig) {
-    if config.gpus.is_none() {
-        let choice = AdapterChoice {
-            name: config.gpu_adapter.clone(),
-            backend: config.gpu_backend.clone(),
-        };
-        config.gpus = Some(GpuPool::init(&choice).len() as f64);
+/// Turns `gpus = "auto"` into one slot per hardware GPU adapter found (of
+/// the configured name and backend), opening those adapters for this
+/// process. A software adapter (Mesa's llvmpipe) counts only with
+/// `gpu_software = true`: it runs kernels far slower than the CPU. Returns a
+/// line saying which adapters were left out, if any, for a node's log.
+pub fn resolve_gpu_slots(config: &mut NodeConfig) -> Option<String> {
+    if config.gpus.is_some() {
+        return None;
     }
+    let choice = AdapterChoice {
+        name: config.gpu_adapter.clone(),
+        backend: config.gpu_backend.clone(),
+    };
+    let pool = GpuPool::init(&choice);
+    config.gpus = Some(pool.auto_slots(config.gpu_software) as f64);
+    let software = pool.software_labels();
+    (!config.gpu_software && !software.is_empty()).then(|| {
+        format!(
+            "gpus = \"auto\" counts no software adapter ({}): GPU stages get no slot here; \
+             set gpu_software = true to run them on it",
+            software.join(", ")
+        )
+    })
 }
 
 /// Where datasets run: an embedded one-node cluster in this process
@@ -53,7 +66,8 @@ impl Context {
     /// An embedded node with these settings. With `gpus` unset ("auto"),
     /// each GPU adapter found (of the chosen name and backend) is one slot.
     pub fn with_config(mut config: NodeConfig) -> Result<Self> {
-        resolve_gpu_slots(&mut config);
+        // An embedded node has no log of its own: `gpu_devices` tells.
+        let _software_left_out = resolve_gpu_slots(&mut config);
         let cluster = Arc::new(LocalCluster::start(config)?);
         Ok(Self {
             runner: cluster.clone(),
