@@ -29,6 +29,15 @@ pub enum StoreError {
         /// The capacity.
         capacity: u64,
     },
+    /// The spill directory is not private to this node's user: another
+    /// user could read its partitions or plant files in it.
+    #[error("spill directory {path}: {problem}")]
+    SpillDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it and what to do.
+        problem: String,
+    },
     /// A file operation failed.
     #[error("{path}: {source}")]
     Io {

@@ -161,11 +161,17 @@ impl SharedStore {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        remove_stale(&namespace, &config.spill_dir);
         let pid = std::process::id();
         let prefix = format!(
             "sb-{namespace}-{pid}-{}",
             STORES.fetch_add(1, Ordering::Relaxed)
+        );
+        // Checked first: a directory another user controls is never
+        // listed or cleaned.
+        let spill = SpillDir::open(&config.spill_dir, &prefix)?;
+        remove_stale(
+            &namespace,
+            spill.path().parent().unwrap_or(&config.spill_dir),
         );
         let capacity = config.capacity;
         // A few large segments: an eighth of the capacity, 8..256 MiB.
@@ -174,7 +180,7 @@ impl SharedStore {
             inner: Arc::new(Inner {
                 capacity,
                 segment_size,
-                spill: SpillDir::new(config.spill_dir.join(&prefix)),
+                spill,
                 prefix,
                 next_id: AtomicU64::new(1),
                 reservations: AtomicU64::new(0),
@@ -673,9 +679,7 @@ impl Inner {
     }
 
     fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
-        self.spill
-            .file(id)
-            .map_err(|e| StoreError::io(self.spill.path(), e))
+        self.spill.file(id)
     }
 
     /// Moves a partition from memory to a spill file.
@@ -711,6 +715,9 @@ impl Inner {
             return Ok(state);
         };
         let bytes = spill::map(&path).map_err(|source| StoreError::Spill { id, source })?;
+        // In memory the store trusts its partitions: what comes in from a
+        // file is validated once, here.
+        spill::decode(&bytes, &path).map_err(|source| StoreError::Spill { id, source })?;
         let place = loop {
             let (guard, place) = self.allocate(state, len);
             state = guard;
