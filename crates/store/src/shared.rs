@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::RecordBatch;
-use streambatch_core::PartitionId;
+use streambatch_core::{PartitionId, format_bytes};
 
 use crate::alloc::{ALIGN, Allocator, aligned};
 use crate::ipc;
@@ -28,6 +28,11 @@ pub struct StoreConfig {
     /// Names this node's segments; a store removes the leftovers of dead
     /// processes of the same namespace when it opens.
     pub namespace: String,
+    /// What to do when `capacity` is more than /dev/shm has free: cut the
+    /// capacity to fit, with a warning (false, the default, for a capacity
+    /// that was not asked for), or refuse to open (true, for one the user
+    /// set).
+    pub strict_capacity: bool,
 }
 
 impl StoreConfig {
@@ -37,6 +42,7 @@ impl StoreConfig {
             capacity,
             spill_dir: spill_dir.into(),
             namespace: "local".into(),
+            strict_capacity: false,
         }
     }
 }
@@ -173,7 +179,7 @@ impl SharedStore {
             &namespace,
             spill.path().parent().unwrap_or(&config.spill_dir),
         );
-        let capacity = config.capacity;
+        let capacity = fit_to_shm(config.capacity, config.strict_capacity)?;
         // A few large segments: an eighth of the capacity, 8..256 MiB.
         let segment_size = aligned((capacity / 8).clamp(8 << 20, 256 << 20).min(capacity) as usize);
         Ok(Self {
@@ -272,7 +278,7 @@ impl SharedStore {
         let place = loop {
             let (guard, place) = self.inner.allocate(state, len);
             state = guard;
-            if let Some(place) = place {
+            if let Some(place) = place.map_err(PutError::Store)? {
                 break place;
             }
             if !may_spill {
@@ -408,7 +414,8 @@ impl ObjectStore for SharedStore {
         }
         let total = RESERVE_HEAD + aligned(len) + RESERVE_TAIL;
         let (mut state, place) = self.inner.allocate(self.inner.state(), total);
-        let Some(Place::Memory { segment, offset }) = place else {
+        // Without room, or a segment, the buffer goes on the heap.
+        let Ok(Some(Place::Memory { segment, offset })) = place else {
             return None;
         };
         let seg = state.segments[&segment].segment.clone();
@@ -518,16 +525,17 @@ impl Inner {
     /// the largest segment. New segments grow geometrically (4 MiB, 4, 8, 16,
     /// ... up to the largest, each a whole multiple of the partition that
     /// asks for it), so a small job maps and pre-faults little; they are
-    /// made with the lock released, since pre-faulting takes time.
+    /// made with the lock released, since pre-faulting takes time. `None`:
+    /// no room; an error: a segment could not be made.
     fn allocate<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         len: usize,
-    ) -> (MutexGuard<'a, State>, Option<Place>) {
+    ) -> (MutexGuard<'a, State>, Result<Option<Place>, StoreError>) {
         let capacity = self.capacity;
         loop {
             if state.used + aligned(len) as u64 > capacity {
-                return (state, None);
+                return (state, Ok(None));
             }
             let found = state
                 .segments
@@ -537,7 +545,7 @@ impl Inner {
             if let Some((segment, offset)) = found {
                 state.used += aligned(len) as u64;
                 state.peak = state.peak.max(state.used);
-                return (state, Some(Place::Memory { segment, offset }));
+                return (state, Ok(Some(Place::Memory { segment, offset })));
             }
             let dedicated = len > self.segment_size;
             let unit = aligned(len);
@@ -571,7 +579,7 @@ impl Inner {
                     // fit (a dedicated one, exactly one, never fits here).
                     let room = (capacity - state.mapped) as usize;
                     if room < unit {
-                        return (state, None);
+                        return (state, Ok(None));
                     }
                     size = room / unit * unit;
                 }
@@ -582,9 +590,13 @@ impl Inner {
             drop(state);
             let created = Segment::create(&format!("{}-{n}", self.prefix), size);
             state = self.state();
-            let Ok(segment) = created else {
-                state.mapped -= size as u64;
-                return (state, None);
+            let segment = match created {
+                Ok(segment) => segment,
+                // Not "full": the store has room, the system refused it.
+                Err(e) => {
+                    state.mapped -= size as u64;
+                    return (state, Err(e));
+                }
             };
             let segment = Arc::new(segment);
             let background = segment.clone();
@@ -606,7 +618,7 @@ impl Inner {
                 );
                 state.used += aligned(len) as u64;
                 state.peak = state.peak.max(state.used);
-                return (state, Some(Place::Memory { segment: n, offset }));
+                return (state, Ok(Some(Place::Memory { segment: n, offset })));
             }
             state.regular_mapped += size as u64;
             state.segments.insert(
@@ -721,7 +733,7 @@ impl Inner {
         let place = loop {
             let (guard, place) = self.allocate(state, len);
             state = guard;
-            if let Some(place) = place {
+            if let Some(place) = place? {
                 break place;
             }
             match state.lru_victim_except(id) {
@@ -867,6 +879,34 @@ impl Drop for Inner {
         }
         // The spill directory goes when `spill` drops, right after.
     }
+}
+
+/// The capacity a store opened with `capacity` gets: segments are files in
+/// /dev/shm, and touching one that the file system cannot back kills the
+/// process (SIGBUS), so a capacity over what /dev/shm has free is cut to
+/// that, with a warning, or with `strict` refused. (Free space is read
+/// once, here: other users of /dev/shm may still take it later.)
+fn fit_to_shm(capacity: u64, strict: bool) -> Result<u64, StoreError> {
+    let Some(available) = segment::available() else {
+        return Ok(capacity);
+    };
+    if capacity <= available {
+        return Ok(capacity);
+    }
+    if strict {
+        return Err(StoreError::ShmTooSmall {
+            capacity,
+            available,
+            path: segment::DIR.into(),
+        });
+    }
+    tracing::warn!(
+        "object store capacity cut from {} to {}, what {} has free (enlarge it, or set a smaller store_capacity)",
+        format_bytes(capacity),
+        format_bytes(available),
+        segment::DIR,
+    );
+    Ok(available)
 }
 
 /// Removes segments and spill directories of `namespace` whose process is dead.
