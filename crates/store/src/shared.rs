@@ -247,8 +247,8 @@ impl SharedStore {
         let id = part.id();
         match self.inner.encoded(id)? {
             Encoded::Memory(bytes) => Ok(bytes),
-            Encoded::Disk(path) => {
-                spill::map(&path).map_err(|source| StoreError::Spill { id, source })
+            Encoded::Disk(file, path) => {
+                spill::map_file(&file, &path).map_err(|source| StoreError::Spill { id, source })
             }
         }
     }
@@ -773,14 +773,18 @@ impl Inner {
             // SAFETY: this store encoded these bytes from a valid batch.
             Encoded::Memory(bytes) => unsafe { ipc::decode_trusted(&bytes) }
                 .map_err(|source| StoreError::Decode { id, source }),
-            Encoded::Disk(path) => {
-                spill::read(&path).map_err(|source| StoreError::Spill { id, source })
+            Encoded::Disk(file, path) => {
+                #[cfg(test)]
+                tests::after_lookup();
+                spill::read(&file, &path).map_err(|source| StoreError::Spill { id, source })
             }
         }
     }
 
     /// The partition's IPC stream bytes where they lie: in memory (a view
-    /// that pins the partition while it lives) or in its spill file.
+    /// that pins the partition while it lives) or in its spill file, opened
+    /// under the lock: a free or a restore may remove the file's name as
+    /// soon as the lock goes, but not the open file (its pin, in effect).
     fn encoded(self: &Arc<Self>, id: PartitionId) -> Result<Encoded, StoreError> {
         let mut state = self.state();
         let tick = state.tick();
@@ -806,8 +810,9 @@ impl Inner {
                 }))
             }
             Place::Disk(path) => {
+                let file = spill::open(&path).map_err(|source| StoreError::Spill { id, source })?;
                 state.restored += len as u64;
-                Ok(Encoded::Disk(path))
+                Ok(Encoded::Disk(file, path))
             }
         }
     }
@@ -816,7 +821,8 @@ impl Inner {
 /// Where a partition's encoded bytes are.
 enum Encoded {
     Memory(arrow_buffer::Buffer),
-    Disk(PathBuf),
+    /// Its spill file, open, and where it was.
+    Disk(std::fs::File, PathBuf),
 }
 
 impl State {
@@ -1055,4 +1061,82 @@ fn map_shared(
         len,
     };
     Ok((bytes, mapping, place))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use arrow_array::{ArrayRef, BinaryArray, StringArray};
+
+    use super::*;
+
+    thread_local! {
+        static AFTER_LOOKUP: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs the hook a test set, once: between a read finding that its
+    /// partition is on disk (and letting go of the lock) and reading it.
+    pub(super) fn after_lookup() {
+        if let Some(hook) = AFTER_LOOKUP.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    fn when_read_has_looked_up(hook: impl FnOnce() + 'static) {
+        AFTER_LOOKUP.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    fn strings() -> RecordBatch {
+        let values: StringArray = (0..20_000).map(|i| Some(format!("value-{i}"))).collect();
+        RecordBatch::try_from_iter([("s", Arc::new(values) as ArrayRef)]).unwrap()
+    }
+
+    fn open(capacity: u64, dir: &Path) -> SharedStore {
+        let mut config = StoreConfig::new(capacity, dir);
+        config.namespace = "pinread".into();
+        SharedStore::open(config).unwrap()
+    }
+
+    #[test]
+    fn a_read_of_a_spilled_partition_survives_its_restore_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(4 << 20, dir.path());
+        let part = store.put(strings()).unwrap();
+        let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+            vec![1u8; (4 << 20) - (64 << 10)].as_slice(),
+        ]));
+        let big = store
+            .put(RecordBatch::try_from_iter([("data", data)]).unwrap())
+            .unwrap();
+        assert!(store.spill_path(part.id()).is_some(), "spilled");
+        drop(big);
+        // It is pinned as the read starts: the restore moves it to memory
+        // and removes its spill file.
+        let (other, id) = (store.clone(), part.id());
+        let pinned = Arc::new(Mutex::new(None));
+        let keep = pinned.clone();
+        when_read_has_looked_up(move || *keep.lock().unwrap() = Some(other.pin(id).unwrap()));
+        assert_eq!(part.get().unwrap(), strings());
+        assert!(pinned.lock().unwrap().is_some());
+        assert!(store.spill_path(id).is_none(), "restored");
+    }
+
+    #[test]
+    fn a_read_of_a_spilled_partition_survives_its_free_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(64 << 10, dir.path());
+        let part = store.put(strings()).unwrap();
+        let (id, path) = (part.id(), store.spill_path(part.id()).expect("on disk"));
+        // The last reference goes as the read starts.
+        when_read_has_looked_up(move || drop(part));
+        let read = store.get(id);
+        assert!(!path.exists(), "freed");
+        match read {
+            Ok(batch) => assert_eq!(batch, strings()),
+            Err(StoreError::Missing(_)) => {}
+            Err(e) => panic!("a read that raced a free failed with: {e}"),
+        }
+        assert_eq!(store.stats().partitions, 0);
+    }
 }

@@ -197,18 +197,33 @@ fn trailer(len: usize, crc: u32) -> Vec<u8> {
 
 /// Maps a spill file and checks its trailer and CRC; returns the stream bytes.
 pub fn map(path: &Path) -> Result<Buffer, SpillError> {
+    map_file(&open(path)?, path)
+}
+
+/// Opens a spill file to read (never through a link). The open file keeps
+/// its bytes readable even once the partition is freed or restored and
+/// its name removed: a read that opened it under the store's lock
+/// finishes whatever happens to the partition meanwhile.
+pub fn open(path: &Path) -> Result<std::fs::File, SpillError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|source| SpillError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// [`map`] of the open spill file `file`, found at `path`.
+pub fn map_file(file: &std::fs::File, path: &Path) -> Result<Buffer, SpillError> {
     let io = |source| SpillError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(io)?;
     // SAFETY: spill files are written once, before they are mapped, and
     // removed (never changed) when the partition is freed.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(io)?;
     if map.len() < TRAILER || &map[map.len() - 8..] != MAGIC {
         return Err(SpillError::Truncated {
             path: path.to_path_buf(),
@@ -228,9 +243,10 @@ pub fn map(path: &Path) -> Result<Buffer, SpillError> {
     Ok(unsafe { ipc::view(ptr, body, map) })
 }
 
-/// Reads a spilled partition zero-copy from its file's mapping, validated.
-pub fn read(path: &Path) -> Result<RecordBatch, SpillError> {
-    decode(&map(path)?, path)
+/// Reads a spilled partition zero-copy from the mapping of its open file
+/// (found at `path`), validated.
+pub fn read(file: &std::fs::File, path: &Path) -> Result<RecordBatch, SpillError> {
+    decode(&map_file(file, path)?, path)
 }
 
 /// Decodes a spill file's stream bytes with Arrow's full validation: a
