@@ -171,3 +171,63 @@ fn the_corpus_spans_several_row_groups_and_every_codec() {
     .collect();
     assert_eq!(codecs, want);
 }
+
+/// Writes at `path` a Parquet file of `rows` (< 64) rows in row groups of
+/// 20 whose footer says it holds no rows, as an old writer wrote them
+/// (pyarrow reads the rows). The footer's `num_rows` (FileMetaData field
+/// 3, thrift compact header 0x16) follows the schema list, whose elements
+/// have no i64 field; below 64 rows its zigzag value is one byte.
+fn write_footer_without_rows(path: &Path, rows: i64) {
+    let x: ArrayRef = std::sync::Arc::new(arrow_array::Int64Array::from_iter_values(0..rows));
+    let batch = RecordBatch::try_from_iter([("x", x)]).unwrap();
+    let properties = parquet::file::properties::WriterProperties::builder()
+        .set_max_row_group_row_count(Some(20))
+        .build();
+    let mut bytes = Vec::new();
+    let mut writer =
+        parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), Some(properties)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let len = bytes.len();
+    let footer_len = u32::from_le_bytes(bytes[len - 8..len - 4].try_into().unwrap()) as usize;
+    let footer = len - 8 - footer_len;
+    let at = footer
+        + bytes[footer..len - 8]
+            .windows(2)
+            .position(|w| w == [0x16, (rows * 2) as u8])
+            .expect("num_rows in the footer");
+    bytes[at + 1] = 0;
+    std::fs::write(path, bytes).unwrap();
+    let meta = parquet::file::metadata::ParquetMetaDataReader::new()
+        .parse_and_finish(&File::open(path).unwrap())
+        .unwrap();
+    assert_eq!(meta.file_metadata().num_rows(), 0, "the footer was patched");
+}
+
+#[test]
+fn a_file_whose_footer_counts_no_rows_reads_all_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old-writer.parquet");
+    write_footer_without_rows(&path, 50);
+    let ctx = ctx();
+    let (_, batches) = read(&ctx, &path);
+    let values: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            let x = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>();
+            x.unwrap().values().to_vec()
+        })
+        .collect();
+    assert_eq!(values, (0..50).collect::<Vec<_>>());
+    // Through row-group pruning too.
+    let kept = ctx
+        .read_parquet(path.to_str().unwrap())
+        .unwrap()
+        .filter(col("x").gt_eq(lit(10i64)))
+        .collect()
+        .unwrap();
+    assert_eq!(kept.iter().map(|b| b.num_rows()).sum::<usize>(), 40);
+}

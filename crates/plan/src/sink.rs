@@ -4,7 +4,10 @@
 //! same name again, so a partition lands once. When the job succeeds the
 //! staged files move into the output directory (replacing the `part-*`
 //! files of an earlier write in that format); when it fails the staging
-//! directory is removed. The output never holds a partial file. A write
+//! directory is removed. The output never holds a partial file, nor, after
+//! a power loss, lacks both writes' files: files are synced before they
+//! are renamed, and the directory after the renames and the removals (see
+//! `durable`). A write
 //! whose rows were all filtered away still leaves one file, with the schema
 //! and no rows, as Spark and pyarrow do.
 
@@ -17,6 +20,7 @@ use streambatch_core::TaskId;
 
 use crate::{BatchIter, Error, Result};
 
+mod durable;
 mod format;
 
 pub use format::FileFormat;
@@ -155,7 +159,8 @@ pub fn write_part(
     };
     let finished = result.and_then(|()| {
         writer.close(&path)?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io("renaming into", &path, e))
+        durable::sync_file(&tmp)?;
+        durable::rename(&tmp, &path)
     });
     if let Err(e) = finished {
         let _ = std::fs::remove_file(&tmp);
@@ -183,16 +188,26 @@ pub(crate) fn write_empty(path: &Path, schema: SchemaRef, format: &FileFormat) -
 }
 
 /// Writes `path` through `write` (given where to write), beside it first,
-/// then renamed into place: whole or not at all.
+/// then synced and renamed into place: whole or not at all, before and
+/// after a power loss.
 pub(crate) fn write_whole(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let tmp = staging_name(path);
-    let written = write(&tmp).and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
-    });
+    let written = write(&tmp)
+        .and_then(|()| durable::sync_file(&tmp))
+        .and_then(|()| durable::rename(&tmp, path))
+        .and_then(|()| durable::sync_dir(parent_dir(path)));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     written
+}
+
+/// The directory holding `path` (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
 }
 
 /// `.<name>.partial` beside `path`: where a file is written before it is
@@ -307,7 +322,10 @@ pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathB
 
 /// Renames the staged files in (replacing earlier parts of the same name),
 /// then removes the earlier parts not replaced: a failure part way loses
-/// no file of either write.
+/// no file of either write. The staged files were synced when written;
+/// the directory is synced after the renames, so that a power loss cannot
+/// leave the old parts removed but the new names not yet on disk, and
+/// after the removals, so that the write is on disk when it returns.
 fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     let (path, dir) = (&staging.path, &staging.dir);
     let mut staged = Vec::new();
@@ -329,9 +347,13 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     let mut committed = Vec::new();
     for (from, name) in &staged {
         let target = dir.join(name);
-        std::fs::rename(from, &target).map_err(|e| Error::io("renaming into", &target, e))?;
+        durable::rename(from, &target)?;
         committed.push(target);
     }
+    if !committed.is_empty() {
+        durable::sync_dir(dir)?;
+    }
+    let mut removed = false;
     for old in std::fs::read_dir(dir)
         .map_err(|e| Error::io("listing", dir, e))?
         .flatten()
@@ -340,8 +362,12 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
         let replaced = staged.iter().any(|(_, n)| *n == name);
         let part = name.starts_with("part-") && name.ends_with(&format!(".{extension}"));
         if part && !replaced {
-            std::fs::remove_file(old.path()).map_err(|e| Error::io("removing", old.path(), e))?;
+            durable::remove_file(&old.path())?;
+            removed = true;
         }
+    }
+    if removed {
+        durable::sync_dir(dir)?;
     }
     committed.sort();
     Ok(committed)
@@ -371,5 +397,78 @@ pub fn abort_staging(staging: Staging) {
         if std::fs::remove_dir(dir).is_err() || dir == made {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+
+    use super::durable::{Op, recorded};
+    use super::*;
+
+    fn rows() -> BatchIter {
+        let x: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+        Box::new(std::iter::once(Ok(
+            RecordBatch::try_from_iter([("x", x)]).unwrap()
+        )))
+    }
+
+    #[test]
+    fn a_commit_syncs_files_before_renaming_and_the_directory_before_removing() {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("out");
+        let format = FileFormat::Csv;
+        // An earlier write's part that this one does not replace.
+        std::fs::create_dir(&dir).unwrap();
+        let old = dir.join("part-000009.csv");
+        std::fs::write(&old, "x\n9\n").unwrap();
+        let staging = create_staging(&dir).unwrap();
+        let sink = FileSink {
+            dir: staging.path.clone(),
+            format,
+        };
+        let staged = staging.path.clone();
+        let (committed, ops) = recorded(|| {
+            write_part(&sink, TaskId(1), rows()).unwrap();
+            commit_staging(staging, &format).unwrap()
+        });
+        let part = dir.join("part-000001.csv");
+        assert_eq!(committed, vec![part.clone()]);
+        let tmp = staged.join(".part-000001.csv.tmp");
+        let expected = vec![
+            // The task's file: its bytes on disk before its name.
+            Op::SyncFile(tmp.clone()),
+            Op::Rename(tmp, staged.join("part-000001.csv")),
+            // The commit: the new names on disk before the old parts go,
+            // and the removals on disk before the write returns.
+            Op::Rename(staged.join("part-000001.csv"), part),
+            Op::SyncDir(dir.clone()),
+            Op::Remove(old),
+            Op::SyncDir(dir),
+        ];
+        assert_eq!(ops, expected);
+    }
+
+    #[test]
+    fn a_whole_file_is_synced_before_its_rename_and_its_directory_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trace.json");
+        let tmp = staging_name(&path);
+        let (written, ops) = recorded(|| {
+            write_whole(&path, |tmp| {
+                std::fs::write(tmp, b"{}").map_err(|e| Error::io("writing", tmp, e))
+            })
+        });
+        written.unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        let expected = vec![
+            Op::SyncFile(tmp.clone()),
+            Op::Rename(tmp, path),
+            Op::SyncDir(dir.path().to_path_buf()),
+        ];
+        assert_eq!(ops, expected);
     }
 }

@@ -13,6 +13,7 @@ use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
+use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuilder};
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
@@ -260,7 +261,8 @@ fn open_parquet(
     prune: Option<&Expr>,
 ) -> Result<BatchIter> {
     let file = open_file(path)?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
+    let meta = parquet_metadata(path, &file)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
     let groups = match prune {
         Some(predicate) => RowGroupStats {
             arrow: builder.schema(),
@@ -315,6 +317,41 @@ fn open_parquet(
     })))
 }
 
+/// A Parquet file's footer, its row count taken from its row groups' (the
+/// rows it holds): an old writer left `num_rows` 0 in the footer of files
+/// with rows, which pyarrow reads, and the `parquet` crate sizes its
+/// batches by the footer's count, so such a file would read as empty.
+fn parquet_metadata(path: &Path, file: &File) -> Result<ArrowReaderMetadata> {
+    let meta =
+        ArrowReaderMetadata::load(file, Default::default()).map_err(|e| bad_file(path, e))?;
+    let mut held: i64 = 0;
+    for (i, group) in meta.metadata().row_groups().iter().enumerate() {
+        let rows = group.num_rows();
+        held = (rows >= 0)
+            .then(|| held.checked_add(rows))
+            .flatten()
+            .ok_or_else(|| bad_file(path, format!("row group {i} counts {rows} rows")))?;
+    }
+    let footer = meta.metadata().file_metadata();
+    if footer.num_rows() == held {
+        return Ok(meta);
+    }
+    let counted = FileMetaData::new(
+        footer.version(),
+        held,
+        footer.created_by().map(str::to_owned),
+        footer.key_value_metadata().cloned(),
+        footer.schema_descr_ptr(),
+        footer.column_orders().cloned(),
+    );
+    let mut old = ParquetMetaData::clone(meta.metadata()).into_builder();
+    let fixed = ParquetMetaDataBuilder::new(counted)
+        .set_row_groups(old.take_row_groups())
+        .set_page_index(old.take_page_index())
+        .build();
+    ArrowReaderMetadata::try_new(Arc::new(fixed), Default::default()).map_err(|e| bad_file(path, e))
+}
+
 /// A Parquet file that failed to decode: the error names the column whose
 /// pages fail when each of the columns read is read again alone, with that
 /// read's own error (only on this path, so a good file pays nothing).
@@ -334,7 +371,7 @@ fn decode_error(
 /// decode, read one column at a time, and why it fails.
 fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<(String, String)> {
     let file = File::open(path).ok()?;
-    let meta = ArrowReaderMetadata::load(&file, Default::default()).ok()?;
+    let meta = parquet_metadata(path, &file).ok()?;
     for &root in roots {
         let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
             file.try_clone().ok()?,
@@ -549,4 +586,66 @@ fn describe_schema(schema: &Schema) -> String {
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
     format!("[{}]", fields.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::ParquetMetaDataReader;
+
+    use super::*;
+
+    /// Writes at `path` a Parquet file of `rows` rows in row groups of 20,
+    /// whose footer says the file holds no rows (as an old writer wrote it).
+    fn footer_says_no_rows(path: &Path, rows: i64) {
+        let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));
+        let batch = RecordBatch::try_from_iter([("x", x)]).unwrap();
+        let properties = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(20))
+            .build();
+        let mut bytes = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new(&mut bytes, batch.schema(), Some(properties)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        // The footer (thrift compact): FileMetaData's field 3, `num_rows`,
+        // an i64 (header 0x16) right after the schema list (whose elements
+        // have no i64 field), zigzag-encoded in one byte below 64 rows.
+        let len = bytes.len();
+        let footer_len = u32::from_le_bytes(bytes[len - 8..len - 4].try_into().unwrap()) as usize;
+        let footer = len - 8 - footer_len;
+        let field = [0x16, (rows * 2) as u8];
+        let at = footer
+            + bytes[footer..len - 8]
+                .windows(2)
+                .position(|w| w == field)
+                .expect("num_rows in the footer");
+        bytes[at + 1] = 0;
+        std::fs::write(path, bytes).unwrap();
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&File::open(path).unwrap())
+            .unwrap();
+        assert_eq!(meta.file_metadata().num_rows(), 0);
+        let held: i64 = meta.row_groups().iter().map(|g| g.num_rows()).sum();
+        assert_eq!(held, rows);
+    }
+
+    fn read_rows(path: &Path, prune: Option<Arc<Expr>>) -> Result<usize> {
+        let split = SourceSplit::Parquet {
+            path: path.to_path_buf(),
+            columns: None,
+            prune,
+        };
+        split.open()?.map(|b| b.map(|b| b.num_rows())).sum()
+    }
+
+    #[test]
+    fn a_file_whose_footer_counts_no_rows_reads_the_rows_of_its_row_groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old-writer.parquet");
+        footer_says_no_rows(&path, 50);
+        assert_eq!(read_rows(&path, None).unwrap(), 50);
+        let x = Arc::new(crate::col("x").gt_eq(crate::lit(0i64)));
+        assert_eq!(read_rows(&path, Some(x)).unwrap(), 50);
+    }
 }

@@ -29,6 +29,30 @@ pub enum StoreError {
         /// The capacity.
         capacity: u64,
     },
+    /// The spill directory is not private to this node's user: another
+    /// user could read its partitions or plant files in it.
+    #[error("spill directory {path}: {problem}")]
+    SpillDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it and what to do.
+        problem: String,
+    },
+    /// The capacity asked for is more than the shared-memory file system
+    /// has free: segments beyond it would kill the process (SIGBUS) when
+    /// touched.
+    #[error(
+        "store capacity {} is more than {path} has free ({}): lower store_capacity, or enlarge {path} (e.g. `mount -o remount,size=... {path}`, or docker's --shm-size)",
+        format_bytes(*capacity), format_bytes(*available)
+    )]
+    ShmTooSmall {
+        /// The capacity asked for.
+        capacity: u64,
+        /// Bytes free there.
+        available: u64,
+        /// The file system: /dev/shm.
+        path: PathBuf,
+    },
     /// A file operation failed.
     #[error("{path}: {source}")]
     Io {

@@ -8,7 +8,8 @@
 //! pass. Another process on the host can open a partition by its name
 //! ([`open_shared`], which validates the bytes it finds). Over capacity, [`ObjectStore::put`] spills the least
 //! recently used partitions that nobody pins or reads to IPC files with a
-//! CRC-32, and `get` maps them back. A partition lives as long as a
+//! CRC-32 in a directory private to the node's user, and `get` maps them
+//! back, validated. A partition lives as long as a
 //! [`PartitionRef`] (or a batch read from it): dropping the last frees its
 //! memory and its spill file.
 //!

@@ -106,10 +106,25 @@ fn failed(action: &'static str, name: &str, source: shared_memory::ShmemError) -
     }
 }
 
+/// Where the system keeps shared-memory segments, as files.
+pub const DIR: &str = "/dev/shm";
+
+/// Bytes free in [`DIR`] for an unprivileged user, when it can be asked.
+pub fn available() -> Option<u64> {
+    let path = std::ffi::CString::new(DIR).expect("no NUL in the name");
+    // SAFETY: all zeroes is a valid statvfs, which the call fills in.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a valid struct to write to.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return None;
+    }
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
 /// Names of segments in the system's shared-memory directory that start with
 /// `prefix`.
 pub fn list(prefix: &str) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+    let Ok(entries) = std::fs::read_dir(DIR) else {
         return Vec::new();
     };
     entries

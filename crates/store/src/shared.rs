@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arrow_array::RecordBatch;
-use streambatch_core::PartitionId;
+use streambatch_core::{PartitionId, format_bytes};
 
 use crate::alloc::{ALIGN, Allocator, aligned};
 use crate::ipc;
@@ -28,6 +28,11 @@ pub struct StoreConfig {
     /// Names this node's segments; a store removes the leftovers of dead
     /// processes of the same namespace when it opens.
     pub namespace: String,
+    /// What to do when `capacity` is more than /dev/shm has free: cut the
+    /// capacity to fit, with a warning (false, the default, for a capacity
+    /// that was not asked for), or refuse to open (true, for one the user
+    /// set).
+    pub strict_capacity: bool,
 }
 
 impl StoreConfig {
@@ -37,6 +42,7 @@ impl StoreConfig {
             capacity,
             spill_dir: spill_dir.into(),
             namespace: "local".into(),
+            strict_capacity: false,
         }
     }
 }
@@ -161,20 +167,26 @@ impl SharedStore {
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
-        remove_stale(&namespace, &config.spill_dir);
         let pid = std::process::id();
         let prefix = format!(
             "sb-{namespace}-{pid}-{}",
             STORES.fetch_add(1, Ordering::Relaxed)
         );
-        let capacity = config.capacity;
+        // Checked first: a directory another user controls is never
+        // listed or cleaned.
+        let spill = SpillDir::open(&config.spill_dir, &prefix)?;
+        remove_stale(
+            &namespace,
+            spill.path().parent().unwrap_or(&config.spill_dir),
+        );
+        let capacity = fit_to_shm(config.capacity, config.strict_capacity)?;
         // A few large segments: an eighth of the capacity, 8..256 MiB.
         let segment_size = aligned((capacity / 8).clamp(8 << 20, 256 << 20).min(capacity) as usize);
         Ok(Self {
             inner: Arc::new(Inner {
                 capacity,
                 segment_size,
-                spill: SpillDir::new(config.spill_dir.join(&prefix)),
+                spill,
                 prefix,
                 next_id: AtomicU64::new(1),
                 reservations: AtomicU64::new(0),
@@ -235,8 +247,8 @@ impl SharedStore {
         let id = part.id();
         match self.inner.encoded(id)? {
             Encoded::Memory(bytes) => Ok(bytes),
-            Encoded::Disk(path) => {
-                spill::map(&path).map_err(|source| StoreError::Spill { id, source })
+            Encoded::Disk(file, path) => {
+                spill::map_file(&file, &path).map_err(|source| StoreError::Spill { id, source })
             }
         }
     }
@@ -266,7 +278,7 @@ impl SharedStore {
         let place = loop {
             let (guard, place) = self.inner.allocate(state, len);
             state = guard;
-            if let Some(place) = place {
+            if let Some(place) = place.map_err(PutError::Store)? {
                 break place;
             }
             if !may_spill {
@@ -402,7 +414,8 @@ impl ObjectStore for SharedStore {
         }
         let total = RESERVE_HEAD + aligned(len) + RESERVE_TAIL;
         let (mut state, place) = self.inner.allocate(self.inner.state(), total);
-        let Some(Place::Memory { segment, offset }) = place else {
+        // Without room, or a segment, the buffer goes on the heap.
+        let Ok(Some(Place::Memory { segment, offset })) = place else {
             return None;
         };
         let seg = state.segments[&segment].segment.clone();
@@ -512,16 +525,17 @@ impl Inner {
     /// the largest segment. New segments grow geometrically (4 MiB, 4, 8, 16,
     /// ... up to the largest, each a whole multiple of the partition that
     /// asks for it), so a small job maps and pre-faults little; they are
-    /// made with the lock released, since pre-faulting takes time.
+    /// made with the lock released, since pre-faulting takes time. `None`:
+    /// no room; an error: a segment could not be made.
     fn allocate<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         len: usize,
-    ) -> (MutexGuard<'a, State>, Option<Place>) {
+    ) -> (MutexGuard<'a, State>, Result<Option<Place>, StoreError>) {
         let capacity = self.capacity;
         loop {
             if state.used + aligned(len) as u64 > capacity {
-                return (state, None);
+                return (state, Ok(None));
             }
             let found = state
                 .segments
@@ -531,7 +545,7 @@ impl Inner {
             if let Some((segment, offset)) = found {
                 state.used += aligned(len) as u64;
                 state.peak = state.peak.max(state.used);
-                return (state, Some(Place::Memory { segment, offset }));
+                return (state, Ok(Some(Place::Memory { segment, offset })));
             }
             let dedicated = len > self.segment_size;
             let unit = aligned(len);
@@ -565,7 +579,7 @@ impl Inner {
                     // fit (a dedicated one, exactly one, never fits here).
                     let room = (capacity - state.mapped) as usize;
                     if room < unit {
-                        return (state, None);
+                        return (state, Ok(None));
                     }
                     size = room / unit * unit;
                 }
@@ -576,9 +590,13 @@ impl Inner {
             drop(state);
             let created = Segment::create(&format!("{}-{n}", self.prefix), size);
             state = self.state();
-            let Ok(segment) = created else {
-                state.mapped -= size as u64;
-                return (state, None);
+            let segment = match created {
+                Ok(segment) => segment,
+                // Not "full": the store has room, the system refused it.
+                Err(e) => {
+                    state.mapped -= size as u64;
+                    return (state, Err(e));
+                }
             };
             let segment = Arc::new(segment);
             let background = segment.clone();
@@ -600,7 +618,7 @@ impl Inner {
                 );
                 state.used += aligned(len) as u64;
                 state.peak = state.peak.max(state.used);
-                return (state, Some(Place::Memory { segment: n, offset }));
+                return (state, Ok(Some(Place::Memory { segment: n, offset })));
             }
             state.regular_mapped += size as u64;
             state.segments.insert(
@@ -673,9 +691,7 @@ impl Inner {
     }
 
     fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
-        self.spill
-            .file(id)
-            .map_err(|e| StoreError::io(self.spill.path(), e))
+        self.spill.file(id)
     }
 
     /// Moves a partition from memory to a spill file.
@@ -711,10 +727,13 @@ impl Inner {
             return Ok(state);
         };
         let bytes = spill::map(&path).map_err(|source| StoreError::Spill { id, source })?;
+        // In memory the store trusts its partitions: what comes in from a
+        // file is validated once, here.
+        spill::decode(&bytes, &path).map_err(|source| StoreError::Spill { id, source })?;
         let place = loop {
             let (guard, place) = self.allocate(state, len);
             state = guard;
-            if let Some(place) = place {
+            if let Some(place) = place? {
                 break place;
             }
             match state.lru_victim_except(id) {
@@ -754,14 +773,18 @@ impl Inner {
             // SAFETY: this store encoded these bytes from a valid batch.
             Encoded::Memory(bytes) => unsafe { ipc::decode_trusted(&bytes) }
                 .map_err(|source| StoreError::Decode { id, source }),
-            Encoded::Disk(path) => {
-                spill::read(&path).map_err(|source| StoreError::Spill { id, source })
+            Encoded::Disk(file, path) => {
+                #[cfg(test)]
+                tests::after_lookup();
+                spill::read(&file, &path).map_err(|source| StoreError::Spill { id, source })
             }
         }
     }
 
     /// The partition's IPC stream bytes where they lie: in memory (a view
-    /// that pins the partition while it lives) or in its spill file.
+    /// that pins the partition while it lives) or in its spill file, opened
+    /// under the lock: a free or a restore may remove the file's name as
+    /// soon as the lock goes, but not the open file (its pin, in effect).
     fn encoded(self: &Arc<Self>, id: PartitionId) -> Result<Encoded, StoreError> {
         let mut state = self.state();
         let tick = state.tick();
@@ -787,8 +810,9 @@ impl Inner {
                 }))
             }
             Place::Disk(path) => {
+                let file = spill::open(&path).map_err(|source| StoreError::Spill { id, source })?;
                 state.restored += len as u64;
-                Ok(Encoded::Disk(path))
+                Ok(Encoded::Disk(file, path))
             }
         }
     }
@@ -797,7 +821,8 @@ impl Inner {
 /// Where a partition's encoded bytes are.
 enum Encoded {
     Memory(arrow_buffer::Buffer),
-    Disk(PathBuf),
+    /// Its spill file, open, and where it was.
+    Disk(std::fs::File, PathBuf),
 }
 
 impl State {
@@ -860,6 +885,34 @@ impl Drop for Inner {
         }
         // The spill directory goes when `spill` drops, right after.
     }
+}
+
+/// The capacity a store opened with `capacity` gets: segments are files in
+/// /dev/shm, and touching one that the file system cannot back kills the
+/// process (SIGBUS), so a capacity over what /dev/shm has free is cut to
+/// that, with a warning, or with `strict` refused. (Free space is read
+/// once, here: other users of /dev/shm may still take it later.)
+fn fit_to_shm(capacity: u64, strict: bool) -> Result<u64, StoreError> {
+    let Some(available) = segment::available() else {
+        return Ok(capacity);
+    };
+    if capacity <= available {
+        return Ok(capacity);
+    }
+    if strict {
+        return Err(StoreError::ShmTooSmall {
+            capacity,
+            available,
+            path: segment::DIR.into(),
+        });
+    }
+    tracing::warn!(
+        "object store capacity cut from {} to {}, what {} has free (enlarge it, or set a smaller store_capacity)",
+        format_bytes(capacity),
+        format_bytes(available),
+        segment::DIR,
+    );
+    Ok(available)
 }
 
 /// Removes segments and spill directories of `namespace` whose process is dead.
@@ -1008,4 +1061,82 @@ fn map_shared(
         len,
     };
     Ok((bytes, mapping, place))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use arrow_array::{ArrayRef, BinaryArray, StringArray};
+
+    use super::*;
+
+    thread_local! {
+        static AFTER_LOOKUP: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs the hook a test set, once: between a read finding that its
+    /// partition is on disk (and letting go of the lock) and reading it.
+    pub(super) fn after_lookup() {
+        if let Some(hook) = AFTER_LOOKUP.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
+    }
+
+    fn when_read_has_looked_up(hook: impl FnOnce() + 'static) {
+        AFTER_LOOKUP.with(|h| *h.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    fn strings() -> RecordBatch {
+        let values: StringArray = (0..20_000).map(|i| Some(format!("value-{i}"))).collect();
+        RecordBatch::try_from_iter([("s", Arc::new(values) as ArrayRef)]).unwrap()
+    }
+
+    fn open(capacity: u64, dir: &Path) -> SharedStore {
+        let mut config = StoreConfig::new(capacity, dir);
+        config.namespace = "pinread".into();
+        SharedStore::open(config).unwrap()
+    }
+
+    #[test]
+    fn a_read_of_a_spilled_partition_survives_its_restore_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(4 << 20, dir.path());
+        let part = store.put(strings()).unwrap();
+        let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+            vec![1u8; (4 << 20) - (64 << 10)].as_slice(),
+        ]));
+        let big = store
+            .put(RecordBatch::try_from_iter([("data", data)]).unwrap())
+            .unwrap();
+        assert!(store.spill_path(part.id()).is_some(), "spilled");
+        drop(big);
+        // It is pinned as the read starts: the restore moves it to memory
+        // and removes its spill file.
+        let (other, id) = (store.clone(), part.id());
+        let pinned = Arc::new(Mutex::new(None));
+        let keep = pinned.clone();
+        when_read_has_looked_up(move || *keep.lock().unwrap() = Some(other.pin(id).unwrap()));
+        assert_eq!(part.get().unwrap(), strings());
+        assert!(pinned.lock().unwrap().is_some());
+        assert!(store.spill_path(id).is_none(), "restored");
+    }
+
+    #[test]
+    fn a_read_of_a_spilled_partition_survives_its_free_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(64 << 10, dir.path());
+        let part = store.put(strings()).unwrap();
+        let (id, path) = (part.id(), store.spill_path(part.id()).expect("on disk"));
+        // The last reference goes as the read starts.
+        when_read_has_looked_up(move || drop(part));
+        let read = store.get(id);
+        assert!(!path.exists(), "freed");
+        match read {
+            Ok(batch) => assert_eq!(batch, strings()),
+            Err(StoreError::Missing(_)) => {}
+            Err(e) => panic!("a read that raced a free failed with: {e}"),
+        }
+        assert_eq!(store.stats().partitions, 0);
+    }
 }
