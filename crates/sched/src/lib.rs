@@ -18,47 +18,19 @@
 //! and `task` on those; `msg` (every actor's messages) on `task`; the
 //! actors (`worker`, `node`, `executor`) on `msg`; `local` on the actors.
 
-mod agent;
-mod budget;
-mod client;
 mod cluster;
+mod driver;
 mod error;
-mod executor;
-#[cfg(feature = "failpoints")]
-mod failpoint;
-mod groups;
-mod job;
-#[cfg(test)]
-mod job_chaos;
-#[cfg(test)]
-mod job_tests;
-mod local;
-pub mod metrics;
-mod msg;
-mod node;
-mod output;
-mod partition;
-mod piece;
-mod plan_wire;
-pub mod policy;
-mod port;
-mod record;
-mod relay;
-mod remote;
-mod restart;
-mod root;
-mod serve;
+pub(crate) mod exec;
+pub(crate) mod job;
 pub mod sim;
-mod sim_parts;
-mod supervise;
-mod task;
 mod wire;
-#[cfg(test)]
-mod wire_fuzz;
-mod worker;
 
-pub use client::ClusterClient;
+pub use exec::metrics;
+pub use job::policy;
+
 pub use cluster::ClusterNode;
+pub use driver::client::ClusterClient;
+pub use driver::local::LocalCluster;
 pub use error::ClusterError;
-pub use local::LocalCluster;
 pub use wire::{Members, NodeInfo};

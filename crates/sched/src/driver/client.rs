@@ -19,17 +19,17 @@ use streambatch_net::{
 };
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
-use crate::agent::AgentMsg;
-use crate::cluster::{load_identity, peer_timeout, runtime};
+use crate::driver::executor::{ExecutorArgs, Nodes};
+use crate::driver::msg::ExecutorMsg;
+use crate::driver::output::JobOutput;
+use crate::driver::remote::RemoteNode;
+use crate::driver::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::error::ClusterError;
-use crate::executor::{ExecutorArgs, Nodes};
-use crate::groups::{head_group, node_group, remote_member};
-use crate::msg::ExecutorMsg;
-use crate::output::JobOutput;
-use crate::partition::{RemotePart, RemoteSource};
-use crate::plan_wire::PlanSpec;
-use crate::remote::RemoteNode;
-use crate::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::exec::partition::{RemotePart, RemoteSource};
+use crate::wire::groups::{head_group, node_group, remote_member};
+use crate::wire::join::{load_identity, peer_timeout, runtime};
+use crate::wire::msg::AgentMsg;
+use crate::wire::plan::PlanSpec;
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
 
 /// Room in a cluster frame for ractor_cluster's envelope around a payload.
@@ -266,7 +266,7 @@ struct RunningJob {
     jobs: RunningJobs,
     source: Arc<ClusterSource>,
     /// Where new nodes wait for the executor.
-    joining: crate::executor::Joining,
+    joining: crate::driver::executor::Joining,
 }
 
 /// While job `start.key` runs: every second, asks the head for its members and
@@ -356,7 +356,7 @@ impl Runner for ClusterClient {
             agents: Mutex::new(HashMap::new()),
             key: key.clone(),
         });
-        let joining = crate::executor::Joining::default();
+        let joining = crate::driver::executor::Joining::default();
         let (port, executor, watcher) = self.runtime.block_on(async {
             let executor = executor_cell.clone();
             let port = ractor::call!(self.supervisor, |reply| SupervisorMsg::OpenPort {

@@ -1,14 +1,12 @@
-//! The messages of the scheduler's actors, in one place so that actors
-//! import their peers' messages, never their peers.
+//! The messages of a job's `Executor` and what it sends its driver. Tasks
+//! reach the executor through a narrow sink (`From<TaskEvent>`), never by
+//! its message type.
 
-use std::sync::Arc;
-
-use streambatch_core::JobId;
 use streambatch_plan::Error;
 
+use crate::exec::partition::Slice;
+use crate::exec::task::TaskEvent;
 use crate::job::PieceId;
-use crate::partition::Slice;
-use crate::task::{JobCtx, TaskEvent, TaskRun};
 
 /// Events the `Executor` reacts to.
 pub enum ExecutorMsg {
@@ -70,49 +68,6 @@ pub enum JobItem {
     End(Result<(), Error>),
 }
 
-/// Messages of the `NodeManager`.
-pub enum NodeMsg {
-    /// Run a task. `pool` is the most workers its stage may use.
-    Run {
-        /// The task.
-        run: Box<TaskRun>,
-        /// The stage's pool size, for stages with stateful operators.
-        pool: Option<usize>,
-    },
-    /// A worker finished its task.
-    WorkerIdle {
-        /// The worker.
-        index: usize,
-    },
-    /// Set up a stage's stateful operators on `workers` workers ahead of
-    /// its tasks (a pool's `min`).
-    SetUp {
-        /// The job.
-        job: Arc<JobCtx>,
-        /// The stage.
-        stage: usize,
-        /// How many workers.
-        workers: usize,
-    },
-    /// A job ended: its pools are gone.
-    JobEnded {
-        /// The job.
-        job: JobId,
-    },
-}
-
-/// Messages of a `Worker`.
-pub enum WorkerMsg {
-    /// Run this task.
-    Run(Box<TaskRun>),
-    /// Set up the stateful operators of a stage of a job.
-    SetUp(Arc<JobCtx>, usize),
-    /// The thread caught a panic; the worker fails with it.
-    Panicked(String),
-}
-
 // The build has ractor's `cluster` feature (for remote actors), under which
-// every message type says whether it can cross nodes; these stay local.
+// every message type says whether it can cross nodes; this one stays local.
 impl ractor::Message for ExecutorMsg {}
-impl ractor::Message for NodeMsg {}
-impl ractor::Message for WorkerMsg {}

@@ -14,11 +14,11 @@ use proptest::prelude::*;
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::JobStats;
 
-use crate::budget::Budgets;
+use crate::exec::budget::Budgets;
+use crate::job::record::Recorder;
 use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
-use crate::record::Recorder;
 use crate::sim::Pipeline;
-use crate::sim_parts::{
+use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
 };
 

@@ -8,7 +8,7 @@ use arrow_array::RecordBatch;
 use ractor::ActorRef;
 use streambatch_plan::{Error, JobStats, JobStream, Result};
 
-use crate::msg::{ExecutorMsg, JobItem};
+use crate::driver::msg::{ExecutorMsg, JobItem};
 
 /// A job's output stream.
 pub(crate) struct JobOutput {

@@ -10,10 +10,10 @@ use std::time::Instant;
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::{JobId, NodeId, TaskId};
 
-use crate::msg::{NodeMsg, WorkerMsg};
-use crate::restart::{RestartPolicy, Restarts};
-use crate::task::{TaskEvent, TaskEvents, TaskRun};
-use crate::worker::{Worker, WorkerArgs, WorkerThreads};
+use crate::exec::msg::{NodeMsg, WorkerMsg};
+use crate::exec::restart::{RestartPolicy, Restarts};
+use crate::exec::task::{TaskEvent, TaskEvents, TaskRun};
+use crate::exec::worker::{Worker, WorkerArgs, WorkerThreads};
 
 /// The NodeManager actor.
 pub(crate) struct NodeManager;

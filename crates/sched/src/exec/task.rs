@@ -16,9 +16,9 @@ use streambatch_plan::{
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
-use crate::budget::{Budgets, Hold};
+use crate::exec::budget::{Budgets, Hold};
+use crate::exec::partition::{Output, Partitioner, Slice};
 use crate::job::{Input, Keep};
-use crate::partition::{Output, Partitioner, Slice};
 
 /// What a task (and the worker running it) tells its job. Tasks hold only
 /// this narrow sink, never the executor itself.
@@ -279,7 +279,7 @@ impl TaskRun {
             return Ok(None);
         }
         #[cfg(feature = "failpoints")]
-        if let Some(message) = crate::failpoint::store_put(self.task, seq) {
+        if let Some(message) = crate::exec::failpoint::store_put(self.task, seq) {
             return Err(Error::store("storing an output", message));
         }
         let bytes = batch_bytes(&batch);

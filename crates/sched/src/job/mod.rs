@@ -9,16 +9,20 @@
 //! [`Part`] and memory is any [`Memory`], so every decision is tested with
 //! plain values (see the property tests below).
 
+pub(crate) mod piece;
+pub mod policy;
+pub(crate) mod record;
+
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{Error, EventKind, OpStats, PauseCause, Stage, StageKind, Wait};
 
-pub(crate) use crate::piece::{Keep, Origin, Part, PieceId};
-use crate::piece::{Piece, TaskInput, all_held, missing};
-use crate::policy::{self, Decision, Snapshot, StageView};
-use crate::record::{Recorder, StageNow};
+pub(crate) use crate::job::piece::{Keep, Origin, Part, PieceId};
+use crate::job::piece::{Piece, TaskInput, all_held, missing};
+use crate::job::record::{Recorder, StageNow};
+use policy::{Decision, Snapshot, StageView};
 
 /// How many of a stage's oldest queued inputs a new task looks through for
 /// one held on its own node.

@@ -9,43 +9,21 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use ractor_cluster::RactorClusterMessage;
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::JobId;
 use streambatch_net::{Transport, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore};
 
-use crate::groups::{head_group, node_group, remote_member};
-use crate::metrics::NodeMetrics;
-use crate::msg::NodeMsg;
-use crate::port::PortMsg;
-use crate::relay::{JobRelay, RelayArgs, RelayMsg};
-use crate::serve::StoreServer;
+use crate::cluster::relay::{JobRelay, RelayArgs, RelayMsg};
+use crate::cluster::serve::StoreServer;
+use crate::exec::metrics::NodeMetrics;
+use crate::exec::msg::NodeMsg;
+use crate::wire::groups::{head_group, node_group, remote_member};
+use crate::wire::msg::{AgentMsg, PortMsg};
 use crate::wire::{
     Happened, JobKey, JobStart, Members, NodeEvent, NodeInfo, Order, Pulled, StoreView,
 };
-
-/// Messages of the NodeAgent. Payloads are rkyv archives (see `wire`).
-#[derive(RactorClusterMessage)]
-pub enum AgentMsg {
-    /// A node introduces itself (a [`NodeInfo`]).
-    Hello(Vec<u8>),
-    /// The connection to the node of this name was lost.
-    NodeDown(String),
-    /// The cluster's members (a [`Members`]).
-    #[rpc]
-    GetMembers(RpcReplyPort<Vec<u8>>),
-    /// A job starts on this node (a `JobStart`); the reply is empty when
-    /// the node is ready, else why it refuses.
-    #[rpc]
-    StartJob(Vec<u8>, RpcReplyPort<String>),
-    /// An order of a running job (an `Order`).
-    Order(Vec<u8>),
-    /// This node drains: no new jobs; each job's relay tells its driver and
-    /// ends once nothing of the job is left here; then the node stops.
-    Drain,
-}
 
 /// The reason a drained node's agent stops with: the node then stops
 /// cleanly (not as a failure).

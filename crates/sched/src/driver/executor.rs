@@ -17,13 +17,14 @@ use streambatch_core::{JobId, NodeConfig, Resources, TaskId};
 use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
-use crate::budget::{Budgets, StageTotals};
+use crate::driver::msg::{ExecutorMsg, JobItem};
+use crate::driver::remote::RemoteNode;
+use crate::exec::budget::{Budgets, StageTotals};
+use crate::exec::msg::NodeMsg;
+use crate::exec::partition::{RemotePart, RemoteSource, Slice};
+use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
+use crate::job::record::Recorder;
 use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Origin, StageShape};
-use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
-use crate::partition::{RemotePart, RemoteSource, Slice};
-use crate::record::Recorder;
-use crate::remote::RemoteNode;
-use crate::task::{JobCtx, TaskEvent, TaskRun};
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, StoreView};
 
 /// The Executor actor.
@@ -44,7 +45,7 @@ pub(crate) enum Nodes {
         key: JobKey,
         /// Where the job's port finds this executor: set before the first
         /// task goes out, so that no event of the job is dropped.
-        port: crate::port::ExecutorCell,
+        port: crate::driver::port::ExecutorCell,
         /// The nodes, in the order the job state numbers them.
         nodes: Vec<RemoteNode>,
         /// Reads and releases their partitions.
@@ -320,7 +321,7 @@ impl Actor for Executor {
         }
         #[cfg(feature = "failpoints")]
         if matches!(msg, ExecutorMsg::Task(_) | ExecutorMsg::Node(_)) {
-            crate::failpoint::executor(state.job_id());
+            crate::exec::failpoint::executor(state.job_id());
         }
         match msg {
             ExecutorMsg::Task(event) => state.on_task_event(event),

@@ -11,13 +11,13 @@ use streambatch_core::{JobId, NodeConfig, NodeId};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
-use crate::executor::{ExecutorArgs, Nodes};
-use crate::metrics::{MetricsServer, NodeMetrics};
-use crate::msg::JobItem;
-use crate::node::NodeArgs;
-use crate::output::JobOutput;
-use crate::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
-use crate::worker::WorkerThreads;
+use crate::driver::executor::{ExecutorArgs, Nodes};
+use crate::driver::msg::JobItem;
+use crate::driver::output::JobOutput;
+use crate::driver::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
+use crate::exec::metrics::{MetricsServer, NodeMetrics};
+use crate::exec::node::NodeArgs;
+use crate::exec::worker::WorkerThreads;
 
 /// One node running in this process.
 ///

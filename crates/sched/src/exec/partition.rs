@@ -7,8 +7,8 @@ use arrow_array::RecordBatch;
 use streambatch_plan::{Error, Result};
 use streambatch_store::{PartitionRef, batch_bytes};
 
-use crate::budget::Reservation;
-use crate::piece::Part;
+use crate::exec::budget::Reservation;
+use crate::job::piece::Part;
 
 /// A stored output partition and the budget it holds. Fields drop in order:
 /// the store frees the bytes before the budget reports them free.

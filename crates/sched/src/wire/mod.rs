@@ -2,6 +2,13 @@
 //! as bytes and validated (bytecheck) by the receiver before use. A payload
 //! that fails validation is dropped with a warning naming its sender.
 
+#[cfg(test)]
+mod fuzz;
+pub(crate) mod groups;
+pub(crate) mod join;
+pub(crate) mod msg;
+pub(crate) mod plan;
+
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_net::Locality;
 
@@ -54,7 +61,7 @@ impl JobKey {
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) struct JobStart {
     pub(crate) key: JobKey,
-    pub(crate) plan: crate::plan_wire::PlanSpec,
+    pub(crate) plan: crate::wire::plan::PlanSpec,
     /// Partition size target.
     pub(crate) target_bytes: u64,
     /// Each stage's memory reserve.

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::budget::{Budgets, Reservation, StageTotals};
+use crate::exec::budget::{Budgets, Reservation, StageTotals};
 use crate::job::{Memory, Part};
 
 pub(crate) const ROW_BYTES: u64 = 100;

@@ -19,15 +19,15 @@ use streambatch_net::{Fetched, Transport, frame};
 use streambatch_plan::{Error, ExecPlan, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
-use crate::budget::Budgets;
-use crate::groups::remote_member;
+use crate::cluster::serve::StoreServer;
+use crate::exec::budget::Budgets;
+use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
+use crate::exec::msg::NodeMsg;
+use crate::exec::partition::{Output, Slice};
+use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::{Input, Keep};
-use crate::metrics::{NodeMetrics, NodeShare, TaskEnd};
-use crate::msg::NodeMsg;
-use crate::partition::{Output, Slice};
-use crate::port::PortMsg;
-use crate::serve::StoreServer;
-use crate::task::{JobCtx, TaskEvent, TaskRun};
+use crate::wire::groups::remote_member;
+use crate::wire::msg::PortMsg;
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};
 
 /// The relay actor.
@@ -218,7 +218,7 @@ impl Actor for JobRelay {
             RelayMsg::MemoryFreed => state.report(Happened::MemoryFreed),
             RelayMsg::Order(order) => {
                 #[cfg(feature = "failpoints")]
-                crate::failpoint::relay(state.key.job);
+                crate::exec::failpoint::relay(state.key.job);
                 state.on_order(order, &myself)
             }
             RelayMsg::Drain => {
@@ -483,7 +483,7 @@ impl RelayState {
             let mut slices = local;
             for (at, part) in pulls {
                 #[cfg(feature = "failpoints")]
-                if let Some(message) = crate::failpoint::fetch(task, part.id) {
+                if let Some(message) = crate::exec::failpoint::fetch(task, part.id) {
                     let error = Error::OnNode {
                         node: part.holder.clone(),
                         message,

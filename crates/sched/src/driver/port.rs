@@ -3,18 +3,11 @@
 use std::sync::{Arc, OnceLock};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use ractor_cluster::RactorClusterMessage;
 use streambatch_net::frame;
 
-use crate::msg::ExecutorMsg;
+use crate::driver::msg::ExecutorMsg;
+use crate::wire::msg::PortMsg;
 use crate::wire::{JobKey, NodeEvent};
-
-/// Messages of a job's port.
-#[derive(RactorClusterMessage)]
-pub enum PortMsg {
-    /// A node's event (a [`NodeEvent`]).
-    Event(Vec<u8>),
-}
 
 /// A job's port on its driver: a remote actor, in the process group
 /// `JobKey::port_group`, through which nodes report to the executor. It

@@ -20,6 +20,12 @@
 //! assert!(done.faults.len() == 4 && done.recovery.remade_partitions > 0);
 //! ```
 
+#[cfg(test)]
+mod chaos;
+#[cfg(test)]
+mod job_tests;
+pub(crate) mod parts;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,12 +35,12 @@ use std::time::{Duration, Instant};
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{JobStats, Recovery};
 
-use crate::budget::Budgets;
+use crate::exec::budget::Budgets;
+use crate::job::record::Recorder;
 use crate::job::{
     Action, FailurePolicy, Input, JobState, Keep, Origin, PieceId, ShapeKind, StageShape,
 };
-use crate::record::Recorder;
-use crate::sim_parts::{
+use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
 };
 

@@ -24,12 +24,14 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, Supervi
 use streambatch_core::JobId;
 use streambatch_plan::Error;
 
-use crate::executor::{Executor, ExecutorArgs, Nodes};
-use crate::msg::{ExecutorMsg, JobItem, NodeMsg};
-use crate::node::{NodeArgs, NodeManager};
-use crate::port::{ExecutorCell, JobPort, PortMsg};
-use crate::restart::{RestartPolicy, Restarts};
+use crate::driver::executor::{Executor, ExecutorArgs, Nodes};
+use crate::driver::msg::{ExecutorMsg, JobItem};
+use crate::driver::port::{ExecutorCell, JobPort};
+use crate::exec::msg::NodeMsg;
+use crate::exec::node::{NodeArgs, NodeManager};
+use crate::exec::restart::{RestartPolicy, Restarts};
 use crate::wire::JobKey;
+use crate::wire::msg::PortMsg;
 
 /// The error that ends a job because `actor` failed.
 fn failed(actor: &str, reason: impl Into<String>) -> Error {

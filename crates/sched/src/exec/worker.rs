@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{NodeId, TaskId};
 
-use crate::msg::{NodeMsg, WorkerMsg};
-use crate::task::{InstanceCache, JobCtx, Outcome, TaskEvent, TaskRun, set_up_stage};
+use crate::exec::msg::{NodeMsg, WorkerMsg};
+use crate::exec::task::{InstanceCache, JobCtx, Outcome, TaskEvent, TaskRun, set_up_stage};
 
 /// The Worker actor.
 pub struct Worker;
@@ -100,7 +100,7 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
                 let _entered = span.enter();
                 let outcome = catch_unwind(AssertUnwindSafe(|| {
                     #[cfg(feature = "failpoints")]
-                    crate::failpoint::worker(run.job.job.0, task);
+                    crate::exec::failpoint::worker(run.job.job.0, task);
                     run.drive(&mut instances)
                 }));
                 (events, outcome.map(|o| Some(report(task, o))))

@@ -16,13 +16,14 @@ use streambatch_net::{Endpoint, Transport};
 use streambatch_plan::Registry;
 use streambatch_store::SharedStore;
 
-use crate::agent::{AgentArgs, AgentMsg, JobResources, NodeAgent};
-use crate::metrics::NodeMetrics;
-use crate::msg::NodeMsg;
-use crate::node::{NodeArgs, NodeManager};
-use crate::serve::StoreServer;
+use crate::cluster::agent::{AgentArgs, JobResources, NodeAgent};
+use crate::cluster::serve::StoreServer;
+use crate::exec::metrics::NodeMetrics;
+use crate::exec::msg::NodeMsg;
+use crate::exec::node::{NodeArgs, NodeManager};
+use crate::exec::worker::WorkerThreads;
 use crate::wire::NodeInfo;
-use crate::worker::WorkerThreads;
+use crate::wire::msg::AgentMsg;
 
 /// The root actor.
 pub(crate) struct NodeRoot;
@@ -164,7 +165,7 @@ impl Actor for NodeRoot {
         } else {
             return Ok(());
         };
-        if cell.get_id() == children.agent.get_id() && reason == crate::agent::DRAINED {
+        if cell.get_id() == children.agent.get_id() && reason == crate::cluster::agent::DRAINED {
             tracing::info!("drained: stopping the node");
             myself.stop(None);
             return Ok(());

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use streambatch_net::{Locality, frame};
 
-use crate::plan_wire::PlanSpec;
+use crate::wire::plan::PlanSpec;
 use crate::wire::{
     Happened, InputSpec, JobKey, JobOrder, JobStart, Members, NodeEvent, NodeInfo, Order, PartSpec,
     Pulled, StoreView,

@@ -5,7 +5,7 @@ use ractor::ActorRef;
 use streambatch_core::Resources;
 use streambatch_net::frame;
 
-use crate::agent::AgentMsg;
+use crate::wire::msg::AgentMsg;
 use crate::wire::{JobKey, JobOrder, NodeInfo, Order};
 
 /// A cluster node as a job's executor sees it.

@@ -5,6 +5,11 @@
 //! [`ClusterNode::start`] checks everything a node needs before it serves:
 //! each failure names the config key and the file it came from.
 
+pub(crate) mod agent;
+pub(crate) mod relay;
+pub(crate) mod root;
+pub(crate) mod serve;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -13,17 +18,18 @@ use std::time::{Duration, Instant};
 use ractor::{Actor, ActorRef};
 use ractor_cluster::NodeServerMessage;
 use streambatch_core::NodeConfig;
-use streambatch_net::{Endpoint, Identity, Locality, NetError, OnPeerLost, TlsFiles, frame};
+use streambatch_net::{Endpoint, Locality, NetError, OnPeerLost, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
-use crate::agent::AgentMsg;
+use crate::cluster::root::{Children, NodeRoot, RootArgs, RootMsg};
 use crate::error::ClusterError;
-use crate::groups::{head_group, remote_member};
-use crate::metrics::{MetricsServer, NodeMetrics};
-use crate::root::{Children, NodeRoot, RootArgs, RootMsg};
+use crate::exec::metrics::{MetricsServer, NodeMetrics};
+use crate::exec::worker::WorkerThreads;
 use crate::wire::NodeInfo;
-use crate::worker::WorkerThreads;
+use crate::wire::groups::{head_group, remote_member};
+use crate::wire::join::{load_identity, peer_timeout, runtime};
+use crate::wire::msg::AgentMsg;
 
 /// How long a node keeps trying to reach its head before it gives up.
 const JOIN_WITHIN: Duration = Duration::from_secs(10);
@@ -261,56 +267,4 @@ impl Drop for ClusterNode {
             tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await
         });
     }
-}
-
-/// The tokio runtime of a node or driver process, its threads named `name`.
-pub(crate) fn runtime(name: &str) -> Result<tokio::runtime::Runtime, ClusterError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(name)
-        .enable_all()
-        .build()
-        .map_err(|e| ClusterError::Start {
-            what: "the runtime",
-            source: e.into(),
-        })
-}
-
-/// Loads the node's TLS identity from the three keys, naming the key and
-/// the file on any failure.
-pub(crate) fn load_identity(
-    config: &NodeConfig,
-    file: Option<&Path>,
-) -> Result<Identity, ClusterError> {
-    const HINT: &str = "a cluster node needs `tls_ca`, `tls_cert` and `tls_key`; \
-                        `streambatch cluster init DIR` writes them";
-    let need = |key: &'static str, value: &Option<std::path::PathBuf>| {
-        value.clone().ok_or_else(|| ClusterError::Missing {
-            key,
-            origin: NodeConfig::origin_of(key, file),
-            hint: HINT,
-        })
-    };
-    let files = TlsFiles {
-        ca: need("tls_ca", &config.tls_ca)?,
-        cert: need("tls_cert", &config.tls_cert)?,
-        key: need("tls_key", &config.tls_key)?,
-    };
-    Identity::load(&files).map_err(|source| {
-        let key = match &source {
-            NetError::Tls { file: f, .. } if *f == files.ca => "tls_ca",
-            NetError::Tls { file: f, .. } if *f == files.key => "tls_key",
-            _ => "tls_cert",
-        };
-        ClusterError::Tls {
-            key,
-            origin: NodeConfig::origin_of(key, file),
-            source,
-        }
-    })
-}
-
-/// How long a peer may be silent before it is lost (`node_timeout_ms`).
-pub(crate) fn peer_timeout(config: &NodeConfig) -> Duration {
-    Duration::from_millis(config.node_timeout_ms.into())
 }
