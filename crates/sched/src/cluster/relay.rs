@@ -25,7 +25,7 @@ use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{Output, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
-use crate::job::{Input, Keep};
+use crate::job::{Keep, RunInput};
 use crate::wire::groups::remote_member;
 use crate::wire::msg::PortMsg;
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};
@@ -445,7 +445,7 @@ impl RelayState {
                     self.ctx.clone(),
                     task,
                     stage,
-                    Input::Split(i as usize),
+                    RunInput::Split(i as usize),
                     keep,
                 );
                 run.may_spill = may_spill;
@@ -502,7 +502,7 @@ impl RelayState {
                 }
             }
             slices.sort_by_key(|(at, _)| *at);
-            let input = Input::Parts(slices.into_iter().map(|(_, s)| s).collect());
+            let input = RunInput::Parts(slices.into_iter().map(|(_, s)| s).collect());
             let mut run = TaskRun::new(ctx.clone(), task, stage, input, keep);
             run.may_spill = may_spill;
             let pool = ctx.plan.stages[stage].options.pool.map(|p| p.max);

@@ -24,7 +24,7 @@ use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{RemotePart, RemoteSource, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::record::Recorder;
-use crate::job::{Action, FailurePolicy, Input, JobState, Memory, Origin, StageShape};
+use crate::job::{Action, FailurePolicy, JobState, Memory, Origin, RunInput, StageShape};
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, StoreView};
 
 /// The Executor actor.
@@ -699,8 +699,8 @@ impl Remote {
                 may_spill,
             } => {
                 let input = match input {
-                    Input::Split(i) => InputSpec::Split(i as u64),
-                    Input::Parts(parts) => InputSpec::Parts(
+                    RunInput::Split(i) => InputSpec::Split(i as u64),
+                    RunInput::Parts(parts) => InputSpec::Parts(
                         parts
                             .iter()
                             .map(|slice| {

@@ -18,7 +18,7 @@ use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_out
 
 use crate::exec::budget::{Budgets, Hold};
 use crate::exec::partition::{Output, Partitioner, Slice};
-use crate::job::{Input, Keep};
+use crate::job::{Keep, RunInput};
 
 /// What a task (and the worker running it) tells its job. Tasks hold only
 /// this narrow sink, never the executor itself.
@@ -89,7 +89,7 @@ pub struct TaskRun {
     pub task: TaskId,
     /// Its stage.
     pub stage: usize,
-    input: Option<Input<Slice>>,
+    input: Option<RunInput<Slice>>,
     stream: Option<BatchIter>,
     exhausted: bool,
     partitioner: Partitioner,
@@ -168,7 +168,7 @@ impl TaskRun {
         job: Arc<JobCtx>,
         task: TaskId,
         stage: usize,
-        input: Input<Slice>,
+        input: RunInput<Slice>,
         keep: Keep,
     ) -> Self {
         let target = job.target_bytes;
@@ -248,14 +248,14 @@ impl TaskRun {
 
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
         let input = match self.input.take().expect("a task is opened once") {
-            Input::Split(i) => {
+            RunInput::Split(i) => {
                 let held = self.job.plan.stages[self.stage].split_held_bytes(i);
                 if held > 0 {
                     self._held = Some(self.job.budgets.hold(held));
                 }
                 TaskInput::Split(i)
             }
-            Input::Parts(slices) => {
+            RunInput::Parts(slices) => {
                 TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
             }
         };

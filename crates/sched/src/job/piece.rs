@@ -112,16 +112,19 @@ pub(crate) fn missing<P: Part>(pieces: &[Piece<P>]) -> impl Iterator<Item = Orig
     pieces.iter().filter(|p| !p.held()).map(|p| p.id.from)
 }
 
-/// What a task reads: a source split, or pieces of upstream outputs.
+/// What a task reads as the job's lineage keeps it: a source split, or
+/// pieces of upstream outputs named by their origin, so that the task can
+/// run again after a loss (see [`RunInput`](super::RunInput) for what it is
+/// handed).
 #[derive(Clone)]
-pub(crate) enum TaskInput<P> {
+pub(crate) enum LineageInput<P> {
     /// The i-th split of the source.
     Split(usize),
     /// Upstream rows.
     Pieces(Vec<Piece<P>>),
 }
 
-impl<P: Part> TaskInput<P> {
+impl<P: Part> LineageInput<P> {
     /// The lost pieces' origins.
     pub(crate) fn missing(&self) -> Vec<Origin> {
         match self {
@@ -318,7 +321,7 @@ mod tests {
             offset: 0,
             len: 6,
         };
-        let input = TaskInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)]);
+        let input = LineageInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)]);
         let lineage = input.forget();
         assert_eq!(lineage.missing(), vec![origin(1, 2)]);
         assert_eq!(lineage.describe(), "1 input partition(s), 4 rows");

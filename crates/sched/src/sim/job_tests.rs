@@ -16,7 +16,7 @@ use streambatch_plan::JobStats;
 
 use crate::exec::budget::Budgets;
 use crate::job::record::Recorder;
-use crate::job::{Action, FailurePolicy, Input, JobState, Keep, ShapeKind, StageShape};
+use crate::job::{Action, FailurePolicy, JobState, Keep, RunInput, ShapeKind, StageShape};
 use crate::sim::Pipeline;
 use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
@@ -107,8 +107,8 @@ fn simulate(
                     may_spill,
                 } => {
                     let outputs = match input {
-                        Input::Split(i) => split_outputs(bases[i], split_rows[i]),
-                        Input::Parts(parts) => parts.iter().map(|p| (p.start, p.len)).collect(),
+                        RunInput::Split(i) => split_outputs(bases[i], split_rows[i]),
+                        RunInput::Parts(parts) => parts.iter().map(|p| (p.start, p.len)).collect(),
                     };
                     running.insert(
                         task,
@@ -311,7 +311,7 @@ fn tasks_holding_large_inputs_take_turns() {
             .filter_map(|a| match a {
                 Action::Start {
                     task,
-                    input: Input::Split(i),
+                    input: RunInput::Split(i),
                     ..
                 } => Some((task, i)),
                 _ => None,
@@ -360,7 +360,7 @@ fn a_retried_large_split_waits_for_the_other_large_one() {
                 Action::Start {
                     task,
                     node,
-                    input: Input::Split(i),
+                    input: RunInput::Split(i),
                     ..
                 } => Some((task, node, i)),
                 _ => None,

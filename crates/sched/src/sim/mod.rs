@@ -38,7 +38,7 @@ use streambatch_plan::{JobStats, Recovery};
 use crate::exec::budget::Budgets;
 use crate::job::record::Recorder;
 use crate::job::{
-    Action, FailurePolicy, Input, JobState, Keep, Origin, PieceId, ShapeKind, StageShape,
+    Action, FailurePolicy, JobState, Keep, Origin, PieceId, RunInput, ShapeKind, StageShape,
 };
 use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
@@ -490,8 +490,8 @@ impl<'a> Sim<'a> {
                     return Err(format!("task {task} started on node {node}, not up"));
                 }
                 let outputs = match input {
-                    Input::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
-                    Input::Parts(parts) => {
+                    RunInput::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
+                    RunInput::Parts(parts) => {
                         if let Some(p) =
                             parts.iter().find(|p| self.state[p.node] == NodeState::Gone)
                         {

@@ -1,0 +1,374 @@
+//! Where and when tasks start: one decision of the policy per node per
+//! pass, the snapshot it decides on, the open nodes, holds of input
+//! outside the store, and the spill of last resort.
+
+use super::*;
+
+impl<P: Part> JobState<P> {
+    /// Asks the policy for one decision per node per pass, so that tasks
+    /// spread over the nodes (a stage capped by its pool too), until a pass
+    /// decides nothing. The first pass asks the open nodes, from a node
+    /// that moves on each pass; later ones only the nodes that decided in
+    /// the pass before, since a decision never makes room on another node.
+    pub(super) fn decide(&mut self, memory: &impl Memory) {
+        let first = self.next_node;
+        let mut decided = Vec::new();
+        let (mut from, mut wrapped) = (first, false);
+        while self.has_work() {
+            let next = if wrapped {
+                self.open.range(from..first).next()
+            } else {
+                self.open.range(from..).next()
+            };
+            match next.copied() {
+                Some(node) => {
+                    from = node + 1;
+                    if self.decide_on(memory, node) {
+                        decided.push(node);
+                    }
+                }
+                None if !wrapped => (from, wrapped) = (0, true),
+                None => break,
+            }
+        }
+        while !decided.is_empty() {
+            self.next_node = (self.next_node + 1) % self.free.len();
+            decided.rotate_left(1);
+            let asked = std::mem::take(&mut decided);
+            for node in asked {
+                if !self.has_work() {
+                    break;
+                }
+                if self.decide_on(memory, node) {
+                    decided.push(node);
+                }
+            }
+        }
+        self.next_node = (self.next_node + 1) % self.free.len();
+    }
+
+    /// Carries out the policy's decision for `node`, if any; true if there
+    /// was one.
+    pub(super) fn decide_on(&mut self, memory: &impl Memory, node: usize) -> bool {
+        let paused_here = || {
+            self.stages
+                .iter()
+                .flat_map(|s| &s.paused)
+                .any(|p| p.node == node)
+        };
+        if self.draining[node] && !paused_here() {
+            return false;
+        }
+        let snapshot = self.snapshot(memory, node);
+        match policy::next_decision(&snapshot) {
+            Some(decision) => {
+                if tracing::enabled!(target: "streambatch::schedule", tracing::Level::DEBUG) {
+                    self.log_decision(&snapshot, decision, node);
+                }
+                self.carry_out(decision, node, false);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Logs a decision with its reason (`RUST_LOG=streambatch=debug`).
+    pub(super) fn log_decision(&self, snapshot: &Snapshot, decision: Decision, node: usize) {
+        let (what, stage) = match decision {
+            Decision::Resume { stage, .. } => ("resume a task", stage),
+            Decision::Dispatch { stage } => ("start a task", stage),
+        };
+        tracing::debug!(
+            target: "streambatch::schedule",
+            stage = %self.shapes[stage].name,
+            node,
+            reason = %policy::reason(snapshot, decision),
+            "{what}"
+        );
+    }
+
+    /// Some stage has an input to start a task on, or a paused task.
+    pub(super) fn has_work(&self) -> bool {
+        self.stages.iter().zip(&self.shapes).any(|(s, shape)| {
+            !s.paused.is_empty() || (shape.kind.runs_tasks() && s.startable() > 0)
+        })
+    }
+
+    /// Keeps `open`, `fits_here` and `fitting` up to date after `node`'s
+    /// free slots changed.
+    pub(super) fn reopen(&mut self, node: usize) {
+        let free = self.free[node];
+        let mut fits = false;
+        for (stage, shape) in self.shapes.iter().enumerate() {
+            let here =
+                !self.lost[node] && shape.kind.runs_tasks() && shape.resources.fits_in(&free);
+            let was = std::mem::replace(&mut self.fits_here[node][stage], here);
+            match (was, here) {
+                (false, true) => self.fitting[stage] += 1,
+                (true, false) => self.fitting[stage] -= 1,
+                _ => {}
+            }
+            fits |= here;
+        }
+        if fits {
+            self.open.insert(node);
+        } else {
+            self.open.remove(&node);
+        }
+    }
+
+    /// What the policy sees of node `node`: its free slots, the tasks
+    /// paused there, and its memory.
+    pub(super) fn snapshot(&self, memory: &impl Memory, node: usize) -> Snapshot {
+        let holding = self.holding(node);
+        // Holds `fits` does not count yet: tasks started and not opened, or
+        // all of them where the budgets are a remote node's shadow. (Asked
+        // only when there are holds: it takes the budgets' lock.)
+        let unseen = match holding.all {
+            0 => 0,
+            all => all.saturating_sub(memory.outside(node)),
+        };
+        let stages = self
+            .stages
+            .iter()
+            .zip(&self.shapes)
+            .enumerate()
+            .map(|(i, (s, shape))| {
+                let runs = shape.kind.runs_tasks() && !self.draining[node];
+                let here = || s.paused.iter().filter(|p| p.node == node);
+                let paused_fits = here()
+                    .map(|p| {
+                        let freed_since = p.store_full_at.is_none_or(|at| memory.frees(node) > at);
+                        freed_since && memory.fits(node, i, p.pending_bytes + unseen)
+                    })
+                    .collect();
+                StageView {
+                    waiting_inputs: if runs { s.startable() } else { 0 },
+                    paused_fits,
+                    paused: here().map(|p| p.pending_bytes).collect(),
+                    running: s.running,
+                    resources: shape.resources,
+                    max_running: shape.max_running,
+                    budget_fits_typical: memory.fits(node, i, s.typical_bytes + unseen)
+                        && hold_fits(
+                            next_held_bytes(s, shape, &self.tasks),
+                            holding,
+                            memory.capacity(node),
+                        ),
+                }
+            })
+            .collect();
+        Snapshot {
+            stages,
+            free: self.free[node],
+        }
+    }
+
+    /// Bytes the tasks placed on `node` (running or paused) hold outside
+    /// the store ([`StageShape::held_bytes`]); 0 without a source that
+    /// holds any, which costs nothing to find.
+    pub(super) fn holding(&self, node: usize) -> Holding {
+        let mut holding = Holding::default();
+        if self.shapes.iter().all(|s| s.held_bytes.is_empty()) {
+            return holding;
+        }
+        for r in self.tasks.values().filter(|r| r.placed && r.node == node) {
+            if let LineageInput::Split(i) = r.input {
+                let held = self.shapes[r.stage].held_bytes.get(i).copied();
+                let held = held.unwrap_or_default();
+                holding.all += held;
+                holding.largest = holding.largest.max(held);
+            }
+        }
+        holding
+    }
+
+    /// Starts or resumes a task on `node` as decided (a decision's paused
+    /// index counts the tasks paused on that node).
+    pub(super) fn carry_out(&mut self, decision: Decision, node: usize, may_spill: bool) {
+        let (stage, task, kind) = match decision {
+            Decision::Resume { stage, index } => {
+                let paused = &mut self.stages[stage].paused;
+                let at = paused
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| p.node == node)
+                    .nth(index)
+                    .map(|(at, _)| at)
+                    .expect("the policy resumes a task paused on this node");
+                let task = paused.remove(at).task;
+                self.actions.push(Action::Resume {
+                    task,
+                    node,
+                    may_spill,
+                });
+                (stage, task, EventKind::TaskResumed)
+            }
+            Decision::Dispatch { stage } => {
+                let task = self.start(stage, node, may_spill);
+                (stage, task, EventKind::TaskStarted)
+            }
+        };
+        let resources = self.shapes[stage].resources;
+        self.free[node].cpus -= resources.cpus;
+        self.free[node].gpus -= resources.gpus;
+        self.reopen(node);
+        let s = &mut self.stages[stage];
+        s.running += 1;
+        let running = s.running;
+        self.recorder.task_started(stage, running);
+        self.recorder.event(stage, task, kind, node);
+    }
+
+    /// A new task of `stage` on `node`: a retry first, else the next split,
+    /// else the first input held on that node, else the oldest input.
+    pub(super) fn start(&mut self, stage: usize, node: usize, may_spill: bool) -> TaskId {
+        let s = &mut self.stages[stage];
+        if let Some(task) = s.retry.pop_front() {
+            let record = self
+                .tasks
+                .get_mut(&task)
+                .expect("a retried task has a record");
+            record.node = node;
+            record.placed = true;
+            self.actions.push(Action::Start {
+                task,
+                stage,
+                node,
+                input: held_input(&record.input),
+                keep: Keep::of(record.delivered, &record.again),
+                may_spill,
+            });
+            return task;
+        }
+        let input = if s.next_split < s.splits {
+            s.next_split += 1;
+            LineageInput::Split(s.next_split - 1)
+        } else {
+            let on_node = |p: &Piece<P>| p.part.as_ref().is_some_and(|p| p.node() == node);
+            // Only the oldest inputs are searched, so that a long queue
+            // costs no more per start than a short one.
+            let local = s
+                .queue
+                .iter()
+                .take(LOCAL_SEARCH)
+                .position(|pieces| pieces.first().is_some_and(on_node))
+                .unwrap_or(0);
+            LineageInput::Pieces(
+                s.queue
+                    .remove(local)
+                    .expect("the policy dispatches only stages with input"),
+            )
+        };
+        let task = TaskId(self.next_task);
+        self.next_task += 1;
+        self.actions.push(Action::Start {
+            task,
+            stage,
+            node,
+            input: held_input(&input),
+            keep: Keep::all(),
+            may_spill,
+        });
+        self.tasks.insert(
+            task,
+            TaskRecord {
+                stage,
+                node,
+                input,
+                attempts: 0,
+                delivered: 0,
+                again: BTreeSet::new(),
+                again_next: BTreeSet::new(),
+                placed: true,
+                rerun: false,
+                reruns: 0,
+            },
+        );
+        task
+    }
+
+    /// The stage and node of a task placed on a node.
+    pub(super) fn placed(&self, task: TaskId) -> Option<(usize, usize)> {
+        self.tasks
+            .get(&task)
+            .filter(|r| r.placed)
+            .map(|r| (r.stage, r.node))
+    }
+
+    /// A task of `stage` gave its slot on `node` back.
+    pub(super) fn release(&mut self, node: usize, stage: usize) {
+        let resources = self.shapes[stage].resources;
+        self.free[node].cpus += resources.cpus;
+        self.free[node].gpus += resources.gpus;
+        self.reopen(node);
+        self.stages[stage].running -= 1;
+        self.recorder
+            .task_stopped(stage, self.stages[stage].running);
+    }
+
+    /// Nothing runs and the last stage holds nothing the driver has not
+    /// taken, yet work remains: memory is full of partitions that only more
+    /// input could consume (a repartition larger than the store). Runs one
+    /// task that may spill. True when it did.
+    pub(super) fn force_if_stuck(&mut self, memory: &impl Memory) -> bool {
+        let last = self
+            .shapes
+            .iter()
+            .rposition(|s| s.kind.runs_tasks())
+            .unwrap_or(0);
+        if self.running_anywhere() > 0 || memory.held(last) > 0 || self.finished() {
+            return false;
+        }
+        for node in 0..self.free.len() {
+            if let Some(decision) = policy::forced_decision(&self.snapshot(memory, node)) {
+                tracing::debug!(
+                    target: "streambatch::schedule",
+                    ?decision,
+                    node,
+                    reason = "memory is full and nothing can run",
+                    "let a task spill"
+                );
+                self.carry_out(decision, node, true);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// What the next task `start` gives `stage` holds outside the store while
+/// it runs: its split's held bytes, for a retry (which goes first) as for
+/// a new split.
+pub(super) fn next_held_bytes<P>(
+    stage: &StageState<P>,
+    shape: &StageShape,
+    tasks: &HashMap<TaskId, TaskRecord<P>>,
+) -> u64 {
+    let split = match stage.retry.front() {
+        Some(task) => match tasks.get(task).map(|r| &r.input) {
+            Some(LineageInput::Split(i)) => *i,
+            _ => return 0,
+        },
+        None => stage.next_split,
+    };
+    shape.held_bytes.get(split).copied().unwrap_or(0)
+}
+
+/// Whether a task holding `next` bytes outside the store may start on a
+/// node whose tasks hold `holding` (in all, and the largest) and whose
+/// store holds `capacity`: one task may hold any amount, the others
+/// together at most half the capacity. So two large files are never held
+/// at once, small ones are read beside a large one, and outputs keep room
+/// (the budgets give them what the holds leave).
+pub(super) fn hold_fits(next: u64, holding: Holding, capacity: u64) -> bool {
+    let all = holding.all + next;
+    next == 0 || all - holding.largest.max(next) <= capacity / 2
+}
+
+/// Bytes tasks placed on a node hold outside the store.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Holding {
+    all: u64,
+    largest: u64,
+}
