@@ -13,10 +13,22 @@
 //! narrow event sink, never the executor's own reference. [`LocalCluster`]
 //! runs all of it in one process.
 //!
-//! Modules import only downward: `policy`, `budget` and `record` at the
-//! bottom; `job` (the state machine) on `policy` and `record`; `partition`
-//! and `task` on those; `msg` (every actor's messages) on `task`; the
-//! actors (`worker`, `node`, `executor`) on `msg`; `local` on the actors.
+//! The crate is in folders by concern, each importing only those above it
+//! here (checked by `tests/layout.rs`):
+//!
+//! - `job`: the job as a pure state machine driven by events (`JobState`),
+//!   the [policy], pieces of partitions, the recorder of its stats;
+//! - `wire`: what crosses between processes (rkyv payloads, the plan as it
+//!   travels, the agents' and ports' messages, process groups, joining);
+//! - `exec`: what runs tasks on a node (tasks, partitions, memory budgets,
+//!   workers, the node manager, metrics), on `job`;
+//! - `sim`: the seeded fault simulation, on `job` and `exec`;
+//! - `driver`: a job's executor, supervisor, output and port, the embedded
+//!   node ([`LocalCluster`]) and the connection to a cluster
+//!   ([`ClusterClient`]), on `job`, `exec` and `wire`;
+//! - `cluster`: a node process ([`ClusterNode`]): its root, agent, relays
+//!   and store server, on `job`, `exec` and `wire`. `driver` and `cluster`
+//!   never import each other: what both need is in `wire` or `exec`.
 
 mod cluster;
 mod driver;

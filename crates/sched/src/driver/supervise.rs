@@ -1,6 +1,7 @@
-//! Supervision: restart policies, and the `Supervisor` at the root of a
-//! process that runs jobs (the embedded node, a cluster driver). A cluster
-//! node's root is `NodeRoot`; docs/architecture.md draws every tree.
+//! The `Supervisor` at the root of a process that runs jobs (the embedded
+//! node, a cluster driver); the restart policies it applies are
+//! `exec::restart`'s. A cluster node's root is `cluster::root::NodeRoot`;
+//! docs/architecture.md draws every tree.
 //!
 //! What the Supervisor's children cost when they fail:
 //!
