@@ -46,18 +46,44 @@ fn gpu_ctx() -> Context {
     .unwrap()
 }
 
-/// max |a - b| / max |b|.
+/// max |a - b| / max |b|; NaN where any element is NaN, infinite where the
+/// lengths differ, so that `relative_error(..) < tol` fails for both (a
+/// maximum folded with `f64::max` would skip NaN: an all-NaN result would
+/// pass).
 fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let nan_max = |m: f64, x: f64| {
+        if m.is_nan() || x.is_nan() {
+            f64::NAN
+        } else {
+            m.max(x)
+        }
+    };
     let scale = want
         .iter()
         .map(|x| x.abs() as f64)
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
         .max(1e-30);
     got.iter()
         .zip(want)
         .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
         / scale
+}
+
+#[test]
+fn the_relative_error_of_a_nan_or_a_wrong_length_fails_the_bound() {
+    // What the tests below assert of every result.
+    let passes = |got: &[f32], want: &[f32]| relative_error(got, want) < 1e-4;
+    let want = [1.0f32, -2.0, 0.5];
+    assert!(passes(&want, &want));
+    assert!(!passes(&[f32::NAN; 3], &want));
+    assert!(!passes(&[1.0, f32::NAN, 0.5], &want));
+    assert!(!passes(&[1.0, -2.0, f32::INFINITY], &want));
+    assert!(!passes(&[1.0, -2.0], &want));
+    assert!(!passes(&[1.0, -2.0, 0.6], &want));
 }
 
 const SAXPY: &str = r#"
