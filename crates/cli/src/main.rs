@@ -154,6 +154,11 @@ enum Workload {
 }
 
 fn main() {
+    // Before anything else (no other thread runs yet): without a runtime
+    // directory, Mesa's drivers print an error line whenever the GPU
+    // adapters are listed, twice on every node.
+    // SAFETY: the first statement of `main`; this process has one thread.
+    unsafe { streambatch::use_private_runtime_dir() };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
