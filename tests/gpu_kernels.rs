@@ -280,11 +280,7 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
     )
     .unwrap();
     // The shipped pipeline, pointed at this test's files.
-    let text = shipped
-        .replace(
-            "\"../../data/images\"",
-            &format!("{:?}", images.display().to_string()),
-        )
+    let text = source_replaced(&shipped, &images.display().to_string())
         .replace(
             "\"embed.wgsl\"",
             &format!("{:?}", kernel.display().to_string()),
@@ -308,6 +304,24 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
             .unwrap(),
         80
     );
+}
+
+/// `pipeline` with its `read_parquet = ...` line reading `path` instead.
+fn source_replaced(pipeline: &str, path: &str) -> String {
+    let mut replaced = 0;
+    let lines: Vec<String> = pipeline
+        .lines()
+        .map(|l| {
+            if l.starts_with("read_parquet = ") {
+                replaced += 1;
+                format!("read_parquet = {path:?}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(replaced, 1, "one source line in {pipeline}");
+    lines.join("\n")
 }
 
 #[test]
