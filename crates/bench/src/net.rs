@@ -201,11 +201,11 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
         let bare = BareQuinn::start(&holder_id, &puller_id, QUIC_BYTES).await?;
         let mut bare_best = Duration::MAX;
         let mut quic_best = Duration::MAX;
-        let mut checked = Checked::default();
+        let (mut bare_checked, mut quic_checked) = (Checked::default(), Checked::default());
         for _ in 0..3 {
             let (time, bytes) = bare.pull().await?;
             bare_best = bare_best.min(time);
-            checked.add(bare.sent.came(&bytes));
+            bare_checked.add(bare.sent.came(&bytes));
             let t = Instant::now();
             let bytes = match puller.fetch("holder", ids[0]).await {
                 Ok(Fetched::Bytes(bytes)) => bytes,
@@ -216,9 +216,14 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
                 Err(e) => return Err(failed("fetch")(e.into())),
             };
             quic_best = quic_best.min(t.elapsed());
-            // The partition's encoding: decoded, its row must be the bytes put.
-            let batch = streambatch_store::ipc::decode(&Buffer::from_vec(bytes));
-            checked.add(batch.is_ok_and(|b| sent[0].came(data_of(&b))));
+            // The partition's encoding: decoded (into an aligned buffer, as
+            // a node does: Arrow needs its buffers aligned, bytes off the
+            // wire are not), its row must be the bytes put.
+            let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
+            aligned.extend_from_slice(&bytes);
+            drop(bytes);
+            let batch = streambatch_store::ipc::decode(&aligned.into());
+            quic_checked.add(batch.is_ok_and(|b| sent[0].came(data_of(&b))));
         }
         bare.close();
 
@@ -250,14 +255,18 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
         };
         let (shm_small, small_checked) = shared(ids[1], sent[1]).await?;
         let (shm_large, large_checked) = shared(ids[2], sent[2]).await?;
-        checked.join(small_checked);
-        checked.join(large_checked);
+        let mut shm_checked = small_checked;
+        shm_checked.join(large_checked);
+        let checked = [bare_checked, quic_checked, shm_checked];
         for node in [&holder, &puller, &sharer] {
             node.stop();
         }
         Ok::<_, Error>((bare_best, quic_best, shm_small, shm_large, checked))
     })?;
-    let (bare, quic, shm_small, shm_large, checked) = result;
+    let (bare, quic, shm_small, shm_large, [bare_checked, quic_checked, shm_checked]) = result;
+    let mut checked = bare_checked;
+    checked.join(quic_checked);
+    checked.join(shm_checked);
     let gbps = |d: Duration| QUIC_BYTES as f64 / d.as_secs_f64() / 1e9;
     let quic_gbps = gbps(quic);
     let bare_gbps = gbps(bare);
@@ -273,6 +282,11 @@ pub fn net_bench(dir: &Path) -> Result<serde_json::Value> {
         "shm_1gib_vs_1mib": shm_large.as_secs_f64() / shm_small.as_secs_f64(),
         "transfers_checked": checked.transfers,
         "transfers_intact": checked.intact,
+        "intact_of_checked": {
+            "quic": [quic_checked.intact, quic_checked.transfers],
+            "bare_quinn": [bare_checked.intact, bare_checked.transfers],
+            "shared_memory": [shm_checked.intact, shm_checked.transfers],
+        },
         "correct": checked.all_intact(),
     }))
 }
