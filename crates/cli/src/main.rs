@@ -393,7 +393,7 @@ fn say_where_kernels_run(kernels: &[String]) {
         eprintln!(
             "warning: {} is a software adapter: it runs the kernel on the CPU, \
              at about {LAVAPIPE_ROWS_PER_S} rows/s for the shipped embedding on 2 cores \
-             (examples/pipelines/embed.toml: 1,000 images in about {LAVAPIPE_EMBED_S} s); \
+             (examples/pipelines/embed.toml: 1,000 images in {LAVAPIPE_EMBED_S} s); \
              a hardware GPU runs it in well under a second. For larger inputs on this \
              machine, the CPU embedder (cargo run --release --example batch_inference) \
              is faster.",
@@ -402,12 +402,12 @@ fn say_where_kernels_run(kernels: &[String]) {
     }
 }
 
-/// lavapipe's rate for the shipped embedding kernel, measured on 2 cores
-/// (34 rows/s: 1,000 images, kernel compute 29.2 s).
-const LAVAPIPE_ROWS_PER_S: u32 = 35;
-/// `streambatch run examples/pipelines/embed.toml` on lavapipe, 2 cores
-/// (30.2 s wall, 280 MiB peak RSS).
-const LAVAPIPE_EMBED_S: u32 = 30;
+/// lavapipe's rate for the shipped embedding kernel, measured on 2 cores:
+/// 53 and 42 rows/s (release build), 34 (debug build), 1,000 images.
+const LAVAPIPE_ROWS_PER_S: u32 = 40;
+/// `streambatch run examples/pipelines/embed.toml` on lavapipe, 2 cores:
+/// 19.7 and 24.3 s wall (release build, 240 MiB peak RSS), 30.2 s (debug).
+const LAVAPIPE_EMBED_S: &str = "20 to 30";
 
 /// `path` for the first of several outputs; `name-2.ext` for the second.
 fn numbered(path: &std::path::Path, i: usize) -> std::path::PathBuf {
