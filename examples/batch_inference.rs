@@ -27,6 +27,9 @@ const FILES: usize = 128;
 const IMAGES_PER_FILE: usize = 500;
 
 fn main() -> Result<()> {
+    // No Mesa "XDG_RUNTIME_DIR is invalid or not set" lines where the
+    // environment lacks one. SAFETY: first thing in `main`, one thread.
+    unsafe { streambatch::use_private_runtime_dir() };
     let images = Path::new("data/images");
     // The last file missing: the data is absent, or an older, smaller set.
     if !images

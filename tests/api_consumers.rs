@@ -207,7 +207,7 @@ fn stats_count_tasks_rows_and_bytes_per_operator() {
     assert!(stats.peak_store_bytes >= 800 && stats.peak_store_bytes <= stats.store_capacity);
     let table = stats.to_string();
     assert!(
-        table.contains("noop") && table.contains("rows/s"),
+        table.contains("noop") && table.contains("rows in/s") && table.contains("rows out"),
         "{table}"
     );
 }

@@ -3,7 +3,6 @@
 //! adapter a GPU test is skipped and says so in the test output; with
 //! CI=true it fails instead.
 
-use std::io::Write;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -17,19 +16,15 @@ use streambatch::prelude::*;
 use streambatch::{GpuPool, NodeConfig};
 use streambatch_bench as bench;
 
-/// True when an adapter exists; in CI its absence is a failure. Elsewhere
-/// the test is skipped, and says so straight to the process's stderr:
-/// libtest captures `eprintln!` of a passing test, which would make a skip
-/// look like a pass, but not writes to `std::io::stderr()` itself.
+/// True when an adapter exists. Otherwise the test is skipped and says so
+/// ([`bench::skip_test`]: in the test output, and in `.ci/run`'s count of
+/// skips); under CI it fails instead.
 fn gpu_present(test: &str) -> bool {
-    let pool = GpuPool::global();
-    if pool.is_empty() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI=true but no GPU adapter: install mesa-vulkan-drivers (lavapipe)"
+    if GpuPool::global().is_empty() {
+        bench::skip_test(
+            test,
+            "no GPU adapter: install mesa-vulkan-drivers (lavapipe)",
         );
-        let line = format!("test {test}: SKIPPED (no GPU adapter; CI=true makes this a failure)\n");
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
         return false;
     }
     true
@@ -48,18 +43,44 @@ fn gpu_ctx() -> Context {
     .unwrap()
 }
 
-/// max |a - b| / max |b|.
+/// max |a - b| / max |b|; NaN where any element is NaN, infinite where the
+/// lengths differ, so that `relative_error(..) < tol` fails for both (a
+/// maximum folded with `f64::max` would skip NaN: an all-NaN result would
+/// pass).
 fn relative_error(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    let nan_max = |m: f64, x: f64| {
+        if m.is_nan() || x.is_nan() {
+            f64::NAN
+        } else {
+            m.max(x)
+        }
+    };
     let scale = want
         .iter()
         .map(|x| x.abs() as f64)
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
         .max(1e-30);
     got.iter()
         .zip(want)
         .map(|(a, b)| (*a as f64 - *b as f64).abs())
-        .fold(0.0, f64::max)
+        .fold(0.0, nan_max)
         / scale
+}
+
+#[test]
+fn the_relative_error_of_a_nan_or_a_wrong_length_fails_the_bound() {
+    // What the tests below assert of every result.
+    let passes = |got: &[f32], want: &[f32]| relative_error(got, want) < 1e-4;
+    let want = [1.0f32, -2.0, 0.5];
+    assert!(passes(&want, &want));
+    assert!(!passes(&[f32::NAN; 3], &want));
+    assert!(!passes(&[1.0, f32::NAN, 0.5], &want));
+    assert!(!passes(&[1.0, -2.0, f32::INFINITY], &want));
+    assert!(!passes(&[1.0, -2.0], &want));
+    assert!(!passes(&[1.0, -2.0, 0.6], &want));
 }
 
 const SAXPY: &str = r#"
@@ -261,11 +282,7 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
     )
     .unwrap();
     // The shipped pipeline, pointed at this test's files.
-    let text = shipped
-        .replace(
-            "\"../../data/images\"",
-            &format!("{:?}", images.display().to_string()),
-        )
+    let text = source_replaced(&shipped, &images.display().to_string())
         .replace(
             "\"embed.wgsl\"",
             &format!("{:?}", kernel.display().to_string()),
@@ -289,6 +306,24 @@ fn a_toml_pipeline_runs_a_wgsl_kernel_and_matches_the_reference() {
             .unwrap(),
         80
     );
+}
+
+/// `pipeline` with its `read_parquet = ...` line reading `path` instead.
+fn source_replaced(pipeline: &str, path: &str) -> String {
+    let mut replaced = 0;
+    let lines: Vec<String> = pipeline
+        .lines()
+        .map(|l| {
+            if l.starts_with("read_parquet = ") {
+                replaced += 1;
+                format!("read_parquet = {path:?}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(replaced, 1, "one source line in {pipeline}");
+    lines.join("\n")
 }
 
 #[test]

@@ -28,6 +28,69 @@ def w1_byte(ids):
     return (ids % 255 + 1).astype(np.uint8)
 
 
+@functools.cache
+def _odd_weights(n):
+    """1, 3, 5, ... (n of them) as uint64, made once per row length."""
+    return np.arange(1, 2 * n, 2, dtype=np.uint64)
+
+
+def checksum(data):
+    """streambatch_bench::checksum of `data` (bytes or a uint8 array): the
+    wrapping sum of its little-endian uint64 words, word i weighted by
+    2i + 1, a last partial word padded with zeros. Any one changed byte
+    changes it."""
+    b = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else np.ascontiguousarray(data, dtype=np.uint8).ravel()
+    n = len(b) // 8
+    total = int((b[: 8 * n].view("<u8") * _odd_weights(n)).sum(dtype=np.uint64)) if n else 0
+    rest = b[8 * n :]
+    if len(rest):
+        last = int.from_bytes(rest.tobytes() + bytes(8 - len(rest)), "little")
+        total += last * (2 * n + 1)
+    return total % 2**64
+
+
+def checksum_filled(byte, length):
+    """checksum() of `length` bytes all equal to `byte`, without the bytes
+    (n whole words weigh 1 + 3 + ... + (2n - 1) = n^2), as
+    streambatch_bench::checksum_filled."""
+    n, rest = divmod(length, 8)
+    word = int.from_bytes(bytes([byte]) * 8, "little")
+    last = int.from_bytes(bytes([byte]) * rest + bytes(8 - rest), "little")
+    return (word * n * n + last * (2 * n + 1)) % 2**64
+
+
+def check_w1_rows(ids, data):
+    """Raises unless each row of `data` is W1_ROW_BYTES of w1_byte(its id),
+    every byte checked (by checksum), as streambatch's W1 inference does."""
+    for i, row in zip(ids, data):
+        want = checksum_filled(int(w1_byte(np.int64(i))), W1_ROW_BYTES)
+        if len(row) != W1_ROW_BYTES or checksum(row) != want:
+            raise ValueError(f"row {i} does not hold its bytes")
+
+
+class IdSet:
+    """The ids of an output, checked against 0..n: each must come exactly
+    once (a count and a sum would take 5, 5 for 4, 6), as streambatch's
+    IdSet."""
+
+    def __init__(self, n):
+        self.n = n
+        self.seen = np.zeros(n, dtype=bool)
+        self.rows = 0
+        self.foreign = 0
+
+    def add(self, ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        self.rows += len(ids)
+        inside = ids[(ids >= 0) & (ids < self.n)]
+        self.foreign += len(ids) - len(inside)
+        self.seen[inside] = True
+
+    def each_once(self):
+        """As many rows as ids, none outside 0..n, every one seen: so none twice."""
+        return self.rows == self.n and self.foreign == 0 and bool(self.seen.all())
+
+
 def vmhwm_mib(pid="self"):
     """A process's peak resident memory (VmHWM) in MiB, or None."""
     try:
@@ -117,7 +180,9 @@ def embeddings_correct(ids, embeddings, images_by_id, chunk=64):
         if got.shape != want.shape:
             return False
         err = np.max(np.abs(got - want), axis=1)
-        if np.any(err > 1e-4 * np.max(np.abs(want), axis=1)):
+        # `not (err <= tol)`: NaN compares false both ways, so `err > tol`
+        # would let a NaN (an all-NaN embedding) pass.
+        if not np.all(err <= 1e-4 * np.max(np.abs(want), axis=1)):
             return False
     return True
 

@@ -286,11 +286,19 @@ def table(rows):
 
 
 def targets(rows):
-    """The targets of issue 5 / docs/benchmarks.md, each judged from this run."""
+    """The targets of issue 5 / docs/benchmarks.md, each judged from this run.
+    No target is met by a streambatch run whose output was not checked
+    correct (`correct` true in its result line): a wrong result, a failed run
+    and a run stopped at its limit (`correct` false or absent) miss every
+    target, whatever their figures."""
     checks = []
 
     def check(name, ok, detail):
-        checks.append({"target": name, "met": bool(ok), "detail": detail})
+        # `sb`: the streambatch result of the case being judged (below).
+        correct = sb.get("correct") is True
+        if not correct:
+            detail += f"; streambatch output not checked correct (correct: {sb.get('correct')})"
+        checks.append({"target": name, "met": bool(ok) and correct, "detail": detail})
 
     for case, results in rows:
         sb = results["streambatch"]

@@ -217,24 +217,21 @@ fn run(
         })
     });
     let ds = w1_pipeline(ctx.range(rows, shape.partitions), &registry(), shape)?;
-    let id_sum = crate::sum_ids(&ds, progress);
+    let ids = crate::check_ids(&ds, progress, rows);
     if let Some(killer) = killer {
         let _ = killer.join();
         remove_segments(&format!("sb-cpu-{n}-{victim}-"));
     }
-    let id_sum = id_sum?;
+    let ids = ids?;
     let wall = started.elapsed();
     let stats = ds.stats().unwrap_or_default();
     if std::env::var_os("W5_PRINT_STATS").is_some() {
         print_task_times(&stats);
     }
     let out_rows = progress.rows();
-    let correct = out_rows == rows && id_sum == (0..rows as i64).sum::<i64>();
+    let correct = ids.each_once();
     if !correct {
-        eprintln!(
-            "w5: {out_rows} rows of {rows}, id sum {id_sum} of {}",
-            (0..rows as i64).sum::<i64>()
-        );
+        eprintln!("w5: {out_rows} rows, {} of the {rows} ids", ids.distinct());
     }
     let rss: f64 = nodes
         .iter()

@@ -305,6 +305,20 @@ impl JobStats {
         self.operators.last().map_or(0, |o| o.rows)
     }
 
+    /// The rows into stage `stage`: what a user counts it by. The rows the
+    /// stage before it output; for the first stage, the rows its first
+    /// operator (the source) output, its rows read. A stage's own `rows`
+    /// are its output, which a sink at its end makes one row per file.
+    pub fn rows_in(&self, stage: usize) -> u64 {
+        match stage.checked_sub(1) {
+            Some(before) => self.operators.get(before).map_or(0, |o| o.rows),
+            None => self
+                .operators
+                .first()
+                .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows)),
+        }
+    }
+
     /// The position of the first event matching `f`.
     pub fn position(&self, f: impl Fn(&Event) -> bool) -> Option<usize> {
         self.events.iter().position(f)
@@ -323,7 +337,8 @@ impl JobStats {
         let operators: Vec<_> = self
             .operators
             .iter()
-            .map(|o| {
+            .enumerate()
+            .map(|(stage, o)| {
                 let ops: Vec<_> = o
                     .ops
                     .iter()
@@ -337,7 +352,8 @@ impl JobStats {
                     })
                     .collect();
                 json!({
-                    "name": o.name, "tasks": o.tasks, "rows": o.rows, "bytes": o.bytes,
+                    "name": o.name, "tasks": o.tasks, "rows_in": self.rows_in(stage),
+                    "rows": o.rows, "bytes": o.bytes,
                     "wall_s": o.wall.as_secs_f64(), "busy_s": o.busy.as_secs_f64(),
                     "rows_per_s": o.rows_per_s(), "retries": o.retries, "ops": ops,
                 })
@@ -400,37 +416,46 @@ impl fmt::Display for JobStats {
             .clamp(8, 60);
         writeln!(
             f,
-            "{:<width$} {:>7} {:>10} {:>11} {:>9} {:>12}",
-            "operator", "tasks", "rows", "bytes", "wall s", "rows/s"
+            "{:<width$} {:>7} {:>10} {:>10} {:>11} {:>9} {:>12}",
+            "operator", "tasks", "rows in", "rows out", "bytes out", "wall s", "rows in/s"
         )?;
-        for o in &self.operators {
+        let rate = |rows: u64, time: Duration| {
+            if time.is_zero() {
+                0.0
+            } else {
+                rows as f64 / time.as_secs_f64()
+            }
+        };
+        for (stage, o) in self.operators.iter().enumerate() {
             let name: String = o.name.chars().take(width).collect();
+            let rows_in = self.rows_in(stage);
             writeln!(
                 f,
-                "{name:<width$} {:>7} {:>10} {:>11} {:>9.2} {:>12.0}",
+                "{name:<width$} {:>7} {:>10} {:>10} {:>11} {:>9.2} {:>12.0}",
                 o.tasks,
+                rows_in,
                 o.rows,
                 format_bytes(o.bytes),
                 o.wall.as_secs_f64(),
-                o.rows_per_s()
+                rate(rows_in, o.wall)
             )?;
             if o.ops.len() > 1 || o.ops.iter().any(|op| !op.metrics.is_empty()) {
+                // Each operator reads what the one before it output; the
+                // first, what the stage reads.
+                let mut op_in = rows_in;
                 for op in &o.ops {
                     let name: String = format!("  {}", op.name).chars().take(width).collect();
-                    let rate = if op.busy.is_zero() {
-                        0.0
-                    } else {
-                        op.rows as f64 / op.busy.as_secs_f64()
-                    };
                     writeln!(
                         f,
-                        "{name:<width$} {:>7} {:>10} {:>11} {:>9.2} {:>12.0}",
+                        "{name:<width$} {:>7} {:>10} {:>10} {:>11} {:>9.2} {:>12.0}",
                         "",
+                        op_in,
                         op.rows,
                         format_bytes(op.bytes),
                         op.busy.as_secs_f64(),
-                        rate
+                        rate(op_in, op.busy)
                     )?;
+                    op_in = op.rows;
                     if !op.metrics.is_empty() {
                         let shown: Vec<String> =
                             op.metrics.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -441,7 +466,9 @@ impl fmt::Display for JobStats {
         }
         writeln!(
             f,
-            "(indented: operators fused into the stage above; their time is busy time summed over tasks)"
+            "(rows in: what the stage read, the rows out of the stage above; rows out: what it output, \
+             a row per file for a sink; indented: operators fused into the stage above, their time \
+             busy time summed over tasks)"
         )?;
         for e in &self.errored {
             writeln!(
@@ -505,5 +532,97 @@ impl fmt::Display for JobStats {
             format_bytes(self.spilled_bytes),
             format_bytes(self.restored_bytes)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(name: &str, rows: u64, busy_s: u64) -> OpStats {
+        OpStats {
+            name: name.into(),
+            rows,
+            bytes: rows * 100,
+            busy: Duration::from_secs(busy_s),
+            metrics: Vec::new(),
+        }
+    }
+
+    /// The main job's shape: read -> preprocess, then embed -> write_parquet
+    /// (a sink: one row per file), 64,000 images in 128 files.
+    fn main_job() -> JobStats {
+        JobStats {
+            operators: vec![
+                OperatorStats {
+                    name: "read_parquet->preprocess".into(),
+                    tasks: 128,
+                    rows: 64_000,
+                    wall: Duration::from_secs(4),
+                    ops: vec![op("read_parquet", 64_000, 2), op("preprocess", 64_000, 6)],
+                    ..Default::default()
+                },
+                OperatorStats {
+                    name: "embed->write_parquet".into(),
+                    tasks: 1_000,
+                    rows: 128,
+                    wall: Duration::from_secs(4),
+                    ops: vec![op("embed", 64_000, 8), op("write_parquet", 128, 2)],
+                    ..Default::default()
+                },
+            ],
+            wall: Duration::from_secs(5),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stage_ending_in_a_sink_is_counted_by_the_rows_it_read() {
+        let stats = main_job();
+        assert_eq!((stats.rows_in(0), stats.rows_in(1)), (64_000, 64_000));
+        let table = stats.to_string();
+        let lines: Vec<&str> = table.lines().collect();
+        let cells = |start: &str| -> Vec<String> {
+            let line = lines.iter().find(|l| l.starts_with(start)).unwrap();
+            line[start.len()..]
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        };
+        assert!(
+            lines[0].contains("rows in") && lines[0].contains("rows out"),
+            "{table}"
+        );
+        assert!(lines[0].contains("rows in/s"), "{table}");
+        // tasks, rows in, rows out, bytes (two words), wall s, rows in/s.
+        let embed_stage = cells("embed->write_parquet");
+        assert_eq!(embed_stage[..3], ["1000", "64000", "128"], "{table}");
+        assert_eq!(embed_stage[6], "16000", "64,000 rows in over 4 s: {table}");
+        let first = cells("read_parquet->preprocess");
+        assert_eq!(first[..3], ["128", "64000", "64000"], "{table}");
+        assert_eq!(first[6], "16000", "{table}");
+        // The fused operators: each reads what the one before it output.
+        let write = cells("  write_parquet");
+        assert_eq!(write[..2], ["64000", "128"], "{table}");
+        assert_eq!(write[5], "32000", "64,000 rows in over 2 busy s: {table}");
+        let embed = cells("  embed");
+        assert_eq!(embed[..2], ["64000", "64000"], "{table}");
+        assert_eq!(stats.to_json()["operators"][1]["rows_in"], 64_000);
+        assert_eq!(stats.to_json()["operators"][1]["rows"], 128);
+    }
+
+    #[test]
+    fn a_first_stage_without_operators_reads_what_it_outputs() {
+        let stats = JobStats {
+            operators: vec![OperatorStats {
+                name: "range".into(),
+                rows: 10,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(stats.rows_in(0), 10);
+        assert_eq!(stats.rows_in(5), 0);
+        assert_eq!(JobStats::default().rows_in(0), 0);
     }
 }

@@ -43,6 +43,13 @@ pub fn resolve_gpu_slots(config: &mut NodeConfig) -> Option<String> {
 /// `Context::local()` reads no file: it uses the defaults of
 /// `configs/local.toml` (cores detected, no GPU, 30% of RAM for the store)
 /// with `STREAMBATCH_*` environment overrides.
+///
+/// On a machine whose only Vulkan driver is Mesa's (lavapipe), a process
+/// without `XDG_RUNTIME_DIR` gets a line `error: XDG_RUNTIME_DIR is invalid
+/// or not set` on stderr whenever the GPU adapters are listed. A context
+/// cannot set it for you (setting a variable is only sound before threads
+/// start): call [`use_private_runtime_dir`](crate::use_private_runtime_dir)
+/// first thing in `main`, as the `streambatch` command does.
 #[derive(Clone)]
 pub struct Context {
     /// The embedded node, for a local context.

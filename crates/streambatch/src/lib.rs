@@ -23,9 +23,11 @@ mod context;
 pub mod ops;
 pub mod pipeline;
 mod progress;
+mod runtime_dir;
 
 pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
+pub use runtime_dir::use_private_runtime_dir;
 
 // The README's examples compile as doc tests.
 #[cfg(doctest)]

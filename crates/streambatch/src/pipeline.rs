@@ -107,7 +107,40 @@ pub fn run_pipeline(file: &Path) -> Result<PipelineRun> {
 /// embedded node. Its operators are built-ins and WGSL kernels, which travel
 /// to the nodes inside the plan (the kernel's source with it).
 pub fn run_pipeline_on(file: &Path, cluster: Option<&Path>) -> Result<PipelineRun> {
-    let (ds, sink) = build(file, cluster)?;
+    Pipeline::load(file, cluster)?.run()
+}
+
+/// A pipeline file loaded: its dataset built on its context (the embedded
+/// node it describes, or a cluster), not run yet. What
+/// [`run_pipeline_on`] does in two steps, so that a caller can say what
+/// will run first (`streambatch run` names the adapter a kernel runs on).
+pub struct Pipeline {
+    ds: Dataset,
+    sink: Sink,
+    kernels: Vec<String>,
+}
+
+impl Pipeline {
+    /// Reads `file` and builds its dataset, on the cluster `cluster` names
+    /// or on the embedded node (the GPU adapters it uses chosen, as its
+    /// `[node]` section says).
+    pub fn load(file: &Path, cluster: Option<&Path>) -> Result<Self> {
+        let (ds, sink, kernels) = build(file, cluster)?;
+        Ok(Self { ds, sink, kernels })
+    }
+
+    /// The names of the WGSL kernels it runs, in order (empty when none).
+    pub fn kernels(&self) -> &[String] {
+        &self.kernels
+    }
+
+    /// Runs it to its sink.
+    pub fn run(self) -> Result<PipelineRun> {
+        run_built(self.ds, self.sink)
+    }
+}
+
+fn run_built(ds: Dataset, sink: Sink) -> Result<PipelineRun> {
     let summary = match sink {
         Sink::WriteParquet(dir) => {
             let files = ds.write_parquet(&dir)?;
@@ -128,7 +161,7 @@ pub fn run_pipeline_on(file: &Path, cluster: Option<&Path>) -> Result<PipelineRu
 /// What running the pipeline in `file` would run, on the cluster `cluster`
 /// names or the embedded node (see [`Dataset::explain`]), and its sink.
 pub fn explain_pipeline(file: &Path, cluster: Option<&Path>) -> Result<String> {
-    let (ds, sink) = build(file, cluster)?;
+    let (ds, sink, _) = build(file, cluster)?;
     let sink = match sink {
         Sink::WriteParquet(dir) => format!("write_parquet {dir}"),
         Sink::Count(_) => "count".into(),
@@ -140,8 +173,9 @@ sink: {sink}",
     ))
 }
 
-/// The pipeline's dataset on its context, and its sink (paths resolved).
-fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink)> {
+/// The pipeline's dataset on its context, its sink (paths resolved) and
+/// its kernels' names.
+fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<String>)> {
     let text = std::fs::read_to_string(file).map_err(|e| Error::io("reading", file, e))?;
     let spec: PipelineFile = toml::from_str(&text).map_err(|e| Error::BadFile {
         path: file.to_path_buf(),
@@ -203,7 +237,15 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink)> {
         Sink::WriteParquet(p) => Sink::WriteParquet(resolve(&p)),
         count => count,
     };
-    Ok((ds, sink))
+    let kernels = spec
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Wgsl(k) => Some(k.name.clone()),
+            _ => None,
+        })
+        .collect();
+    Ok((ds, sink, kernels))
 }
 
 /// A WGSL kernel as it travels: its settings from the pipeline file and

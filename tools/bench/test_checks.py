@@ -1,0 +1,109 @@
+"""The peers' checks fail where they must (NaN, a wrong id, a wrong byte)
+and the harness never calls a wrong result's target met. Needs numpy and
+psutil (the bench environment has both):
+
+    .venv-bench/bin/python tools/bench/test_checks.py
+"""
+
+import numpy as np
+
+import common
+
+
+def test_a_nan_embedding_is_not_correct():
+    rng = np.random.default_rng(1)
+    images = {i: rng.integers(0, 256, common.IMAGE_BYTES, dtype=np.uint8).tobytes() for i in range(3)}
+    w = common.weights().astype(np.float64)
+    right = [((np.frombuffer(images[i], dtype=np.uint8) / 255.0 - 0.5) / 0.25) @ w for i in range(3)]
+    assert common.embeddings_correct([0, 1, 2], right, images)
+    wrong = [r.copy() for r in right]
+    wrong[1][5] += 1.0
+    assert not common.embeddings_correct([0, 1, 2], wrong, images)
+    for bad in (np.nan, np.inf):
+        one = [r.copy() for r in right]
+        one[2][0] = bad
+        assert not common.embeddings_correct([0, 1, 2], one, images)
+        every = [np.full(common.EMBED_DIM, bad) for _ in range(3)]
+        assert not common.embeddings_correct([0, 1, 2], every, images)
+    assert not common.embeddings_correct([0, 1, 1], right, images)
+
+
+def test_the_checksum_is_streambatchs_and_sees_a_wrong_byte():
+    # crates/bench/src/lib.rs asserts the same value for checksum().
+    assert common.checksum(bytes(range(256)) + b"abc") == 0x3531_2D29_3E5D_1521
+    for length in (0, 1, 7, 8, 9, 1001, common.W1_ROW_BYTES):
+        assert common.checksum(bytes([46]) * length) == common.checksum_filled(46, length)
+    row = np.full(common.W1_ROW_BYTES, common.w1_byte(np.int64(300)), dtype=np.uint8)
+    data = np.stack([row, row])
+    common.check_w1_rows([300, 300], data)
+    for at in (0, 4096, common.W1_ROW_BYTES - 1):
+        wrong = data.copy()
+        wrong[1, at] += 1
+        try:
+            common.check_w1_rows([300, 300], wrong)
+        except ValueError as e:
+            assert "row 300" in str(e)
+        else:
+            raise AssertionError(f"a wrong byte at {at} passed")
+    try:
+        common.check_w1_rows([300, 301], data)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("another id's row passed")
+
+
+def test_ids_must_come_each_exactly_once():
+    def each_once(*batches):
+        ids = common.IdSet(8)
+        for b in batches:
+            ids.add(np.array(b, dtype=np.int64))
+        return ids.each_once()
+
+    assert each_once([3, 0, 1, 2], [4, 5, 6, 7])
+    # 5, 5 for 4, 6: as many rows, and the ids sum to 0 + ... + 7.
+    assert sum([0, 1, 2, 3, 5, 5, 5, 7]) == sum(range(8))
+    assert not each_once([0, 1, 2, 3, 5, 5, 5, 7])
+    assert not each_once([0, 1, 2, 3, 4, 5, 6])
+    assert not each_once([0, 1, 2, 3, 4, 5, 6, 7], [7])
+    assert not each_once([0, 1, 2, 3, 4, 5, 6, 8])
+    assert not each_once([-1, 1, 2, 3, 4, 5, 6, 7])
+
+
+def judged(correct):
+    """The harness's targets for one of each case, streambatch far ahead of
+    its peers and within every memory limit, its result `correct`."""
+    import harness
+
+    def result(value, correct=True, pss=1000.0):
+        return {"value": value, "correct": correct, "rss_mib": 100.0, "pss_mib": pss, "hwm_mib": 100.0}
+
+    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0)}
+    rows = []
+    for case in harness.cases("cpu"):
+        sb, peer = figures[case.workload]
+        results = {"streambatch": result(sb, correct, pss=10.0)}
+        for system in case.commands:
+            if system != "streambatch":
+                results[system] = result(peer)
+        rows.append((case, results))
+    return harness.targets(rows)
+
+
+def test_no_target_is_met_by_a_wrong_or_unchecked_result():
+    right = judged(True)
+    names = {t["target"].split()[0] for t in right}
+    assert names == {"W1", "W2", "W3:", "W4:", "W5", "binary"}, names
+    assert all(t["met"] for t in right), [t for t in right if not t["met"]]
+    for correct in (False, None):
+        wrong = judged(correct)
+        assert len(wrong) == len(right)
+        assert not any(t["met"] for t in wrong), [t for t in wrong if t["met"]]
+        assert all("not checked correct" in t["detail"] for t in wrong)
+
+
+if __name__ == "__main__":
+    for name, test in list(globals().items()):
+        if name.startswith("test_"):
+            test()
+            print(f"{name}: ok")
