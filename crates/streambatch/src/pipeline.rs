@@ -190,10 +190,17 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             base.join(path).display().to_string()
         }
     };
-    let node = NodeConfig::from_toml_str(
+    let mut node = NodeConfig::from_toml_str(
         &toml::to_string(&spec.node).unwrap_or_default(),
         &format!("{} [node]", file.display()),
     )?;
+    // A WGSL kernel has no CPU path: where only a software adapter exists,
+    // "auto" gives it the slot rather than none (`streambatch run` says
+    // which adapter runs the kernel, and warns when it is a software one).
+    let has_kernels = spec.ops.iter().any(|op| matches!(op, Op::Wgsl(_)));
+    if has_kernels && !spec.node.contains_key("gpu_software") {
+        node.gpu_software = true;
+    }
     let ctx = match cluster {
         Some(cluster) => Context::connect(cluster)?.with_progress(),
         None => Context::with_config(node)?.with_progress(),
