@@ -1,8 +1,8 @@
 //! A proptest-driven fuzzer for the decoders of what nodes send each other
-//! inside actor messages (`wire`, `plan_wire`): any bytes give a value or
+//! inside actor messages (`wire`, `wire::plan`): any bytes give a value or
 //! an error, never a panic; valid archives, mutated, reach deep into the
 //! validator. 20,000 inputs per run of the suite; the long run:
-//! `STREAMBATCH_FUZZ_CASES=1000000 cargo test -p streambatch-sched wire_fuzz`.
+//! `STREAMBATCH_FUZZ_CASES=1000000 cargo test -p streambatch-sched wire::fuzz`.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
