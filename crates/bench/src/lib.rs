@@ -274,6 +274,12 @@ pub(crate) fn check_ids(
         progress.add(batch.num_rows() as u64);
         let column = batch.column(0).as_primitive_opt::<Int64Type>();
         let column = column.ok_or_else(|| Error::Invalid("`id` is not Int64".into()))?;
+        if column.null_count() > 0 {
+            return Err(Error::Invalid(format!(
+                "{} null ids in the output",
+                column.null_count()
+            )));
+        }
         for id in column.values() {
             ids.add(*id);
         }
@@ -770,7 +776,13 @@ pub fn w4_on(
     output: &Path,
     base: &NodeConfig,
 ) -> Result<BenchResult> {
-    let ctx = Context::with_config(base.clone())?;
+    // The GPU run measures the kernel on whatever adapter there is, a
+    // software one (lavapipe) included: "auto" leaves that out by default.
+    let config = NodeConfig {
+        gpu_software: base.gpu_software || device == Device::Gpu,
+        ..base.clone()
+    };
+    let ctx = Context::with_config(config)?;
     let started = Instant::now();
     let pixels = ctx
         .read_parquet(&input.display().to_string())?

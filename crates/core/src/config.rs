@@ -74,7 +74,8 @@ pub struct NodeConfig {
     pub store_capacity: u64,
     /// A task yields a partition each time it has this many bytes. Default: 64 MiB.
     pub target_partition_bytes: u64,
-    /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill`.
+    /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill-UID`
+    /// (one per user: the store refuses a spill directory another user owns).
     pub spill_dir: PathBuf,
     /// How often a task that met a system failure (its worker panicked, an
     /// input could not be fetched, the store failed) is retried before the
@@ -141,6 +142,17 @@ const KNOWN_KEYS: [&str; 20] = [
     "metrics_addr",
 ];
 
+/// `streambatch-spill-UID`, UID this process's user (the owner of
+/// `/proc/self`): a name shared by all users would let the first one's
+/// private directory lock the others out.
+fn default_spill_name() -> String {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata("/proc/self") {
+        Ok(meta) => format!("streambatch-spill-{}", meta.uid()),
+        Err(_) => "streambatch-spill".into(),
+    }
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -152,7 +164,7 @@ impl Default for NodeConfig {
             gpu_backend: None,
             store_capacity: default_store_capacity(),
             target_partition_bytes: 64 << 20,
-            spill_dir: std::env::temp_dir().join("streambatch-spill"),
+            spill_dir: std::env::temp_dir().join(default_spill_name()),
             max_task_retries: 3,
             retry_user_errors: false,
             max_errored_partitions: 0,

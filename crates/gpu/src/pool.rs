@@ -147,9 +147,20 @@ impl GpuPool {
         pool
     }
 
-    /// The adapters' labels ("name (backend)"), one per GPU slot.
+    /// The labels ("name (backend)") of the adapters kernels run on: the
+    /// hardware ones where there are any, else the software ones.
     pub fn labels(&self) -> Vec<String> {
-        self.devices.iter().map(|d| d.label.clone()).collect()
+        self.usable().map(|d| d.label.clone()).collect()
+    }
+
+    /// The adapters kernels run on: a software rasterizer only where no
+    /// hardware adapter exists (it is thousands of times slower, so a
+    /// kernel instance on it would hold back a job a GPU would finish).
+    fn usable(&self) -> impl Iterator<Item = &Arc<GpuDevice>> {
+        let hardware = self.has_hardware();
+        self.devices
+            .iter()
+            .filter(move |d| !(hardware && d.software))
     }
 
     /// Whether some adapter is a real GPU, not a software rasterizer.
@@ -190,8 +201,9 @@ impl GpuPool {
                 backends: backend_names(compiled_backends()),
             });
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.devices.len();
-        Ok(self.devices[i].clone())
+        let usable: Vec<&Arc<GpuDevice>> = self.usable().collect();
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % usable.len();
+        Ok(usable[i].clone())
     }
 }
 

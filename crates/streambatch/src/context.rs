@@ -71,7 +71,8 @@ impl Context {
     }
 
     /// An embedded node with these settings. With `gpus` unset ("auto"),
-    /// each GPU adapter found (of the chosen name and backend) is one slot.
+    /// each hardware GPU adapter found (of the chosen name and backend) is
+    /// one slot; a software one only with `gpu_software`.
     pub fn with_config(mut config: NodeConfig) -> Result<Self> {
         // An embedded node has no log of its own: `gpu_devices` tells.
         let _software_left_out = resolve_gpu_slots(&mut config);
