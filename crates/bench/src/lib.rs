@@ -10,7 +10,7 @@ mod net;
 mod shaped;
 mod w5;
 
-pub use files::{FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
+pub use files::{FilesApi, FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use w5::{w5, w5_kill_one};
