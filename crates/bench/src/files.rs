@@ -222,8 +222,12 @@ pub fn binary_files(
     progress: &mut ProgressLines,
 ) -> Result<BenchResult> {
     let expected = binary_files_input(input)?;
+    // No GPU slots: the workload runs nothing on one, and probing for an
+    // adapter maps a driver's libraries (Mesa's LLVM: 43 MiB resident on
+    // a machine without a GPU), no part of the pipeline's memory.
     let config = NodeConfig {
         cpus: 2.0,
+        gpus: Some(0.0),
         store_capacity: store_cap,
         ..base.clone()
     };
