@@ -11,7 +11,7 @@ mod shaped;
 mod skip;
 mod w5;
 
-pub use files::{FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
+pub use files::{FilesApi, FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};

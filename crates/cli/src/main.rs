@@ -81,6 +81,10 @@ enum Command {
         /// W3 only: partitions of the one shape to run (with --rows).
         #[arg(long, requires = "rows")]
         partitions: Option<usize>,
+        /// binary-files only: cut the files with `ops::chunk_binary` (a
+        /// batch operator) or a row-level `flat_map`, a row per piece.
+        #[arg(long, value_enum, default_value_t = FilesApi::Chunk)]
+        api: FilesApi,
         /// W5 only: the numbers of CPU nodes to run with, one run each.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         nodes: Vec<usize>,
@@ -123,6 +127,12 @@ enum ClusterCommand {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FilesApi {
+    Chunk,
+    Rows,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -253,6 +263,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             store_cap,
             config,
             device,
+            api,
             progress_lines,
             rows,
             partitions,
@@ -335,6 +346,10 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                 Workload::BinaryFiles => vec![workloads::binary_files(
                     std::path::Path::new("data/binary-files"),
                     store_cap.unwrap_or(256 << 20),
+                    match api {
+                        FilesApi::Chunk => workloads::FilesApi::Chunk,
+                        FilesApi::Rows => workloads::FilesApi::Rows,
+                    },
                     &base,
                     &mut progress,
                 )?],

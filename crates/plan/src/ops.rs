@@ -9,7 +9,7 @@ use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
 use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
-use crate::row::{Row, Value, batch_to_rows, rows_to_batch};
+use crate::row::{Row, Value, batch_into_rows, batch_to_rows, rows_into_batch};
 use crate::sink::{FileSink, write_part};
 use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
 use crate::{BatchIter, Error, Expr, Result};
@@ -131,19 +131,21 @@ pub fn apply(
             let f = f.clone();
             let on_err = udf_error.clone();
             Box::new(non_empty(input).map(move |b| {
-                let rows = batch_to_rows(&b?).map_err(|m| on_err(m.into()))?;
+                let rows = batch_into_rows(b?).map_err(|m| on_err(m.into()))?;
                 let rows = rows
                     .into_iter()
                     .map(|r| f(r))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(&on_err)?;
-                rows_to_batch(&rows).map_err(|m| on_err(m.into()))
+                rows_into_batch(rows).map_err(|m| on_err(m.into()))
             }))
         }
         OpKind::FlatMap(f) => Box::new(FlatMap {
             input,
             f: f.clone(),
             pending: Vec::new().into_iter(),
+            output: Vec::new().into_iter(),
+            trim: false,
             on_err: Box::new(udf_error),
         }),
         OpKind::FlatMapBatches(f) => {
@@ -274,9 +276,13 @@ fn with_column(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
-/// Emits a batch of `flat_map` output once this many bytes (or rows) gather,
-/// so that a large expansion streams instead of building up in memory.
+/// A batch of `flat_map` output is emitted once this many bytes (or
+/// rows) gather, even from one input row's output: a large expansion (a
+/// file cut into a row per piece) streams out in batches of about this
+/// size, each a partition by itself (the partitioner's `alone_bytes`),
+/// instead of building up in memory as one batch.
 const FLAT_MAP_CHUNK_BYTES: usize = 1 << 20;
+/// Rows of a batch of `flat_map` output at most.
 const FLAT_MAP_CHUNK_ROWS: usize = 4096;
 
 struct FlatMap {
@@ -284,6 +290,12 @@ struct FlatMap {
     f: RowFlatMapFn,
     /// The input batch's rows not yet given to `f`, each moved into it.
     pending: std::vec::IntoIter<Row>,
+    /// The rows `f` returned for the last input row not yet in a batch,
+    /// each moved into one (and freed with it) as it is emitted.
+    output: std::vec::IntoIter<Row>,
+    /// True while `output` is a large expansion: once it is emitted, the
+    /// memory its rows held goes back to the system.
+    trim: bool,
     on_err: Box<dyn Fn(crate::UdfError) -> Error + Send>,
 }
 
@@ -294,12 +306,23 @@ impl Iterator for FlatMap {
         let mut out = Vec::new();
         let mut bytes = 0;
         loop {
+            if self.output.len() == 0 && std::mem::take(&mut self.trim) {
+                return_freed_memory();
+            }
+            if let Some(row) = self.output.next() {
+                bytes += row_bytes(&row);
+                out.push(row);
+                if bytes >= FLAT_MAP_CHUNK_BYTES || out.len() >= FLAT_MAP_CHUNK_ROWS {
+                    break;
+                }
+                continue;
+            }
             let Some(row) = self.pending.next() else {
                 if !out.is_empty() {
                     break;
                 }
                 match self.input.next()? {
-                    Ok(b) => match batch_to_rows(&b) {
+                    Ok(b) => match batch_into_rows(b) {
                         Ok(rows) => self.pending = rows.into_iter(),
                         Err(m) => return Some(Err((self.on_err)(m.into()))),
                     },
@@ -309,16 +332,34 @@ impl Iterator for FlatMap {
             };
             match (self.f)(row) {
                 Ok(rows) => {
-                    bytes += rows.iter().map(row_bytes).sum::<usize>();
-                    out.extend(rows);
+                    self.trim = rows.iter().map(row_bytes).sum::<usize>() >= TRIM_AFTER_BYTES;
+                    self.output = rows.into_iter();
                 }
                 Err(e) => return Some(Err((self.on_err)(e))),
             }
-            if bytes >= FLAT_MAP_CHUNK_BYTES || out.len() >= FLAT_MAP_CHUNK_ROWS {
-                break;
-            }
         }
-        Some(rows_to_batch(&out).map_err(|m| (self.on_err)(m.into())))
+        Some(rows_into_batch(out).map_err(|m| (self.on_err)(m.into())))
+    }
+}
+
+/// An expansion of at least this many bytes returns its memory to the
+/// system once emitted ([`return_freed_memory`]).
+const TRIM_AFTER_BYTES: usize = 32 << 20;
+
+/// Hands the allocator's free memory back to the system. A large
+/// `flat_map` expansion is thousands of allocations (a file cut into
+/// 64 KiB pieces) freed while batches are built among them; glibc keeps
+/// such memory in the arena of the worker thread that freed it, resident,
+/// and the next file, cut on another worker, takes fresh memory beside it
+/// (the process's peak grew by a file or more). `malloc_trim` releases the
+/// free pages of every arena; it costs a walk of the arenas, once per
+/// expansion of [`TRIM_AFTER_BYTES`] or more.
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages to the kernel; it has no
+    // preconditions and leaves every allocation in place.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -396,5 +437,120 @@ impl<E: Fn(arrow_schema::ArrowError) -> Error> Iterator for Rebatch<E> {
             return parts.pop().map(Ok);
         }
         Some(arrow_select::concat::concat_batches(&schema, &parts).map_err(&self.on_err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+
+    use super::*;
+    use crate::source::SourceSplit;
+
+    const PIECE: usize = 64 << 10;
+
+    fn byte(i: usize) -> u8 {
+        (i % 251) as u8
+    }
+
+    /// Runs a `flat_map` that cuts `bytes` into a row per 64 KiB piece
+    /// (`path`, `offset`, `bytes`) over a one-row batch, as a task would.
+    fn cut_into_pieces(input: RecordBatch) -> Vec<RecordBatch> {
+        let cut: RowFlatMapFn = Arc::new(|row: Row| {
+            let path = row.str("path").ok_or("no path")?.to_string();
+            let data = row.bytes("bytes").ok_or("no bytes")?;
+            Ok(data
+                .chunks(PIECE)
+                .enumerate()
+                .map(|(i, piece)| {
+                    Row::new()
+                        .with("path", path.as_str())
+                        .with("offset", (i * PIECE) as i64)
+                        .with("bytes", piece.to_vec())
+                })
+                .collect())
+        });
+        let op = OpSpec {
+            name: "flat_map".into(),
+            kind: OpKind::FlatMap(cut),
+            options: StageOptions::default(),
+        };
+        let mut no_instances =
+            |_: usize, _: &Arc<dyn BatchUdf>| -> Result<SharedInstance, crate::UdfError> {
+                Err("no stateful operator here".into())
+            };
+        let mut env = TaskEnv {
+            task: TaskId(1),
+            instance: &mut no_instances,
+        };
+        let input: BatchIter = Box::new(std::iter::once(Ok(input)));
+        apply(&op, 0, input, &mut env)
+            .expect("a flat_map applies")
+            .collect::<Result<Vec<_>>>()
+            .expect("the cut succeeds")
+    }
+
+    #[test]
+    fn a_large_row_expands_into_several_batches_not_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("large.bin");
+        // 5 MiB and 3 bytes: 80 whole pieces and a short one.
+        let size = 5 * (1 << 20) + 3;
+        std::fs::write(&path, (0..size).map(byte).collect::<Vec<u8>>()).unwrap();
+        let split = SourceSplit::BinaryFiles {
+            paths: Arc::new(vec![path.clone()]),
+            largest: size as u64,
+        };
+        let file = split.open().unwrap().next().unwrap().unwrap();
+        let batches = cut_into_pieces(file);
+
+        // Batches of a mebibyte (16 pieces) as the output is made, not one
+        // batch of the whole file.
+        let rows: Vec<usize> = batches.iter().map(RecordBatch::num_rows).collect();
+        assert_eq!(rows, [16, 16, 16, 16, 16, 1]);
+        for b in &batches {
+            assert!(b.get_array_memory_size() < 2 * FLAT_MAP_CHUNK_BYTES);
+        }
+        // Every piece, in order, with its path, offset and bytes.
+        let name = path.display().to_string();
+        let mut at = 0;
+        for b in &batches {
+            let paths = b.column_by_name("path").unwrap().as_string::<i32>();
+            let offsets = b
+                .column_by_name("offset")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            let pieces = b.column_by_name("bytes").unwrap().as_binary::<i32>();
+            for i in 0..b.num_rows() {
+                assert_eq!(paths.value(i), name);
+                assert_eq!(offsets.value(i), at as i64);
+                let expected: Vec<u8> = (at..size.min(at + PIECE)).map(byte).collect();
+                assert_eq!(pieces.value(i), &expected[..], "the piece at {at}");
+                at += expected.len();
+            }
+        }
+        assert_eq!(at, size);
+    }
+
+    #[test]
+    fn a_small_row_expands_into_one_batch() {
+        let input = RecordBatch::try_from_iter([
+            ("path", Arc::new(StringArray::from(vec!["p"])) as ArrayRef),
+            (
+                "bytes",
+                Arc::new(arrow_array::BinaryArray::from(vec![&[7u8; 3][..]])) as ArrayRef,
+            ),
+        ])
+        .unwrap();
+        // One input row of 3 bytes gives one piece: one batch of one row.
+        let batches = cut_into_pieces(input);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].num_rows(), 1);
+        let pieces = batches[0]
+            .column_by_name("bytes")
+            .unwrap()
+            .as_binary::<i32>();
+        assert_eq!(pieces.value(0), [7, 7, 7]);
     }
 }
