@@ -36,6 +36,7 @@ METRICS = {
     "w4": ("rows_per_s", True),
     "w5": ("efficiency", True),
     "binary_files": ("wall_s", False),
+    "binary_files_rows": ("wall_s", False),
     "sched": ("tasks_per_s", True),
 }
 W1_ROWS = 800
@@ -117,6 +118,18 @@ def cases(w4_device):
             "5 x 200 MiB among 200 small files, store cap 256 MiB",
             {
                 "streambatch": SB + ["binary-files", "--store-cap", "256MiB"],
+                "ray-data": RAY + ["binary_files", "--store-cap", "256MiB"],
+            },
+        )
+    )
+    # The same files cut by a row-level flat_map (a row per piece), as Ray
+    # Data's binary_files cuts them.
+    out.append(
+        Case(
+            "binary_files_rows",
+            "the same, cut by a row-level flat_map",
+            {
+                "streambatch": SB + ["binary-files", "--api", "rows", "--store-cap", "256MiB"],
                 "ray-data": RAY + ["binary_files", "--store-cap", "256MiB"],
             },
         )
@@ -342,12 +355,13 @@ def targets(rows):
                 sb["value"] is not None and sb["value"] >= 0.9 and sb["correct"],
                 f"streambatch {fmt(sb['value'])}, Ray Data ({ray[0] if ray else '-'}) {fmt(ray_v)}",
             )
-        elif case.workload == "binary_files":
+        elif case.workload in ("binary_files", "binary_files_rows"):
             # The larger of the sampled RSS and the VmHWM (which no sample misses).
             sb_mem = max(sb["rss_mib"], sb["hwm_mib"])
             ray_r = results.get("ray-data", {})
+            cut = "row-level flat_map" if case.workload == "binary_files_rows" else "chunk_binary"
             check(
-                "binary files: peak RSS <= 512 MiB at a 256 MiB store cap, output checked",
+                f"binary files ({cut}): peak RSS <= 512 MiB at a 256 MiB store cap, output checked",
                 sb["value"] is not None and sb["correct"] and sb_mem <= 512,
                 f"streambatch {sb_mem:.0f} MiB (RSS {sb['rss_mib']:.0f}, VmHWM {sb['hwm_mib']:.0f}) in {fmt(sb['value'])} s; "
                 f"Ray Data RSS {ray_r.get('rss_mib', 0):.0f} MiB, PSS {ray_r.get('pss_mib', 0):.0f} MiB in {fmt(ray_v)} s",
@@ -411,7 +425,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,sched,w5", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w5", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")

@@ -78,7 +78,7 @@ def judged(correct):
     def result(value, correct=True, pss=1000.0):
         return {"value": value, "correct": correct, "rss_mib": 100.0, "pss_mib": pss, "hwm_mib": 100.0}
 
-    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0)}
+    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -93,7 +93,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"W1", "W2", "W3:", "W4:", "W5", "binary"}, names
+    assert names == {"W1", "W2", "W3:", "W4:", "W5", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)
