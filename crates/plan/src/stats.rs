@@ -309,13 +309,21 @@ impl JobStats {
     /// stage before it output; for the first stage, the rows its first
     /// operator (the source) output, its rows read. A stage's own `rows`
     /// are its output, which a sink at its end makes one row per file.
-    pub fn rows_in(&self, stage: usize) -> u64 {
+    ///
+    /// `None` where it was not counted: a first stage that fuses several
+    /// operators (its name joins them with `->`) with no count of its
+    /// source, as on a cluster, whose nodes report no per-operator rows.
+    pub fn rows_in(&self, stage: usize) -> Option<u64> {
         match stage.checked_sub(1) {
-            Some(before) => self.operators.get(before).map_or(0, |o| o.rows),
-            None => self
-                .operators
-                .first()
-                .map_or(0, |o| o.ops.first().map_or(o.rows, |op| op.rows)),
+            Some(before) => Some(self.operators.get(before).map_or(0, |o| o.rows)),
+            None => match self.operators.first() {
+                None => Some(0),
+                Some(o) => match o.ops.first() {
+                    Some(source) => Some(source.rows),
+                    None if o.name.contains("->") => None,
+                    None => Some(o.rows),
+                },
+            },
         }
     }
 
@@ -428,16 +436,21 @@ impl fmt::Display for JobStats {
         };
         for (stage, o) in self.operators.iter().enumerate() {
             let name: String = o.name.chars().take(width).collect();
-            let rows_in = self.rows_in(stage);
+            let counted = self.rows_in(stage);
+            let rows_in = counted.unwrap_or(0);
+            let (shown_in, shown_rate) = match counted {
+                Some(n) => (n.to_string(), format!("{:.0}", rate(n, o.wall))),
+                None => ("-".to_string(), "-".to_string()),
+            };
             writeln!(
                 f,
-                "{name:<width$} {:>7} {:>10} {:>10} {:>11} {:>9.2} {:>12.0}",
+                "{name:<width$} {:>7} {:>10} {:>10} {:>11} {:>9.2} {:>12}",
                 o.tasks,
-                rows_in,
+                shown_in,
                 o.rows,
                 format_bytes(o.bytes),
                 o.wall.as_secs_f64(),
-                rate(rows_in, o.wall)
+                shown_rate
             )?;
             if o.ops.len() > 1 || o.ops.iter().any(|op| !op.metrics.is_empty()) {
                 // Each operator reads what the one before it output; the
@@ -466,7 +479,8 @@ impl fmt::Display for JobStats {
         }
         writeln!(
             f,
-            "(rows in: what the stage read, the rows out of the stage above; rows out: what it output, \
+            "(rows in: what the stage read, the rows out of the stage above, - where not counted \
+             (a cluster's fused first stage); rows out: what it output, \
              a row per file for a sink; indented: operators fused into the stage above, their time \
              busy time summed over tasks)"
         )?;
@@ -579,7 +593,10 @@ mod tests {
     #[test]
     fn a_stage_ending_in_a_sink_is_counted_by_the_rows_it_read() {
         let stats = main_job();
-        assert_eq!((stats.rows_in(0), stats.rows_in(1)), (64_000, 64_000));
+        assert_eq!(
+            (stats.rows_in(0), stats.rows_in(1)),
+            (Some(64_000), Some(64_000))
+        );
         let table = stats.to_string();
         let lines: Vec<&str> = table.lines().collect();
         let cells = |start: &str| -> Vec<String> {
@@ -621,8 +638,34 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(stats.rows_in(0), 10);
-        assert_eq!(stats.rows_in(5), 0);
-        assert_eq!(JobStats::default().rows_in(0), 0);
+        assert_eq!(stats.rows_in(0), Some(10));
+        assert_eq!(stats.rows_in(5), Some(0));
+        assert_eq!(JobStats::default().rows_in(0), Some(0));
+    }
+
+    #[test]
+    fn a_fused_first_stage_without_operator_counts_shows_no_rows_in() {
+        // A cluster's nodes report no per-operator rows: the stage's output
+        // (a row per file) must not pass for what it read.
+        let stats = JobStats {
+            operators: vec![OperatorStats {
+                name: "read_parquet->preprocess->write_parquet".into(),
+                rows: 128,
+                tasks: 128,
+                wall: Duration::from_secs(4),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(stats.rows_in(0), None);
+        let table = stats.to_string();
+        let row = table.lines().nth(1).unwrap();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cells[1..3], ["128", "-"], "{table}");
+        assert_eq!(cells.last(), Some(&"-"), "{table}");
+        assert_eq!(
+            stats.to_json()["operators"][0]["rows_in"],
+            serde_json::Value::Null
+        );
     }
 }
