@@ -201,9 +201,8 @@ impl GpuPool {
                 backends: backend_names(compiled_backends()),
             });
         }
-        let usable: Vec<&Arc<GpuDevice>> = self.usable().collect();
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % usable.len();
-        Ok(usable[i].clone())
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.usable().count();
+        Ok(self.usable().nth(i).expect("i is below the count").clone())
     }
 }
 

@@ -197,8 +197,15 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
     // A WGSL kernel has no CPU path: where only a software adapter exists,
     // "auto" gives it the slot rather than none (`streambatch run` says
     // which adapter runs the kernel, and warns when it is a software one).
-    let has_kernels = spec.ops.iter().any(|op| matches!(op, Op::Wgsl(_)));
-    if has_kernels && !spec.node.contains_key("gpu_software") {
+    let kernels: Vec<String> = spec
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            Op::Wgsl(k) => Some(k.name.clone()),
+            _ => None,
+        })
+        .collect();
+    if !kernels.is_empty() && !spec.node.contains_key("gpu_software") {
         node.gpu_software = true;
     }
     let ctx = match cluster {
@@ -244,14 +251,6 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
         Sink::WriteParquet(p) => Sink::WriteParquet(resolve(&p)),
         count => count,
     };
-    let kernels = spec
-        .ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::Wgsl(k) => Some(k.name.clone()),
-            _ => None,
-        })
-        .collect();
     Ok((ds, sink, kernels))
 }
 
