@@ -299,7 +299,10 @@ impl RelayState {
                 self.paused.insert(run.task, run);
                 happened
             }
-            TaskEvent::Finished { task, busy } => {
+            TaskEvent::Finished { task, busy, last } => {
+                if let Some((seq, slice)) = last {
+                    self.on_task_event(TaskEvent::Output { task, seq, slice });
+                }
                 self.running.remove(&task);
                 self.share.ended(task, TaskEnd::Finished);
                 Happened::Finished {

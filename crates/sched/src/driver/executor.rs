@@ -369,7 +369,10 @@ impl ExecState {
                     local.paused.insert(run.task, run);
                 }
             }
-            TaskEvent::Finished { task, busy } => {
+            TaskEvent::Finished { task, busy, last } => {
+                if let Some((seq, slice)) = last {
+                    job.on_output(task, seq, slice);
+                }
                 if let Some(stage) = job.on_finished(task) {
                     let ops = self.plan.stages[stage].op_stats();
                     job.record_finished(stage, busy, ops);

@@ -18,11 +18,8 @@ pub enum NodeMsg {
         /// The stage's pool size, for stages with stateful operators.
         pool: Option<usize>,
     },
-    /// A worker finished its task.
-    WorkerIdle {
-        /// The worker.
-        index: usize,
-    },
+    /// A worker went idle while tasks waited for one.
+    WorkerIdle,
     /// Set up a stage's stateful operators on `workers` workers ahead of
     /// its tasks (a pool's `min`).
     SetUp {
@@ -40,12 +37,17 @@ pub enum NodeMsg {
     },
 }
 
-/// Messages of a `Worker`.
-pub enum WorkerMsg {
+/// Work for a worker's thread, sent straight to it (not through the
+/// actor: a hop less per task).
+pub enum Work {
     /// Run this task.
-    Run(Box<TaskRun>),
+    Task(Box<TaskRun>),
     /// Set up the stateful operators of a stage of a job.
     SetUp(Arc<JobCtx>, usize),
+}
+
+/// Messages of a `Worker` actor, which exists to be supervised.
+pub enum WorkerMsg {
     /// The thread caught a panic; the worker fails with it.
     Panicked(String),
 }

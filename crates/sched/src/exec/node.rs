@@ -5,15 +5,17 @@
 //! executor retries it.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use streambatch_core::{JobId, NodeId, TaskId};
 
-use crate::exec::msg::{NodeMsg, WorkerMsg};
+use crate::exec::msg::{NodeMsg, Work, WorkerMsg};
 use crate::exec::restart::{RestartPolicy, Restarts};
 use crate::exec::task::{TaskEvent, TaskEvents, TaskRun};
-use crate::exec::worker::{Worker, WorkerArgs, WorkerThreads};
+use crate::exec::worker::{Idle, Worker, WorkerArgs, WorkerThreads};
 
 /// The NodeManager actor.
 pub(crate) struct NodeManager;
@@ -29,8 +31,12 @@ pub(crate) struct NodeArgs {
 
 struct Slot {
     actor: ActorRef<WorkerMsg>,
-    /// The task it runs (`None` while it sets up a pool) and where the
-    /// task's job hears of it.
+    /// Its thread's work.
+    work: mpsc::Sender<Work>,
+    /// Set by its thread when done.
+    idle: Arc<Idle>,
+    /// The task it was last handed (`None` for a pool's set-up) and where
+    /// the task's job hears of it; current while the worker is not idle.
     busy: Option<(Option<TaskId>, TaskEvents)>,
     /// Stateful stages, by (job, stage), whose instances this worker holds.
     hosts: HashSet<(JobId, usize)>,
@@ -40,6 +46,8 @@ struct Slot {
 pub struct NodeState {
     workers: Vec<Slot>,
     waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
+    /// How many wait, for the workers (see `Idle`).
+    waiting_count: Arc<AtomicUsize>,
     /// Its workers' failures, against `RestartPolicy::WORKER`.
     restarts: Restarts,
     id: NodeId,
@@ -59,6 +67,7 @@ impl Actor for NodeManager {
         Ok(NodeState {
             workers: Vec::new(),
             waiting: VecDeque::new(),
+            waiting_count: Arc::default(),
             restarts: Restarts::new(RestartPolicy::WORKER),
             id: args.id,
             threads: args.threads,
@@ -83,8 +92,11 @@ impl Actor for NodeManager {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            NodeMsg::Run { run, pool } => state.waiting.push_back((run, pool)),
-            NodeMsg::WorkerIdle { index } => state.workers[index].busy = None,
+            NodeMsg::Run { run, pool } => {
+                state.waiting.push_back((run, pool));
+                state.count_waiting();
+            }
+            NodeMsg::WorkerIdle => {}
             NodeMsg::SetUp {
                 job,
                 stage,
@@ -96,10 +108,8 @@ impl Actor for NodeManager {
                         break;
                     };
                     let slot = &mut state.workers[index];
-                    slot.busy = Some((None, job.events.clone()));
                     slot.hosts.insert(key);
-                    let msg = WorkerMsg::SetUp(job.clone(), stage);
-                    slot.actor.cast(msg).map_err(|_| "worker mailbox closed")?;
+                    slot.hand((None, job.events.clone()), Work::SetUp(job.clone(), stage))?;
                 }
             }
             NodeMsg::JobEnded { job } => {
@@ -137,16 +147,11 @@ impl Actor for NodeManager {
             return Err(format!("its workers failed too often: {limit}; last: {reason}").into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
-        let (actor, _) = spawn_worker(&myself, index, state.id, &state.threads).await?;
-        let slot = std::mem::replace(
-            &mut state.workers[index],
-            Slot {
-                actor,
-                busy: None,
-                hosts: HashSet::new(),
-            },
-        );
-        if let Some((Some(task), events)) = slot.busy {
+        let fresh = state.spawn_worker(&myself, index).await?;
+        let slot = std::mem::replace(&mut state.workers[index], fresh);
+        if !slot.idle.is_idle()
+            && let Some((Some(task), events)) = slot.busy
+        {
             let _ = events.send_message(TaskEvent::Lost {
                 task,
                 message: reason,
@@ -156,22 +161,63 @@ impl Actor for NodeManager {
     }
 }
 
-async fn spawn_worker(
-    node: &ActorRef<NodeMsg>,
-    index: usize,
-    node_id: NodeId,
-    threads: &WorkerThreads,
-) -> Result<(ActorRef<WorkerMsg>, ractor::concurrency::JoinHandle<()>), ActorProcessingErr> {
-    let args = WorkerArgs {
-        index,
-        node_id,
-        node: node.clone(),
-        threads: threads.clone(),
-    };
-    Ok(Actor::spawn_linked(None, Worker, args, node.get_cell()).await?)
+impl Slot {
+    fn is_idle(&self) -> bool {
+        self.idle.is_idle()
+    }
+
+    /// Hands the worker's thread `work` for `busy`.
+    fn hand(
+        &mut self,
+        busy: (Option<TaskId>, TaskEvents),
+        work: Work,
+    ) -> Result<(), ActorProcessingErr> {
+        self.busy = Some(busy);
+        self.idle.take();
+        self.work
+            .send(work)
+            .map_err(|_| "worker thread has exited")?;
+        Ok(())
+    }
 }
 
 impl NodeState {
+    /// A new worker (a restarted one keeps its index).
+    fn spawn_worker(
+        &self,
+        node: &ActorRef<NodeMsg>,
+        index: usize,
+    ) -> impl Future<Output = Result<Slot, ActorProcessingErr>> + Send + use<> {
+        let (work, inbox) = mpsc::channel();
+        let idle = Arc::new(Idle::new(self.waiting_count.clone()));
+        let args = WorkerArgs {
+            index,
+            node_id: self.id,
+            node: node.clone(),
+            threads: self.threads.clone(),
+            inbox,
+            idle: idle.clone(),
+        };
+        // The future holds nothing of `self` (the state is not `Sync`).
+        let supervisor = node.get_cell();
+        async move {
+            let (actor, _) = Actor::spawn_linked(None, Worker, args, supervisor).await?;
+            Ok(Slot {
+                actor,
+                work,
+                idle,
+                busy: None,
+                hosts: HashSet::new(),
+            })
+        }
+    }
+
+    /// Publishes how many tasks wait, before looking for idle workers.
+    fn count_waiting(&self) {
+        self.waiting_count
+            .store(self.waiting.len(), Ordering::SeqCst);
+    }
+
     /// Hands waiting tasks to workers, in order, as far as workers allow.
     async fn assign(&mut self, myself: &ActorRef<NodeMsg>) -> Result<(), ActorProcessingErr> {
         let mut still_waiting = VecDeque::new();
@@ -180,18 +226,17 @@ impl NodeState {
             match self.pick(key, pool, myself).await? {
                 Some(index) => {
                     let slot = &mut self.workers[index];
-                    slot.busy = Some((Some(run.task), run.job.events.clone()));
                     if pool.is_some() {
                         slot.hosts.insert((run.job.job, run.stage));
                     }
-                    slot.actor
-                        .cast(WorkerMsg::Run(run))
-                        .map_err(|_| "worker mailbox closed")?;
+                    let busy = (Some(run.task), run.job.events.clone());
+                    slot.hand(busy, Work::Task(run))?;
                 }
                 None => still_waiting.push_back((run, pool)),
             }
         }
         self.waiting = still_waiting;
+        self.count_waiting();
         Ok(())
     }
 
@@ -204,7 +249,7 @@ impl NodeState {
         pool: Option<usize>,
         myself: &ActorRef<NodeMsg>,
     ) -> Result<Option<usize>, ActorProcessingErr> {
-        let idle = |w: &Slot| w.busy.is_none();
+        let idle = Slot::is_idle;
         if let Some(max) = pool {
             if let Some(i) = self
                 .workers
@@ -215,7 +260,9 @@ impl NodeState {
             }
             // A host still setting up will be ready soon: wait for it
             // rather than set up one more.
-            let setting_up = |w: &Slot| w.hosts.contains(&key) && matches!(w.busy, Some((None, _)));
+            let setting_up = |w: &Slot| {
+                w.hosts.contains(&key) && !w.is_idle() && matches!(w.busy, Some((None, _)))
+            };
             if self.workers.iter().any(setting_up) {
                 return Ok(None);
             }
@@ -244,12 +291,8 @@ impl NodeState {
             return Ok(Some(i));
         }
         let index = self.workers.len();
-        let (actor, _) = spawn_worker(myself, index, self.id, &self.threads).await?;
-        self.workers.push(Slot {
-            actor,
-            busy: None,
-            hosts: HashSet::new(),
-        });
+        let slot = self.spawn_worker(myself, index).await?;
+        self.workers.push(slot);
         Ok(Some(index))
     }
 }

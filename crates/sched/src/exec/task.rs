@@ -40,6 +40,9 @@ pub enum TaskEvent {
         task: TaskId,
         /// Time it computed.
         busy: Duration,
+        /// Its last output, not yet reported: it rides with this event (one
+        /// message where a one-output task would send two).
+        last: Option<(u32, Slice)>,
     },
     /// A stage's set-up failed, or the job cannot go on: it ends.
     Failed(Error),
@@ -106,6 +109,9 @@ pub struct TaskRun {
     /// later free can make room, so the task waits for one.
     pub store_full_at: Option<u64>,
     busy: Duration,
+    /// The last output, stored once the stream ended: reported with
+    /// `Finished`.
+    last: Option<(u32, Slice)>,
     /// The budget held for what the task's split keeps in memory outside
     /// the store (a binary file read whole) until the task ends.
     _held: Option<Hold>,
@@ -117,6 +123,8 @@ pub enum Outcome {
     Finished {
         /// Time spent computing.
         busy: Duration,
+        /// The last output, to report with the end (see `TaskEvent::Finished`).
+        last: Option<(u32, Slice)>,
     },
     /// The next output does not fit; the task waits with it.
     Paused(Box<TaskRun>),
@@ -186,6 +194,7 @@ impl TaskRun {
             may_spill: false,
             store_full_at: None,
             busy: Duration::ZERO,
+            last: None,
             _held: None,
         }
     }
@@ -203,7 +212,10 @@ impl TaskRun {
         let outcome = with_output_store(store, || self.drive_inner(instances));
         self.busy += started.elapsed();
         match outcome {
-            Ok(true) => Outcome::Finished { busy: self.busy },
+            Ok(true) => Outcome::Finished {
+                busy: self.busy,
+                last: self.last.take(),
+            },
             Ok(false) => Outcome::Paused(Box::new(self)),
             Err(e) => Outcome::Failed(e),
         }
@@ -319,6 +331,11 @@ impl TaskRun {
         };
         self.next_seq += 1;
         let slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
+        if self.exhausted && self.pending.is_empty() {
+            // The task ends right after this output: one event tells both.
+            self.last = Some((seq, slice));
+            return Ok(None);
+        }
         // A send fails only when the job has ended; the output is then unwanted.
         let _ = self.job.events.send_message(TaskEvent::Output {
             task: self.task,

@@ -1,17 +1,20 @@
-//! A Worker: one slot's thread. The actor receives work and hands it to its
-//! own OS thread, so no handler ever blocks; the thread reports outcomes
-//! straight to the task's job through its event sink. A task that panics takes the worker down
-//! with it (the handler returns the panic as an error), and the
-//! NodeManager's supervision restarts the worker and reports the task lost.
+//! A Worker: one slot's thread. The node manager hands work straight to
+//! the thread's channel; the thread reports outcomes to the task's job
+//! through its event sink and marks itself idle in a flag the manager reads,
+//! so a task costs the thread one message out. The actor exists to be
+//! supervised: a task that panics takes the worker down with it (the actor
+//! fails with the panic), and the NodeManager's supervision restarts the
+//! worker and reports the task lost.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{NodeId, TaskId};
 
-use crate::exec::msg::{NodeMsg, WorkerMsg};
-use crate::exec::task::{InstanceCache, JobCtx, Outcome, TaskEvent, TaskRun, set_up_stage};
+use crate::exec::msg::{NodeMsg, Work, WorkerMsg};
+use crate::exec::task::{InstanceCache, Outcome, TaskEvent, set_up_stage};
 
 /// The Worker actor.
 pub struct Worker;
@@ -20,72 +23,96 @@ pub struct Worker;
 /// wait for them to let go of what they hold (store partitions).
 pub type WorkerThreads = Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>;
 
+/// What a worker's thread and its node manager share. A worker sets `idle`
+/// when done, then tells the manager only if tasks wait; the manager counts
+/// `waiting` before it looks for an idle worker. Both sides write first and
+/// read second (sequentially consistent), so a task never waits while a
+/// worker sits idle unseen.
+#[derive(Default)]
+pub struct Idle {
+    /// Per worker: its flag, set while it has no work.
+    flag: AtomicBool,
+    /// The manager's tasks waiting for a worker (shared by its workers).
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Idle {
+    /// A worker's flag, sharing the manager's count of waiting tasks.
+    pub fn new(waiting: Arc<AtomicUsize>) -> Self {
+        Self {
+            flag: AtomicBool::new(true),
+            waiting,
+        }
+    }
+
+    /// The worker has no work.
+    pub fn is_idle(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// The manager hands the worker work.
+    pub fn take(&self) {
+        self.flag.store(false, Ordering::SeqCst);
+    }
+
+    /// The worker is done; true when tasks wait (the manager must be told).
+    fn release(&self) -> bool {
+        self.flag.store(true, Ordering::SeqCst);
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+}
+
 /// What a Worker is started with (and restarted with).
 pub struct WorkerArgs {
     /// Its index among the node's workers.
     pub index: usize,
     /// Its node, named in the span of every task it runs.
     pub node_id: NodeId,
-    /// The node manager, told when the worker is idle.
+    /// The node manager, told when the worker goes idle while tasks wait.
     pub node: ActorRef<NodeMsg>,
     /// Where the worker registers its thread.
     pub threads: WorkerThreads,
-}
-
-/// What the worker's thread is handed.
-enum Work {
-    Task(Box<TaskRun>),
-    SetUp(Arc<JobCtx>, usize),
-}
-
-/// A Worker's state: the channel to its thread.
-pub struct WorkerState {
-    work: mpsc::Sender<Work>,
+    /// The thread's work.
+    pub inbox: mpsc::Receiver<Work>,
+    /// Its idle flag.
+    pub idle: Arc<Idle>,
 }
 
 impl Actor for Worker {
     type Msg = WorkerMsg;
-    type State = WorkerState;
+    type State = ();
     type Arguments = WorkerArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<WorkerMsg>,
         args: WorkerArgs,
-    ) -> Result<WorkerState, ActorProcessingErr> {
-        let (work, inbox) = mpsc::channel();
+    ) -> Result<(), ActorProcessingErr> {
         let threads = args.threads.clone();
         let thread = std::thread::Builder::new()
             .name(format!("streambatch-worker-{}", args.index))
-            .spawn(move || run_work(inbox, myself, args))?;
+            .spawn(move || run_work(myself, args))?;
         let mut threads = threads.lock().unwrap_or_else(|p| p.into_inner());
         threads.retain(|t| !t.is_finished());
         threads.push(thread);
-        Ok(WorkerState { work })
+        Ok(())
     }
 
     async fn handle(
         &self,
         _: ActorRef<WorkerMsg>,
         msg: WorkerMsg,
-        state: &mut WorkerState,
+        _: &mut (),
     ) -> Result<(), ActorProcessingErr> {
-        let work = match msg {
-            WorkerMsg::Run(run) => Work::Task(run),
-            WorkerMsg::SetUp(job, stage) => Work::SetUp(job, stage),
-            WorkerMsg::Panicked(message) => return Err(message.into()),
-        };
-        state
-            .work
-            .send(work)
-            .map_err(|_| "worker thread has exited")?;
-        Ok(())
+        match msg {
+            WorkerMsg::Panicked(message) => Err(message.into()),
+        }
     }
 }
 
-fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerArgs) {
+fn run_work(me: ActorRef<WorkerMsg>, args: WorkerArgs) {
     let mut instances = InstanceCache::new();
-    while let Ok(work) = inbox.recv() {
+    while let Ok(work) = args.inbox.recv() {
         instances.retain(|_, (job, _)| job.strong_count() > 0);
         let (events, outcome) = match work {
             Work::Task(run) => {
@@ -121,7 +148,9 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
                 if let Some(report) = report {
                     let _ = events.send_message(report);
                 }
-                let _ = args.node.cast(NodeMsg::WorkerIdle { index: args.index });
+                if args.idle.release() {
+                    let _ = args.node.cast(NodeMsg::WorkerIdle);
+                }
             }
             Err(panic) => {
                 // The node manager restarts this worker and tells the executor.
@@ -134,7 +163,7 @@ fn run_work(inbox: mpsc::Receiver<Work>, me: ActorRef<WorkerMsg>, args: WorkerAr
 
 fn report(task: TaskId, outcome: Outcome) -> TaskEvent {
     match outcome {
-        Outcome::Finished { busy } => TaskEvent::Finished { task, busy },
+        Outcome::Finished { busy, last } => TaskEvent::Finished { task, busy, last },
         Outcome::Paused(run) => TaskEvent::Paused(run),
         Outcome::Failed(error) => TaskEvent::Errored { task, error },
     }
