@@ -27,6 +27,13 @@ use crate::{Error, Expr, JobStats, Result, SourceSplit};
 pub trait JobStream: Iterator<Item = Result<RecordBatch>> + Send {
     /// Live counters, updated while the job runs and final once it ended.
     fn live_stats(&self) -> Arc<Mutex<JobStats>>;
+
+    /// The next output's number of rows, like `next` but without reading
+    /// the rows where the runner knows how many an output holds (what
+    /// [`Dataset::count`] asks).
+    fn next_rows(&mut self) -> Option<Result<usize>> {
+        self.next().map(|batch| batch.map(|b| b.num_rows()))
+    }
 }
 
 /// Runs physical plans: implemented by the executor (`streambatch-sched`).
@@ -498,11 +505,13 @@ impl Dataset {
         self.iter_batches()?.collect()
     }
 
-    /// The number of rows.
+    /// The number of rows. The job runs; its outputs are counted, not
+    /// read (each output's row count is known where it is stored).
     pub fn count(&self) -> Result<usize> {
+        let mut stream = self.iter_batches()?;
         let mut n = 0;
-        for batch in self.iter_batches()? {
-            n += batch?.num_rows();
+        while let Some(rows) = stream.next_rows() {
+            n += rows?;
         }
         Ok(n)
     }
@@ -790,6 +799,32 @@ impl BatchStream {
     pub fn live_stats(&self) -> Arc<Mutex<JobStats>> {
         self.job.live_stats()
     }
+
+    /// The next output's number of rows, without reading its rows (see
+    /// [`JobStream::next_rows`]).
+    pub fn next_rows(&mut self) -> Option<Result<usize>> {
+        if self.done {
+            return None;
+        }
+        let next = self.job.next_rows();
+        self.ended_unless(matches!(next, Some(Ok(_))));
+        next
+    }
+
+    /// Keeps the job's final stats once the stream has ended.
+    fn ended_unless(&mut self, more: bool) {
+        if more {
+            return;
+        }
+        self.done = true;
+        let stats = self
+            .job
+            .live_stats()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
+    }
 }
 
 impl Iterator for BatchStream {
@@ -800,16 +835,7 @@ impl Iterator for BatchStream {
             return None;
         }
         let next = self.job.next();
-        if !matches!(next, Some(Ok(_))) {
-            self.done = true;
-            let stats = self
-                .job
-                .live_stats()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            *self.last_stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
-        }
+        self.ended_unless(matches!(next, Some(Ok(_))));
         next
     }
 }

@@ -73,6 +73,14 @@ impl JobStream for WithProgress {
     fn live_stats(&self) -> Arc<Mutex<JobStats>> {
         self.job.live_stats()
     }
+
+    fn next_rows(&mut self) -> Option<Result<usize>> {
+        let next = self.job.next_rows();
+        if !matches!(next, Some(Ok(_))) {
+            self.finish();
+        }
+        next
+    }
 }
 
 impl Drop for WithProgress {

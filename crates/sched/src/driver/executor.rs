@@ -566,6 +566,7 @@ impl ExecState {
     /// Carries out the job state's decisions until it has none left; stops
     /// the actor once the job has ended.
     fn carry_out(&mut self, myself: &ActorRef<ExecutorMsg>) {
+        self.listen(true);
         loop {
             let actions = match &self.backend {
                 Backend::Local(local) => self.job.advance(&LiveMemory {
@@ -581,6 +582,7 @@ impl ExecState {
                 self.apply(action);
             }
         }
+        self.listen(self.job.may_wait_on_memory());
         let (used, spilled) = self.store_now();
         self.job.recorder().store_now(used, spilled);
         if let Backend::Local(local) = &mut self.backend
@@ -594,6 +596,14 @@ impl ExecState {
         }
         if self.job.ended() {
             myself.stop(None);
+        }
+    }
+
+    /// Whether the job's budgets tell this executor of memory returned.
+    fn listen(&self, on: bool) {
+        match &self.backend {
+            Backend::Local(local) => local.ctx.budgets.listen(on),
+            Backend::Remote(remote) => remote.shadows.iter().for_each(|b| b.listen(on)),
         }
     }
 

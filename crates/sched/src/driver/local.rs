@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorRef};
-use streambatch_core::{JobId, NodeConfig, NodeId};
+use streambatch_core::{JobId, NodeConfig, NodeId, Resources};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
@@ -66,11 +66,19 @@ impl LocalCluster {
                 source: e.into(),
             })?;
         let threads = WorkerThreads::default();
+        let gpus = config.gpus.unwrap_or(0.0);
+        let metrics = NodeMetrics::new(store.clone(), config.cpus, gpus);
         // Spawn from a plain thread so that starting works inside an async context too.
         let manager = NodeArgs {
             // The embedded node is the only one: the first id.
             id: NodeId(0),
             threads: threads.clone(),
+            capacity: Resources {
+                cpus: config.cpus,
+                gpus,
+                memory_bytes: 0,
+            },
+            busy: metrics.busy_slots(),
         };
         let args = SupervisorArgs {
             manager: Some(manager),
@@ -88,8 +96,6 @@ impl LocalCluster {
             source: e.into(),
         })?
         .0;
-        let gpus = config.gpus.unwrap_or(0.0);
-        let metrics = NodeMetrics::new(store.clone(), config.cpus, gpus);
         let metrics_server = match config.metrics_addr {
             Some(addr) => Some(
                 MetricsServer::start(metrics.clone(), addr, runtime.handle()).map_err(|e| {

@@ -9,6 +9,7 @@ use ractor::ActorRef;
 use streambatch_plan::{Error, JobStats, JobStream, Result};
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
+use crate::exec::partition::Slice;
 
 /// A job's output stream.
 pub(crate) struct JobOutput {
@@ -44,26 +45,26 @@ impl JobOutput {
     }
 }
 
-impl Iterator for JobOutput {
-    type Item = Result<RecordBatch>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl JobOutput {
+    /// The next output as `take` makes it of its slice; an output that
+    /// could not be taken and will be made again is skipped.
+    fn next_with<T>(&mut self, take: impl Fn(Slice) -> Result<T>) -> Option<Result<T>> {
         if self.ended {
             return None;
         }
         loop {
             return match self.rx.recv() {
                 Ok(JobItem::Output { slice, id }) => {
-                    let batch = slice.read();
+                    let taken = take(slice);
                     if let (Some(id), Some(executor)) = (id, &self.reads) {
-                        let read = batch.is_ok();
+                        let read = taken.is_ok();
                         let _ = executor.cast(ExecutorMsg::Read { id, read });
-                        if let Err(e) = &batch {
+                        if let Err(e) = &taken {
                             tracing::warn!(error = %e, "an output could not be read; it is made again");
                             continue;
                         }
                     }
-                    Some(batch)
+                    Some(taken)
                 }
                 Ok(JobItem::End(result)) => {
                     self.ended = true;
@@ -78,9 +79,22 @@ impl Iterator for JobOutput {
     }
 }
 
+impl Iterator for JobOutput {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_with(|slice| slice.read())
+    }
+}
+
 impl JobStream for JobOutput {
     fn live_stats(&self) -> Arc<Mutex<JobStats>> {
         self.live.clone()
+    }
+
+    /// Each output's rows are known where it is stored: nothing is read.
+    fn next_rows(&mut self) -> Option<Result<usize>> {
+        self.next_with(|slice| Ok(slice.len))
     }
 }
 

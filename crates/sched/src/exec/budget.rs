@@ -20,7 +20,7 @@
 //! have that much less room, so that the files held and the store's
 //! contents together stay within the capacity.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What happens when memory is returned (the executor re-runs its policy).
@@ -40,6 +40,9 @@ struct Inner {
     initial: Vec<u64>,
     state: Mutex<State>,
     on_release: OnRelease,
+    /// Whether a release is told (`on_release`): only while the job may
+    /// wait on memory (see [`Budgets::listen`]).
+    listening: AtomicBool,
 }
 
 /// Reserves and use per stage, changed together under one lock.
@@ -111,6 +114,7 @@ impl Budgets {
                     outside: 0,
                 }),
                 on_release,
+                listening: AtomicBool::new(true),
             }),
         }
     }
@@ -173,6 +177,23 @@ impl Budgets {
     /// Bytes of `stage`'s outputs held now.
     pub fn used(&self, stage: usize) -> u64 {
         self.state().used[stage]
+    }
+
+    /// Whether releases are told from now on. The executor listens while
+    /// its job may wait on memory (a task could start but for memory), and
+    /// not otherwise: then the next task to end decides anew anyway, and a
+    /// message per released output would only wake it for nothing. It
+    /// turns listening on before each decision pass, so that no release
+    /// during the pass goes unheard.
+    pub fn listen(&self, on: bool) {
+        self.inner.listening.store(on, Ordering::SeqCst);
+    }
+
+    /// Tells a release, if anyone listens.
+    fn released(&self) {
+        if self.inner.listening.load(Ordering::SeqCst) {
+            (self.inner.on_release)();
+        }
     }
 
     /// The totals this budget adds its stages' use to.
@@ -239,7 +260,7 @@ pub struct Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.budgets.state().outside -= self.bytes;
-        (self.budgets.inner.on_release)();
+        self.budgets.released();
     }
 }
 
@@ -296,7 +317,7 @@ impl Drop for Reservation {
         self.budgets.state().used[self.stage] -= self.bytes;
         self.budgets.inner.totals.sub(self.stage, self.bytes);
         if self.notify {
-            (self.budgets.inner.on_release)();
+            self.budgets.released();
         }
     }
 }

@@ -27,7 +27,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use http_body_util::Full;
@@ -49,6 +49,8 @@ pub struct NodeMetrics {
     cpus: f64,
     gpus: f64,
     jobs: Mutex<Jobs>,
+    /// Tasks holding a slot now, as the node's board counts them.
+    busy: Arc<AtomicUsize>,
 }
 
 /// Jobs still watched, and what ended jobs added up to.
@@ -114,7 +116,13 @@ impl NodeMetrics {
             cpus,
             gpus,
             jobs: Mutex::default(),
+            busy: Arc::default(),
         })
+    }
+
+    /// The count of tasks holding a slot, for the node's board to keep.
+    pub(crate) fn busy_slots(&self) -> Arc<AtomicUsize> {
+        self.busy.clone()
     }
 
     /// Counts the job whose live stats are `live` from now on.
@@ -218,7 +226,8 @@ impl NodeMetrics {
                 .set(n);
         }
         registry.register("slots", "Logical slots of the node, by kind", slots);
-        let busy: u64 = tally.stages.values().map(|s| s.running).sum();
+        // The board's count: what runs on this node's workers now.
+        let busy = self.busy.load(Ordering::Relaxed) as u64;
         registry.register("slots_busy", "Tasks holding a slot now", gauge(busy));
 
         let pauses = Family::<Labels, Counter>::default();

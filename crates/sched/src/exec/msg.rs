@@ -37,8 +37,8 @@ pub enum NodeMsg {
     },
 }
 
-/// Work for a worker's thread, sent straight to it (not through the
-/// actor: a hop less per task).
+/// Work for a worker's thread, taken from the node's board (not sent
+/// through the actor: a hop less per task).
 pub enum Work {
     /// Run this task.
     Task(Box<TaskRun>),

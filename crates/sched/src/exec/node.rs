@@ -1,21 +1,23 @@
-//! The NodeManager: one per node. It owns the node's Workers, hands each task
-//! to an idle one (spawning a worker when none is idle), keeps a stateful
-//! stage's tasks on the workers that host its instances, and supervises:
-//! a worker that fails is restarted and its task reported lost, so the
-//! executor retries it.
+//! The NodeManager: one per node. It owns the node's Workers and its board
+//! (`board`): a task any worker may run goes on the board, where the next
+//! worker free takes it (a worker is added while more tasks could start
+//! than workers wait); a stateful stage's task goes to a worker that hosts
+//! its instances. It supervises: a worker that fails is restarted and its
+//! task reported lost, so the executor retries it.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use streambatch_core::{JobId, NodeId, TaskId};
+use streambatch_core::{JobId, NodeId, Resources};
 
+use crate::exec::board::{Board, NOTHING};
 use crate::exec::msg::{NodeMsg, Work, WorkerMsg};
 use crate::exec::restart::{RestartPolicy, Restarts};
-use crate::exec::task::{TaskEvent, TaskEvents, TaskRun};
-use crate::exec::worker::{Idle, Worker, WorkerArgs, WorkerThreads};
+use crate::exec::task::{TaskEvent, TaskRun};
+use crate::exec::worker::{Worker, WorkerArgs, WorkerThreads};
 
 /// The NodeManager actor.
 pub(crate) struct NodeManager;
@@ -27,17 +29,14 @@ pub(crate) struct NodeArgs {
     pub(crate) id: NodeId,
     /// Where its workers register their threads.
     pub(crate) threads: WorkerThreads,
+    /// The node's CPU and GPU slots: no more runs at once.
+    pub(crate) capacity: Resources,
+    /// Where the board counts the tasks holding a slot (the node's metrics).
+    pub(crate) busy: Arc<AtomicUsize>,
 }
 
 struct Slot {
     actor: ActorRef<WorkerMsg>,
-    /// Its thread's work.
-    work: mpsc::Sender<Work>,
-    /// Set by its thread when done.
-    idle: Arc<Idle>,
-    /// The task it was last handed (`None` for a pool's set-up) and where
-    /// the task's job hears of it; current while the worker is not idle.
-    busy: Option<(Option<TaskId>, TaskEvents)>,
     /// Stateful stages, by (job, stage), whose instances this worker holds.
     hosts: HashSet<(JobId, usize)>,
 }
@@ -45,13 +44,21 @@ struct Slot {
 /// The NodeManager's state.
 pub struct NodeState {
     workers: Vec<Slot>,
-    waiting: VecDeque<(Box<TaskRun>, Option<usize>)>,
-    /// How many wait, for the workers (see `Idle`).
-    waiting_count: Arc<AtomicUsize>,
+    board: Arc<Board>,
+    /// Tasks of stateful stages waiting for a worker of their pool, with
+    /// the pool's size.
+    waiting: VecDeque<(Box<TaskRun>, usize)>,
     /// Its workers' failures, against `RestartPolicy::WORKER`.
     restarts: Restarts,
     id: NodeId,
     threads: WorkerThreads,
+}
+
+impl Drop for NodeState {
+    fn drop(&mut self) {
+        // However the manager ends, its workers' threads end with it.
+        self.board.close();
+    }
 }
 
 impl Actor for NodeManager {
@@ -66,8 +73,8 @@ impl Actor for NodeManager {
     ) -> Result<NodeState, ActorProcessingErr> {
         Ok(NodeState {
             workers: Vec::new(),
+            board: Arc::new(Board::new(args.capacity, args.busy)),
             waiting: VecDeque::new(),
-            waiting_count: Arc::default(),
             restarts: Restarts::new(RestartPolicy::WORKER),
             id: args.id,
             threads: args.threads,
@@ -79,6 +86,7 @@ impl Actor for NodeManager {
         _: ActorRef<NodeMsg>,
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
+        state.board.close();
         for w in &state.workers {
             w.actor.stop(None);
         }
@@ -92,10 +100,15 @@ impl Actor for NodeManager {
         state: &mut NodeState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            NodeMsg::Run { run, pool } => {
-                state.waiting.push_back((run, pool));
-                state.count_waiting();
+            NodeMsg::Run { run, pool: None } => {
+                if state.board.post(run) {
+                    state.add_worker(&myself).await?;
+                }
             }
+            NodeMsg::Run {
+                run,
+                pool: Some(max),
+            } => state.waiting.push_back((run, max)),
             NodeMsg::WorkerIdle => {}
             NodeMsg::SetUp {
                 job,
@@ -107,9 +120,10 @@ impl Actor for NodeManager {
                     let Some(index) = state.pick(key, None, &myself).await? else {
                         break;
                     };
-                    let slot = &mut state.workers[index];
-                    slot.hosts.insert(key);
-                    slot.hand((None, job.events.clone()), Work::SetUp(job.clone(), stage))?;
+                    state.workers[index].hosts.insert(key);
+                    let events = job.events.clone();
+                    let work = Work::SetUp(job.clone(), stage);
+                    state.board.direct(index, work, NOTHING, None, events);
                 }
             }
             NodeMsg::JobEnded { job } => {
@@ -147,152 +161,128 @@ impl Actor for NodeManager {
             return Err(format!("its workers failed too often: {limit}; last: {reason}").into());
         }
         tracing::warn!(worker = index, %reason, "worker failed; restarting it");
-        let fresh = state.spawn_worker(&myself, index).await?;
-        let slot = std::mem::replace(&mut state.workers[index], fresh);
-        if !slot.idle.is_idle()
-            && let Some((Some(task), events)) = slot.busy
+        let (running, handed) = state.board.lost(index);
+        let actor = state.spawn_worker(&myself, index).await?;
+        state.workers[index] = Slot {
+            actor,
+            hosts: HashSet::new(),
+        };
+        if let Some(running) = running
+            && let Some(task) = running.task
         {
-            let _ = events.send_message(TaskEvent::Lost {
+            let _ = running.events.send_message(TaskEvent::Lost {
                 task,
                 message: reason,
             });
+        }
+        // A pool's task handed to the worker and not begun waits again.
+        if let Some(run) = handed {
+            let pool = run.job.plan.stages[run.stage].options.pool;
+            let max = pool.map_or(1, |p| p.max);
+            state.waiting.push_front((run, max));
         }
         state.assign(&myself).await
     }
 }
 
-impl Slot {
-    fn is_idle(&self) -> bool {
-        self.idle.is_idle()
-    }
-
-    /// Hands the worker's thread `work` for `busy`.
-    fn hand(
-        &mut self,
-        busy: (Option<TaskId>, TaskEvents),
-        work: Work,
-    ) -> Result<(), ActorProcessingErr> {
-        self.busy = Some(busy);
-        self.idle.take();
-        self.work
-            .send(work)
-            .map_err(|_| "worker thread has exited")?;
-        Ok(())
-    }
-}
-
 impl NodeState {
-    /// A new worker (a restarted one keeps its index).
+    /// Starts the worker of seat `index` on the board.
     fn spawn_worker(
         &self,
         node: &ActorRef<NodeMsg>,
         index: usize,
-    ) -> impl Future<Output = Result<Slot, ActorProcessingErr>> + Send + use<> {
-        let (work, inbox) = mpsc::channel();
-        let idle = Arc::new(Idle::new(self.waiting_count.clone()));
+    ) -> impl Future<Output = Result<ActorRef<WorkerMsg>, ActorProcessingErr>> + Send + use<> {
         let args = WorkerArgs {
             index,
             node_id: self.id,
             node: node.clone(),
             threads: self.threads.clone(),
-            inbox,
-            idle: idle.clone(),
+            board: self.board.clone(),
         };
         // The future holds nothing of `self` (the state is not `Sync`).
         let supervisor = node.get_cell();
         async move {
             let (actor, _) = Actor::spawn_linked(None, Worker, args, supervisor).await?;
-            Ok(Slot {
-                actor,
-                work,
-                idle,
-                busy: None,
-                hosts: HashSet::new(),
-            })
+            Ok(actor)
         }
     }
 
-    /// Publishes how many tasks wait, before looking for idle workers.
-    fn count_waiting(&self) {
-        self.waiting_count
-            .store(self.waiting.len(), Ordering::SeqCst);
+    /// A new worker, on a new seat of the board; its index.
+    async fn add_worker(&mut self, node: &ActorRef<NodeMsg>) -> Result<usize, ActorProcessingErr> {
+        let index = self.board.add_worker();
+        debug_assert_eq!(index, self.workers.len());
+        let actor = self.spawn_worker(node, index).await?;
+        self.workers.push(Slot {
+            actor,
+            hosts: HashSet::new(),
+        });
+        Ok(index)
     }
 
-    /// Hands waiting tasks to workers, in order, as far as workers allow.
+    /// Hands waiting tasks of stateful stages to their pools' workers, in
+    /// order, as far as workers allow. What waits is counted on the board
+    /// first, so that a worker going idle meanwhile says so.
     async fn assign(&mut self, myself: &ActorRef<NodeMsg>) -> Result<(), ActorProcessingErr> {
+        self.board.set_held(self.waiting.len());
         let mut still_waiting = VecDeque::new();
-        while let Some((run, pool)) = self.waiting.pop_front() {
+        while let Some((run, max)) = self.waiting.pop_front() {
             let key = (run.job.job, run.stage);
-            match self.pick(key, pool, myself).await? {
+            match self.pick(key, Some(max), myself).await? {
                 Some(index) => {
-                    let slot = &mut self.workers[index];
-                    if pool.is_some() {
-                        slot.hosts.insert((run.job.job, run.stage));
-                    }
-                    let busy = (Some(run.task), run.job.events.clone());
-                    slot.hand(busy, Work::Task(run))?;
+                    self.workers[index].hosts.insert(key);
+                    let resources = run.job.plan.stages[run.stage].options.resources;
+                    let (task, events) = (Some(run.task), run.job.events.clone());
+                    self.board
+                        .direct(index, Work::Task(run), resources, task, events);
                 }
-                None => still_waiting.push_back((run, pool)),
+                None => still_waiting.push_back((run, max)),
             }
         }
         self.waiting = still_waiting;
-        self.count_waiting();
+        self.board.set_held(self.waiting.len());
         Ok(())
     }
 
-    /// The worker for `run`: for a pooled stage, an idle worker already
-    /// hosting it, or a new host while the pool has room; otherwise any idle
-    /// worker, preferring ones that host no pool. Spawns a worker when needed.
+    /// The worker for a task of stage `key`: for a pool of `pool` workers,
+    /// an idle worker already hosting it, or a new host while the pool has
+    /// room; otherwise (a set-up) any idle worker, preferring ones that
+    /// host no pool. Adds a worker when needed.
     async fn pick(
         &mut self,
         key: (JobId, usize),
         pool: Option<usize>,
         myself: &ActorRef<NodeMsg>,
     ) -> Result<Option<usize>, ActorProcessingErr> {
-        let idle = Slot::is_idle;
+        let board = &self.board;
+        let idle = |(i, _): &(usize, &Slot)| board.is_idle(*i);
+        let hosts = |(_, w): &(usize, &Slot)| w.hosts.contains(&key);
         if let Some(max) = pool {
-            if let Some(i) = self
+            if let Some((i, _)) = self
                 .workers
                 .iter()
-                .position(|w| idle(w) && w.hosts.contains(&key))
+                .enumerate()
+                .find(|w| idle(w) && hosts(w))
             {
                 return Ok(Some(i));
             }
             // A host still setting up will be ready soon: wait for it
             // rather than set up one more.
-            let setting_up = |w: &Slot| {
-                w.hosts.contains(&key) && !w.is_idle() && matches!(w.busy, Some((None, _)))
-            };
-            if self.workers.iter().any(setting_up) {
+            let setting_up = |w: &(usize, &Slot)| hosts(w) && board.sets_up(w.0);
+            if self.workers.iter().enumerate().any(|w| setting_up(&w)) {
                 return Ok(None);
             }
-            if self
-                .workers
-                .iter()
-                .filter(|w| w.hosts.contains(&key))
-                .count()
-                >= max
-            {
+            if self.workers.iter().enumerate().filter(hosts).count() >= max {
                 return Ok(None);
             }
         }
-        if let Some(i) = self
-            .workers
-            .iter()
-            .position(|w| idle(w) && w.hosts.is_empty())
-        {
+        let free_of_pools = |(_, w): &(usize, &Slot)| w.hosts.is_empty();
+        let candidates = || self.workers.iter().enumerate();
+        if let Some((i, _)) = candidates().find(|w| idle(w) && free_of_pools(w)) {
             return Ok(Some(i));
         }
-        if let Some(i) = self
-            .workers
-            .iter()
-            .position(|w| idle(w) && !w.hosts.contains(&key))
-        {
+        if let Some((i, _)) = candidates().find(|w| idle(w) && !hosts(w)) {
             return Ok(Some(i));
         }
-        let index = self.workers.len();
-        let slot = self.spawn_worker(myself, index).await?;
-        self.workers.push(slot);
-        Ok(Some(index))
+        self.add_worker(myself).await.map(Some)
     }
 }

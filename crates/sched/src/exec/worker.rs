@@ -1,18 +1,17 @@
-//! A Worker: one slot's thread. The node manager hands work straight to
-//! the thread's channel; the thread reports outcomes to the task's job
-//! through its event sink and marks itself idle in a flag the manager reads,
-//! so a task costs the thread one message out. The actor exists to be
-//! supervised: a task that panics takes the worker down with it (the actor
-//! fails with the panic), and the NodeManager's supervision restarts the
-//! worker and reports the task lost.
+//! A Worker: one slot's thread. The thread takes its work from the node's
+//! board (`board`) and reports outcomes straight to the task's job through
+//! its event sink, so a task costs the thread one message out and none in.
+//! The actor exists to be supervised: a task that panics takes the worker
+//! down with it (the actor fails with the panic), and the NodeManager's
+//! supervision restarts the worker and reports the task lost.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{NodeId, TaskId};
 
+use crate::exec::board::Board;
 use crate::exec::msg::{NodeMsg, Work, WorkerMsg};
 use crate::exec::task::{InstanceCache, Outcome, TaskEvent, set_up_stage};
 
@@ -23,59 +22,19 @@ pub struct Worker;
 /// wait for them to let go of what they hold (store partitions).
 pub type WorkerThreads = Arc<Mutex<Vec<std::thread::JoinHandle<()>>>>;
 
-/// What a worker's thread and its node manager share. A worker sets `idle`
-/// when done, then tells the manager only if tasks wait; the manager counts
-/// `waiting` before it looks for an idle worker. Both sides write first and
-/// read second (sequentially consistent), so a task never waits while a
-/// worker sits idle unseen.
-#[derive(Default)]
-pub struct Idle {
-    /// Per worker: its flag, set while it has no work.
-    flag: AtomicBool,
-    /// The manager's tasks waiting for a worker (shared by its workers).
-    waiting: Arc<AtomicUsize>,
-}
-
-impl Idle {
-    /// A worker's flag, sharing the manager's count of waiting tasks.
-    pub fn new(waiting: Arc<AtomicUsize>) -> Self {
-        Self {
-            flag: AtomicBool::new(true),
-            waiting,
-        }
-    }
-
-    /// The worker has no work.
-    pub fn is_idle(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
-    }
-
-    /// The manager hands the worker work.
-    pub fn take(&self) {
-        self.flag.store(false, Ordering::SeqCst);
-    }
-
-    /// The worker is done; true when tasks wait (the manager must be told).
-    fn release(&self) -> bool {
-        self.flag.store(true, Ordering::SeqCst);
-        self.waiting.load(Ordering::SeqCst) > 0
-    }
-}
-
 /// What a Worker is started with (and restarted with).
 pub struct WorkerArgs {
     /// Its index among the node's workers.
     pub index: usize,
     /// Its node, named in the span of every task it runs.
     pub node_id: NodeId,
-    /// The node manager, told when the worker goes idle while tasks wait.
+    /// The node manager, told when the worker goes idle while it holds
+    /// tasks for a pool's worker.
     pub node: ActorRef<NodeMsg>,
     /// Where the worker registers its thread.
     pub threads: WorkerThreads,
-    /// The thread's work.
-    pub inbox: mpsc::Receiver<Work>,
-    /// Its idle flag.
-    pub idle: Arc<Idle>,
+    /// Where its work comes from.
+    pub(crate) board: Arc<Board>,
 }
 
 impl Actor for Worker {
@@ -112,7 +71,7 @@ impl Actor for Worker {
 
 fn run_work(me: ActorRef<WorkerMsg>, args: WorkerArgs) {
     let mut instances = InstanceCache::new();
-    while let Ok(work) = args.inbox.recv() {
+    while let Some(work) = args.board.next(args.index) {
         instances.retain(|_, (job, _)| job.strong_count() > 0);
         let (events, outcome) = match work {
             Work::Task(run) => {
@@ -148,7 +107,7 @@ fn run_work(me: ActorRef<WorkerMsg>, args: WorkerArgs) {
                 if let Some(report) = report {
                     let _ = events.send_message(report);
                 }
-                if args.idle.release() {
+                if args.board.done(args.index) {
                     let _ = args.node.cast(NodeMsg::WorkerIdle);
                 }
             }

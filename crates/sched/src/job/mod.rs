@@ -463,6 +463,14 @@ impl<P: Part> JobState<P> {
         Ok(())
     }
 
+    /// A task could start now but for memory (or a full pool): some node
+    /// has a free slot that fits a stage, and some stage has work. Only
+    /// then can memory returned start a task; otherwise the next task to
+    /// end makes room first.
+    pub(crate) fn may_wait_on_memory(&self) -> bool {
+        !self.open.is_empty() && self.has_work()
+    }
+
     /// The stage of a task that has not finished.
     pub(crate) fn stage_of(&self, task: TaskId) -> Option<usize> {
         self.tasks.get(&task).map(|r| r.stage)
