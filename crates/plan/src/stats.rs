@@ -157,6 +157,11 @@ pub struct Event {
     pub bytes: u64,
     /// Why the task paused (`TaskSuspended` only).
     pub cause: Option<PauseCause>,
+    /// For a task's end or pause, where its node timed the run: when it
+    /// computed on its worker, since the job started. A run begins after
+    /// its start event (the message's way to the worker, or a wait on the
+    /// node's board for a slot).
+    pub ran: Option<(Duration, Duration)>,
 }
 
 /// The store's bytes at one moment of a job.

@@ -7,7 +7,8 @@
 //!
 //! Slots are laid out from the events: a task takes the lowest track of its
 //! node free when it starts or resumes, and gives it back when it pauses,
-//! finishes, is retried or skipped. A node never shows more tracks than
+//! finishes, is retried or skipped; a run its node timed (`Event::ran`) is
+//! placed where its worker computed. A node never shows more tracks than
 //! tasks it ran at once.
 
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::stats::{EventKind, JobStats, PauseCause};
+use crate::stats::{Event, EventKind, JobStats, PauseCause};
 
 mod page;
 
@@ -45,29 +46,68 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
 /// The Chrome trace of `stats` (a JSON object with `traceEvents`).
 pub fn chrome_trace(stats: &JobStats) -> Value {
     let mut trace = Trace::new(stats);
-    for e in &stats.events {
+    for (when, e) in in_run_order(&stats.events) {
+        // `when` places runs where their node ran them; pauses keep the
+        // executor's times, as the stats count them.
         let (task, at, node) = (e.task.0, e.at, e.node);
         match e.kind {
             EventKind::TaskStarted | EventKind::TaskResumed => {
                 trace.end_pause(task, at);
-                trace.start_run(task, e.stage.0, node, at);
+                trace.start_run(task, e.stage.0, node, when);
             }
-            EventKind::PartitionYielded => trace.output(task, at, e.bytes),
+            EventKind::PartitionYielded => trace.output(task, when, e.bytes),
             EventKind::TaskSuspended => {
-                trace.end_run(task, at, "paused");
+                trace.end_run(task, when, "paused");
                 let cause = e.cause.unwrap_or(PauseCause::OutputBudget);
                 trace.start_pause(task, e.stage.0, node, at, cause, e.bytes);
             }
-            EventKind::TaskFinished => trace.end_run(task, at, "finished"),
+            EventKind::TaskFinished => trace.end_run(task, when, "finished"),
             EventKind::TaskRetried => {
-                trace.end_run(task, at, "retried");
+                trace.end_run(task, when, "retried");
                 trace.end_pause(task, at);
             }
-            EventKind::TaskSkipped => trace.end_run(task, at, "skipped"),
+            EventKind::TaskSkipped => trace.end_run(task, when, "skipped"),
         }
     }
     trace.waits();
     trace.finish(stats.wall)
+}
+
+/// The events in the order things happened on the nodes, each with when
+/// it did: a run its node timed (`Event::ran`, told with its end or pause)
+/// starts and ends where its worker computed, and the partitions it
+/// yielded fall within it; other events happened when the executor heard
+/// of them. A node queues tasks beyond its slots, so a run may begin well
+/// after its start event; timed on the worker, a slot's track shows what
+/// it ran.
+fn in_run_order(events: &[Event]) -> Vec<(Duration, Event)> {
+    let mut out: Vec<(Duration, Event)> = events.iter().map(|e| (e.at, *e)).collect();
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    let mut yielded: HashMap<u64, Vec<usize>> = HashMap::new();
+    for i in 0..out.len() {
+        let e = out[i].1;
+        match e.kind {
+            EventKind::TaskStarted | EventKind::TaskResumed => {
+                open.insert(e.task.0, i);
+                yielded.remove(&e.task.0);
+            }
+            EventKind::PartitionYielded => yielded.entry(e.task.0).or_default().push(i),
+            _ => {
+                let start = open.remove(&e.task.0);
+                let parts = yielded.remove(&e.task.0).unwrap_or_default();
+                if let (Some(start), Some((from, to))) = (start, e.ran) {
+                    out[start].0 = from;
+                    out[i].0 = to;
+                    for p in parts {
+                        out[p].0 = out[p].0.clamp(from, to);
+                    }
+                }
+            }
+        }
+    }
+    // Stable: events at the same moment keep the order they were seen in.
+    out.sort_by_key(|(when, _)| *when);
+    out
 }
 
 /// A task running on a slot track, or paused on a pause track.
@@ -302,6 +342,7 @@ mod tests {
             node: 0,
             bytes: 10,
             cause,
+            ran: None,
         }
     }
 
@@ -342,5 +383,54 @@ mod tests {
         let pause = (1, PAUSE_TRACKS as u64 + 1, "\"paused: store full\"".into());
         assert!(slices.contains(&pause), "{slices:?}");
         assert_eq!(slices.len(), 5);
+    }
+
+    #[test]
+    fn a_queued_run_is_drawn_where_its_worker_ran_it_and_shares_the_slot() {
+        use EventKind::*;
+        let ran = |task, kind, ms, from: u64, to: u64| Event {
+            ran: Some((Duration::from_millis(from), Duration::from_millis(to))),
+            ..event(task, kind, ms, None)
+        };
+        // Both started at once on a node of one slot: task 2 waited in the
+        // node's queue until task 1 ended, then ran from 5 to 9 ms.
+        let stats = JobStats {
+            events: vec![
+                event(1, TaskStarted, 0, None),
+                event(2, TaskStarted, 0, None),
+                ran(1, TaskFinished, 6, 0, 4),
+                event(2, PartitionYielded, 10, None),
+                ran(2, TaskFinished, 10, 5, 9),
+            ],
+            wall: Duration::from_millis(11),
+            ..Default::default()
+        };
+        let trace = chrome_trace(&stats);
+        let of = |ph: &str| -> Vec<(u64, u64, f64, f64)> {
+            trace["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ph"] == ph && e["pid"] == 1)
+                .map(|e| {
+                    let task = e["args"]["task"].as_u64().unwrap();
+                    let dur = e["dur"].as_f64().unwrap_or(0.0);
+                    (
+                        task,
+                        e["tid"].as_u64().unwrap(),
+                        e["ts"].as_f64().unwrap(),
+                        dur,
+                    )
+                })
+                .collect()
+        };
+        // One slot track, each run where it ran.
+        assert_eq!(
+            of("X"),
+            vec![(1, 1, 0.0, 4000.0), (2, 1, 5000.0, 4000.0)],
+            "{trace}"
+        );
+        // Its partition within its run.
+        assert_eq!(of("i"), vec![(2, 1, 9000.0, 0.0)], "{trace}");
     }
 }

@@ -606,6 +606,7 @@ mod tests {
             node: 0,
             bytes: 0,
             cause: None,
+            ran: None,
         };
         let stats = JobStats {
             operators: vec![

@@ -299,7 +299,9 @@ impl RelayState {
                 self.paused.insert(run.task, run);
                 happened
             }
-            TaskEvent::Finished { task, busy, last } => {
+            TaskEvent::Finished {
+                task, busy, last, ..
+            } => {
                 if let Some((seq, slice)) = last {
                     self.on_task_event(TaskEvent::Output { task, seq, slice });
                 }

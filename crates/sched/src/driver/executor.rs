@@ -363,15 +363,26 @@ impl ExecState {
         match event {
             TaskEvent::Output { task, seq, slice } => job.on_output(task, seq, slice),
             TaskEvent::Paused(run) => {
+                if let Some((from, to)) = run.ran {
+                    job.recorder_mut().ran(run.task, from, to);
+                }
                 if job.on_paused(run.task, run.pending_bytes(), run.store_full_at)
                     && let Backend::Local(local) = &mut self.backend
                 {
                     local.paused.insert(run.task, run);
                 }
             }
-            TaskEvent::Finished { task, busy, last } => {
+            TaskEvent::Finished {
+                task,
+                busy,
+                last,
+                ran,
+            } => {
                 if let Some((seq, slice)) = last {
                     job.on_output(task, seq, slice);
+                }
+                if let Some((from, to)) = ran {
+                    job.recorder_mut().ran(task, from, to);
                 }
                 if let Some(stage) = job.on_finished(task) {
                     let ops = self.plan.stages[stage].op_stats();

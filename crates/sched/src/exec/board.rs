@@ -145,10 +145,15 @@ impl BoardState {
             });
             return Some(d.work);
         }
+        // The stage nearest the sink first, as the job state's policy
+        // prefers (running it drains memory); the oldest of it first.
         let at = self
             .open
             .iter()
-            .position(|run| self.fits(&resources_of(run)))?;
+            .enumerate()
+            .filter(|(_, run)| self.fits(&resources_of(run)))
+            .max_by_key(|(at, run)| (run.stage, std::cmp::Reverse(*at)))
+            .map(|(at, _)| at)?;
         let run = self.open.remove(at).expect("found above");
         let resources = resources_of(&run);
         self.hold(resources);

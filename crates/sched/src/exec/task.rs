@@ -43,6 +43,8 @@ pub enum TaskEvent {
         /// Its last output, not yet reported: it rides with this event (one
         /// message where a one-output task would send two).
         last: Option<(u32, Slice)>,
+        /// When its last run computed, on the worker's clock.
+        ran: Option<(Instant, Instant)>,
     },
     /// A stage's set-up failed, or the job cannot go on: it ends.
     Failed(Error),
@@ -112,6 +114,10 @@ pub struct TaskRun {
     /// The last output, stored once the stream ended: reported with
     /// `Finished`.
     last: Option<(u32, Slice)>,
+    /// When its last run (until it finished or paused) computed: a node
+    /// may queue a task after the job state started it, so its timeline
+    /// needs the worker's own times.
+    pub ran: Option<(Instant, Instant)>,
     /// The budget held for what the task's split keeps in memory outside
     /// the store (a binary file read whole) until the task ends.
     _held: Option<Hold>,
@@ -125,6 +131,8 @@ pub enum Outcome {
         busy: Duration,
         /// The last output, to report with the end (see `TaskEvent::Finished`).
         last: Option<(u32, Slice)>,
+        /// When this run computed.
+        ran: Option<(Instant, Instant)>,
     },
     /// The next output does not fit; the task waits with it.
     Paused(Box<TaskRun>),
@@ -195,6 +203,7 @@ impl TaskRun {
             store_full_at: None,
             busy: Duration::ZERO,
             last: None,
+            ran: None,
             _held: None,
         }
     }
@@ -210,11 +219,14 @@ impl TaskRun {
         // Operators that make an `OutputBuffer` get it in this job's store.
         let store = self.job.store.clone();
         let outcome = with_output_store(store, || self.drive_inner(instances));
-        self.busy += started.elapsed();
+        let ended = Instant::now();
+        self.busy += ended - started;
+        self.ran = Some((started, ended));
         match outcome {
             Ok(true) => Outcome::Finished {
                 busy: self.busy,
                 last: self.last.take(),
+                ran: self.ran,
             },
             Ok(false) => Outcome::Paused(Box::new(self)),
             Err(e) => Outcome::Failed(e),

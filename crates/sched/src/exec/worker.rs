@@ -122,7 +122,12 @@ fn run_work(me: ActorRef<WorkerMsg>, args: WorkerArgs) {
 
 fn report(task: TaskId, outcome: Outcome) -> TaskEvent {
     match outcome {
-        Outcome::Finished { busy, last } => TaskEvent::Finished { task, busy, last },
+        Outcome::Finished { busy, last, ran } => TaskEvent::Finished {
+            task,
+            busy,
+            last,
+            ran,
+        },
         Outcome::Paused(run) => TaskEvent::Paused(run),
         Outcome::Failed(error) => TaskEvent::Errored { task, error },
     }

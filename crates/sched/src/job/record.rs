@@ -21,6 +21,9 @@ pub(crate) struct Recorder {
     timeline: bool,
     /// Paused tasks: since when, and why.
     paused: HashMap<TaskId, (Duration, PauseCause)>,
+    /// Per task: when its current run computed on its worker, told with its
+    /// end or pause (see [`Recorder::ran`]).
+    ran: HashMap<TaskId, (Instant, Instant)>,
     /// Per stage, what it waits for and since when.
     waiting: Vec<Option<(Wait, Duration)>>,
     /// Events not yet in the shared stats: they go there once per decision
@@ -62,6 +65,7 @@ impl Recorder {
             first_start: vec![None; stages],
             timeline: true,
             paused: HashMap::new(),
+            ran: HashMap::new(),
             waiting: vec![None; stages],
             pending: Vec::new(),
             recorded: 0,
@@ -154,6 +158,15 @@ impl Recorder {
             let cause = cause.unwrap_or(PauseCause::OutputBudget);
             self.paused.insert(task, (at, cause));
         }
+        let ran = match kind {
+            EventKind::TaskFinished | EventKind::TaskSuspended | EventKind::TaskRetried => {
+                let since = |t: Instant| t.saturating_duration_since(self.started);
+                self.ran
+                    .remove(&task)
+                    .map(|(from, to)| (since(from), since(to)))
+            }
+            _ => None,
+        };
         if !self.timeline || self.recorded >= MAX_EVENTS {
             return;
         }
@@ -166,7 +179,16 @@ impl Recorder {
             node: node as u32,
             bytes,
             cause,
+            ran,
         });
+    }
+
+    /// Task `task`'s run, ending or pausing now, computed on its worker
+    /// from `from` to `to`: the event of its end says so.
+    pub(crate) fn ran(&mut self, task: TaskId, from: Instant, to: Instant) {
+        if self.timeline {
+            self.ran.insert(task, (from, to));
+        }
     }
 
     /// A task of `stage` started or resumed; `running` of its tasks run now.
