@@ -403,6 +403,15 @@ impl Reader<'_> {
 }
 
 impl NodeConfig {
+    /// The node's CPU and GPU slots (no GPU while `gpus` is unresolved).
+    pub fn slots(&self) -> crate::Resources {
+        crate::Resources {
+            cpus: self.cpus,
+            gpus: self.gpus.unwrap_or(0.0),
+            memory_bytes: 0,
+        }
+    }
+
     /// Where the value of `key` came from, for errors about it found after
     /// loading (a TLS file that is missing, a head that does not answer).
     pub fn origin_of(key: &str, file: Option<&Path>) -> String {

@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use streambatch_core::{NodeId, Resources};
+use streambatch_core::NodeId;
 use streambatch_net::{Endpoint, Transport};
 use streambatch_plan::Registry;
 use streambatch_store::SharedStore;
@@ -81,11 +81,7 @@ impl Actor for NodeRoot {
         let node_args = NodeArgs {
             id: NodeId(0),
             threads: args.threads,
-            capacity: Resources {
-                cpus: args.info.cpus,
-                gpus: args.info.gpus,
-                memory_bytes: 0,
-            },
+            capacity: args.info.slots(),
             busy: args.metrics.busy_slots(),
         };
         let (manager, _) = Actor::spawn_linked(None, NodeManager, node_args, cell.clone()).await?;

@@ -13,7 +13,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use streambatch_core::{JobId, NodeConfig, Resources, TaskId};
+use streambatch_core::{JobId, NodeConfig, TaskId};
 use streambatch_plan::{Error, ExecPlan, JobStats};
 use streambatch_store::ObjectStore;
 
@@ -213,11 +213,7 @@ impl Actor for Executor {
                     target_bytes,
                     cancelled: plan.stages.iter().map(|_| Default::default()).collect(),
                 });
-                let free = vec![Resources {
-                    cpus: args.config.cpus,
-                    gpus: args.config.gpus.unwrap_or(0.0),
-                    memory_bytes: 0,
-                }];
+                let free = vec![args.config.slots()];
                 let local = Local {
                     ctx,
                     manager,

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorRef};
-use streambatch_core::{JobId, NodeConfig, NodeId, Resources};
+use streambatch_core::{JobId, NodeConfig, NodeId};
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
@@ -66,18 +66,14 @@ impl LocalCluster {
                 source: e.into(),
             })?;
         let threads = WorkerThreads::default();
-        let gpus = config.gpus.unwrap_or(0.0);
-        let metrics = NodeMetrics::new(store.clone(), config.cpus, gpus);
+        let slots = config.slots();
+        let metrics = NodeMetrics::new(store.clone(), slots.cpus, slots.gpus);
         // Spawn from a plain thread so that starting works inside an async context too.
         let manager = NodeArgs {
             // The embedded node is the only one: the first id.
             id: NodeId(0),
             threads: threads.clone(),
-            capacity: Resources {
-                cpus: config.cpus,
-                gpus,
-                memory_bytes: 0,
-            },
+            capacity: slots,
             busy: metrics.busy_slots(),
         };
         let args = SupervisorArgs {

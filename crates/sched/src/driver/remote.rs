@@ -26,11 +26,7 @@ impl RemoteNode {
     /// The member `info` of the cluster, reached through `agent`.
     pub(crate) fn new(info: NodeInfo, agent: ActorRef<AgentMsg>) -> Self {
         Self {
-            slots: Resources {
-                cpus: info.cpus,
-                gpus: info.gpus,
-                memory_bytes: 0,
-            },
+            slots: info.slots(),
             capacity: info.store_capacity,
             name: info.name,
             addr: info.addr,

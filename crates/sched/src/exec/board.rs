@@ -91,12 +91,17 @@ impl BoardState {
         self.seats.iter().any(|s| s.asleep)
     }
 
-    fn fits(&self, need: &Resources) -> bool {
-        need.fits_in(&Resources {
+    /// What the running tasks leave of the node's resources.
+    fn free(&self) -> Resources {
+        Resources {
             cpus: self.capacity.cpus - self.in_use.cpus,
             gpus: self.capacity.gpus - self.in_use.gpus,
             memory_bytes: 0,
-        })
+        }
+    }
+
+    fn fits(&self, need: &Resources) -> bool {
+        need.fits_in(&self.free())
     }
 
     fn hold(&mut self, need: Resources) {
@@ -111,11 +116,7 @@ impl BoardState {
 
     /// Open tasks that could start now, each beside the ones before it.
     fn startable(&self) -> usize {
-        let mut free = Resources {
-            cpus: self.capacity.cpus - self.in_use.cpus,
-            gpus: self.capacity.gpus - self.in_use.gpus,
-            memory_bytes: 0,
-        };
+        let mut free = self.free();
         let mut n = 0;
         for run in &self.open {
             let need = resources_of(run);

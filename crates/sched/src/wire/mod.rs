@@ -30,6 +30,17 @@ pub struct NodeInfo {
     pub addr: String,
 }
 
+impl NodeInfo {
+    /// The member's CPU and GPU slots.
+    pub fn slots(&self) -> streambatch_core::Resources {
+        streambatch_core::Resources {
+            cpus: self.cpus,
+            gpus: self.gpus,
+            memory_bytes: 0,
+        }
+    }
+}
+
 /// The members of a cluster, as the head knows them.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct Members {
