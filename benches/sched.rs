@@ -46,10 +46,13 @@ fn dispatch_noop_tasks(c: &mut Criterion) {
         max_running: None,
         budget_fits_typical: true,
         paused_fits: vec![],
+        queue_fits: false,
     };
     let snapshot = Snapshot {
         stages: vec![view(100), view(3), view(0), view(7)],
         free: CoreResources::cpu(4.0),
+        slots: CoreResources::cpu(4.0),
+        queue_room: 0,
     };
     group.throughput(Throughput::Elements(1));
     group.bench_function("policy decision", |b| {

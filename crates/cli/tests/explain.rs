@@ -79,7 +79,11 @@ count = true
         &[("RUST_LOG", "streambatch=debug"), ("NO_COLOR", "1")],
     );
     let log = String::from_utf8_lossy(&out.stderr);
-    let starts: Vec<&str> = log.lines().filter(|l| l.contains("start a task")).collect();
+    // Once the first tasks end, short ones may also be queued on the node.
+    let starts: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("start a task") || l.contains("queue a task"))
+        .collect();
     assert_eq!(starts.len(), 10, "one per split:\n{log}");
     for line in starts {
         assert!(

@@ -99,6 +99,10 @@ struct Local {
     manager_stopped: bool,
 }
 
+/// Tasks the embedded node may hold per slot beyond those running (see
+/// `JobState::queueing`).
+const QUEUED_PER_SLOT: usize = 4;
+
 /// How long a job whose node manager stopped waits for the Supervisor to
 /// say why before it fails with `Error::NodeStopped`.
 const MANAGER_STOPPED_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
@@ -281,9 +285,17 @@ impl Actor for Executor {
         let job = JobState::new(shapes, free, failures, recorder);
         // A cluster job may lose nodes: it keeps what it needs to make
         // their partitions again.
+        // The embedded node queues a few tasks per slot, so that a worker
+        // finishing a short task starts the next at once instead of waiting
+        // for this actor to hear of it and decide (a round trip between
+        // threads, about as long as a small task itself).
         let job = match &backend {
             Backend::Remote(_) => job.with_lineage(),
-            Backend::Local(_) => job,
+            Backend::Local(_) => {
+                let slots = args.config.slots();
+                let room = QUEUED_PER_SLOT * (slots.cpus + slots.gpus).ceil() as usize;
+                job.queueing(0, room)
+            }
         };
         Ok(ExecState {
             job,

@@ -2,11 +2,11 @@
 //! its workers runs, shared by the node manager and the workers' threads.
 //!
 //! A worker that finishes a task takes the next one from the board itself,
-//! with no message to the manager and back. The job state hands a node up
-//! to twice its CPU slots of tasks (see `JobState::queueing`), so the next
-//! task is usually there already: a slot stays busy while the executor
-//! hears of the last task and decides the next, instead of waiting a round
-//! trip between threads (or nodes) per task. The board, not the job state,
+//! with no message to the manager and back. The job state may hand the
+//! embedded node a few short tasks per slot beyond its free slots (see
+//! `JobState::queueing`), so the next task is usually there already: a slot
+//! stays busy while the executor hears of the last task and decides the
+//! next, instead of waiting a round trip between threads per task. The board, not the job state,
 //! keeps the node within its resources: a task starts only when its
 //! stage's CPUs and GPUs fit beside what runs, whatever the jobs handed it.
 

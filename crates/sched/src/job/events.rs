@@ -27,6 +27,7 @@ impl<P: Part> JobState<P> {
         self.recorder
             .event_sized(stage, task, EventKind::PartitionYielded, node, bytes, None);
         let s = &mut self.stages[stage];
+        s.outputs += 1;
         s.typical_bytes = if s.typical_bytes == 0 {
             bytes
         } else {
@@ -51,7 +52,7 @@ impl<P: Part> JobState<P> {
         let Some((stage, node)) = self.placed(task) else {
             return false;
         };
-        self.release(node, stage);
+        self.release(task);
         let cause = match store_full_at {
             Some(_) => PauseCause::StoreFull,
             None => PauseCause::OutputBudget,
@@ -83,8 +84,8 @@ impl<P: Part> JobState<P> {
     /// records with [`JobState::record_finished`].
     pub(crate) fn on_finished(&mut self, task: TaskId) -> Option<usize> {
         let (stage, node) = self.placed(task)?;
+        self.release(task);
         let mut record = self.tasks.remove(&task).expect("placed above");
-        self.release(node, stage);
         self.recorder
             .event(stage, task, EventKind::TaskFinished, node);
         if !record.again.is_empty() && self.stages[stage].cancelled {
@@ -124,8 +125,15 @@ impl<P: Part> JobState<P> {
         Some(stage)
     }
 
-    /// Records the counts of a finished task's stage.
-    pub(crate) fn record_finished(&self, stage: usize, busy: Duration, ops: Vec<OpStats>) {
+    /// Records the counts of a finished task's stage, which computed for
+    /// `busy`.
+    pub(crate) fn record_finished(&mut self, stage: usize, busy: Duration, ops: Vec<OpStats>) {
+        let s = &mut self.stages[stage];
+        s.finished += 1;
+        s.typical_busy = match s.typical_busy.is_zero() {
+            true => busy,
+            false => (s.typical_busy * 7 + busy) / 8,
+        };
         self.recorder.task_finished(stage, busy, ops);
     }
 
@@ -138,8 +146,8 @@ impl<P: Part> JobState<P> {
         if record.attempts < self.failures.max_task_retries {
             return self.retry(task, message);
         }
-        let (stage, node, attempts) = (record.stage, record.node, record.attempts + 1);
-        self.release(node, stage);
+        let (stage, attempts) = (record.stage, record.attempts + 1);
+        self.release(task);
         let operator = self.shapes[stage].name.clone();
         self.end(Err(Error::Panicked {
             operator,
@@ -164,8 +172,8 @@ impl<P: Part> JobState<P> {
         }
         if user_error && self.skipped < self.failures.max_errored_partitions {
             self.skipped += 1;
+            self.release(task);
             let record = self.tasks.remove(&task).expect("looked up above");
-            self.release(record.node, record.stage);
             self.recorder
                 .event(record.stage, task, EventKind::TaskSkipped, record.node);
             self.recorder.errored(streambatch_plan::ErroredTask {
@@ -185,7 +193,7 @@ impl<P: Part> JobState<P> {
         let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.attempts += 1;
         let (stage, node, attempts) = (record.stage, record.node, record.attempts);
-        self.release(node, stage);
+        self.release(task);
         tracing::warn!(%task, attempts, %message, "task failed; retrying");
         self.recorder.retry(stage);
         self.recorder

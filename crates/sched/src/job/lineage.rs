@@ -65,7 +65,7 @@ impl<P: Part> JobState<P> {
                 Some(at) => {
                     paused.remove(at);
                 }
-                None => self.release(node, stage),
+                None => self.release(task),
             }
             let record = self.tasks.get_mut(&task).expect("listed above");
             record.attempts += 1;
@@ -246,6 +246,7 @@ impl<P: Part> JobState<P> {
                 again: BTreeSet::from([origin.seq]),
                 again_next: BTreeSet::new(),
                 placed: false,
+                queued: false,
                 rerun: true,
                 reruns: made.reruns + u32::from(lost),
             },

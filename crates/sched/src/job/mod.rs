@@ -28,6 +28,12 @@ use crate::job::piece::{LineageInput, Piece, all_held, missing};
 use crate::job::record::{Recorder, StageNow};
 use policy::{Decision, Snapshot, StageView};
 
+/// A stage's tasks are queued on a node beyond its free slots only when
+/// they typically compute for no longer than this: the round trip to the
+/// executor that queueing saves (tens of microseconds between threads) is
+/// then a noticeable part of each task, and a queued task waits little.
+const QUEUE_TASKS_UNDER: Duration = Duration::from_millis(1);
+
 /// How many of a stage's oldest queued inputs a new task looks through for
 /// one held on its own node.
 const LOCAL_SEARCH: usize = 64;
@@ -179,12 +185,20 @@ struct StageState<P> {
     paused: Vec<Paused>,
     next_split: usize,
     splits: usize,
+    /// Tasks placed and not paused, queued ones included.
     running: usize,
+    /// Of those, tasks queued on their node beyond its free slots.
+    queued: usize,
     done: bool,
     cancelled: bool,
     limit_left: usize,
     collected: Vec<Piece<P>>,
     typical_bytes: u64,
+    /// Outputs made and tasks finished so far, and how long a task
+    /// typically computes (a moving average; zero before the first ends).
+    outputs: u64,
+    finished: u64,
+    typical_busy: Duration,
     /// The largest output partition so far: the stage's memory reserve.
     largest_bytes: u64,
 }
@@ -203,6 +217,7 @@ impl<P: Part> StageState<P> {
                 _ => 0,
             },
             running: 0,
+            queued: 0,
             done: false,
             cancelled: false,
             limit_left: match kind {
@@ -211,6 +226,9 @@ impl<P: Part> StageState<P> {
             },
             collected: Vec::new(),
             typical_bytes: 0,
+            outputs: 0,
+            finished: 0,
+            typical_busy: Duration::ZERO,
             largest_bytes: 0,
         }
     }
@@ -256,6 +274,9 @@ struct TaskRecord<P> {
     again_next: BTreeSet<u32>,
     /// Running or paused on `node` (not waiting to start).
     placed: bool,
+    /// Handed to `node` beyond its free slots, to start in the next one
+    /// that frees: it holds none of the job's count of the node's slots.
+    queued: bool,
     /// Run again after it had finished: its input was freed, not lost.
     rerun: bool,
     /// Times it was run again, after it had finished, because outputs of
@@ -309,6 +330,12 @@ pub(crate) struct JobState<P> {
     free: Vec<Resources>,
     /// All slots per node.
     slots: Vec<Resources>,
+    /// Per node: how many tasks it may be handed beyond its free slots
+    /// (its board holds them for the next free slot), and how many it has.
+    queue_room: Vec<usize>,
+    queued: Vec<usize>,
+    /// The nodes with queue room left, asked after `open`.
+    queue_open: BTreeSet<usize>,
     /// Per node: it drains (no new task starts there).
     draining: Vec<bool>,
     /// Per node: it was lost.
@@ -366,6 +393,9 @@ impl<P: Part> JobState<P> {
             moving: HashMap::new(),
             hand_over_due: false,
             slots: free.clone(),
+            queue_room: vec![0; nodes],
+            queued: vec![0; nodes],
+            queue_open: BTreeSet::new(),
             free,
             next_node: 0,
             next_task: 0,
@@ -387,10 +417,21 @@ impl<P: Part> JobState<P> {
         self
     }
 
+    /// Node `node` may be handed up to `room` tasks beyond its free slots,
+    /// which its workers start as slots free without waiting for the next
+    /// decision (a queued task holds the memory its output will need).
+    pub(crate) fn queueing(mut self, node: usize, room: usize) -> Self {
+        self.queue_room[node] = room;
+        self.reopen(node);
+        self
+    }
+
     /// A node with `free` slots joins the job; returns its number.
     pub(crate) fn add_node(&mut self, free: Resources) -> usize {
         self.free.push(free);
         self.slots.push(free);
+        self.queue_room.push(0);
+        self.queued.push(0);
         self.draining.push(false);
         self.lost.push(false);
         self.fits_here.push(vec![false; self.shapes.len()]);

@@ -7,20 +7,17 @@ use super::*;
 impl<P: Part> JobState<P> {
     /// Asks the policy for one decision per node per pass, so that tasks
     /// spread over the nodes (a stage capped by its pool too), until a pass
-    /// decides nothing. The first pass asks the open nodes, from a node
-    /// that moves on each pass; later ones only the nodes that decided in
-    /// the pass before, since a decision never makes room on another node.
+    /// decides nothing. The first pass asks the open nodes and those with
+    /// queue room, from a node that moves on each pass; later ones only the
+    /// nodes that decided in the pass before, since a decision never makes
+    /// room on another node.
     pub(super) fn decide(&mut self, memory: &impl Memory) {
         let first = self.next_node;
         let mut decided = Vec::new();
         let (mut from, mut wrapped) = (first, false);
         while self.has_work() {
-            let next = if wrapped {
-                self.open.range(from..first).next()
-            } else {
-                self.open.range(from..).next()
-            };
-            match next.copied() {
+            let next = self.askable(from, wrapped.then_some(first));
+            match next {
                 Some(node) => {
                     from = node + 1;
                     if self.decide_on(memory, node) {
@@ -45,6 +42,19 @@ impl<P: Part> JobState<P> {
             }
         }
         self.next_node = (self.next_node + 1) % self.free.len();
+    }
+
+    /// The first node from `from` (up to `below`) that is open or has
+    /// queue room.
+    fn askable(&self, from: usize, below: Option<usize>) -> Option<usize> {
+        let first = |set: &BTreeSet<usize>| match below {
+            Some(end) => set.range(from..end).next().copied(),
+            None => set.range(from..).next().copied(),
+        };
+        match (first(&self.open), first(&self.queue_open)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Carries out the policy's decision for `node`, if any; true if there
@@ -77,6 +87,7 @@ impl<P: Part> JobState<P> {
         let (what, stage) = match decision {
             Decision::Resume { stage, .. } => ("resume a task", stage),
             Decision::Dispatch { stage } => ("start a task", stage),
+            Decision::Queue { stage } => ("queue a task", stage),
         };
         tracing::debug!(
             target: "streambatch::schedule",
@@ -94,9 +105,14 @@ impl<P: Part> JobState<P> {
         })
     }
 
-    /// Keeps `open`, `fits_here` and `fitting` up to date after `node`'s
-    /// free slots changed.
+    /// Keeps `open`, `queue_open`, `fits_here` and `fitting` up to date
+    /// after `node`'s free slots or queue changed.
     pub(super) fn reopen(&mut self, node: usize) {
+        if !self.lost[node] && self.queued[node] < self.queue_room[node] {
+            self.queue_open.insert(node);
+        } else {
+            self.queue_open.remove(&node);
+        }
         let free = self.free[node];
         let mut fits = false;
         for (stage, shape) in self.shapes.iter().enumerate() {
@@ -128,6 +144,10 @@ impl<P: Part> JobState<P> {
             0 => 0,
             all => all.saturating_sub(memory.outside(node)),
         };
+        let queue_room = match self.draining[node] {
+            true => 0,
+            false => self.queue_room[node] - self.queued[node],
+        };
         let stages = self
             .stages
             .iter()
@@ -142,6 +162,19 @@ impl<P: Part> JobState<P> {
                         freed_since && memory.fits(node, i, p.pending_bytes + unseen)
                     })
                     .collect();
+                let holds = || {
+                    hold_fits(
+                        next_held_bytes(s, shape, &self.tasks),
+                        holding,
+                        memory.capacity(node),
+                    )
+                };
+                // A queued task starts when a slot frees, whatever memory
+                // holds then: queue only where the outputs of every task in
+                // flight and of a full queue fit now, so that no start of a
+                // queued task can take memory the policy would not give it.
+                let per_task = s.outputs.div_ceil(s.finished.max(1));
+                let in_flight = s.typical_bytes * per_task * (s.running + queue_room + 1) as u64;
                 StageView {
                     waiting_inputs: if runs { s.startable() } else { 0 },
                     paused_fits,
@@ -149,18 +182,20 @@ impl<P: Part> JobState<P> {
                     running: s.running,
                     resources: shape.resources,
                     max_running: shape.max_running,
-                    budget_fits_typical: memory.fits(node, i, s.typical_bytes + unseen)
-                        && hold_fits(
-                            next_held_bytes(s, shape, &self.tasks),
-                            holding,
-                            memory.capacity(node),
-                        ),
+                    budget_fits_typical: memory.fits(node, i, s.typical_bytes + unseen) && holds(),
+                    queue_fits: queue_room > 0
+                        && s.finished > 0
+                        && s.typical_busy <= QUEUE_TASKS_UNDER
+                        && memory.fits(node, i, in_flight + unseen)
+                        && holds(),
                 }
             })
             .collect();
         Snapshot {
             stages,
             free: self.free[node],
+            slots: self.slots[node],
+            queue_room,
         }
     }
 
@@ -208,14 +243,27 @@ impl<P: Part> JobState<P> {
                 let task = self.start(stage, node, may_spill);
                 (stage, task, EventKind::TaskStarted)
             }
+            Decision::Queue { stage } => {
+                let task = self.start(stage, node, may_spill);
+                if let Some(record) = self.tasks.get_mut(&task) {
+                    record.queued = true;
+                }
+                (stage, task, EventKind::TaskStarted)
+            }
         };
-        let resources = self.shapes[stage].resources;
-        self.free[node].cpus -= resources.cpus;
-        self.free[node].gpus -= resources.gpus;
+        let queued = matches!(decision, Decision::Queue { .. });
+        if queued {
+            self.queued[node] += 1;
+        } else {
+            let resources = self.shapes[stage].resources;
+            self.free[node].cpus -= resources.cpus;
+            self.free[node].gpus -= resources.gpus;
+        }
         self.reopen(node);
         let s = &mut self.stages[stage];
         s.running += 1;
-        let running = s.running;
+        s.queued += usize::from(queued);
+        let running = s.running - s.queued;
         self.recorder.task_started(stage, running);
         self.recorder.event(stage, task, kind, node);
     }
@@ -231,6 +279,7 @@ impl<P: Part> JobState<P> {
                 .expect("a retried task has a record");
             record.node = node;
             record.placed = true;
+            record.queued = false;
             self.actions.push(Action::Start {
                 task,
                 stage,
@@ -281,6 +330,7 @@ impl<P: Part> JobState<P> {
                 again: BTreeSet::new(),
                 again_next: BTreeSet::new(),
                 placed: true,
+                queued: false,
                 rerun: false,
                 reruns: 0,
             },
@@ -296,15 +346,27 @@ impl<P: Part> JobState<P> {
             .map(|r| (r.stage, r.node))
     }
 
-    /// A task of `stage` gave its slot on `node` back.
-    pub(super) fn release(&mut self, node: usize, stage: usize) {
-        let resources = self.shapes[stage].resources;
-        self.free[node].cpus += resources.cpus;
-        self.free[node].gpus += resources.gpus;
+    /// Placed task `task` gave its slot (or its place in its node's
+    /// queue) back.
+    pub(super) fn release(&mut self, task: TaskId) {
+        let record = self
+            .tasks
+            .get_mut(&task)
+            .expect("a placed task has a record");
+        let (node, stage) = (record.node, record.stage);
+        let queued = std::mem::take(&mut record.queued);
+        if queued {
+            self.queued[node] -= 1;
+        } else {
+            let resources = self.shapes[stage].resources;
+            self.free[node].cpus += resources.cpus;
+            self.free[node].gpus += resources.gpus;
+        }
         self.reopen(node);
-        self.stages[stage].running -= 1;
-        self.recorder
-            .task_stopped(stage, self.stages[stage].running);
+        let s = &mut self.stages[stage];
+        s.running -= 1;
+        s.queued -= usize::from(queued);
+        self.recorder.task_stopped(stage, s.running - s.queued);
     }
 
     /// Nothing runs and the last stage holds nothing the driver has not

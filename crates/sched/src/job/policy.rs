@@ -6,7 +6,11 @@
 //! fits the free resources, whose worker pool has room and whose outputs are
 //! under budget, prefer the stage nearest the sink, since running it drains
 //! memory; a paused task of a stage resumes before a new one starts, since
-//! its output is already computed.
+//! its output is already computed. Where every slot is taken, a node may
+//! also be handed a few tasks to queue for its next free slot (its workers
+//! take them without a round trip to the executor), but only of a stage
+//! with short tasks whose outputs in flight, a full queue's included, fit
+//! its budget.
 
 use streambatch_core::Resources;
 
@@ -29,6 +33,11 @@ pub struct StageView {
     /// Whether each paused task's output fits the budget now (same order as
     /// `paused`).
     pub paused_fits: Vec<bool>,
+    /// Whether the node may be handed one more task of this stage to queue:
+    /// its tasks are short (the round trip to the executor that queueing
+    /// saves is a noticeable part of each), and the outputs of all its tasks
+    /// in flight and of a full queue fit its budget now.
+    pub queue_fits: bool,
 }
 
 /// A snapshot of the job.
@@ -38,6 +47,11 @@ pub struct Snapshot {
     pub stages: Vec<StageView>,
     /// Resources free on the node.
     pub free: Resources,
+    /// All the node's resources: a task queued there must fit them.
+    pub slots: Resources,
+    /// Tasks the node may still be handed beyond its free slots, to run
+    /// when one frees (0 where it queues none).
+    pub queue_room: usize,
 }
 
 /// What to do next.
@@ -52,6 +66,11 @@ pub enum Decision {
     },
     /// Start a new task of `stage`.
     Dispatch {
+        /// The stage.
+        stage: usize,
+    },
+    /// Hand the node a new task of `stage` to start in its next free slot.
+    Queue {
         /// The stage.
         stage: usize,
     },
@@ -72,7 +91,18 @@ pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
             return Some(Decision::Dispatch { stage });
         }
     }
-    None
+    if snapshot.queue_room == 0 {
+        return None;
+    }
+    let queues = |v: &StageView| {
+        v.waiting_inputs > 0
+            && v.queue_fits
+            && v.paused.is_empty()
+            && v.max_running.is_none()
+            && v.resources.fits_in(&snapshot.slots)
+    };
+    let stage = snapshot.stages.iter().rposition(queues)?;
+    Some(Decision::Queue { stage })
 }
 
 /// When nothing runs and nothing may start, the job is stuck on memory
@@ -107,6 +137,10 @@ pub fn reason(snapshot: &Snapshot, decision: Decision) -> String {
         Decision::Dispatch { stage } => (
             stage,
             "an input waits, a slot fits and its output fits its budget",
+        ),
+        Decision::Queue { stage } => (
+            stage,
+            "an input waits, every slot is taken and a full queue's outputs fit its budget",
         ),
     };
     let passed: Vec<String> = snapshot
@@ -151,6 +185,13 @@ pub fn apply(snapshot: &mut Snapshot, decision: Decision) {
             snapshot.stages[stage].waiting_inputs -= 1;
             stage
         }
+        Decision::Queue { stage } => {
+            let view = &mut snapshot.stages[stage];
+            view.waiting_inputs -= 1;
+            view.running += 1;
+            snapshot.queue_room -= 1;
+            return;
+        }
     };
     let view = &mut snapshot.stages[stage];
     view.running += 1;
@@ -171,6 +212,7 @@ mod tests {
             max_running: None,
             budget_fits_typical: true,
             paused_fits: vec![],
+            queue_fits: true,
         }
     }
 
@@ -195,6 +237,8 @@ mod tests {
                 stage(2, Resources::gpu(1.0)),
             ],
             free: Resources::cpu(2.0),
+            slots: Resources::cpu(2.0),
+            queue_room: 0,
         };
         let decision = next_decision(&s).unwrap();
         assert_eq!(decision, Decision::Dispatch { stage: 0 });
@@ -210,6 +254,8 @@ mod tests {
         let s = Snapshot {
             stages: vec![stage(5, Resources::cpu(1.0)), stage(5, Resources::cpu(1.0))],
             free: Resources::cpu(2.0),
+            slots: Resources::cpu(2.0),
+            queue_room: 0,
         };
         assert_eq!(
             drain(s),
@@ -232,6 +278,12 @@ mod tests {
                 gpus: 2.0,
                 memory_bytes: 0,
             },
+            slots: Resources {
+                cpus: 8.0,
+                gpus: 2.0,
+                memory_bytes: 0,
+            },
+            queue_room: 0,
         };
         s.stages[1].running = 0;
         assert_eq!(drain(s).len(), 2);
@@ -244,6 +296,8 @@ mod tests {
         let s = Snapshot {
             stages: vec![st],
             free: Resources::cpu(8.0),
+            slots: Resources::cpu(8.0),
+            queue_room: 0,
         };
         assert_eq!(drain(s).len(), 3);
     }
@@ -255,6 +309,8 @@ mod tests {
         let s = Snapshot {
             stages: vec![up, stage(1, Resources::cpu(1.0))],
             free: Resources::cpu(4.0),
+            slots: Resources::cpu(4.0),
+            queue_room: 0,
         };
         assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }]);
     }
@@ -267,6 +323,8 @@ mod tests {
         let s = Snapshot {
             stages: vec![st],
             free: Resources::cpu(1.0),
+            slots: Resources::cpu(1.0),
+            queue_room: 0,
         };
         assert_eq!(drain(s), vec![Decision::Resume { stage: 0, index: 1 }]);
     }
@@ -283,6 +341,8 @@ mod tests {
         let s = Snapshot {
             stages: vec![up, mid, stage(0, Resources::cpu(1.0))],
             free: Resources::cpu(2.0),
+            slots: Resources::cpu(2.0),
+            queue_room: 0,
         };
         assert_eq!(next_decision(&s), None);
         assert_eq!(
@@ -298,23 +358,80 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_full_node_queues_up_to_its_room_once_the_slots_are_taken() {
+        let s = Snapshot {
+            stages: vec![
+                stage(10, Resources::cpu(1.0)),
+                stage(10, Resources::cpu(1.0)),
+            ],
+            free: Resources::cpu(2.0),
+            slots: Resources::cpu(2.0),
+            queue_room: 3,
+        };
+        let stage1 = |d| d == Decision::Dispatch { stage: 1 } || d == Decision::Queue { stage: 1 };
+        let decisions = drain(s);
+        assert_eq!(decisions.len(), 5);
+        assert!(decisions.iter().all(|d| stage1(*d)));
+        assert_eq!(decisions[1], Decision::Dispatch { stage: 1 });
+        assert_eq!(decisions[2], Decision::Queue { stage: 1 });
+    }
+
+    #[test]
+    fn queues_only_what_fits_the_node_its_budget_and_no_pool() {
+        let full = Resources::cpu(0.0);
+        let slots = Resources::cpu(2.0);
+        let one = |view: StageView| Snapshot {
+            stages: vec![view],
+            free: full,
+            slots,
+            queue_room: 4,
+        };
+        let queued = |view: StageView| next_decision(&one(view));
+        assert_eq!(
+            queued(stage(3, Resources::cpu(1.0))),
+            Some(Decision::Queue { stage: 0 })
+        );
+        assert_eq!(queued(stage(3, Resources::gpu(1.0))), None);
+        let mut over = stage(3, Resources::cpu(1.0));
+        over.queue_fits = false;
+        assert_eq!(queued(over), None);
+        let mut pooled = stage(3, Resources::cpu(1.0));
+        pooled.max_running = Some(8);
+        assert_eq!(queued(pooled), None);
+        let mut paused = stage(3, Resources::cpu(1.0));
+        paused.paused = vec![10];
+        paused.paused_fits = vec![false];
+        assert_eq!(queued(paused), None);
+        let mut none_room = one(stage(3, Resources::cpu(1.0)));
+        none_room.queue_room = 0;
+        assert_eq!(next_decision(&none_room), None);
+    }
+
     proptest::proptest! {
         #[test]
         fn decisions_never_oversubscribe(
             stages in proptest::collection::vec((0usize..20, 0u8..3, proptest::option::of(1usize..4)), 1..5),
-            cpus in 0u8..9, gpus in 0u8..3,
+            cpus in 0u8..9, gpus in 0u8..3, room in 0usize..4,
         ) {
             let views: Vec<StageView> = stages.iter().map(|(w, kind, max)| {
                 let r = match kind { 0 => Resources::cpu(1.0), 1 => Resources::cpu(0.5), _ => Resources::gpu(1.0) };
                 StageView { max_running: *max, ..stage(*w, r) }
             }).collect();
-            let mut s = Snapshot { stages: views, free: Resources { cpus: cpus as f64, gpus: gpus as f64, memory_bytes: 0 } };
+            let slots = Resources { cpus: cpus as f64, gpus: gpus as f64, memory_bytes: 0 };
+            let mut s = Snapshot { stages: views, free: slots, slots, queue_room: room };
             while let Some(d) = next_decision(&s) {
+                if let Decision::Queue { stage } = d {
+                    proptest::prop_assert!(s.stages[stage].resources.fits_in(&slots));
+                    proptest::prop_assert!(s.stages[stage].max_running.is_none());
+                }
                 apply(&mut s, d);
                 proptest::prop_assert!(s.free.cpus >= -1e-9 && s.free.gpus >= -1e-9);
                 for v in &s.stages {
                     proptest::prop_assert!(v.max_running.is_none_or(|m| v.running <= m));
                 }
+                let running: usize = s.stages.iter().map(|v| v.running).sum();
+                proptest::prop_assert!(running <= cpus as usize * 2 + gpus as usize + room);
             }
         }
     }

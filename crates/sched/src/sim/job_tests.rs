@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use proptest::prelude::*;
 use streambatch_core::{Resources, TaskId};
@@ -48,12 +49,14 @@ struct Outcome {
 }
 
 /// Runs a job over splits of `split_rows` rows each on `nodes` nodes of
-/// `cpus` slots, taking the next event from `choices` (then always the
-/// first task's next step).
+/// `cpus` slots, each of which may queue `queue` tasks beyond them (every
+/// task is short), taking the next event from `choices` (then always the
+/// first task's next step). A queued task runs at once, as if a slot had
+/// freed: what matters here is that the job's counts come out right.
 fn simulate(
     pipeline: Pipeline,
     split_rows: &[usize],
-    (nodes, cpus): (usize, f64),
+    (nodes, cpus, queue): (usize, f64, usize),
     pooled: bool,
     choices: &[u16],
 ) -> Result<Outcome, TestCaseError> {
@@ -80,6 +83,9 @@ fn simulate(
         },
         recorder,
     );
+    for node in 0..nodes {
+        job = job.queueing(node, queue);
+    }
     let bases: Vec<u64> = split_rows
         .iter()
         .scan(0u64, |next, &n| {
@@ -177,7 +183,7 @@ fn simulate(
         if cancelled.contains(&t.stage) || t.next == t.outputs.len() {
             running.remove(&id);
             if let Some(stage) = job.on_finished(id) {
-                job.record_finished(stage, Default::default(), Vec::new());
+                job.record_finished(stage, Duration::from_micros(20), Vec::new());
             }
             continue;
         }
@@ -246,10 +252,11 @@ proptest! {
         maps in 1usize..4,
         nodes in 1usize..4,
         cpus in 1u32..4,
+        queue in 0usize..4,
         pooled in any::<bool>(),
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(Pipeline::Maps(maps), &split_rows, (nodes, cpus as f64), pooled, &choices)?;
+        let out = simulate(Pipeline::Maps(maps), &split_rows, (nodes, cpus as f64, queue), pooled, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let retries: u64 = out.stats.operators.iter().map(|o| o.retries).sum();
         prop_assert_eq!(retries, out.lost, "every lost task is retried and counted");
@@ -261,9 +268,10 @@ proptest! {
         n in 0usize..60,
         nodes in 1usize..4,
         cpus in 1u32..4,
+        queue in 0usize..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(Pipeline::Limit(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
+        let out = simulate(Pipeline::Limit(n), &split_rows, (nodes, cpus as f64, queue), false, &choices)?;
         let all = source_rows(&split_rows);
         let got = sorted(out.rows);
         prop_assert_eq!(got.len(), n.min(all.len()));
@@ -279,7 +287,7 @@ proptest! {
         cpus in 1u32..4,
         choices in prop::collection::vec(any::<u16>(), 0..400),
     ) {
-        let out = simulate(Pipeline::Repartition(n), &split_rows, (nodes, cpus as f64), false, &choices)?;
+        let out = simulate(Pipeline::Repartition(n), &split_rows, (nodes, cpus as f64, 0), false, &choices)?;
         prop_assert_eq!(sorted(out.rows), source_rows(&split_rows));
         let total = split_rows.iter().sum::<usize>();
         let concat_tasks = out.stats.operators[3].tasks as usize;
@@ -384,4 +392,61 @@ fn a_retried_large_split_waits_for_the_other_large_one() {
     let retried = started(job.advance(&SimMemory(&budgets)));
     let placed: Vec<(usize, usize)> = retried.iter().map(|&(_, n, i)| (n, i)).collect();
     assert_eq!(placed, vec![(stays, 1)]);
+}
+
+/// A node with queue room is handed tasks beyond its free slots once a
+/// stage's tasks are known to be short, as many as the room and no more;
+/// a stage of long tasks, or one not yet timed, gets its slots only. A
+/// queued task that ends gives back its place in the queue, not a slot.
+#[test]
+fn short_tasks_queue_beyond_the_slots_long_ones_do_not() {
+    for (busy, queued) in [
+        (Duration::from_micros(30), 3),
+        (Duration::from_millis(30), 0),
+    ] {
+        let shapes = Pipeline::Maps(0).shapes(40);
+        let names = shapes.iter().map(|s| s.name.clone()).collect();
+        let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+        let budgets = node_budgets(1, CAPACITY, &[RESERVE]);
+        let mut job = JobState::<Rows>::new(
+            shapes,
+            vec![Resources::cpu(2.0)],
+            FailurePolicy::default(),
+            recorder,
+        )
+        .queueing(0, 3);
+        let started = |actions: Vec<Action<Rows>>| -> Vec<TaskId> {
+            actions
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::Start { task, .. } => Some(task),
+                    _ => None,
+                })
+                .collect()
+        };
+        let memory = SimMemory(&budgets);
+        let mut running = started(job.advance(&memory));
+        assert_eq!(running.len(), 2, "not timed yet: its slots only");
+        let finish = |job: &mut JobState<Rows>, task: TaskId| {
+            let forced = Arc::new(AtomicUsize::new(0));
+            let held = Held::admit(&budgets[0], 0, ROW_BYTES, false, &forced).unwrap();
+            let part = Rows {
+                start: task.0 * 10,
+                len: 1,
+                bytes: ROW_BYTES,
+                node: 0,
+                _held: Arc::new(held),
+            };
+            job.on_output(task, 0, part);
+            let stage = job.on_finished(task).unwrap();
+            job.record_finished(stage, busy, Vec::new());
+        };
+        for _ in 0..3 {
+            let task = running.remove(0);
+            finish(&mut job, task);
+            running.extend(started(job.advance(&memory)));
+            assert_eq!(running.len(), 2 + queued, "{busy:?}");
+        }
+        assert_eq!(job.recorder().snapshot().peak_running[0], 2);
+    }
 }
