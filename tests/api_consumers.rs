@@ -28,6 +28,40 @@ fn iter_batches_streams_all_rows() {
 }
 
 #[test]
+fn iter_batches_with_cuts_exact_batches_and_shuffles_every_row_once() {
+    let ds = ctx().range(1000, 7);
+    let ids = |options: BatchOptions| -> (Vec<usize>, Vec<i64>) {
+        let batches: Vec<RecordBatch> = ds
+            .iter_batches_with(options)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        let sizes = batches.iter().map(RecordBatch::num_rows).collect();
+        let ids = batches
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        (sizes, ids)
+    };
+    let (sizes, mut in_order) = ids(BatchOptions::rows(64));
+    assert_eq!(sizes.iter().sum::<usize>(), 1000);
+    assert!(
+        sizes[..sizes.len() - 1].iter().all(|&n| n == 64),
+        "{sizes:?}"
+    );
+    assert_eq!(sizes.last(), Some(&(1000 % 64)));
+    in_order.sort_unstable();
+    assert_eq!(in_order, (0..1000).collect::<Vec<_>>());
+    let (sizes, shuffled) = ids(BatchOptions::rows(64).drop_last(true).local_shuffle(300, 3));
+    assert_eq!(sizes, vec![64; 1000 / 64]);
+    assert!(shuffled.windows(2).any(|w| w[0] > w[1]), "no row moved");
+    let mut once = shuffled.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!(once.len(), shuffled.len(), "a row came twice");
+}
+
+#[test]
 fn iter_rows_and_take() {
     let ctx = ctx();
     let rows: Vec<Row> = ctx

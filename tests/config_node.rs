@@ -137,3 +137,24 @@ fn observability_keys_are_read_and_checked() {
         "{err}"
     );
 }
+
+/// A store capacity the user set that /dev/shm cannot back stops the node
+/// at start, naming /dev/shm (a default one is cut to fit instead: see the
+/// store's tests); one that fits starts.
+#[test]
+fn a_store_capacity_set_beyond_dev_shm_is_refused_at_start() {
+    let spill = tempfile::tempdir().unwrap();
+    let config = |store_capacity| NodeConfig {
+        cpus: 1.0,
+        gpus: Some(0.0),
+        store_capacity,
+        spill_dir: spill.path().to_path_buf(),
+        ..NodeConfig::default()
+    };
+    let err = Context::with_config(config(1 << 50))
+        .err()
+        .expect("1 PiB of /dev/shm");
+    let message = format!("{err:#}");
+    assert!(message.contains("/dev/shm"), "{message}");
+    assert!(Context::with_config(config(64 << 20)).is_ok());
+}

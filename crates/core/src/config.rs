@@ -412,6 +412,14 @@ impl NodeConfig {
         }
     }
 
+    /// Whether `store_capacity` was asked for (by a file, the environment
+    /// or code) rather than left at its default, 30% of memory: a store
+    /// refuses to start with a capacity asked for that /dev/shm cannot
+    /// back, and cuts a default one to fit.
+    pub fn store_capacity_was_set(&self) -> bool {
+        self.store_capacity != default_store_capacity()
+    }
+
     /// Where the value of `key` came from, for errors about it found after
     /// loading (a TLS file that is missing, a head that does not answer).
     pub fn origin_of(key: &str, file: Option<&Path>) -> String {

@@ -36,7 +36,7 @@ pub use endpoint::{
 };
 pub use error::{FrameError, NetError};
 pub use fetch::{Fetched, Locality, MappedLease, PartitionServer, Served};
-pub use membership::{OnPeerLost, Sessions};
+pub use membership::Sessions;
 pub use tls::{Identity, TlsFiles, init_cluster};
 pub use transport::Transport;
 

@@ -4,13 +4,11 @@
 //! dial each other, a node reconnects before its old session has timed out,
 //! and the session election stops the losers. Each of those teardowns is a
 //! `node_session_disconnected` event; only the one that leaves a peer with
-//! no session means the peer is gone.
+//! no session means the peer is gone. A transport counts its sessions from
+//! its start (`Transport::on_peer_lost`): a count that began later would
+//! take a session opened before it for the last one.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-
-use ractor_cluster::NodeEventSubscription;
-use ractor_cluster::node::NodeServerSessionInformation;
 
 /// Live sessions per peer name.
 #[derive(Debug, Default)]
@@ -44,41 +42,4 @@ impl Sessions {
             }
         }
     }
-}
-
-/// A NodeServer subscription that calls `on_lost` with a peer's name when
-/// its last session ends. The call runs inside the NodeServer: it must not
-/// block (send a message).
-pub struct OnPeerLost<F> {
-    sessions: Mutex<Sessions>,
-    on_lost: F,
-}
-
-impl<F: Fn(&str) + Send + Sync + 'static> OnPeerLost<F> {
-    /// Calls `on_lost` for each peer whose last session ends.
-    pub fn new(on_lost: F) -> Self {
-        Self {
-            sessions: Mutex::new(Sessions::default()),
-            on_lost,
-        }
-    }
-
-    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl<F: Fn(&str) + Send + Sync + 'static> NodeEventSubscription for OnPeerLost<F> {
-    fn node_session_opened(&self, session: NodeServerSessionInformation) {
-        self.sessions().opened(&session.peer_addr);
-    }
-
-    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
-        let last = self.sessions().closed(&session.peer_addr);
-        if last {
-            (self.on_lost)(&session.peer_addr);
-        }
-    }
-
-    fn node_session_authenticated(&self, _: NodeServerSessionInformation) {}
 }

@@ -23,6 +23,7 @@ use crate::NetError;
 use crate::endpoint::{Endpoint, Peer, StreamKind, handshake};
 use crate::fetch::{self, Fetched, Locality, PartitionServer};
 use crate::frame::MAX_CONTROL_FRAME;
+use crate::membership::Sessions;
 
 /// A quinn stream pair as ractor_cluster's byte stream.
 struct QuicBidi {
@@ -41,6 +42,9 @@ impl ClusterBidiStream for QuicBidi {
     }
 }
 
+/// Told a peer's name when its last actor session ends.
+type LossListener = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// A node's transport. Cloning shares it.
 #[derive(Clone)]
 pub struct Transport {
@@ -54,6 +58,8 @@ struct Inner {
     partitions: Arc<dyn PartitionServer>,
     here: Locality,
     peers: Mutex<HashMap<String, Peer>>,
+    /// Told the name of each peer whose last actor session ends.
+    on_lost: Mutex<Vec<LossListener>>,
     /// Where nodes listen, by name: a fetch from a node with no connection
     /// yet connects there.
     addresses: Mutex<HashMap<String, SocketAddr>>,
@@ -102,11 +108,17 @@ impl Transport {
                 partitions,
                 here,
                 peers: Mutex::new(HashMap::new()),
+                on_lost: Mutex::new(Vec::new()),
                 addresses: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(Vec::new()),
             }),
         };
-        let check = SessionCheck(Arc::downgrade(&transport.inner));
+        // Subscribed before any peer is accepted, so that every session is
+        // counted from its opening (see `on_peer_lost`).
+        let check = SessionCheck {
+            inner: Arc::downgrade(&transport.inner),
+            sessions: Mutex::default(),
+        };
         let subscribe = NodeServerMessage::SubscribeToEvents {
             id: "streambatch.session-check".into(),
             subscription: Box::new(check),
@@ -139,6 +151,17 @@ impl Transport {
     /// The address it listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.inner.endpoint.local_addr()
+    }
+
+    /// Calls `on_lost` with a peer's name each time its last actor session
+    /// ends: a peer is lost then, not when a duplicate session or an
+    /// election's loser is torn down. Sessions are counted from the
+    /// transport's start, so a listener added late is told right about
+    /// sessions opened before it. It runs inside the NodeServer: it must
+    /// not block (send a message).
+    pub fn on_peer_lost(&self, on_lost: impl Fn(&str) + Send + Sync + 'static) {
+        let mut listeners = self.inner.on_lost.lock().unwrap_or_else(|p| p.into_inner());
+        listeners.push(Arc::new(on_lost));
     }
 
     /// The NodeServer, for subscribing to membership events.
@@ -272,15 +295,42 @@ impl Transport {
 /// ractor_cluster's loopback TCP listener (which only a holder of a cluster
 /// certificate can open) is not one this transport made, and is stopped as
 /// soon as it authenticates.
-struct SessionCheck(std::sync::Weak<Inner>);
+struct SessionCheck {
+    inner: std::sync::Weak<Inner>,
+    /// Live sessions per peer, for `Transport::on_peer_lost`.
+    sessions: Mutex<Sessions>,
+}
+
+impl SessionCheck {
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 impl ractor_cluster::NodeEventSubscription for SessionCheck {
-    fn node_session_opened(&self, _: NodeServerSessionInformation) {}
+    fn node_session_opened(&self, session: NodeServerSessionInformation) {
+        self.sessions().opened(&session.peer_addr);
+    }
 
-    fn node_session_disconnected(&self, _: NodeServerSessionInformation) {}
+    fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
+        if !self.sessions().closed(&session.peer_addr) {
+            return;
+        }
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let listeners = inner
+            .on_lost
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for on_lost in listeners {
+            on_lost(&session.peer_addr);
+        }
+    }
 
     fn node_session_authenticated(&self, session: NodeServerSessionInformation) {
-        let Some(inner) = self.0.upgrade() else {
+        let Some(inner) = self.inner.upgrade() else {
             return;
         };
         // A session's label is its certificate's name (see `QuicBidi`).

@@ -352,16 +352,9 @@ async fn a_session_under_another_name_than_its_certificate_is_stopped() {
 /// The peers `transport` loses: their last session ended.
 fn losses(transport: &Transport) -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let lost = streambatch_net::OnPeerLost::new(move |peer: &str| {
+    transport.on_peer_lost(move |peer: &str| {
         let _ = tx.send(peer.to_string());
     });
-    transport
-        .node_server()
-        .cast(NodeServerMessage::SubscribeToEvents {
-            id: "test-losses".into(),
-            subscription: Box::new(lost),
-        })
-        .unwrap();
     rx
 }
 
@@ -408,5 +401,42 @@ async fn a_second_session_torn_down_is_not_the_loss_of_its_node() {
     assert_eq!(wait(lost.recv()).await.unwrap(), "worker-1");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(lost.try_recv().is_err(), "one loss per node");
+    head.stop();
+}
+
+/// A listener added after a peer's session opened (a node's agent starts
+/// after its transport accepts peers) still tells a duplicate's teardown
+/// from the peer's loss: sessions are counted from the transport's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_added_late_counts_the_sessions_opened_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let mut events = membership(&head);
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    worker.join(head.local_addr()).await.unwrap();
+    assert_eq!(
+        wait(events.recv()).await.unwrap(),
+        ("up", "worker-1".into())
+    );
+    let mut lost = losses(&head);
+    worker.join(head.local_addr()).await.unwrap();
+    let torn_down = wait(async {
+        loop {
+            if let ("down", peer) = events.recv().await.unwrap() {
+                break peer;
+            }
+        }
+    })
+    .await;
+    assert_eq!(torn_down, "worker-1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        lost.try_recv().is_err(),
+        "a duplicate's teardown counted as a loss"
+    );
+    worker.stop();
+    assert_eq!(wait(lost.recv()).await.unwrap(), "worker-1");
     head.stop();
 }

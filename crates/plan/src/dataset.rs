@@ -8,6 +8,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use streambatch_core::{NodeConfig, StageOptions};
 
+use crate::batching::{BatchOptions, Batches};
 use crate::images::{ImageSize, images_schema, is_image};
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
@@ -482,6 +483,15 @@ impl Dataset {
     /// Runs the plan and streams its output batches as they are produced.
     pub fn iter_batches(&self) -> Result<BatchStream> {
         self.start(self.plan.clone())
+    }
+
+    /// Runs the plan and streams its rows in batches cut as `options` says:
+    /// exactly `batch_size` rows each (a batch inside one partition is a
+    /// slice of it), the last short one dropped with `drop_last`, rows
+    /// mixed across partitions inside a seeded local shuffle buffer (see
+    /// [`Batches`] for an example).
+    pub fn iter_batches_with(&self, options: BatchOptions) -> Result<Batches<BatchStream>> {
+        Batches::new(self.iter_batches()?, options)
     }
 
     /// Runs the plan and streams its rows.

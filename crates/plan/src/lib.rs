@@ -6,6 +6,7 @@
 //! This crate decides *what* runs; it knows nothing of scheduling or of where
 //! data lives. Consuming calls hand an [`ExecPlan`] to a [`Runner`].
 
+mod batching;
 mod dataset;
 mod error;
 mod explain;
@@ -22,6 +23,7 @@ mod stats;
 pub mod timeline;
 mod udf;
 
+pub use batching::{BatchOptions, Batches};
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
 pub use error::{BoxError, Error, Result};
 pub use explain::{Explain, StageExplain};

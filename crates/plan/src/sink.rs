@@ -352,6 +352,7 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     }
     if !committed.is_empty() {
         durable::sync_dir(dir)?;
+        sync_made_dirs(staging)?;
     }
     let mut removed = false;
     for old in std::fs::read_dir(dir)
@@ -371,6 +372,28 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     }
     committed.sort();
     Ok(committed)
+}
+
+/// Syncs the parents of the directories this write made on the way to its
+/// output directory, from the nearest up: each new directory is an entry
+/// of its parent, and a power loss must not lose the output's path with
+/// its files on disk.
+fn sync_made_dirs(staging: &Staging) -> Result<()> {
+    let Some(made) = &staging.made else {
+        return Ok(());
+    };
+    for new in staging.dir.ancestors() {
+        let parent = match new.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => break,
+        };
+        durable::sync_dir(parent)?;
+        if new == made {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Removes a failed write's staging directory, and the directories the
@@ -450,6 +473,29 @@ mod tests {
             Op::SyncDir(dir),
         ];
         assert_eq!(ops, expected);
+    }
+
+    #[test]
+    fn a_commit_into_new_directories_syncs_each_new_one_into_its_parent() {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("a").join("b");
+        let format = FileFormat::Csv;
+        let staging = create_staging(&dir).unwrap();
+        let sink = FileSink {
+            dir: staging.path.clone(),
+            format,
+        };
+        let (_, ops) = recorded(|| {
+            write_part(&sink, TaskId(1), rows()).unwrap();
+            commit_staging(staging, &format).unwrap()
+        });
+        let synced: Vec<&Op> = ops
+            .iter()
+            .filter(|op| matches!(op, Op::SyncDir(_)))
+            .collect();
+        let expected = [&dir, &out.path().join("a"), &out.path().to_path_buf()];
+        let expected: Vec<Op> = expected.iter().map(|d| Op::SyncDir((*d).clone())).collect();
+        assert_eq!(synced, expected.iter().collect::<Vec<_>>());
     }
 
     #[test]

@@ -155,6 +155,20 @@ enum Place {
 
 static STORES: AtomicU64 = AtomicU64::new(0);
 
+/// This process's mark in its stores' names, beside its pid: a dead
+/// process that had the same pid (a reused pid, a container's pid 1) may
+/// have left segments and spill directories under names this process would
+/// otherwise make again, and is told apart by its start time.
+fn process_mark() -> &'static str {
+    static MARK: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MARK.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        format!("{:x}", nanos as u64)
+    })
+}
+
 /// The first segment's size; later ones double the total up to the largest.
 const FIRST_SEGMENT: u64 = 4 << 20;
 
@@ -169,7 +183,8 @@ impl SharedStore {
             .collect();
         let pid = std::process::id();
         let prefix = format!(
-            "sb-{namespace}-{pid}-{}",
+            "sb-{namespace}-{pid}-{}-{}",
+            process_mark(),
             STORES.fetch_add(1, Ordering::Relaxed)
         );
         // Checked first: a directory another user controls is never

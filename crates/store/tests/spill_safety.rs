@@ -203,3 +203,29 @@ fn a_spill_file_tampered_with_a_valid_crc_is_refused_when_restored() {
     // Nothing half-restored: a read still refuses it.
     assert_refused(part.get());
 }
+
+/// A dead process that had this process's pid (a reused pid, a container's
+/// pid 1) left its stores' spill directories behind, with files in them:
+/// a new store never makes its files among them, and spills.
+#[test]
+fn leftovers_of_a_dead_process_with_this_pid_do_not_stop_a_spill() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
+    set_mode(&spill, 0o700);
+    let pid = std::process::id();
+    // The names its stores had (the count of stores this process opened
+    // so far stays below 64 here).
+    for n in 0..64 {
+        let old = spill.join(format!("sb-spillsafety-{pid}-{n}"));
+        std::fs::create_dir(&old).unwrap();
+        set_mode(&old, 0o700);
+        for id in 1..4 {
+            std::fs::write(old.join(format!("p{id}.arrows")), b"old").unwrap();
+        }
+    }
+    let store = open(64 << 10, &spill).unwrap();
+    let part = store.put(strings(20_000)).unwrap();
+    assert!(store.stats().spilled_bytes > 0, "the test means to spill");
+    assert_eq!(part.get().unwrap(), strings(20_000));
+}

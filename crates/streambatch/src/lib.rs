@@ -41,9 +41,9 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
-    BatchFn, BatchStream, BatchUdf, Dataset, Error, Event, EventKind, Expr, JobStats, Named,
-    NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Recipe, Registry, Result, Row, Stateful,
-    StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, timeline,
+    BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, Error, Event, EventKind, Expr,
+    JobStats, Named, NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Recipe, Registry,
+    Result, Row, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,
@@ -77,8 +77,8 @@ pub use parquet;
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BatchFn, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions, Resources, Result,
-        Row, StageOptions, Stateful, UdfError, Value, col, lit,
+        BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions,
+        Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col, lit,
     };
     pub use arrow_array::RecordBatch;
 }

@@ -16,9 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorRef};
-use ractor_cluster::NodeServerMessage;
 use streambatch_core::NodeConfig;
-use streambatch_net::{Endpoint, Locality, NetError, OnPeerLost, frame};
+use streambatch_net::{Endpoint, Locality, NetError, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore, StoreConfig};
 
@@ -59,6 +58,7 @@ impl ClusterNode {
         let runtime = runtime("streambatch-node")?;
         let store_config = StoreConfig {
             namespace: config.name.clone(),
+            strict_capacity: config.store_capacity_was_set(),
             ..StoreConfig::new(config.store_capacity, &config.spill_dir)
         };
         let store = SharedStore::open(store_config).map_err(|e| ClusterError::Start {
@@ -131,7 +131,7 @@ impl ClusterNode {
             stopped,
             done,
         };
-        node.watch_members()?;
+        node.watch_members();
         if let Some(head) = config.head {
             node.join(head, &info, &origin("head"), identity.cluster_id())?;
         }
@@ -194,22 +194,11 @@ impl ClusterNode {
 
     /// Tells the agent when a peer's connection is lost (on the head: a
     /// member; on any node: a driver whose jobs end).
-    fn watch_members(&self) -> Result<(), ClusterError> {
+    fn watch_members(&self) {
         let agent = self.children.agent.clone();
-        let subscription = OnPeerLost::new(move |peer: &str| {
+        self.children.transport.on_peer_lost(move |peer: &str| {
             let _ = agent.cast(AgentMsg::NodeDown(peer.to_string()));
         });
-        self.children
-            .transport
-            .node_server()
-            .cast(NodeServerMessage::SubscribeToEvents {
-                id: "streambatch.members".into(),
-                subscription: Box::new(subscription),
-            })
-            .map_err(|e| ClusterError::Start {
-                what: "membership events",
-                source: e.to_string().into(),
-            })
     }
 
     /// Reaches the head (retrying while it starts) and says hello.

@@ -734,6 +734,101 @@ mod tests {
         }
     }
 
+    /// An actor that drops what it is sent.
+    struct Ignore<M>(std::marker::PhantomData<fn() -> M>);
+
+    impl<M: ractor::Message> Actor for Ignore<M> {
+        type Msg = M;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(&self, _: ActorRef<M>, _: ()) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    async fn ignoring<M: ractor::Message>() -> ActorRef<M> {
+        let (actor, _) = Actor::spawn(None, Ignore(std::marker::PhantomData), ())
+            .await
+            .unwrap();
+        actor
+    }
+
+    /// An order over rows outside an output held here fails its task, and
+    /// leaves it counted as running nowhere: a draining node stops only
+    /// once nothing runs, and would wait for that task for ever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_task_over_rows_outside_an_output_leaves_nothing_running() {
+        use arrow_array::{ArrayRef, Int64Array};
+        use streambatch_net::{Endpoint, Identity, Locality, TlsFiles, init_cluster};
+        use streambatch_store::{SharedStore, StoreConfig};
+
+        let dir = tempfile::tempdir().unwrap();
+        let tls = dir.path().join("tls");
+        init_cluster(&tls, &["node"]).unwrap();
+        let identity = Identity::load(&TlsFiles::in_dir(&tls, "node")).unwrap();
+        let endpoint = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity).unwrap();
+        let shared =
+            SharedStore::open(StoreConfig::new(16 << 20, dir.path().join("spill"))).unwrap();
+        let server = Arc::new(StoreServer::new(shared.clone()));
+        let here = Locality::here(dir.path());
+        let transport = Transport::start("node", endpoint, server.clone(), here, None)
+            .await
+            .unwrap();
+        let myself = ignoring::<RelayMsg>().await;
+        let plan = Arc::new(plan());
+        let store: Arc<dyn ObjectStore> = Arc::new(shared);
+        let metrics = NodeMetrics::new(store.clone(), 1.0, 1.0);
+        let stages = plan.stages.len();
+        let ctx = Arc::new(JobCtx {
+            job: JobId(1),
+            cancelled: (0..stages).map(|_| Default::default()).collect(),
+            plan: plan.clone(),
+            store: store.clone(),
+            budgets: Budgets::new(16 << 20, vec![0; stages], Arc::new(|| {})),
+            events: myself.get_derived(),
+            target_bytes: 1 << 20,
+        });
+        let mut state = RelayState {
+            key: JobKey {
+                cluster: "c".into(),
+                driver: "driver".into(),
+                job: 1,
+            },
+            node: "node".into(),
+            ctx,
+            port: ignoring::<PortMsg>().await,
+            server,
+            transport: transport.clone(),
+            manager: ignoring::<NodeMsg>().await,
+            outputs: HashMap::new(),
+            paused: HashMap::new(),
+            pulled: Arc::default(),
+            ending: false,
+            draining: true,
+            running: Default::default(),
+            share: NodeShare::new(plan.stages.iter().map(|s| s.name.clone()), &metrics),
+            spilled_before: 0,
+        };
+        // An output of 10 rows held here, and an order for rows 5..25 of it.
+        let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10));
+        let part = store
+            .put(RecordBatch::try_from_iter([("x", x)]).unwrap())
+            .unwrap();
+        let id = part.id().0;
+        state.outputs.insert(id, Output::new(part, 80, None));
+        let outside = PartSpec {
+            holder: "node".into(),
+            id,
+            offset: 5,
+            len: 20,
+        };
+        let input = InputSpec::Parts(vec![outside]);
+        state.run(TaskId(1), 1, input, Keep::all(), false, &myself);
+        assert!(state.running.is_empty(), "the failed task still runs here");
+        transport.stop();
+    }
+
     #[test]
     fn orders_that_do_not_fit_the_plan_are_refused() {
         let plan = plan();

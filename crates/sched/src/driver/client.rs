@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorRef};
-use ractor_cluster::NodeServerMessage;
 use streambatch_core::{JobId, NodeConfig};
 use streambatch_net::{
-    Endpoint, Fetched, Locality, NetError, OnPeerLost, PartitionServer, Served, Transport, frame,
+    Endpoint, Fetched, Locality, NetError, PartitionServer, Served, Transport, frame,
 };
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
@@ -123,13 +122,7 @@ impl ClusterClient {
                 jobs: jobs.clone(),
                 head: head_name.clone(),
             };
-            let lost = OnPeerLost::new(move |peer: &str| lost.lost(peer));
-            let _ = transport
-                .node_server()
-                .cast(NodeServerMessage::SubscribeToEvents {
-                    id: "streambatch.jobs".into(),
-                    subscription: Box::new(lost),
-                });
+            transport.on_peer_lost(move |peer: &str| lost.lost(peer));
             match tokio::time::timeout(CONNECT_WITHIN, transport.join(head)).await {
                 Ok(Ok(peer)) => {
                     *head_name.lock().unwrap_or_else(|p| p.into_inner()) = peer.name().into()

@@ -46,7 +46,10 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts a node with `config` and a shared-memory store of its capacity.
     pub fn start(config: NodeConfig) -> Result<Self> {
-        let store_config = StoreConfig::new(config.store_capacity, &config.spill_dir);
+        let store_config = StoreConfig {
+            strict_capacity: config.store_capacity_was_set(),
+            ..StoreConfig::new(config.store_capacity, &config.spill_dir)
+        };
         let store =
             SharedStore::open(store_config).map_err(|e| Error::store("opening the store", e))?;
         Self::with_store(config, Arc::new(store))

@@ -1,0 +1,457 @@
+//! Batches as a trainer wants them, made from partitions of any size:
+//! exactly `batch_size` rows each (the last may be shorter, or dropped with
+//! `drop_last`), and with a local shuffle buffer, rows mixed across
+//! partitions inside a bounded number of rows, in an order fixed by a seed.
+//!
+//! Without shuffling, a batch inside one partition is a slice of it (no
+//! copy); only a batch that spans partitions is copied, once. A shuffled
+//! batch gathers its rows from the buffered partitions with arrow's
+//! `interleave`, one copy.
+
+use std::collections::VecDeque;
+
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::SchemaRef;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::{Error, Result};
+
+/// How [`Dataset::iter_batches_with`](crate::Dataset::iter_batches_with)
+/// cuts its batches.
+///
+/// ```
+/// let options = streambatch_plan::BatchOptions::rows(64)
+///     .drop_last(true)
+///     .local_shuffle(1_000, 7);
+/// assert_eq!(options.batch_size, Some(64));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// Rows per batch; `None`: the partitions as the job makes them.
+    pub batch_size: Option<usize>,
+    /// Drops the last batch when it is shorter than `batch_size`.
+    pub drop_last: bool,
+    /// Rows held to mix across partitions before a batch is drawn from
+    /// them (`None`: no shuffle). A batch is drawn once the buffer holds
+    /// this many rows (or the input ended).
+    pub local_shuffle_buffer_size: Option<usize>,
+    /// Seeds the shuffle: the same seed over the same input order gives
+    /// the same batches.
+    pub seed: u64,
+}
+
+impl BatchOptions {
+    /// Batches of exactly `n` rows (the last may be shorter).
+    pub fn rows(n: usize) -> Self {
+        Self {
+            batch_size: Some(n),
+            ..Self::default()
+        }
+    }
+
+    /// Drops (`true`) or keeps a last batch shorter than the others.
+    pub fn drop_last(self, drop_last: bool) -> Self {
+        Self { drop_last, ..self }
+    }
+
+    /// Mixes rows inside a buffer of `rows` rows, seeded by `seed`.
+    pub fn local_shuffle(self, rows: usize, seed: u64) -> Self {
+        Self {
+            local_shuffle_buffer_size: Some(rows),
+            seed,
+            ..self
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.batch_size == Some(0) {
+            return Err(Error::Invalid("batch_size must be at least 1".into()));
+        }
+        if self.local_shuffle_buffer_size.is_some() && self.batch_size.is_none() {
+            return Err(Error::Invalid(
+                "a local shuffle needs a batch_size: its batches are drawn from the buffer".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Batches cut from `input`'s partitions as [`BatchOptions`] says.
+pub struct Batches<I> {
+    input: I,
+    options: BatchOptions,
+    /// Partitions read and not yet wholly handed out, oldest first, and
+    /// how many of the first one's rows were.
+    pending: VecDeque<RecordBatch>,
+    taken: usize,
+    /// Rows in `pending` not yet handed out.
+    pending_rows: usize,
+    shuffle: Option<ShuffleBuffer>,
+    ended: bool,
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>> Batches<I> {
+    /// Cuts `input`'s partitions; an error for options that cannot hold
+    /// (a batch size of 0, a shuffle without a batch size).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    /// use streambatch_plan::{BatchOptions, Batches};
+    /// let part = |n: i64| {
+    ///     let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+    ///     Ok(RecordBatch::try_from_iter([("x", x)]).unwrap())
+    /// };
+    /// // Partitions of 3, 5 and 2 rows, in batches of 4.
+    /// let batches = Batches::new([part(3), part(5), part(2)].into_iter(), BatchOptions::rows(4))?;
+    /// let sizes: Vec<usize> = batches.map(|b| b.map(|b| b.num_rows())).collect::<Result<_, _>>()?;
+    /// assert_eq!(sizes, [4, 4, 2]);
+    /// # Ok::<(), streambatch_plan::Error>(())
+    /// ```
+    pub fn new(input: I, options: BatchOptions) -> Result<Self> {
+        options.check()?;
+        Ok(Self {
+            input,
+            options,
+            pending: VecDeque::new(),
+            taken: 0,
+            pending_rows: 0,
+            shuffle: options
+                .local_shuffle_buffer_size
+                .map(|_| ShuffleBuffer::new(options.seed)),
+            ended: false,
+        })
+    }
+
+    /// The next non-empty partition of the input, or `None` at its end.
+    fn pull(&mut self) -> Option<Result<RecordBatch>> {
+        if self.ended {
+            return None;
+        }
+        loop {
+            match self.input.next() {
+                Some(Ok(batch)) if batch.num_rows() == 0 => continue,
+                Some(next) => return Some(next),
+                None => {
+                    self.ended = true;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The next `n` rows of `pending` (at most what it holds), as one batch.
+    fn cut(&mut self, n: usize) -> Result<RecordBatch> {
+        let mut pieces = Vec::new();
+        let mut left = n.min(self.pending_rows);
+        while left > 0 {
+            let first = self.pending.front().expect("rows are pending");
+            let here = (first.num_rows() - self.taken).min(left);
+            pieces.push(first.slice(self.taken, here));
+            self.taken += here;
+            left -= here;
+            if self.taken == first.num_rows() {
+                self.pending.pop_front();
+                self.taken = 0;
+            }
+        }
+        self.pending_rows -= pieces.iter().map(RecordBatch::num_rows).sum::<usize>();
+        match pieces.len() {
+            1 => Ok(pieces.pop().expect("one piece")),
+            _ => {
+                let schema = pieces[0].schema();
+                arrow_select::concat::concat_batches(&schema, &pieces)
+                    .map_err(|e| Error::Invalid(format!("joining partitions into a batch: {e}")))
+            }
+        }
+    }
+
+    fn next_in_order(&mut self, size: usize) -> Option<Result<RecordBatch>> {
+        while self.pending_rows < size {
+            match self.pull()? {
+                Ok(batch) => {
+                    self.pending_rows += batch.num_rows();
+                    self.pending.push_back(batch);
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(self.cut(size))
+    }
+
+    fn next_shuffled(&mut self, size: usize, buffer: usize) -> Option<Result<RecordBatch>> {
+        let want = buffer.max(size);
+        loop {
+            let held = self.shuffle.as_ref().map_or(0, ShuffleBuffer::rows);
+            if held >= want {
+                break;
+            }
+            match self.pull() {
+                Some(Ok(batch)) => self.shuffle.as_mut()?.add(batch),
+                Some(Err(e)) => return Some(Err(e)),
+                None => break,
+            }
+        }
+        let shuffle = self.shuffle.as_mut()?;
+        if shuffle.rows() == 0 {
+            return None;
+        }
+        Some(shuffle.draw(size))
+    }
+}
+
+impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Batches<I> {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let Some(size) = self.options.batch_size else {
+            return self.pull();
+        };
+        let next = match self.options.local_shuffle_buffer_size {
+            Some(buffer) => self.next_shuffled(size, buffer),
+            None => match self.next_in_order(size) {
+                None if self.pending_rows > 0 => Some(self.cut(size)),
+                next => next,
+            },
+        };
+        match next {
+            Some(Ok(batch)) if batch.num_rows() < size && self.options.drop_last => None,
+            next => next,
+        }
+    }
+}
+
+/// Rows of buffered partitions not yet drawn, each named by its partition
+/// and row; a partition is let go once all its rows were drawn.
+struct ShuffleBuffer {
+    parts: Vec<Option<RecordBatch>>,
+    /// Per partition, its rows not yet drawn.
+    left: Vec<usize>,
+    rows: Vec<(usize, usize)>,
+    schema: Option<SchemaRef>,
+    rng: StdRng,
+}
+
+impl ShuffleBuffer {
+    fn new(seed: u64) -> Self {
+        Self {
+            parts: Vec::new(),
+            left: Vec::new(),
+            rows: Vec::new(),
+            schema: None,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn add(&mut self, batch: RecordBatch) {
+        let part = self.parts.len();
+        self.schema.get_or_insert_with(|| batch.schema());
+        self.rows
+            .extend((0..batch.num_rows()).map(|row| (part, row)));
+        self.left.push(batch.num_rows());
+        self.parts.push(Some(batch));
+    }
+
+    /// Up to `n` rows drawn uniformly from the buffer, as one batch.
+    fn draw(&mut self, n: usize) -> Result<RecordBatch> {
+        let n = n.min(self.rows.len());
+        let mut picked = Vec::with_capacity(n);
+        for _ in 0..n {
+            let at = self.rng.random_range(0..self.rows.len());
+            picked.push(self.rows.swap_remove(at));
+        }
+        let schema = self.schema.clone().expect("rows were added");
+        // Only the partitions drawn from take part, renumbered.
+        let mut used: Vec<usize> = picked.iter().map(|&(part, _)| part).collect();
+        used.sort_unstable();
+        used.dedup();
+        let position = |part: usize| used.binary_search(&part).expect("listed above");
+        let indices: Vec<(usize, usize)> = picked
+            .iter()
+            .map(|&(part, row)| (position(part), row))
+            .collect();
+        let columns = (0..schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> = used
+                    .iter()
+                    .map(|&p| {
+                        self.parts[p]
+                            .as_ref()
+                            .expect("a live partition")
+                            .column(c)
+                            .as_ref()
+                    })
+                    .collect();
+                arrow_select::interleave::interleave(&arrays, &indices)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::Invalid(format!("drawing a shuffled batch: {e}")))?;
+        for &(part, _) in &picked {
+            self.left[part] -= 1;
+            if self.left[part] == 0 {
+                self.parts[part] = None;
+            }
+        }
+        self.compact();
+        RecordBatch::try_new(schema, columns)
+            .map_err(|e| Error::Invalid(format!("drawing a shuffled batch: {e}")))
+    }
+
+    /// Forgets the slots of partitions wholly drawn once they are most of
+    /// them, so that a long stream keeps a short list.
+    fn compact(&mut self) {
+        let live = self.parts.iter().filter(|p| p.is_some()).count();
+        if self.parts.len() < 64 || live * 2 > self.parts.len() {
+            return;
+        }
+        let mut renumber = vec![usize::MAX; self.parts.len()];
+        let mut parts = Vec::with_capacity(live);
+        let mut left = Vec::with_capacity(live);
+        for (old, part) in self.parts.drain(..).enumerate() {
+            if let Some(part) = part {
+                renumber[old] = parts.len();
+                parts.push(Some(part));
+                left.push(self.left[old]);
+            }
+        }
+        for (part, _) in &mut self.rows {
+            *part = renumber[*part];
+        }
+        self.parts = parts;
+        self.left = left;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Int64Array};
+
+    use super::*;
+
+    /// Partitions of the given sizes holding 0, 1, 2, ... in order.
+    fn partitions(sizes: &[usize]) -> Vec<Result<RecordBatch>> {
+        let mut next = 0i64;
+        sizes
+            .iter()
+            .map(|&n| {
+                let x: ArrayRef = Arc::new(Int64Array::from_iter_values(next..next + n as i64));
+                next += n as i64;
+                Ok(RecordBatch::try_from_iter([("x", x)]).unwrap())
+            })
+            .collect()
+    }
+
+    fn values(batch: &RecordBatch) -> Vec<i64> {
+        let x = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        x.values().to_vec()
+    }
+
+    fn cut(sizes: &[usize], options: BatchOptions) -> Vec<Vec<i64>> {
+        Batches::new(partitions(sizes).into_iter(), options)
+            .unwrap()
+            .map(|b| values(&b.unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn batches_have_exactly_their_size_across_partition_boundaries() {
+        let batches = cut(&[3, 5, 0, 1, 7], BatchOptions::rows(4));
+        let sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![4, 4, 4, 4]);
+        assert_eq!(batches.concat(), (0..16).collect::<Vec<_>>());
+        let batches = cut(&[10], BatchOptions::rows(4));
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4, 2]);
+        let batches = cut(&[10], BatchOptions::rows(4).drop_last(true));
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4]);
+        assert!(cut(&[], BatchOptions::rows(4)).is_empty());
+        assert_eq!(
+            cut(&[2, 3], BatchOptions::default()),
+            [vec![0, 1], vec![2, 3, 4]]
+        );
+    }
+
+    #[test]
+    fn a_batch_inside_one_partition_is_a_slice_of_it_not_a_copy() {
+        let input = partitions(&[8]);
+        let source = input[0].as_ref().unwrap().column(0).to_data().buffers()[0].as_ptr();
+        let batches: Vec<RecordBatch> = Batches::new(input.into_iter(), BatchOptions::rows(4))
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        let second = batches[1].column(0).to_data();
+        let at = second.buffers()[0].as_ptr() as usize + second.offset() * 8;
+        assert_eq!(
+            at,
+            source as usize + 4 * 8,
+            "the second batch copied its rows"
+        );
+    }
+
+    #[test]
+    fn a_shuffle_keeps_every_row_once_and_its_seed_fixes_the_order() {
+        let options = BatchOptions::rows(5).local_shuffle(12, 7);
+        let sizes = [4, 4, 4, 4, 4, 3];
+        let first = cut(&sizes, options);
+        let mut all = first.concat();
+        assert_ne!(all, (0..23).collect::<Vec<_>>(), "not shuffled");
+        all.sort_unstable();
+        assert_eq!(all, (0..23).collect::<Vec<_>>());
+        assert_eq!(cut(&sizes, options), first, "the same seed, the same order");
+        assert_ne!(
+            cut(&sizes, BatchOptions::rows(5).local_shuffle(12, 8)),
+            first
+        );
+        let sizes: Vec<usize> = first.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [5, 5, 5, 5, 3]);
+        let dropped = cut(&[4, 4, 4, 4, 4, 3], options.drop_last(true));
+        assert_eq!(dropped.len(), 4);
+    }
+
+    #[test]
+    fn a_shuffle_reads_no_more_than_its_buffer_before_a_batch() {
+        let read = std::cell::Cell::new(0);
+        let input = partitions(&[4; 10])
+            .into_iter()
+            .inspect(|_| read.set(read.get() + 1));
+        let mut batches = Batches::new(input, BatchOptions::rows(2).local_shuffle(10, 1)).unwrap();
+        let first = batches.next().unwrap().unwrap();
+        assert_eq!(first.num_rows(), 2);
+        // 10 rows wanted: three partitions of 4, not the whole input.
+        assert_eq!(read.get(), 3);
+        // The first three partitions only: rows 0..12.
+        assert!(
+            values(&first).iter().all(|v| *v < 12),
+            "{:?}",
+            values(&first)
+        );
+    }
+
+    #[test]
+    fn options_that_cannot_hold_are_refused() {
+        let input = || partitions(&[1]).into_iter();
+        assert!(Batches::new(input(), BatchOptions::rows(0)).is_err());
+        let shuffle_only = BatchOptions::default().local_shuffle(10, 1);
+        assert!(Batches::new(input(), shuffle_only).is_err());
+    }
+
+    #[test]
+    fn an_error_of_the_input_is_passed_on() {
+        let input = vec![
+            partitions(&[3]).remove(0),
+            Err(Error::Invalid("broken".into())),
+        ];
+        let mut batches = Batches::new(input.into_iter(), BatchOptions::rows(4)).unwrap();
+        assert!(batches.next().unwrap().is_err());
+    }
+}
