@@ -88,6 +88,25 @@ pub enum Error {
     /// A call the plan cannot carry out (a missing column, a bad argument).
     #[error("invalid plan: {0}")]
     Invalid(String),
+    /// Ranks of a streaming split that did not ask for an epoch in time:
+    /// the ranks waiting for them give up.
+    #[error("epoch {epoch} of the split: rank(s) {missing:?} did not ask for it within {waited:?}")]
+    SplitBarrier {
+        /// The epoch waited for.
+        epoch: usize,
+        /// The ranks that never asked.
+        missing: Vec<usize>,
+        /// How long the others waited.
+        waited: std::time::Duration,
+    },
+    /// The job of a streaming split's epoch failed; every rank is told.
+    #[error("epoch {epoch} of the split failed: {message}")]
+    SplitJob {
+        /// The epoch.
+        epoch: usize,
+        /// The job's error.
+        message: String,
+    },
     /// An operator's task needs more slots than the node has: it could
     /// never run.
     #[error(

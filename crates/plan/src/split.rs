@@ -1,0 +1,316 @@
+//! One running job shared by `n` consumers in this process (trainer ranks,
+//! a thread each): [`Dataset::streaming_split`](crate::Dataset::streaming_split).
+//!
+//! Each epoch runs the pipeline once, starting when every rank has asked
+//! for it (after a timeout, the ranks waiting get an error naming those
+//! that never asked). Partitions go to the rank that asks (demand-driven,
+//! like Ray Data's output splitter): a slow rank takes fewer and holds no
+//! one back. Pulling from the job is one rank at a time, the others wait
+//! for that partition, not for each other's training steps.
+//!
+//! With `equal`, every rank gets the same number of rows per epoch. Rows
+//! pulled from the job wait in a buffer until a rank may take them; a rank
+//! may hold at most its share of all rows seen so far, `(delivered +
+//! buffered) / n` (a partition is sliced to fit). That share only grows as
+//! more rows come, so when the job ends every rank can be brought up to
+//! exactly `total / n` and none is past it; the few rows left over are
+//! dropped and counted ([`Split::dropped_rows`]). A rank ahead of its share
+//! pulls more from the job, which the store budget throttles: a slow rank
+//! slows the others only through memory.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+
+use crate::batching::{BatchOptions, Batches};
+use crate::dataset::{BatchStream, Dataset};
+use crate::{Error, Result};
+
+/// How a dataset is split: see [`Dataset::streaming_split_with`](crate::Dataset::streaming_split_with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitOptions {
+    /// Every rank gets the same number of rows per epoch (the few left
+    /// over are dropped and counted).
+    pub equal: bool,
+    /// How long a rank waits at an epoch's start for the others to ask.
+    pub barrier_timeout: Duration,
+}
+
+impl Default for SplitOptions {
+    fn default() -> Self {
+        Self {
+            equal: false,
+            barrier_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One rank's share of a split dataset. `Send`: hand each to its thread.
+pub struct Split {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    dataset: Dataset,
+    ranks: usize,
+    options: SplitOptions,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per rank, the last epoch it asked for.
+    asked: Vec<Option<usize>>,
+    /// The epoch whose job runs (or ran last).
+    epoch: Option<usize>,
+    /// That epoch's job; `None` while a rank pulls from it.
+    stream: Option<BatchStream>,
+    pulling: bool,
+    ended: bool,
+    /// Rows pulled and not yet handed to a rank, oldest first.
+    buffer: VecDeque<RecordBatch>,
+    buffered: usize,
+    /// Per rank, rows handed to it this epoch.
+    delivered: Vec<usize>,
+    failed: Option<String>,
+    /// Rows left over by the last equal epoch.
+    dropped: usize,
+}
+
+impl Dataset {
+    /// `n` splits of one running job, each to be consumed by one rank (a
+    /// thread of this process): see [`Split`]. With `equal`, every rank
+    /// gets the same number of rows per epoch.
+    pub fn streaming_split(&self, n: usize, equal: bool) -> Result<Vec<Split>> {
+        let options = SplitOptions {
+            equal,
+            ..SplitOptions::default()
+        };
+        self.streaming_split_with(n, options)
+    }
+
+    /// [`streaming_split`](Dataset::streaming_split) with every option.
+    pub fn streaming_split_with(&self, n: usize, options: SplitOptions) -> Result<Vec<Split>> {
+        if n == 0 {
+            return Err(Error::Invalid(
+                "a streaming split needs at least one rank".into(),
+            ));
+        }
+        let state = State {
+            asked: vec![None; n],
+            delivered: vec![0; n],
+            ..State::default()
+        };
+        let shared = Arc::new(Shared {
+            dataset: self.clone(),
+            ranks: n,
+            options,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+        });
+        Ok((0..n)
+            .map(|rank| Split {
+                rank,
+                shared: shared.clone(),
+            })
+            .collect())
+    }
+}
+
+impl Split {
+    /// This split's rank, 0 to n - 1.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// This rank's partitions of epoch `epoch`. The epoch's job starts at
+    /// the first `next()` once every rank has asked for it.
+    pub fn epoch(&self, epoch: usize) -> EpochStream {
+        let mut state = self.shared.lock();
+        state.asked[self.rank] = Some(epoch);
+        self.shared.changed.notify_all();
+        EpochStream {
+            rank: self.rank,
+            epoch,
+            shared: self.shared.clone(),
+            started: false,
+            done: false,
+        }
+    }
+
+    /// This rank's batches of epoch `epoch`, cut as `options` says.
+    pub fn iter_batches(
+        &self,
+        epoch: usize,
+        options: BatchOptions,
+    ) -> Result<Batches<EpochStream>> {
+        Batches::new(self.epoch(epoch), options)
+    }
+
+    /// Rows the last equal epoch left over (fewer than the ranks).
+    pub fn dropped_rows(&self) -> usize {
+        self.shared.lock().dropped
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until every rank asked for `epoch`, then starts its job if no
+    /// rank did yet.
+    fn start(&self, epoch: usize) -> Result<()> {
+        let deadline = Instant::now() + self.options.barrier_timeout;
+        let mut state = self.lock();
+        loop {
+            if state.epoch.is_some_and(|e| e >= epoch) {
+                return Ok(());
+            }
+            let missing: Vec<usize> = (0..self.ranks)
+                .filter(|&r| state.asked[r].is_none_or(|e| e < epoch))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::SplitBarrier {
+                    epoch,
+                    missing,
+                    waited: self.options.barrier_timeout,
+                });
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        while state.pulling {
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        if state.epoch.is_some_and(|e| e >= epoch) {
+            return Ok(()); // another rank started it meanwhile
+        }
+        // The last epoch's job, if a rank left it early, is dropped (and so
+        // stopped) with its rows.
+        state.stream = None;
+        let stream = self.dataset.iter_batches()?;
+        *state = State {
+            asked: std::mem::take(&mut state.asked),
+            epoch: Some(epoch),
+            stream: Some(stream),
+            delivered: vec![0; self.ranks],
+            ..State::default()
+        };
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// The next rows for `rank`, or `None` once it has all it gets.
+    fn next_for(&self, rank: usize, epoch: usize) -> Option<Result<RecordBatch>> {
+        let mut state = self.lock();
+        loop {
+            if state.epoch != Some(epoch) {
+                return None; // a later epoch started: this one is over
+            }
+            if let Some(message) = &state.failed {
+                let message = message.clone();
+                return Some(Err(Error::SplitJob { epoch, message }));
+            }
+            if let Some(batch) = self.take(&mut state, rank) {
+                return Some(Ok(batch));
+            }
+            if state.ended {
+                if self.options.equal {
+                    state.dropped = state.buffered;
+                }
+                return None;
+            }
+            if state.pulling {
+                state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            // Pull one partition, the lock let go meanwhile.
+            let mut stream = state.stream.take()?;
+            state.pulling = true;
+            drop(state);
+            let next = stream.next();
+            state = self.lock();
+            state.pulling = false;
+            self.changed.notify_all();
+            if state.epoch != Some(epoch) {
+                return None;
+            }
+            state.stream = Some(stream);
+            match next {
+                Some(Ok(batch)) => {
+                    state.buffered += batch.num_rows();
+                    state.buffer.push_back(batch);
+                }
+                Some(Err(e)) => state.failed = Some(e.to_string()),
+                None => state.ended = true,
+            }
+        }
+    }
+
+    /// Rows from the buffer that `rank` may take now: the oldest partition,
+    /// or (with `equal`) as much of it as keeps the rank within its share.
+    fn take(&self, state: &mut State, rank: usize) -> Option<RecordBatch> {
+        let first = state.buffer.front()?.num_rows();
+        let rows = if self.options.equal {
+            let seen: usize = state.delivered.iter().sum::<usize>() + state.buffered;
+            let allowed = (seen / self.ranks).saturating_sub(state.delivered[rank]);
+            first.min(allowed)
+        } else {
+            first
+        };
+        if rows == 0 {
+            return None;
+        }
+        let front = state.buffer.pop_front()?;
+        let batch = if rows < first {
+            state.buffer.push_front(front.slice(rows, first - rows));
+            front.slice(0, rows)
+        } else {
+            front
+        };
+        state.buffered -= rows;
+        state.delivered[rank] += rows;
+        Some(batch)
+    }
+}
+
+/// One rank's partitions of one epoch (see [`Split::epoch`]).
+pub struct EpochStream {
+    rank: usize,
+    epoch: usize,
+    shared: Arc<Shared>,
+    started: bool,
+    done: bool,
+}
+
+impl Iterator for EpochStream {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        if self.done {
+            return None;
+        }
+        if !self.started {
+            self.started = true;
+            if let Err(e) = self.shared.start(self.epoch) {
+                self.done = true;
+                return Some(Err(e));
+            }
+        }
+        let next = self.shared.next_for(self.rank, self.epoch);
+        self.done = !matches!(next, Some(Ok(_)));
+        next
+    }
+}

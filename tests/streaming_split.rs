@@ -1,0 +1,141 @@
+//! One running job split among trainer ranks in this process, a thread
+//! each: every row of an epoch reaches exactly one rank, `equal` gives each
+//! rank the same count, a slow rank takes less and holds no one back, and a
+//! rank that never comes is named after the barrier's timeout.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use common::ctx;
+use streambatch::prelude::*;
+use streambatch::{Split, SplitOptions};
+
+/// The ids each rank got in `epoch`, each rank on its own thread, waiting
+/// `step[rank]` after each batch (a training step).
+fn consume(splits: &[Split], epoch: usize, step: &[Duration]) -> Vec<Vec<i64>> {
+    std::thread::scope(|s| {
+        let ranks: Vec<_> = splits
+            .iter()
+            .map(|split| {
+                let pause = step[split.rank()];
+                s.spawn(move || {
+                    let mut ids = Vec::new();
+                    for batch in split.epoch(epoch) {
+                        let batch = batch.expect("the epoch runs");
+                        ids.extend(batch.column(0).as_primitive::<Int64Type>().values());
+                        std::thread::sleep(pause);
+                    }
+                    ids
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+fn each_once(ranks: &[Vec<i64>], n: i64) {
+    let mut all: Vec<i64> = ranks.concat();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..n).collect::<Vec<_>>(),
+        "every row once across ranks"
+    );
+}
+
+#[test]
+fn every_row_of_every_epoch_reaches_exactly_one_rank() {
+    let splits = ctx().range(10_000, 37).streaming_split(3, false).unwrap();
+    for epoch in 0..2 {
+        let ranks = consume(&splits, epoch, &[Duration::ZERO; 3]);
+        each_once(&ranks, 10_000);
+    }
+}
+
+#[test]
+fn equal_splits_give_every_rank_the_same_rows_and_count_the_rest() {
+    let splits = ctx().range(1_000, 7).streaming_split(3, true).unwrap();
+    let steps = [Duration::ZERO, Duration::from_millis(5), Duration::ZERO];
+    let ranks = consume(&splits, 0, &steps);
+    assert!(
+        ranks.iter().all(|r| r.len() == 333),
+        "{:?}",
+        ranks.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    let distinct: HashSet<i64> = ranks.concat().into_iter().collect();
+    assert_eq!(distinct.len(), 999, "a row went to two ranks");
+    assert_eq!(splits[0].dropped_rows(), 1);
+}
+
+#[test]
+fn a_slow_rank_takes_fewer_partitions_and_holds_no_one_back() {
+    let splits = ctx().range(20_000, 40).streaming_split(2, false).unwrap();
+    let steps = [Duration::ZERO, Duration::from_millis(50)];
+    let ranks = consume(&splits, 0, &steps);
+    each_once(&ranks, 20_000);
+    assert!(
+        ranks[0].len() > 2 * ranks[1].len(),
+        "fast {} rows, slow {}",
+        ranks[0].len(),
+        ranks[1].len()
+    );
+}
+
+#[test]
+fn a_rank_that_never_asks_is_named_after_the_timeout() {
+    let options = SplitOptions {
+        equal: false,
+        barrier_timeout: Duration::from_millis(200),
+    };
+    let splits = ctx()
+        .range(100, 2)
+        .streaming_split_with(2, options)
+        .unwrap();
+    let err = splits[0].epoch(0).next().unwrap().unwrap_err();
+    match &err {
+        Error::SplitBarrier { epoch, missing, .. } => {
+            assert_eq!((*epoch, missing.as_slice()), (0, [1].as_slice()));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("rank(s) [1]"), "{err}");
+}
+
+#[test]
+fn batches_of_a_split_are_cut_as_asked() {
+    let splits = ctx().range(1_000, 9).streaming_split(1, false).unwrap();
+    let sizes: Vec<usize> = splits[0]
+        .iter_batches(0, BatchOptions::rows(100))
+        .unwrap()
+        .map(|b| b.unwrap().num_rows())
+        .collect();
+    assert_eq!(sizes, vec![100; 10]);
+}
+
+#[test]
+fn a_rank_that_leaves_mid_epoch_leaves_its_rows_to_the_others() {
+    let splits = ctx().range(5_000, 20).streaming_split(2, false).unwrap();
+    let ids = |batch: Result<RecordBatch>| -> Vec<i64> {
+        let batch = batch.expect("the epoch runs");
+        batch
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec()
+    };
+    let (stay, leave) = (&splits[0], &splits[1]);
+    let ranks = std::thread::scope(|s| {
+        let left = s.spawn(|| {
+            // One batch, then the rank's thread ends, its stream dropped.
+            let mut stream = leave.epoch(0);
+            ids(stream.next().unwrap())
+        });
+        let stayed = s.spawn(|| stay.epoch(0).flat_map(ids).collect::<Vec<i64>>());
+        vec![stayed.join().unwrap(), left.join().unwrap()]
+    });
+    each_once(&ranks, 5_000);
+}
