@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use common::ctx;
+use common::{ctx, ctx_with};
 use streambatch::prelude::*;
 use streambatch::{Split, SplitOptions};
 
@@ -90,6 +90,7 @@ fn a_rank_that_never_asks_is_named_after_the_timeout() {
     let options = SplitOptions {
         equal: false,
         barrier_timeout: Duration::from_millis(200),
+        ..SplitOptions::default()
     };
     let splits = ctx()
         .range(100, 2)
@@ -138,4 +139,36 @@ fn a_rank_that_leaves_mid_epoch_leaves_its_rows_to_the_others() {
         vec![stayed.join().unwrap(), left.join().unwrap()]
     });
     each_once(&ranks, 5_000);
+}
+
+/// The first id of each partition, in the order they came (one CPU slot:
+/// splits run one after another, in the plan's order).
+fn first_ids(batches: impl Iterator<Item = Result<RecordBatch>>) -> Vec<i64> {
+    batches
+        .map(|b| b.unwrap().column(0).as_primitive::<Int64Type>().value(0))
+        .collect()
+}
+
+#[test]
+fn a_seeded_block_order_moves_whole_partitions_and_changes_each_epoch() {
+    let ctx = ctx_with(|c| c.cpus = 1.0);
+    let ds = ctx.range(1_000, 10);
+    let in_order: Vec<i64> = (0..10).map(|i| i * 100).collect();
+    let shuffled = first_ids(ds.randomize_block_order(3).iter_batches().unwrap());
+    assert_ne!(shuffled, in_order);
+    let mut sorted = shuffled.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, in_order, "whole partitions, each once");
+    let again = first_ids(ds.randomize_block_order(3).iter_batches().unwrap());
+    assert_eq!(again, shuffled, "the same seed, the same order");
+
+    let options = SplitOptions {
+        block_order_seed: Some(3),
+        ..SplitOptions::default()
+    };
+    let splits = ds.streaming_split_with(1, options).unwrap();
+    let epoch0 = first_ids(splits[0].epoch(0));
+    let epoch1 = first_ids(splits[0].epoch(1));
+    assert_eq!(epoch0, shuffled, "epoch 0 runs seed 3 + 0");
+    assert_ne!(epoch1, epoch0, "a new order each epoch");
 }

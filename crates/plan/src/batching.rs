@@ -6,16 +6,18 @@
 //! Without shuffling, a batch inside one partition is a slice of it (no
 //! copy); only a batch that spans partitions is copied, once. A shuffled
 //! batch gathers its rows from the buffered partitions with arrow's
-//! `interleave`, one copy.
+//! `interleave`, one copy. With `prefetch_batches`, a thread of their own
+//! makes the next batches while the trainer computes.
 
 use std::collections::VecDeque;
+use std::sync::mpsc;
 
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::SchemaRef;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{Error, Result};
+use crate::{BatchIter, Error, Result};
 
 /// How [`Dataset::iter_batches_with`](crate::Dataset::iter_batches_with)
 /// cuts its batches.
@@ -39,6 +41,11 @@ pub struct BatchOptions {
     /// Seeds the shuffle: the same seed over the same input order gives
     /// the same batches.
     pub seed: u64,
+    /// Batches made ready ahead, on a thread of their own, while the
+    /// consumer works on the last (0: each is made when asked for). A
+    /// batch within one partition pins that partition in the store, so
+    /// what waits ahead is counted against the store's capacity.
+    pub prefetch_batches: usize,
 }
 
 impl BatchOptions {
@@ -62,6 +69,27 @@ impl BatchOptions {
             seed,
             ..self
         }
+    }
+
+    /// Makes `n` batches ready ahead of the consumer.
+    pub fn prefetch(self, n: usize) -> Self {
+        Self {
+            prefetch_batches: n,
+            ..self
+        }
+    }
+
+    /// `input`'s partitions cut into batches, made ahead on a thread of
+    /// their own when `prefetch_batches` asks for it.
+    pub fn cut<I>(self, input: I) -> Result<BatchIter>
+    where
+        I: Iterator<Item = Result<RecordBatch>> + Send + 'static,
+    {
+        let batches = Batches::new(input, self)?;
+        Ok(match self.prefetch_batches {
+            0 => Box::new(batches),
+            n => Box::new(Prefetched::new(batches, n)),
+        })
     }
 
     fn check(&self) -> Result<()> {
@@ -219,6 +247,45 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Batches<I> {
             Some(Ok(batch)) if batch.num_rows() < size && self.options.drop_last => None,
             next => next,
         }
+    }
+}
+
+/// Batches made on a thread of their own, up to `ahead` of the consumer.
+/// Dropped, it lets the thread go; the thread ends (and drops its input,
+/// stopping the job) once its next batch finds no one to take it.
+pub struct Prefetched {
+    ready: mpsc::Receiver<Result<RecordBatch>>,
+}
+
+impl Prefetched {
+    /// Starts making `input`'s batches, at most `ahead` (at least 1) ready
+    /// at a time.
+    pub fn new<I>(input: I, ahead: usize) -> Self
+    where
+        I: Iterator<Item = Result<RecordBatch>> + Send + 'static,
+    {
+        // A rendezvous channel already holds one batch ready (the one the
+        // thread waits to hand over); each slot of the channel one more.
+        let (tx, ready) = mpsc::sync_channel(ahead.max(1) - 1);
+        std::thread::Builder::new()
+            .name("streambatch-prefetch".into())
+            .spawn(move || {
+                for batch in input {
+                    if tx.send(batch).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("a thread starts");
+        Self { ready }
+    }
+}
+
+impl Iterator for Prefetched {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        self.ready.recv().ok()
     }
 }
 
@@ -435,6 +502,32 @@ mod tests {
             "{:?}",
             values(&first)
         );
+    }
+
+    #[test]
+    fn prefetched_batches_come_in_order_and_are_made_ahead() {
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = made.clone();
+        let input = partitions(&[4; 6]).into_iter().inspect(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let mut batches = BatchOptions::rows(4).prefetch(2).cut(input).unwrap();
+        let first = values(&batches.next().unwrap().unwrap());
+        assert_eq!(first, vec![0, 1, 2, 3]);
+        // While this consumer holds the first, the thread makes two more.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while made.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+            assert!(std::time::Instant::now() < deadline, "nothing made ahead");
+            std::thread::yield_now();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(
+            made.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "no more than 2 ahead"
+        );
+        let rest: Vec<i64> = batches.flat_map(|b| values(&b.unwrap())).collect();
+        assert_eq!(rest, (4..24).collect::<Vec<_>>());
     }
 
     #[test]

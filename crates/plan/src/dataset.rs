@@ -6,9 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use streambatch_core::{NodeConfig, StageOptions};
 
-use crate::batching::{BatchOptions, Batches};
+use crate::BatchIter;
+use crate::batching::BatchOptions;
 use crate::images::{ImageSize, images_schema, is_image};
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
@@ -437,6 +441,26 @@ impl Dataset {
         self.then(LogicalOp::Limit(n))
     }
 
+    /// The same rows with the source's splits (its files, row groups or
+    /// ranges, one task each) in an order shuffled by `seed`: partitions
+    /// come in another order, with no row moved or copied. The same seed
+    /// gives the same order.
+    pub fn randomize_block_order(&self, seed: u64) -> Self {
+        let mut ops = self.plan.chain();
+        if let Some(LogicalOp::Source { splits, .. }) = ops.first_mut() {
+            splits.shuffle(&mut StdRng::seed_from_u64(seed));
+        }
+        let mut plan = None;
+        for op in ops {
+            plan = Some(Arc::new(LogicalPlan { input: plan, op }));
+        }
+        Self {
+            runner: self.runner.clone(),
+            plan: plan.expect("a chain starts at its source"),
+            last_stats: Default::default(),
+        }
+    }
+
     /// Regroups the rows into `n` partitions of (nearly) equal rows.
     pub fn repartition(&self, n: usize) -> Self {
         self.then(LogicalOp::Repartition(n))
@@ -489,9 +513,10 @@ impl Dataset {
     /// exactly `batch_size` rows each (a batch inside one partition is a
     /// slice of it), the last short one dropped with `drop_last`, rows
     /// mixed across partitions inside a seeded local shuffle buffer (see
-    /// [`Batches`] for an example).
-    pub fn iter_batches_with(&self, options: BatchOptions) -> Result<Batches<BatchStream>> {
-        Batches::new(self.iter_batches()?, options)
+    /// [`Batches`](crate::Batches) for an example), made ahead with
+    /// `prefetch_batches`.
+    pub fn iter_batches_with(&self, options: BatchOptions) -> Result<BatchIter> {
+        options.cut(self.iter_batches()?)
     }
 
     /// Runs the plan and streams its rows.

@@ -24,7 +24,7 @@ mod stats;
 pub mod timeline;
 mod udf;
 
-pub use batching::{BatchOptions, Batches};
+pub use batching::{BatchOptions, Batches, Prefetched};
 pub use dataset::{BatchStream, Dataset, JobStream, Runner};
 pub use error::{BoxError, Error, Result};
 pub use explain::{Explain, StageExplain};

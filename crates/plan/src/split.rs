@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
-use crate::batching::{BatchOptions, Batches};
+use crate::batching::BatchOptions;
 use crate::dataset::{BatchStream, Dataset};
-use crate::{Error, Result};
+use crate::{BatchIter, Error, Result};
 
 /// How a dataset is split: see [`Dataset::streaming_split_with`](crate::Dataset::streaming_split_with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +36,10 @@ pub struct SplitOptions {
     pub equal: bool,
     /// How long a rank waits at an epoch's start for the others to ask.
     pub barrier_timeout: Duration,
+    /// Runs epoch `e` with the source's splits in the order that seed
+    /// `seed + e` gives ([`Dataset::randomize_block_order`]): a new order
+    /// every epoch, the same rows.
+    pub block_order_seed: Option<u64>,
 }
 
 impl Default for SplitOptions {
@@ -43,6 +47,7 @@ impl Default for SplitOptions {
         Self {
             equal: false,
             barrier_timeout: Duration::from_secs(600),
+            block_order_seed: None,
         }
     }
 }
@@ -143,12 +148,8 @@ impl Split {
     }
 
     /// This rank's batches of epoch `epoch`, cut as `options` says.
-    pub fn iter_batches(
-        &self,
-        epoch: usize,
-        options: BatchOptions,
-    ) -> Result<Batches<EpochStream>> {
-        Batches::new(self.epoch(epoch), options)
+    pub fn iter_batches(&self, epoch: usize, options: BatchOptions) -> Result<BatchIter> {
+        options.cut(self.epoch(epoch))
     }
 
     /// Rows the last equal epoch left over (fewer than the ranks).
@@ -200,7 +201,13 @@ impl Shared {
         // The last epoch's job, if a rank left it early, is dropped (and so
         // stopped) with its rows.
         state.stream = None;
-        let stream = self.dataset.iter_batches()?;
+        let dataset = match self.options.block_order_seed {
+            Some(seed) => self
+                .dataset
+                .randomize_block_order(seed.wrapping_add(epoch as u64)),
+            None => self.dataset.clone(),
+        };
+        let stream = dataset.iter_batches()?;
         *state = State {
             asked: std::mem::take(&mut state.asked),
             epoch: Some(epoch),
