@@ -83,6 +83,11 @@ fn a_slow_rank_takes_fewer_partitions_and_holds_no_one_back() {
         ranks[0].len(),
         ranks[1].len()
     );
+    // Each rank's stats count what it got.
+    let stats = splits[1].stats();
+    assert_eq!(stats[0].rows, ranks[0].len());
+    assert_eq!(stats[1].rows, ranks[1].len());
+    assert_eq!(stats[0].pieces + stats[1].pieces, 40);
 }
 
 #[test]
@@ -131,9 +136,10 @@ fn a_rank_that_leaves_mid_epoch_leaves_its_rows_to_the_others() {
     let (stay, leave) = (&splits[0], &splits[1]);
     let ranks = std::thread::scope(|s| {
         let left = s.spawn(|| {
-            // One batch, then the rank's thread ends, its stream dropped.
+            // At most one batch (the other rank may have taken all), then
+            // the rank's thread ends, its stream dropped.
             let mut stream = leave.epoch(0);
-            ids(stream.next().unwrap())
+            stream.next().map(ids).unwrap_or_default()
         });
         let stayed = s.spawn(|| stay.epoch(0).flat_map(ids).collect::<Vec<i64>>());
         vec![stayed.join().unwrap(), left.join().unwrap()]
@@ -171,4 +177,14 @@ fn a_seeded_block_order_moves_whole_partitions_and_changes_each_epoch() {
     let epoch1 = first_ids(splits[0].epoch(1));
     assert_eq!(epoch0, shuffled, "epoch 0 runs seed 3 + 0");
     assert_ne!(epoch1, epoch0, "a new order each epoch");
+}
+
+#[test]
+fn partitions_a_filter_emptied_hold_no_rank_up() {
+    let ds = ctx().range(1_000, 10).filter(col("id").lt(lit(500)));
+    for equal in [false, true] {
+        let splits = ds.streaming_split(2, equal).unwrap();
+        let ranks = consume(&splits, 0, &[Duration::ZERO; 2]);
+        each_once(&ranks, 500);
+    }
 }

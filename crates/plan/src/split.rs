@@ -76,14 +76,32 @@ struct State {
     stream: Option<BatchStream>,
     pulling: bool,
     ended: bool,
-    /// Rows pulled and not yet handed to a rank, oldest first.
-    buffer: VecDeque<RecordBatch>,
+    /// Rows pulled and not yet handed to a rank, oldest first, with when
+    /// they came.
+    buffer: VecDeque<(RecordBatch, Instant)>,
     buffered: usize,
     /// Per rank, rows handed to it this epoch.
     delivered: Vec<usize>,
     failed: Option<String>,
     /// Rows left over by the last equal epoch.
     dropped: usize,
+    /// Per rank, over all epochs.
+    stats: Vec<RankStats>,
+}
+
+/// What one rank of a split got, over all its epochs so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankStats {
+    /// Rows handed to it.
+    pub rows: usize,
+    /// Pieces of partitions handed to it (before any batching).
+    pub pieces: usize,
+    /// Time it waited for data: in the epoch's barrier, for the job, for
+    /// another rank's pull.
+    pub waited_for_data: Duration,
+    /// Time what it took had waited for it in the split's buffer, summed
+    /// over its pieces: the job's output waiting for this trainer.
+    pub data_waited: Duration,
 }
 
 impl Dataset {
@@ -108,6 +126,7 @@ impl Dataset {
         let state = State {
             asked: vec![None; n],
             delivered: vec![0; n],
+            stats: vec![RankStats::default(); n],
             ..State::default()
         };
         let shared = Arc::new(Shared {
@@ -155,6 +174,11 @@ impl Split {
     /// Rows the last equal epoch left over (fewer than the ranks).
     pub fn dropped_rows(&self) -> usize {
         self.shared.lock().dropped
+    }
+
+    /// What each rank of the split got so far, by rank.
+    pub fn stats(&self) -> Vec<RankStats> {
+        self.shared.lock().stats.clone()
     }
 }
 
@@ -210,6 +234,7 @@ impl Shared {
         let stream = dataset.iter_batches()?;
         *state = State {
             asked: std::mem::take(&mut state.asked),
+            stats: std::mem::take(&mut state.stats),
             epoch: Some(epoch),
             stream: Some(stream),
             delivered: vec![0; self.ranks],
@@ -256,9 +281,11 @@ impl Shared {
             }
             state.stream = Some(stream);
             match next {
+                // An empty partition gives no rank anything.
+                Some(Ok(batch)) if batch.num_rows() == 0 => {}
                 Some(Ok(batch)) => {
                     state.buffered += batch.num_rows();
-                    state.buffer.push_back(batch);
+                    state.buffer.push_back((batch, Instant::now()));
                 }
                 Some(Err(e)) => state.failed = Some(e.to_string()),
                 None => state.ended = true,
@@ -269,7 +296,7 @@ impl Shared {
     /// Rows from the buffer that `rank` may take now: the oldest partition,
     /// or (with `equal`) as much of it as keeps the rank within its share.
     fn take(&self, state: &mut State, rank: usize) -> Option<RecordBatch> {
-        let first = state.buffer.front()?.num_rows();
+        let first = state.buffer.front()?.0.num_rows();
         let rows = if self.options.equal {
             let seen: usize = state.delivered.iter().sum::<usize>() + state.buffered;
             let allowed = (seen / self.ranks).saturating_sub(state.delivered[rank]);
@@ -280,15 +307,21 @@ impl Shared {
         if rows == 0 {
             return None;
         }
-        let front = state.buffer.pop_front()?;
+        let (front, came) = state.buffer.pop_front()?;
         let batch = if rows < first {
-            state.buffer.push_front(front.slice(rows, first - rows));
+            state
+                .buffer
+                .push_front((front.slice(rows, first - rows), came));
             front.slice(0, rows)
         } else {
             front
         };
         state.buffered -= rows;
         state.delivered[rank] += rows;
+        let stats = &mut state.stats[rank];
+        stats.rows += rows;
+        stats.pieces += 1;
+        stats.data_waited += came.elapsed();
         Some(batch)
     }
 }
@@ -309,14 +342,18 @@ impl Iterator for EpochStream {
         if self.done {
             return None;
         }
-        if !self.started {
-            self.started = true;
-            if let Err(e) = self.shared.start(self.epoch) {
-                self.done = true;
-                return Some(Err(e));
+        let asked = Instant::now();
+        let next = match self.started {
+            false => {
+                self.started = true;
+                match self.shared.start(self.epoch) {
+                    Ok(()) => self.shared.next_for(self.rank, self.epoch),
+                    Err(e) => Some(Err(e)),
+                }
             }
-        }
-        let next = self.shared.next_for(self.rank, self.epoch);
+            true => self.shared.next_for(self.rank, self.epoch),
+        };
+        self.shared.lock().stats[self.rank].waited_for_data += asked.elapsed();
         self.done = !matches!(next, Some(Ok(_)));
         next
     }

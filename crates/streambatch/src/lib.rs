@@ -43,8 +43,8 @@ pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
     BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream, Error, Event,
     EventKind, Expr, JobStats, Named, NodeStats, OpStats, OperatorStats, PauseCause, Pauses,
-    Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample, UdfError, Value,
-    Wait, WaitSpan, col, lit, timeline,
+    RankStats, Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample, UdfError,
+    Value, Wait, WaitSpan, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,
