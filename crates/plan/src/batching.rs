@@ -255,6 +255,9 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Batches<I> {
 /// stopping the job) once its next batch finds no one to take it.
 pub struct Prefetched {
     ready: mpsc::Receiver<Result<RecordBatch>>,
+    /// The thread, joined once it hangs up: a panic there is an error
+    /// here, not a short stream.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Prefetched {
@@ -267,7 +270,7 @@ impl Prefetched {
         // A rendezvous channel already holds one batch ready (the one the
         // thread waits to hand over); each slot of the channel one more.
         let (tx, ready) = mpsc::sync_channel(ahead.max(1) - 1);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("streambatch-prefetch".into())
             .spawn(move || {
                 for batch in input {
@@ -277,7 +280,10 @@ impl Prefetched {
                 }
             })
             .expect("a thread starts");
-        Self { ready }
+        Self {
+            ready,
+            thread: Some(thread),
+        }
     }
 }
 
@@ -285,7 +291,15 @@ impl Iterator for Prefetched {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Result<RecordBatch>> {
-        self.ready.recv().ok()
+        if let Ok(batch) = self.ready.recv() {
+            return Some(batch);
+        }
+        match self.thread.take()?.join() {
+            Ok(()) => None,
+            Err(_) => Some(Err(Error::Invalid(
+                "the thread making batches ahead panicked".into(),
+            ))),
+        }
     }
 }
 
@@ -368,6 +382,11 @@ impl ShuffleBuffer {
         RecordBatch::try_new(schema, columns)
             .map_err(|e| Error::Invalid(format!("drawing a shuffled batch: {e}")))
     }
+
+    // A partition stays whole (and, read from the store, pinned there) until
+    // its last row is drawn: with uniform draws a few rows of many
+    // partitions linger, so the partitions held can be several times the
+    // buffer's rows. Bounded, but to be known when sizing the buffer.
 
     /// Forgets the slots of partitions wholly drawn once they are most of
     /// them, so that a long stream keeps a short list.
@@ -528,6 +547,18 @@ mod tests {
         );
         let rest: Vec<i64> = batches.flat_map(|b| values(&b.unwrap())).collect();
         assert_eq!(rest, (4..24).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_panic_making_batches_ahead_is_an_error_not_a_short_stream() {
+        let input = partitions(&[4, 4]).into_iter().enumerate().map(|(i, b)| {
+            assert!(i == 0, "the input breaks");
+            b
+        });
+        let batches: Vec<Result<RecordBatch>> = Prefetched::new(input, 2).collect();
+        assert_eq!(batches.len(), 2);
+        assert!(batches[0].is_ok());
+        assert!(batches[1].is_err(), "the panic was not reported");
     }
 
     #[test]

@@ -16,7 +16,10 @@
 //! exactly `total / n` and none is past it; the few rows left over are
 //! dropped and counted ([`Split::dropped_rows`]). A rank ahead of its share
 //! pulls more from the job, which the store budget throttles: a slow rank
-//! slows the others only through memory.
+//! slows the others only through memory. A rank that drops its epoch's
+//! stream before the end leaves the epoch: the shares are the remaining
+//! ranks' from then on (a share only grows by it, since the one who left
+//! held no more than its own), so its rows go to them.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -68,8 +71,10 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// Per rank, the last epoch it asked for.
+    /// Per rank, the last epoch it asked for, and the last it left before
+    /// its end.
     asked: Vec<Option<usize>>,
+    left: Vec<Option<usize>>,
     /// The epoch whose job runs (or ran last).
     epoch: Option<usize>,
     /// That epoch's job; `None` while a rank pulls from it.
@@ -82,8 +87,11 @@ struct State {
     buffered: usize,
     /// Per rank, rows handed to it this epoch.
     delivered: Vec<usize>,
+    /// With `equal`, every rank's rows once one rank has finished the
+    /// epoch: a rank leaving later cannot make the others' shares grow.
+    target: Option<usize>,
     failed: Option<String>,
-    /// Rows left over by the last equal epoch.
+    /// Rows no rank took of the epoch before this one (see `dropped_rows`).
     dropped: usize,
     /// Per rank, over all epochs.
     stats: Vec<RankStats>,
@@ -125,6 +133,7 @@ impl Dataset {
         }
         let state = State {
             asked: vec![None; n],
+            left: vec![None; n],
             delivered: vec![0; n],
             stats: vec![RankStats::default(); n],
             ..State::default()
@@ -171,9 +180,16 @@ impl Split {
         options.cut(self.epoch(epoch))
     }
 
-    /// Rows the last equal epoch left over (fewer than the ranks).
+    /// Rows of the last epoch whose job ended that no rank took: with
+    /// `equal`, what the equal shares left over (fewer than the ranks
+    /// still in it), and a leaving rank's rows when every other rank had
+    /// already finished. Final once every rank has finished the epoch.
     pub fn dropped_rows(&self) -> usize {
-        self.shared.lock().dropped
+        let state = self.shared.lock();
+        match state.ended {
+            true => state.buffered,
+            false => state.dropped,
+        }
     }
 
     /// What each rank of the split got so far, by rank.
@@ -234,7 +250,13 @@ impl Shared {
         let stream = dataset.iter_batches()?;
         *state = State {
             asked: std::mem::take(&mut state.asked),
+            left: std::mem::take(&mut state.left),
             stats: std::mem::take(&mut state.stats),
+            // What no rank took of the epoch before.
+            dropped: match state.ended {
+                true => state.buffered,
+                false => state.dropped,
+            },
             epoch: Some(epoch),
             stream: Some(stream),
             delivered: vec![0; self.ranks],
@@ -259,8 +281,10 @@ impl Shared {
                 return Some(Ok(batch));
             }
             if state.ended {
-                if self.options.equal {
-                    state.dropped = state.buffered;
+                if self.options.equal && state.target.is_none() {
+                    // This rank has its share of all rows: every rank's is
+                    // that now, whoever leaves later.
+                    state.target = Some(state.delivered[rank]);
                 }
                 return None;
             }
@@ -272,7 +296,10 @@ impl Shared {
             let mut stream = state.stream.take()?;
             state.pulling = true;
             drop(state);
-            let next = stream.next();
+            let next = {
+                let _unwinding = PullGuard(self);
+                stream.next()
+            };
             state = self.lock();
             state.pulling = false;
             self.changed.notify_all();
@@ -293,13 +320,33 @@ impl Shared {
         }
     }
 
+    /// Rows the ranks still in the epoch have seen (taken or buffered),
+    /// and how many they are (at least 1).
+    fn seen(&self, state: &State) -> (usize, usize) {
+        let present = |r: &usize| state.left[*r] != state.epoch;
+        let taken: usize = (0..self.ranks)
+            .filter(present)
+            .map(|r| state.delivered[r])
+            .sum();
+        let ranks = (0..self.ranks).filter(present).count().max(1);
+        (taken + state.buffered, ranks)
+    }
+
+    /// Rank `rank` dropped its stream of `epoch` before its end.
+    fn leave(&self, rank: usize, epoch: usize) {
+        let mut state = self.lock();
+        state.left[rank] = Some(epoch);
+        self.changed.notify_all();
+    }
+
     /// Rows from the buffer that `rank` may take now: the oldest partition,
     /// or (with `equal`) as much of it as keeps the rank within its share.
     fn take(&self, state: &mut State, rank: usize) -> Option<RecordBatch> {
         let first = state.buffer.front()?.0.num_rows();
         let rows = if self.options.equal {
-            let seen: usize = state.delivered.iter().sum::<usize>() + state.buffered;
-            let allowed = (seen / self.ranks).saturating_sub(state.delivered[rank]);
+            let (seen, present) = self.seen(state);
+            let share = state.target.unwrap_or(seen / present);
+            let allowed = share.saturating_sub(state.delivered[rank]);
             first.min(allowed)
         } else {
             first
@@ -326,13 +373,37 @@ impl Shared {
     }
 }
 
+/// Ends a pull that unwinds (the job's stream panicked): the other ranks
+/// are told the epoch failed instead of waiting for the pull for ever.
+struct PullGuard<'a>(&'a Shared);
+
+impl Drop for PullGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = self.0.lock();
+            state.pulling = false;
+            state.failed = Some("a rank's pull from the job panicked".into());
+            self.0.changed.notify_all();
+        }
+    }
+}
+
 /// One rank's partitions of one epoch (see [`Split::epoch`]).
+/// Dropped before its end, its rank leaves the epoch.
 pub struct EpochStream {
     rank: usize,
     epoch: usize,
     shared: Arc<Shared>,
     started: bool,
     done: bool,
+}
+
+impl Drop for EpochStream {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.leave(self.rank, self.epoch);
+        }
+    }
 }
 
 impl Iterator for EpochStream {

@@ -938,8 +938,13 @@ fn remove_stale(namespace: &str, spill_dir: &Path) {
             .strip_prefix(&prefix)
             .and_then(|rest| rest.split('-').next())
             .and_then(|p| p.parse::<u32>().ok());
-        pid.is_some_and(|pid| {
-            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        let mark = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split('-').nth(1));
+        pid.is_some_and(|pid| match pid == std::process::id() {
+            // This pid, another mark: a dead process that had this pid.
+            true => mark != Some(process_mark()),
+            false => !Path::new(&format!("/proc/{pid}")).exists(),
         })
     };
     for name in segment::list(&prefix) {

@@ -228,4 +228,10 @@ fn leftovers_of_a_dead_process_with_this_pid_do_not_stop_a_spill() {
     let part = store.put(strings(20_000)).unwrap();
     assert!(store.stats().spilled_bytes > 0, "the test means to spill");
     assert_eq!(part.get().unwrap(), strings(20_000));
+    // And the store that opened removed them: their mark is not this
+    // process's.
+    let left = (0..64)
+        .filter(|n| spill.join(format!("sb-spillsafety-{pid}-{n}")).exists())
+        .count();
+    assert_eq!(left, 0, "leftovers of a dead process with this pid stay");
 }

@@ -9,8 +9,8 @@
 //! its output is already computed. Where every slot is taken, a node may
 //! also be handed a few tasks to queue for its next free slot (its workers
 //! take them without a round trip to the executor), but only of a stage
-//! with short tasks whose outputs in flight, a full queue's included, fit
-//! its budget.
+//! with short tasks, none of them paused on the node, whose outputs in
+//! flight, a full queue's included, fit its budget.
 
 use streambatch_core::Resources;
 
