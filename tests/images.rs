@@ -179,3 +179,60 @@ fn decoded_images_feed_the_image_operators() {
     assert_eq!(rows, 10);
     assert!(pixels.iter().all(|b| b.column_by_name("pixels").is_some()));
 }
+
+/// The training augmentations over `read_images` rows, as a pipeline of
+/// streambatch operators split between two ranks: every image arrives
+/// once, cropped to 4 x 4, flipped or not, as 48 normalised floats.
+#[test]
+fn augmented_images_reach_two_ranks_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..30u8 {
+        pattern(i)
+            .save(dir.path().join(format!("img-{i:02}.png")))
+            .unwrap();
+    }
+    let ds = ctx()
+        .read_images(dir.path().to_str().unwrap(), 6, 8)
+        .unwrap()
+        .map_batches(
+            streambatch::ops::random_resized_crop((6, 8), (4, 4), (0.3, 1.0), 7, 0),
+            Resources::cpu(1.0),
+        )
+        .map_batches(
+            streambatch::ops::flip((4, 4), 0.5, 7, 0),
+            Resources::cpu(1.0),
+        )
+        .map_batches(
+            streambatch::ops::normalize((4, 4), [0.5; 3], [0.25; 3]),
+            Resources::cpu(1.0),
+        );
+    let splits = ds.streaming_split(2, false).unwrap();
+    let paths: Vec<Vec<String>> = std::thread::scope(|s| {
+        let ranks: Vec<_> = splits
+            .iter()
+            .map(|split| {
+                s.spawn(move || {
+                    let mut paths = Vec::new();
+                    for batch in split.epoch(0) {
+                        let batch = batch.unwrap();
+                        let pixels = batch.column_by_name("pixels").unwrap().as_fixed_size_list();
+                        assert_eq!(pixels.value_length(), 48);
+                        let values = pixels
+                            .values()
+                            .as_primitive::<streambatch::arrow::array::types::Float32Type>();
+                        assert!(values.values().iter().all(|v| (-2.0..=2.0).contains(v)));
+                        let names = batch.column_by_name("path").unwrap().as_string::<i32>();
+                        paths.extend(names.iter().map(|p| p.unwrap().to_string()));
+                    }
+                    paths
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let mut all = paths.concat();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 30, "every image once");
+    assert_eq!(paths[0].len() + paths[1].len(), 30);
+}

@@ -17,6 +17,7 @@
 //! assert_eq!(evens, 500);
 //! ```
 
+mod augment;
 mod chunks;
 mod cluster;
 mod context;

@@ -1,6 +1,7 @@
 //! Built-in operators: the ones TOML pipelines name (`preprocess_images`,
 //! `seeded_uniform` constants), [`chunk_binary`] (large binary values cut
-//! into pieces without copies), and the demo embedding model of the main job
+//! into pieces without copies), training augmentations over `read_images`
+//! rows ([`random_resized_crop`], [`flip`], [`normalize`]), and the demo embedding model of the main job
 //! (`examples/batch_inference.rs`), on the CPU ([`CpuEmbedder`]) or as a WGSL
 //! kernel ([`gpu_embedder`]).
 //!
@@ -44,6 +45,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::{BatchFn, Error, GpuKernel, Result, UdfError};
 
+pub use crate::augment::{Side, flip, normalize, random_resized_crop};
 pub use crate::chunks::{BinaryPieces, chunk_binary};
 
 /// Side of the square images [`preprocess`] takes.
