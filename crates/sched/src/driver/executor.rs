@@ -284,11 +284,10 @@ impl Actor for Executor {
         }
         let job = JobState::new(shapes, free, failures, recorder);
         // A cluster job may lose nodes: it keeps what it needs to make
-        // their partitions again.
-        // The embedded node queues a few tasks per slot, so that a worker
-        // finishing a short task starts the next at once instead of waiting
-        // for this actor to hear of it and decide (a round trip between
-        // threads, about as long as a small task itself).
+        // their partitions again. The embedded node queues a few tasks per
+        // slot, so that a worker finishing a short task starts the next at
+        // once instead of waiting for this actor to hear of it and decide
+        // (a round trip between threads, about as long as a small task).
         let job = match &backend {
             Backend::Remote(_) => job.with_lineage(),
             Backend::Local(_) => {

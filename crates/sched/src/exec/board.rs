@@ -6,9 +6,10 @@
 //! embedded node a few short tasks per slot beyond its free slots (see
 //! `JobState::queueing`), so the next task is usually there already: a slot
 //! stays busy while the executor hears of the last task and decides the
-//! next, instead of waiting a round trip between threads per task. The board, not the job state,
-//! keeps the node within its resources: a task starts only when its
-//! stage's CPUs and GPUs fit beside what runs, whatever the jobs handed it.
+//! next, instead of waiting a round trip between threads per task. The
+//! board, not the job state, keeps the node within its resources: a task
+//! starts only when its stage's CPUs and GPUs fit beside what runs,
+//! whatever the jobs handed it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
