@@ -14,6 +14,16 @@ use common::{ctx, ctx_with};
 use streambatch::prelude::*;
 use streambatch::{Split, SplitOptions};
 
+/// A batch's ids (its first column).
+fn ids(batch: Result<RecordBatch>) -> Vec<i64> {
+    let batch = batch.expect("the epoch runs");
+    batch
+        .column(0)
+        .as_primitive::<Int64Type>()
+        .values()
+        .to_vec()
+}
+
 /// The ids each rank got in `epoch`, each rank on its own thread, waiting
 /// `step[rank]` after each batch (a training step).
 fn consume(splits: &[Split], epoch: usize, step: &[Duration]) -> Vec<Vec<i64>> {
@@ -25,8 +35,7 @@ fn consume(splits: &[Split], epoch: usize, step: &[Duration]) -> Vec<Vec<i64>> {
                 s.spawn(move || {
                     let mut ids = Vec::new();
                     for batch in split.epoch(epoch) {
-                        let batch = batch.expect("the epoch runs");
-                        ids.extend(batch.column(0).as_primitive::<Int64Type>().values());
+                        ids.extend(self::ids(batch));
                         std::thread::sleep(pause);
                     }
                     ids
@@ -125,14 +134,6 @@ fn batches_of_a_split_are_cut_as_asked() {
 #[test]
 fn a_rank_that_leaves_mid_epoch_leaves_its_rows_to_the_others() {
     let splits = ctx().range(5_000, 20).streaming_split(2, false).unwrap();
-    let ids = |batch: Result<RecordBatch>| -> Vec<i64> {
-        let batch = batch.expect("the epoch runs");
-        batch
-            .column(0)
-            .as_primitive::<Int64Type>()
-            .values()
-            .to_vec()
-    };
     let (stay, leave) = (&splits[0], &splits[1]);
     let ranks = std::thread::scope(|s| {
         let left = s.spawn(|| {
@@ -192,14 +193,6 @@ fn partitions_a_filter_emptied_hold_no_rank_up() {
 #[test]
 fn an_equal_split_gives_a_leaving_ranks_rows_to_the_others() {
     let splits = ctx().range(3_000, 30).streaming_split(3, true).unwrap();
-    let ids = |batch: Result<RecordBatch>| -> Vec<i64> {
-        let batch = batch.expect("the epoch runs");
-        batch
-            .column(0)
-            .as_primitive::<Int64Type>()
-            .values()
-            .to_vec()
-    };
     let ranks = std::thread::scope(|s| {
         let left = s.spawn(|| {
             let mut stream = splits[2].epoch(0);

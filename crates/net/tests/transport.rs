@@ -358,6 +358,18 @@ fn losses(transport: &Transport) -> mpsc::UnboundedReceiver<String> {
     rx
 }
 
+/// The peer of the next session torn down.
+async fn next_down(events: &mut mpsc::UnboundedReceiver<(&'static str, String)>) -> String {
+    wait(async {
+        loop {
+            if let ("down", peer) = events.recv().await.unwrap() {
+                break peer;
+            }
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_session_torn_down_is_not_the_loss_of_its_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,15 +387,7 @@ async fn a_second_session_torn_down_is_not_the_loss_of_its_node() {
     // The worker dials again (as after a reconnect, or both sides dialling):
     // the session election keeps one session and tears the other down.
     worker.join(head.local_addr()).await.unwrap();
-    let torn_down = wait(async {
-        loop {
-            match events.recv().await.unwrap() {
-                ("down", peer) => break peer,
-                _ => continue,
-            }
-        }
-    })
-    .await;
+    let torn_down = next_down(&mut events).await;
     assert_eq!(torn_down, "worker-1");
     // A session to the worker lives on, and the worker was not lost.
     let sessions = ractor::call_t!(head.node_server(), NodeServerMessage::GetSessions, 1_000);
@@ -422,14 +426,7 @@ async fn a_listener_added_late_counts_the_sessions_opened_before_it() {
     );
     let mut lost = losses(&head);
     worker.join(head.local_addr()).await.unwrap();
-    let torn_down = wait(async {
-        loop {
-            if let ("down", peer) = events.recv().await.unwrap() {
-                break peer;
-            }
-        }
-    })
-    .await;
+    let torn_down = next_down(&mut events).await;
     assert_eq!(torn_down, "worker-1");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(

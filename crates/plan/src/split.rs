@@ -112,6 +112,17 @@ pub struct RankStats {
     pub data_waited: Duration,
 }
 
+impl State {
+    /// Rows of the last epoch whose job ended that no rank took (once it
+    /// ended, what is still buffered; before, the epoch before's).
+    fn dropped(&self) -> usize {
+        match self.ended {
+            true => self.buffered,
+            false => self.dropped,
+        }
+    }
+}
+
 impl Dataset {
     /// `n` splits of one running job, each to be consumed by one rank (a
     /// thread of this process): see [`Split`]. With `equal`, every rank
@@ -185,11 +196,7 @@ impl Split {
     /// still in it), and a leaving rank's rows when every other rank had
     /// already finished. Final once every rank has finished the epoch.
     pub fn dropped_rows(&self) -> usize {
-        let state = self.shared.lock();
-        match state.ended {
-            true => state.buffered,
-            false => state.dropped,
-        }
+        self.shared.lock().dropped()
     }
 
     /// What each rank of the split got so far, by rank.
@@ -252,11 +259,7 @@ impl Shared {
             asked: std::mem::take(&mut state.asked),
             left: std::mem::take(&mut state.left),
             stats: std::mem::take(&mut state.stats),
-            // What no rank took of the epoch before.
-            dropped: match state.ended {
-                true => state.buffered,
-                false => state.dropped,
-            },
+            dropped: state.dropped(),
             epoch: Some(epoch),
             stream: Some(stream),
             delivered: vec![0; self.ranks],

@@ -173,8 +173,10 @@ impl<P: Part> JobState<P> {
                 // holds then: queue only where the outputs of every task in
                 // flight and of a full queue fit now, so that no start of a
                 // queued task can take memory the policy would not give it.
-                let per_task = s.outputs.div_ceil(s.finished.max(1));
-                let in_flight = s.typical_bytes * per_task * (s.running + queue_room + 1) as u64;
+                let in_flight = || {
+                    let per_task = s.outputs.div_ceil(s.finished.max(1));
+                    s.typical_bytes * per_task * (s.running + queue_room + 1) as u64
+                };
                 StageView {
                     waiting_inputs: if runs { s.startable() } else { 0 },
                     paused_fits,
@@ -186,7 +188,7 @@ impl<P: Part> JobState<P> {
                     queue_fits: queue_room > 0
                         && s.finished > 0
                         && s.typical_busy <= QUEUE_TASKS_UNDER
-                        && memory.fits(node, i, in_flight + unseen)
+                        && memory.fits(node, i, in_flight() + unseen)
                         && holds(),
                 }
             })
