@@ -19,6 +19,9 @@ pub enum StreamKind {
     Cluster,
     /// One partition fetch: a request frame, a reply frame, then its bytes.
     Fetch,
+    /// One rank's epoch of a streaming split served to another process
+    /// ([`split`](crate::split)).
+    Split,
 }
 
 impl StreamKind {
@@ -26,6 +29,7 @@ impl StreamKind {
         match self {
             Self::Cluster => b'C',
             Self::Fetch => b'F',
+            Self::Split => b'S',
         }
     }
 
@@ -33,6 +37,7 @@ impl StreamKind {
         match byte {
             b'C' => Some(Self::Cluster),
             b'F' => Some(Self::Fetch),
+            b'S' => Some(Self::Split),
             _ => None,
         }
     }

@@ -70,6 +70,14 @@ pub enum NetError {
         /// The peer's reason.
         message: String,
     },
+    /// The driver serving a split ended the trainer's epoch with an error.
+    #[error("the split served by {peer}: {message}")]
+    Split {
+        /// The driver.
+        peer: String,
+        /// Its reason.
+        message: String,
+    },
 }
 
 /// Why bytes from the network were refused as a frame.

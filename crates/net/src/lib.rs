@@ -8,6 +8,7 @@
 //! - [`Transport`]: ractor_cluster's node protocol over those streams
 //!   (remote actors, process groups, membership events), and partition
 //!   fetches on streams of their own ([`fetch`]).
+//! - [`split`]: a rank of a streaming split read by another process.
 //! - [`frame`]: length-prefixed rkyv archives, validated before use, with a
 //!   size limit checked before anything is buffered.
 //!
@@ -26,6 +27,7 @@ mod error;
 pub mod fetch;
 pub mod frame;
 mod membership;
+pub mod split;
 pub mod tls;
 mod transport;
 

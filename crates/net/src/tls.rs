@@ -195,6 +195,11 @@ impl Identity {
         })
     }
 
+    /// This node's name: its certificate's common name.
+    pub fn name(&self) -> String {
+        self.chain.first().and_then(common_name).unwrap_or_default()
+    }
+
     /// The cluster's id: a hash of its CA certificate, the same on every
     /// node of the cluster and different for another cluster. Names kept
     /// by a process (actor groups) carry it, so that one process can be a

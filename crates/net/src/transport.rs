@@ -282,6 +282,13 @@ impl Transport {
                             fetch::serve_fetch(&peer, send, recv, server, &inner.here).await;
                         });
                     }
+                    // A node serves no split (a driver does): the stream
+                    // ends, the connection stays.
+                    StreamKind::Split => {
+                        let (mut send, mut recv) = (send, recv);
+                        let _ = recv.stop(quinn::VarInt::from_u32(0));
+                        let _ = send.reset(quinn::VarInt::from_u32(0));
+                    }
                 }
             }
         });

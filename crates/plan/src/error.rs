@@ -107,6 +107,27 @@ pub enum Error {
         /// The job's error.
         message: String,
     },
+    /// A rank of a streaming split was lost mid-epoch (its process died or
+    /// its connection closed) under [`LostRank::Fail`](crate::LostRank::Fail):
+    /// every other rank is told.
+    #[error("epoch {epoch} of the split: rank {rank} was lost ({reason})")]
+    SplitRankLost {
+        /// The epoch.
+        epoch: usize,
+        /// The rank lost.
+        rank: usize,
+        /// How it was lost.
+        reason: String,
+    },
+    /// A split served to another process could not be served or read: the
+    /// handle (driver, rank) and the reason.
+    #[error("split {handle}: {message}")]
+    RemoteSplit {
+        /// The split's handle.
+        handle: String,
+        /// What went wrong.
+        message: String,
+    },
     /// An operator's task needs more slots than the node has: it could
     /// never run.
     #[error(

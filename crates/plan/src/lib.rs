@@ -35,7 +35,7 @@ pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use source::SourceSplit;
-pub use split::{EpochStream, RankStats, Split, SplitOptions};
+pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{
     ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
     PauseCause, Pauses, Recovery, StoreSample, Wait, WaitSpan,

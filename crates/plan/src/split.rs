@@ -20,6 +20,14 @@
 //! stream before the end leaves the epoch: the shares are the remaining
 //! ranks' from then on (a share only grows by it, since the one who left
 //! held no more than its own), so its rows go to them.
+//!
+//! A rank served to another process ([`Split::forwarded_epoch`]) counts
+//! what it yields as in flight until the trainer confirms it; when the
+//! trainer is lost, those rows come back ([`EpochStream::give_back`]) and
+//! [`LostRank`] says whether the others share its part of the epoch or stop
+//! with an error naming it ([`EpochStream::lose`]). A rank at the end of an
+//! epoch waits while another rank's rows are in flight, since they may
+//! come back to it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -43,6 +51,21 @@ pub struct SplitOptions {
     /// `seed + e` gives ([`Dataset::randomize_block_order`]): a new order
     /// every epoch, the same rows.
     pub block_order_seed: Option<u64>,
+    /// What the other ranks get when one is lost mid-epoch.
+    pub on_lost_rank: LostRank,
+}
+
+/// What the other ranks of a split get when one is lost mid-epoch (its
+/// process died or its connection closed; see [`EpochStream::lose`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LostRank {
+    /// The rows it had not taken go to the others: every row of the epoch
+    /// is still delivered once across the ranks.
+    #[default]
+    Redistribute,
+    /// Every other rank's stream ends with [`Error::SplitRankLost`] naming
+    /// it, and the epoch's job stops.
+    Fail,
 }
 
 impl Default for SplitOptions {
@@ -51,6 +74,7 @@ impl Default for SplitOptions {
             equal: false,
             barrier_timeout: Duration::from_secs(600),
             block_order_seed: None,
+            on_lost_rank: LostRank::default(),
         }
     }
 }
@@ -87,10 +111,14 @@ struct State {
     buffered: usize,
     /// Per rank, rows handed to it this epoch.
     delivered: Vec<usize>,
+    /// Per rank, rows forwarded to its process and not yet confirmed.
+    in_flight: Vec<usize>,
     /// With `equal`, every rank's rows once one rank has finished the
     /// epoch: a rank leaving later cannot make the others' shares grow.
     target: Option<usize>,
     failed: Option<String>,
+    /// Under [`LostRank::Fail`], the rank lost this epoch and how.
+    lost: Option<(usize, String)>,
     /// Rows no rank took of the epoch before this one (see `dropped_rows`).
     dropped: usize,
     /// Per rank, over all epochs.
@@ -146,6 +174,7 @@ impl Dataset {
             asked: vec![None; n],
             left: vec![None; n],
             delivered: vec![0; n],
+            in_flight: vec![0; n],
             stats: vec![RankStats::default(); n],
             ..State::default()
         };
@@ -174,12 +203,26 @@ impl Split {
     /// This rank's partitions of epoch `epoch`. The epoch's job starts at
     /// the first `next()` once every rank has asked for it.
     pub fn epoch(&self, epoch: usize) -> EpochStream {
+        self.open_epoch(epoch, false)
+    }
+
+    /// [`epoch`](Split::epoch), for a server forwarding the rank's rows to
+    /// a trainer in another process: what it yields is in flight until
+    /// [`EpochStream::confirm`] (the trainer got it) or
+    /// [`EpochStream::give_back`] (it never will), and no rank ends the
+    /// epoch while rows are in flight.
+    pub fn forwarded_epoch(&self, epoch: usize) -> EpochStream {
+        self.open_epoch(epoch, true)
+    }
+
+    fn open_epoch(&self, epoch: usize, forwarded: bool) -> EpochStream {
         let mut state = self.shared.lock();
         state.asked[self.rank] = Some(epoch);
         self.shared.changed.notify_all();
         EpochStream {
             rank: self.rank,
             epoch,
+            forwarded,
             shared: self.shared.clone(),
             started: false,
             done: false,
@@ -263,6 +306,7 @@ impl Shared {
             epoch: Some(epoch),
             stream: Some(stream),
             delivered: vec![0; self.ranks],
+            in_flight: vec![0; self.ranks],
             ..State::default()
         };
         self.changed.notify_all();
@@ -270,18 +314,34 @@ impl Shared {
     }
 
     /// The next rows for `rank`, or `None` once it has all it gets.
-    fn next_for(&self, rank: usize, epoch: usize) -> Option<Result<RecordBatch>> {
+    fn next_for(&self, rank: usize, epoch: usize, forwarded: bool) -> Option<Result<RecordBatch>> {
         let mut state = self.lock();
         loop {
             if state.epoch != Some(epoch) {
                 return None; // a later epoch started: this one is over
+            }
+            if let Some((lost, reason)) = &state.lost {
+                return Some(Err(Error::SplitRankLost {
+                    epoch,
+                    rank: *lost,
+                    reason: reason.clone(),
+                }));
             }
             if let Some(message) = &state.failed {
                 let message = message.clone();
                 return Some(Err(Error::SplitJob { epoch, message }));
             }
             if let Some(batch) = self.take(&mut state, rank) {
+                if forwarded {
+                    state.in_flight[rank] += batch.num_rows();
+                }
                 return Some(Ok(batch));
+            }
+            let others_in_flight = (0..self.ranks).any(|r| r != rank && state.in_flight[r] > 0);
+            if state.ended && others_in_flight {
+                // Those rows may come back: this rank may get some.
+                state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                continue;
             }
             if state.ended {
                 if self.options.equal && state.target.is_none() {
@@ -308,6 +368,14 @@ impl Shared {
             self.changed.notify_all();
             if state.epoch != Some(epoch) {
                 return None;
+            }
+            if state.lost.is_some() {
+                // The epoch stopped while this rank pulled: the job goes
+                // with its stream, outside the lock.
+                drop(state);
+                drop(stream);
+                state = self.lock();
+                continue;
             }
             state.stream = Some(stream);
             match next {
@@ -340,6 +408,55 @@ impl Shared {
         let mut state = self.lock();
         state.left[rank] = Some(epoch);
         self.changed.notify_all();
+    }
+
+    /// Rows `rank` was handed but never got (see [`EpochStream::give_back`]):
+    /// first in line for whoever asks next.
+    fn give_back(&self, rank: usize, epoch: usize, batch: RecordBatch) {
+        let mut state = self.lock();
+        if state.epoch != Some(epoch) || batch.num_rows() == 0 {
+            return;
+        }
+        let rows = batch.num_rows();
+        state.buffered += rows;
+        state.buffer.push_front((batch, Instant::now()));
+        state.delivered[rank] = state.delivered[rank].saturating_sub(rows);
+        state.in_flight[rank] = state.in_flight[rank].saturating_sub(rows);
+        let stats = &mut state.stats[rank];
+        stats.rows = stats.rows.saturating_sub(rows);
+        stats.pieces = stats.pieces.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    /// Everything forwarded to `rank`'s trainer reached it.
+    fn confirm(&self, rank: usize, epoch: usize) {
+        let mut state = self.lock();
+        if state.epoch == Some(epoch) && state.in_flight[rank] > 0 {
+            state.in_flight[rank] = 0;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Rank `rank` was lost during `epoch`, as `reason` says: it leaves, or
+    /// (under [`LostRank::Fail`]) the epoch stops for every rank.
+    fn lose(&self, rank: usize, epoch: usize, reason: String) {
+        self.confirm(rank, epoch);
+        if self.options.on_lost_rank == LostRank::Redistribute {
+            return self.leave(rank, epoch);
+        }
+        let mut state = self.lock();
+        if state.epoch != Some(epoch) || state.lost.is_some() {
+            return;
+        }
+        state.lost = Some((rank, reason));
+        state.left[rank] = Some(epoch);
+        let stream = state.stream.take();
+        let buffer = std::mem::take(&mut state.buffer);
+        state.buffered = 0;
+        self.changed.notify_all();
+        drop(state);
+        // Stops the job and frees what it made, outside the lock.
+        drop((stream, buffer));
     }
 
     /// Rows from the buffer that `rank` may take now: the oldest partition,
@@ -396,6 +513,7 @@ impl Drop for PullGuard<'_> {
 pub struct EpochStream {
     rank: usize,
     epoch: usize,
+    forwarded: bool,
     shared: Arc<Shared>,
     started: bool,
     done: bool,
@@ -406,6 +524,36 @@ impl Drop for EpochStream {
         if !self.done {
             self.shared.leave(self.rank, self.epoch);
         }
+    }
+}
+
+impl EpochStream {
+    /// Every piece this forwarded stream yielded reached its trainer.
+    pub fn confirm(&self) {
+        self.shared.confirm(self.rank, self.epoch);
+    }
+
+    /// Hands back rows this forwarded stream yielded that never reached
+    /// the trainer (its process was lost before confirming them): the next
+    /// rank to ask gets them, so no row is lost.
+    pub fn give_back(&self, batch: RecordBatch) {
+        self.shared.give_back(self.rank, self.epoch, batch);
+    }
+
+    /// This rank was lost (its process died or disconnected), as `reason`
+    /// says: under [`LostRank::Redistribute`] it leaves the epoch and the
+    /// others take its rows; under [`LostRank::Fail`] every other rank's
+    /// stream ends with an error naming it.
+    pub fn lose(mut self, reason: impl Into<String>) {
+        if !self.done {
+            self.done = true;
+            self.shared.lose(self.rank, self.epoch, reason.into());
+        }
+    }
+
+    /// Whether this stream has ended (its rank has all it gets, or an error).
+    pub fn is_done(&self) -> bool {
+        self.done
     }
 }
 
@@ -421,11 +569,11 @@ impl Iterator for EpochStream {
             false => {
                 self.started = true;
                 match self.shared.start(self.epoch) {
-                    Ok(()) => self.shared.next_for(self.rank, self.epoch),
+                    Ok(()) => self.shared.next_for(self.rank, self.epoch, self.forwarded),
                     Err(e) => Some(Err(e)),
                 }
             }
-            true => self.shared.next_for(self.rank, self.epoch),
+            true => self.shared.next_for(self.rank, self.epoch, self.forwarded),
         };
         self.shared.lock().stats[self.rank].waited_for_data += asked.elapsed();
         self.done = !matches!(next, Some(Ok(_)));

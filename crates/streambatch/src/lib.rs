@@ -24,10 +24,12 @@ mod context;
 pub mod ops;
 pub mod pipeline;
 mod progress;
+mod remote_split;
 mod runtime_dir;
 
 pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
+pub use remote_split::{RemoteEpoch, RemoteSplit, SplitHandle, SplitService};
 pub use runtime_dir::use_private_runtime_dir;
 
 // The README's examples compile as doc tests.
@@ -43,9 +45,9 @@ pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
     BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream, Error, Event,
-    EventKind, Expr, JobStats, Named, NodeStats, OpStats, OperatorStats, PauseCause, Pauses,
-    RankStats, Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample, UdfError,
-    Value, Wait, WaitSpan, col, lit, timeline,
+    EventKind, Expr, JobStats, LostRank, Named, NodeStats, OpStats, OperatorStats, PauseCause,
+    Pauses, RankStats, Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample,
+    UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

@@ -1,0 +1,362 @@
+//! A rank of a streaming split served to another process: one
+//! [`StreamKind::Split`] stream per rank and epoch, between the driver that
+//! runs the job and the trainer process that reads its share.
+//!
+//! The trainer opens the stream with a [`SplitOpen`] and then asks for one
+//! piece at a time ([`ToServer::Next`]); each ask also confirms that every
+//! piece sent before it arrived. The server answers with a piece (its
+//! shared-memory name on the same host, else its bytes), the end of the
+//! epoch, or a failure. A piece mapped by name stays pinned on the server
+//! until the trainer releases it ([`ToServer::Release`], sent when the last
+//! buffer of the batch is dropped) or the stream ends. If the stream or the
+//! connection breaks before the end, the server learns it
+//! ([`ServedEpoch::lost`]) with the pieces it sent but never saw confirmed,
+//! so that no row is lost with the trainer.
+
+use std::collections::HashMap;
+
+use quinn::{RecvStream, SendStream};
+use rkyv::{Archive, Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::endpoint::{Peer, StreamKind};
+use crate::fetch::{Locality, MAX_PARTITION_BYTES, Served};
+use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_frame};
+use crate::{FrameError, NetError};
+
+/// A trainer's first frame: which rank of which split, for which epoch.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SplitOpen {
+    /// The split's id on the server (from its handle).
+    pub service: u64,
+    /// The rank.
+    pub rank: u32,
+    /// The epoch.
+    pub epoch: u64,
+    /// Where the trainer runs (same host and store: pieces by name).
+    pub from: Locality,
+}
+
+pub use frames::{ToServer, ToTrainer};
+
+// rkyv's derive makes enums of resolvers with undocumented fields.
+#[allow(missing_docs)]
+mod frames {
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    /// What a trainer sends after [`SplitOpen`](super::SplitOpen).
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    pub enum ToServer {
+        /// Every piece sent so far arrived; send the next.
+        Next,
+        /// The trainer no longer reads piece `piece` mapped by name.
+        Release { piece: u64 },
+        /// The trainer leaves the epoch before its end.
+        Leave,
+    }
+
+    /// What the server sends a trainer.
+    #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+    pub enum ToTrainer {
+        /// Map piece `piece` from shared memory under `name`.
+        Shared { piece: u64, name: String },
+        /// Piece `piece`: `len` bytes (an Arrow IPC stream) follow.
+        Bytes { piece: u64, len: u64 },
+        /// The rank has all it gets of the epoch.
+        End,
+        /// The epoch failed for this rank.
+        Failed { message: String },
+    }
+}
+
+/// A driver that serves splits to other processes implements this.
+pub trait SplitServer: Send + Sync + 'static {
+    /// Opens rank `rank`'s stream of epoch `epoch` of split `service` for
+    /// the peer named `peer`; an error is sent to the trainer.
+    fn open(
+        &self,
+        service: u64,
+        rank: u32,
+        epoch: u64,
+        peer: &str,
+    ) -> Result<Box<dyn ServedEpoch>, String>;
+}
+
+/// One rank's epoch, on the server.
+pub trait ServedEpoch: Send + 'static {
+    /// Blocks for the rank's next piece, served by name when
+    /// `shares_memory` allows it; `None` at the end of its epoch.
+    fn next(&mut self, shares_memory: bool) -> Option<Result<Served, String>>;
+    /// Every piece sent so far reached the trainer.
+    fn confirmed(&mut self);
+    /// The trainer left before the end of the epoch, as `reason` says
+    /// (pieces sent but not confirmed did not reach it).
+    fn lost(self: Box<Self>, reason: String);
+}
+
+/// Serves one split stream a trainer opened.
+pub async fn serve_split(
+    peer: &Peer,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    server: &dyn SplitServer,
+    here: &Locality,
+) {
+    let open = match read_frame::<SplitOpen, _>(&mut recv, MAX_CONTROL_FRAME).await {
+        Ok(Some(open)) => open,
+        Ok(None) => return,
+        Err(e) => return peer.refuse(&e),
+    };
+    let shares_memory = open.from == *here;
+    // The rank's epoch until it has ended (or was lost).
+    let mut serving = match server.open(open.service, open.rank, open.epoch, peer.name()) {
+        Ok(epoch) => Some(epoch),
+        Err(message) => {
+            let _ = write_frame(&mut send, &ToTrainer::Failed { message }).await;
+            let _ = send.finish();
+            return;
+        }
+    };
+    let lose = |serving: &mut Option<Box<dyn ServedEpoch>>, reason: String| {
+        if let Some(epoch) = serving.take() {
+            epoch.lost(reason);
+        }
+    };
+    // Pins of the pieces the trainer maps, until it releases them.
+    let mut pinned: HashMap<u64, Box<dyn std::any::Any + Send>> = HashMap::new();
+    let mut next_piece = 0u64;
+    loop {
+        let frame = match read_frame::<ToServer, _>(&mut recv, MAX_CONTROL_FRAME).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                lose(&mut serving, "it closed its stream before the end".into());
+                break;
+            }
+            Err(FrameError::Io(e)) => {
+                lose(&mut serving, format!("its connection was lost: {e}"));
+                break;
+            }
+            Err(e) => {
+                peer.refuse(&e);
+                lose(&mut serving, format!("it broke the protocol: {e}"));
+                break;
+            }
+        };
+        let mut epoch = match frame {
+            ToServer::Release { piece } => {
+                pinned.remove(&piece);
+                continue;
+            }
+            ToServer::Leave => {
+                lose(&mut serving, "it left before the end".into());
+                continue;
+            }
+            ToServer::Next => match serving.take() {
+                Some(epoch) => epoch,
+                None => continue, // ended: nothing more to send
+            },
+        };
+        epoch.confirmed();
+        let pulled = tokio::task::spawn_blocking(move || {
+            let item = epoch.next(shares_memory);
+            (epoch, item)
+        })
+        .await;
+        let (epoch, item) = match pulled {
+            Ok(pulled) => pulled,
+            Err(e) => {
+                // The pull panicked: its stream went with it (leaving).
+                let message = format!("the split's server failed: {e}");
+                let _ = write_frame(&mut send, &ToTrainer::Failed { message }).await;
+                break;
+            }
+        };
+        let piece = next_piece;
+        next_piece += 1;
+        let ended = !matches!(item, Some(Ok(_)));
+        let sent = match item {
+            Some(Ok(Served::Shared(name, pin))) => {
+                pinned.insert(piece, pin);
+                write_frame(&mut send, &ToTrainer::Shared { piece, name }).await
+            }
+            Some(Ok(Served::Bytes(bytes))) => send_bytes(&mut send, piece, bytes).await,
+            Some(Err(message)) => write_frame(&mut send, &ToTrainer::Failed { message }).await,
+            None => write_frame(&mut send, &ToTrainer::End).await,
+        };
+        serving = (!ended).then_some(epoch);
+        if let Err(e) = sent {
+            lose(&mut serving, format!("its connection was lost: {e}"));
+            break;
+        }
+    }
+    let _ = send.finish();
+    drop(pinned);
+}
+
+/// Sends piece `piece` by its bytes: QUIC's flow control holds the writes
+/// back while the trainer is slow.
+async fn send_bytes(
+    send: &mut SendStream,
+    piece: u64,
+    bytes: Box<dyn AsRef<[u8]> + Send>,
+) -> std::io::Result<()> {
+    let bytes = (*bytes).as_ref();
+    let len = bytes.len() as u64;
+    write_frame(send, &ToTrainer::Bytes { piece, len }).await?;
+    for chunk in bytes.chunks(1 << 20) {
+        send.write_all(chunk).await?;
+    }
+    Ok(())
+}
+
+/// What a trainer received; bytes land in a `B` of the trainer's choice
+/// (aligned as its decoder needs).
+pub enum Piece<B> {
+    /// Map it from shared memory under this name; drop `release` once no
+    /// buffer of it is read any more.
+    Shared {
+        /// The shared name.
+        name: String,
+        /// Tells the server the piece may go, when dropped.
+        release: Release,
+    },
+    /// Its bytes (an Arrow IPC stream, to be validated).
+    Bytes(B),
+}
+
+/// Tells the server, when dropped, that the trainer no longer maps a piece.
+pub struct Release {
+    piece: u64,
+    to_server: mpsc::UnboundedSender<ToServer>,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = self.to_server.send(ToServer::Release { piece: self.piece });
+    }
+}
+
+/// The trainer's side of one rank's epoch.
+pub struct SplitReader {
+    peer: Peer,
+    recv: RecvStream,
+    to_server: mpsc::UnboundedSender<ToServer>,
+    ended: bool,
+}
+
+/// Opens rank `rank`'s stream of epoch `epoch` of split `service` on
+/// `peer`; `here` says where the trainer runs. The server's answers wait
+/// for the data: the epoch's barrier timeout (on the server) bounds them.
+pub async fn open_split(
+    peer: &Peer,
+    service: u64,
+    rank: u32,
+    epoch: u64,
+    here: &Locality,
+) -> Result<SplitReader, NetError> {
+    let (mut send, recv) = peer.open(StreamKind::Split).await?;
+    let open = SplitOpen {
+        service,
+        rank,
+        epoch,
+        from: here.clone(),
+    };
+    write_frame(&mut send, &open)
+        .await
+        .map_err(|e| peer.broken(e))?;
+    // One writer owns the sending half: asks from the reader and releases
+    // from wherever a batch is dropped. It finishes the stream once both
+    // the reader and every release are gone.
+    let (to_server, mut frames) = mpsc::unbounded_channel::<ToServer>();
+    tokio::spawn(async move {
+        while let Some(frame) = frames.recv().await {
+            if write_frame(&mut send, &frame).await.is_err() {
+                return;
+            }
+        }
+        let _ = send.finish();
+    });
+    Ok(SplitReader {
+        peer: peer.clone(),
+        recv,
+        to_server,
+        ended: false,
+    })
+}
+
+impl SplitReader {
+    /// The next piece; `None` at the end of the epoch. A piece sent by its
+    /// bytes is read into `alloc(len)`.
+    pub async fn next<B: std::ops::DerefMut<Target = [u8]>>(
+        &mut self,
+        alloc: impl FnOnce(usize) -> B,
+    ) -> Result<Option<Piece<B>>, NetError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let broken = |peer: &Peer, e| peer.broken(std::io::Error::other(e));
+        self.to_server
+            .send(ToServer::Next)
+            .map_err(|_| broken(&self.peer, "the split stream's writer stopped"))?;
+        let frame_error = |source| NetError::Frame {
+            peer: self.peer.name().to_string(),
+            source,
+        };
+        let frame = read_frame::<ToTrainer, _>(&mut self.recv, MAX_CONTROL_FRAME)
+            .await
+            .map_err(frame_error)?
+            .ok_or_else(|| {
+                frame_error(FrameError::Truncated {
+                    got: 0,
+                    expected: 4,
+                })
+            })?;
+        match frame {
+            ToTrainer::Shared { piece, name } => Ok(Some(Piece::Shared {
+                name,
+                release: Release {
+                    piece,
+                    to_server: self.to_server.clone(),
+                },
+            })),
+            ToTrainer::Bytes { len, .. } if len > MAX_PARTITION_BYTES => {
+                Err(frame_error(FrameError::Oversized {
+                    len,
+                    max: MAX_PARTITION_BYTES,
+                }))
+            }
+            ToTrainer::Bytes { len, .. } => {
+                let mut bytes = alloc(len as usize);
+                self.recv.read_exact(&mut bytes).await.map_err(|e| {
+                    frame_error(FrameError::Truncated {
+                        got: match e {
+                            quinn::ReadExactError::FinishedEarly(got) => got as u64,
+                            quinn::ReadExactError::ReadError(_) => 0,
+                        },
+                        expected: len,
+                    })
+                })?;
+                Ok(Some(Piece::Bytes(bytes)))
+            }
+            ToTrainer::End => {
+                self.ended = true;
+                Ok(None)
+            }
+            ToTrainer::Failed { message } => {
+                self.ended = true;
+                Err(NetError::Split {
+                    peer: self.peer.name().to_string(),
+                    message,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for SplitReader {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.to_server.send(ToServer::Leave);
+        }
+    }
+}

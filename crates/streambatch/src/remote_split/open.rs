@@ -1,0 +1,144 @@
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use streambatch_net::split::{Piece, SplitReader, open_split};
+use streambatch_net::{Endpoint, Identity, Locality, Peer, TlsFiles};
+use streambatch_plan::{BatchIter, BatchOptions, Error, Result};
+use streambatch_store::{ipc, open_shared_keeping};
+
+use super::{SplitHandle, locality, runtime};
+
+/// One rank of a split served by another process, read here: see
+/// [`Context::open_split`](crate::Context::open_split). Its epochs are read
+/// as those of an in-process [`Split`](crate::Split) are.
+pub struct RemoteSplit {
+    handle: SplitHandle,
+    peer: Peer,
+    here: Locality,
+    _endpoint: Endpoint,
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+impl RemoteSplit {
+    /// Connects to the driver serving `handle`, as the holder of `tls`'s
+    /// certificate (of the same cluster).
+    pub fn open(tls: &TlsFiles, handle: &SplitHandle) -> Result<Self> {
+        let failed = |message: String| Error::RemoteSplit {
+            handle: handle.to_string(),
+            message,
+        };
+        let identity = Identity::load(tls).map_err(|e| failed(e.to_string()))?;
+        let runtime = Arc::new(runtime("a split's connection")?);
+        let any_port = match handle.addr {
+            std::net::SocketAddr::V4(_) => "0.0.0.0:0",
+            std::net::SocketAddr::V6(_) => "[::]:0",
+        };
+        let (endpoint, peer) = runtime
+            .block_on(async {
+                let endpoint = Endpoint::bind(any_port.parse().expect("an address"), &identity)?;
+                let peer = endpoint.connect(handle.addr).await?;
+                Ok::<_, streambatch_net::NetError>((endpoint, peer))
+            })
+            .map_err(|e| failed(e.to_string()))?;
+        if peer.name() != handle.server {
+            return Err(failed(format!(
+                "the peer at {} is `{}`, not the driver `{}`",
+                handle.addr,
+                peer.name(),
+                handle.server
+            )));
+        }
+        Ok(Self {
+            handle: handle.clone(),
+            peer,
+            here: locality(),
+            _endpoint: endpoint,
+            runtime,
+        })
+    }
+
+    /// Asks for every piece as bytes over the network, even on the
+    /// driver's host (a trainer in a container with a `/dev/shm` of its
+    /// own, on the same kernel, cannot map the driver's).
+    pub fn without_shared_memory(mut self) -> Self {
+        self.here.host = format!("{}-apart-{}", self.here.host, std::process::id());
+        self
+    }
+
+    /// This split's rank.
+    pub fn rank(&self) -> usize {
+        self.handle.rank
+    }
+
+    /// This rank's partitions of epoch `epoch`: asking for it counts at
+    /// the driver's epoch barrier now.
+    pub fn epoch(&self, epoch: usize) -> Result<RemoteEpoch> {
+        let reader = self
+            .runtime
+            .block_on(open_split(
+                &self.peer,
+                self.handle.service,
+                self.handle.rank as u32,
+                epoch as u64,
+                &self.here,
+            ))
+            .map_err(|e| self.error(e.to_string()))?;
+        Ok(RemoteEpoch {
+            handle: self.handle.to_string(),
+            reader: Some(reader),
+            runtime: self.runtime.clone(),
+        })
+    }
+
+    /// This rank's batches of epoch `epoch`, cut as `options` says.
+    pub fn iter_batches(&self, epoch: usize, options: BatchOptions) -> Result<BatchIter> {
+        options.cut(self.epoch(epoch)?)
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::RemoteSplit {
+            handle: self.handle.to_string(),
+            message,
+        }
+    }
+}
+
+/// One rank's partitions of one epoch, from the driver. Dropped before its
+/// end, the rank leaves the epoch.
+pub struct RemoteEpoch {
+    handle: String,
+    /// `None` once ended.
+    reader: Option<SplitReader>,
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+impl Iterator for RemoteEpoch {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let reader = self.reader.as_mut()?;
+        // Arrow's decoder wants its buffers aligned: bytes land in one.
+        let aligned = arrow_buffer::MutableBuffer::from_len_zeroed;
+        let piece = self.runtime.block_on(reader.next(aligned));
+        let batch = match piece {
+            Ok(None) => {
+                self.reader = None;
+                return None;
+            }
+            Ok(Some(Piece::Shared { name, release })) => {
+                open_shared_keeping(&name, Arc::new(release))
+                    .map(|shared| shared.batch)
+                    .map_err(|e| e.to_string())
+            }
+            Ok(Some(Piece::Bytes(bytes))) => ipc::decode(&bytes.into()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if batch.is_err() {
+            self.reader = None;
+        }
+        Some(batch.map_err(|message| Error::RemoteSplit {
+            handle: self.handle.clone(),
+            message,
+        }))
+    }
+}
