@@ -222,3 +222,29 @@ fn an_equal_split_gives_a_leaving_ranks_rows_to_the_others() {
     all.dedup();
     assert_eq!(all.len() + dropped, 3_000, "a row went to two ranks");
 }
+
+#[test]
+fn a_pipeline_made_per_epoch_runs_that_epochs_operators() {
+    let ctx = ctx();
+    let base = ctx.range(1_000, 8);
+    // Each epoch's pipeline adds its epoch to every id: the rows differ by
+    // epoch, the split is the same.
+    let splits = Split::per_epoch(2, SplitOptions::default(), move |epoch| {
+        Ok(base.with_column("id", col("id") + lit(epoch as i64 * 10_000)))
+    })
+    .unwrap();
+    for epoch in 0..2 {
+        let ranks = consume(&splits, epoch, &[Duration::ZERO; 2]);
+        let shifted: Vec<Vec<i64>> = ranks
+            .iter()
+            .map(|r| r.iter().map(|id| id - epoch as i64 * 10_000).collect())
+            .collect();
+        each_once(&shifted, 1_000);
+    }
+    let failing = Split::per_epoch(1, SplitOptions::default(), |epoch| {
+        Err(Error::Invalid(format!("no plan for epoch {epoch}")))
+    })
+    .unwrap();
+    let error = failing[0].epoch(3).next().unwrap().unwrap_err();
+    assert!(error.to_string().contains("no plan for epoch 3"), "{error}");
+}

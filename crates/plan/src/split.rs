@@ -79,6 +79,9 @@ impl Default for SplitOptions {
     }
 }
 
+/// What makes epoch `e`'s pipeline (see [`Split::per_epoch`]).
+type EpochPlan = dyn Fn(usize) -> Result<Dataset> + Send + Sync;
+
 /// One rank's share of a split dataset. `Send`: hand each to its thread.
 pub struct Split {
     rank: usize,
@@ -86,7 +89,8 @@ pub struct Split {
 }
 
 struct Shared {
-    dataset: Dataset,
+    /// Each epoch's pipeline.
+    epochs: Box<EpochPlan>,
     ranks: usize,
     options: SplitOptions,
     state: Mutex<State>,
@@ -165,6 +169,22 @@ impl Dataset {
 
     /// [`streaming_split`](Dataset::streaming_split) with every option.
     pub fn streaming_split_with(&self, n: usize, options: SplitOptions) -> Result<Vec<Split>> {
+        let dataset = self.clone();
+        Split::per_epoch(n, options, move |_| Ok(dataset.clone()))
+    }
+}
+
+impl Split {
+    /// `n` splits of one job per epoch, epoch `e`'s job running the
+    /// pipeline `plan(e)` makes: operators seeded by the epoch (as
+    /// streambatch's `ops::random_resized_crop` and `ops::flip` are) then
+    /// change every epoch. `plan` runs once per epoch, when the
+    /// epoch starts; its error is the error of every rank's stream.
+    pub fn per_epoch(
+        n: usize,
+        options: SplitOptions,
+        plan: impl Fn(usize) -> Result<Dataset> + Send + Sync + 'static,
+    ) -> Result<Vec<Split>> {
         if n == 0 {
             return Err(Error::Invalid(
                 "a streaming split needs at least one rank".into(),
@@ -179,7 +199,7 @@ impl Dataset {
             ..State::default()
         };
         let shared = Arc::new(Shared {
-            dataset: self.clone(),
+            epochs: Box::new(plan),
             ranks: n,
             options,
             state: Mutex::new(state),
@@ -291,11 +311,10 @@ impl Shared {
         // The last epoch's job, if a rank left it early, is dropped (and so
         // stopped) with its rows.
         state.stream = None;
+        let planned = (self.epochs)(epoch)?;
         let dataset = match self.options.block_order_seed {
-            Some(seed) => self
-                .dataset
-                .randomize_block_order(seed.wrapping_add(epoch as u64)),
-            None => self.dataset.clone(),
+            Some(seed) => planned.randomize_block_order(seed.wrapping_add(epoch as u64)),
+            None => planned,
         };
         let stream = dataset.iter_batches()?;
         *state = State {

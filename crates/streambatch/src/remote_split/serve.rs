@@ -6,7 +6,7 @@ use arrow_array::RecordBatch;
 use streambatch_net::split::{ServedEpoch, SplitServer, serve_split};
 use streambatch_net::{Endpoint, Identity, Served, StreamKind, TlsFiles, handshake};
 use streambatch_plan::{EpochStream, Error, Result, Split};
-use streambatch_store::{ObjectStore, PartitionRef, SharedStore, StoreConfig, ipc};
+use streambatch_store::{ObjectStore, SharedStore, StoreConfig, ipc};
 
 use super::{SplitHandle, locality, runtime};
 
@@ -61,7 +61,7 @@ impl SplitService {
             .map_err(|e| failed(&e))?;
         let ranks = Arc::new(Ranks {
             service,
-            splits,
+            splits: Mutex::new(splits),
             pieces: Arc::new(pieces),
             reading: Mutex::new(HashSet::new()),
         });
@@ -87,13 +87,17 @@ impl SplitService {
 
     /// What each rank got so far, by rank (see [`Split::stats`]).
     pub fn stats(&self) -> Vec<streambatch_plan::RankStats> {
-        self.ranks.splits[0].stats()
+        self.ranks
+            .splits()
+            .first()
+            .map(Split::stats)
+            .unwrap_or_default()
     }
 
     /// Rows of the last finished epoch no rank took (see
     /// [`Split::dropped_rows`]).
     pub fn dropped_rows(&self) -> usize {
-        self.ranks.splits[0].dropped_rows()
+        self.ranks.splits().first().map_or(0, Split::dropped_rows)
     }
 
     /// Where the service listens.
@@ -107,6 +111,10 @@ impl Drop for SplitService {
         self.endpoint.close();
         // A pull blocked on the job (a rank waiting at its barrier) must
         // not hold up the driver: its thread ends with the process.
+        // The splits go here, not on a runtime thread: the last of them may
+        // hold the last reference to an embedded node, whose own runtime
+        // cannot be dropped from inside another's.
+        drop(std::mem::take(&mut *self.ranks.splits()));
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
@@ -147,10 +155,17 @@ async fn accept(endpoint: Endpoint, ranks: Arc<Ranks>) {
 /// The split's ranks, on the service.
 struct Ranks {
     service: u64,
-    splits: Vec<Split>,
+    /// Emptied when the service is dropped.
+    splits: Mutex<Vec<Split>>,
     pieces: Arc<SharedStore>,
     /// (rank, epoch) streams open now: one reader each.
     reading: Mutex<HashSet<(usize, u64)>>,
+}
+
+impl Ranks {
+    fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
+        self.splits.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl SplitServer for Ranks {
@@ -165,10 +180,11 @@ impl SplitServer for Ranks {
             return Err(format!("no split {service:016x} is served here"));
         }
         let rank = rank as usize;
-        let split = self.splits.get(rank).ok_or_else(|| {
+        let splits = self.splits();
+        let split = splits.get(rank).ok_or_else(|| {
             format!(
                 "rank {rank} is not one of the split's {} ranks",
-                self.splits.len()
+                splits.len()
             )
         })?;
         let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,6 +208,19 @@ struct RankEpoch {
     pieces: Arc<SharedStore>,
     /// What was sent since the trainer last confirmed, oldest first.
     unconfirmed: Vec<RecordBatch>,
+}
+
+impl Drop for RankEpoch {
+    fn drop(&mut self) {
+        // Dropped on a runtime thread (the service stopping mid-epoch), a
+        // stream's last reference to an embedded node must go elsewhere
+        // (see `SplitService`'s drop).
+        if let Some(stream) = self.stream.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            std::thread::spawn(move || drop(stream));
+        }
+    }
 }
 
 impl ServedEpoch for RankEpoch {
@@ -225,18 +254,21 @@ impl ServedEpoch for RankEpoch {
 }
 
 /// `batch` as a trainer gets it: copied once into shared memory and named,
-/// when it runs on this host (the piece stays pinned until the trainer
-/// releases it); else, or when the pieces' memory is full, its IPC bytes.
+/// when it runs on this host and there is room (the piece stays pinned
+/// until the trainer releases it); else its IPC bytes.
 fn serve(
     pieces: &SharedStore,
     batch: RecordBatch,
     shares_memory: bool,
 ) -> std::result::Result<Served, String> {
     if shares_memory {
-        let part: PartitionRef = pieces.put(batch.clone()).map_err(|e| e.to_string())?;
-        let pin = pieces.pin(part.id()).map_err(|e| e.to_string())?;
-        if let Some(name) = pieces.shared_name(&part) {
-            return Ok(Served::Shared(name, Box::new((pin, part))));
+        // Never spills: with no room (trainers hold what they mapped, as a
+        // shuffle buffer does), the piece goes as bytes instead.
+        if let Ok(part) = pieces.try_put(batch.clone()) {
+            let pin = pieces.pin(part.id()).map_err(|e| e.to_string())?;
+            if let Some(name) = pieces.shared_name(&part) {
+                return Ok(Served::Shared(name, Box::new((pin, part))));
+            }
         }
     }
     let encoded = ipc::encode(&batch).map_err(|e| e.to_string())?;
