@@ -22,16 +22,23 @@ use streambatch::{
 
 const ROLE: &str = "SB_TEST_TRAINER";
 /// How long any trainer process may take.
-const DEADLINE: Duration = Duration::from_secs(40);
+const DEADLINE: Duration = Duration::from_secs(90);
 
-/// The trainer's body when this binary runs as one: `ROLE` is
-/// `TLS_DIR|NAME|HANDLE|MODE`, and it prints `piece EPOCH ID,ID,..`,
-/// `error EPOCH MESSAGE` and `done EPOCH` lines.
-#[test]
-fn trainer_process() {
-    let Ok(role) = std::env::var(ROLE) else {
-        return;
-    };
+/// Runs the trainer's body when this binary was started as one (by the
+/// test it was started for): the test then returns.
+fn as_trainer() -> bool {
+    match std::env::var(ROLE) {
+        Ok(role) => {
+            trainer_body(&role);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// A trainer: `role` is `TLS_DIR|NAME|HANDLE|MODE`, and it prints `piece
+/// EPOCH ID,ID,..`, `error EPOCH MESSAGE` and `done EPOCH` lines.
+fn trainer_body(role: &str) {
     let [dir, name, handle, mode]: [&str; 4] = role
         .split('|')
         .collect::<Vec<_>>()
@@ -96,19 +103,21 @@ fn serve(dir: &tempfile::TempDir, ds: &Dataset, options: SplitOptions) -> SplitS
     SplitService::start(splits, &tls, "127.0.0.1:0".parse().unwrap()).unwrap()
 }
 
-fn trainer(dir: &tempfile::TempDir, service: &SplitService, rank: usize, mode: &str) -> Child {
+/// Starts this binary as rank `rank`'s trainer, inside `test`.
+fn trainer(
+    test: &str,
+    dir: &tempfile::TempDir,
+    service: &SplitService,
+    rank: usize,
+    mode: &str,
+) -> Child {
     let role = format!(
         "{}|trainer-{rank}|{}|{mode}",
         dir.path().display(),
         service.handles()[rank]
     );
     Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "trainer_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -239,14 +248,19 @@ fn store_empties(read: impl Fn() -> u64) -> u64 {
 
 #[test]
 fn trainer_processes_get_every_row_once_per_epoch_by_shared_memory_and_over_quic() {
+    const NAME: &str =
+        "trainer_processes_get_every_row_once_per_epoch_by_shared_memory_and_over_quic";
+    if as_trainer() {
+        return;
+    }
     let (ctx, dir, n) = (ctx(), cluster(), 20_000);
     let options = SplitOptions {
         block_order_seed: Some(7),
         ..SplitOptions::default()
     };
     let service = serve(&dir, &ctx.range(n as u64, 40), options);
-    let shm = trainer(&dir, &service, 0, "epochs:2");
-    let quic = trainer(&dir, &service, 1, "epochs:2:bytes");
+    let shm = trainer(NAME, &dir, &service, 0, "epochs:2");
+    let quic = trainer(NAME, &dir, &service, 1, "epochs:2:bytes");
     let (shm, quic) = finish(shm, quic);
     for epoch in 0..2 {
         let (a, b) = (&shm.ids[&epoch], &quic.ids[&epoch]);
@@ -267,14 +281,18 @@ fn trainer_processes_get_every_row_once_per_epoch_by_shared_memory_and_over_quic
 
 #[test]
 fn equal_splits_across_processes_get_the_same_rows() {
+    const NAME: &str = "equal_splits_across_processes_get_the_same_rows";
+    if as_trainer() {
+        return;
+    }
     let (ctx, dir, n) = (ctx(), cluster(), 10_001);
     let options = SplitOptions {
         equal: true,
         ..SplitOptions::default()
     };
     let service = serve(&dir, &ctx.range(n as u64, 16), options);
-    let a = trainer(&dir, &service, 0, "epochs:1");
-    let b = trainer(&dir, &service, 1, "epochs:1:bytes");
+    let a = trainer(NAME, &dir, &service, 0, "epochs:1");
+    let b = trainer(NAME, &dir, &service, 1, "epochs:1:bytes");
     let (a, b) = finish(a, b);
     assert_eq!(
         (a.ids[&0].len(), b.ids[&0].len()),
@@ -289,11 +307,15 @@ fn equal_splits_across_processes_get_the_same_rows() {
 
 #[test]
 fn a_rank_killed_mid_epoch_leaves_its_rows_to_the_other_exactly_once() {
+    const NAME: &str = "a_rank_killed_mid_epoch_leaves_its_rows_to_the_other_exactly_once";
+    if as_trainer() {
+        return;
+    }
     let (ctx, dir, n) = (ctx(), cluster(), 20_000);
     let slow = paced(&ctx.range(n as u64, 40));
     let service = serve(&dir, &slow, SplitOptions::default());
-    let killed = trainer(&dir, &service, 1, "die-after:3");
-    let survivor = trainer(&dir, &service, 0, "epochs:1");
+    let killed = trainer(NAME, &dir, &service, 1, "die-after:3");
+    let survivor = trainer(NAME, &dir, &service, 0, "epochs:1");
     let (killed, survivor) = finish(killed, survivor);
     assert_eq!(killed.signal, Some(libc::SIGKILL));
     let got_by_killed = killed.ids.get(&0).cloned().unwrap_or_default();
@@ -304,6 +326,10 @@ fn a_rank_killed_mid_epoch_leaves_its_rows_to_the_other_exactly_once() {
 
 #[test]
 fn a_rank_killed_mid_epoch_fails_the_other_naming_it_under_the_fail_policy() {
+    const NAME: &str = "a_rank_killed_mid_epoch_fails_the_other_naming_it_under_the_fail_policy";
+    if as_trainer() {
+        return;
+    }
     let (ctx, dir) = (ctx(), cluster());
     let slow = paced(&ctx.range(20_000, 40));
     let options = SplitOptions {
@@ -312,8 +338,8 @@ fn a_rank_killed_mid_epoch_fails_the_other_naming_it_under_the_fail_policy() {
     };
     let service = serve(&dir, &slow, options);
     let started = Instant::now();
-    let killed = trainer(&dir, &service, 1, "die-after:2");
-    let survivor = trainer(&dir, &service, 0, "epochs:1");
+    let killed = trainer(NAME, &dir, &service, 1, "die-after:2");
+    let survivor = trainer(NAME, &dir, &service, 0, "epochs:1");
     let (killed, survivor) = finish(killed, survivor);
     assert_eq!(killed.signal, Some(libc::SIGKILL));
     assert_eq!(survivor.errors.len(), 1, "one error, then the stream ends");
@@ -331,14 +357,18 @@ fn a_rank_killed_mid_epoch_fails_the_other_naming_it_under_the_fail_policy() {
 
 #[test]
 fn a_rank_that_never_asks_for_the_next_epoch_is_named_and_nothing_is_left() {
+    const NAME: &str = "a_rank_that_never_asks_for_the_next_epoch_is_named_and_nothing_is_left";
+    if as_trainer() {
+        return;
+    }
     let (ctx, dir) = (ctx(), cluster());
     let options = SplitOptions {
         barrier_timeout: Duration::from_secs(2),
         ..SplitOptions::default()
     };
     let service = serve(&dir, &ctx.range(4_000, 8), options);
-    let leaver = trainer(&dir, &service, 1, "epochs:1");
-    let stayer = trainer(&dir, &service, 0, "epochs:2");
+    let leaver = trainer(NAME, &dir, &service, 1, "epochs:1");
+    let stayer = trainer(NAME, &dir, &service, 0, "epochs:2");
     let (leaver, stayer) = finish(leaver, stayer);
     assert_eq!(leaver.done, vec![0]);
     assert_eq!(stayer.done, vec![0]);
