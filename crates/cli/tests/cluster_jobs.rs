@@ -874,3 +874,26 @@ fn auto_counts_no_software_adapter_so_the_main_job_embeds_on_the_cpu() {
         "{log}"
     );
 }
+
+#[test]
+fn a_train_test_split_gives_the_single_node_sides_on_two_nodes() {
+    let ids = |ctx: &Context| -> (Vec<i64>, Vec<i64>) {
+        let (train, test) = ctx.range(10_000, 8).train_test_split(0.25, 7).unwrap();
+        let sorted = |ds: streambatch::Dataset| {
+            let mut ids: Vec<i64> = ds
+                .collect()
+                .unwrap()
+                .iter()
+                .flat_map(|b| ids_of(b).to_vec())
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        (sorted(train), sorted(test))
+    };
+    let local = ids(&Context::local().unwrap());
+    assert_eq!(local.0.len() + local.1.len(), 10_000);
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    assert_eq!(ids(&ctx), local, "each side's rows as on one node");
+}

@@ -57,7 +57,7 @@ pub trait Runner: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Dataset {
     runner: Arc<dyn Runner>,
-    plan: Arc<LogicalPlan>,
+    pub(crate) plan: Arc<LogicalPlan>,
     last_stats: Arc<Mutex<Option<JobStats>>>,
 }
 
@@ -454,9 +454,14 @@ impl Dataset {
         for op in ops {
             plan = Some(Arc::new(LogicalPlan { input: plan, op }));
         }
+        self.with_plan(plan.expect("a chain starts at its source"))
+    }
+
+    /// This dataset's runner with another plan.
+    pub(crate) fn with_plan(&self, plan: Arc<LogicalPlan>) -> Self {
         Self {
             runner: self.runner.clone(),
-            plan: plan.expect("a chain starts at its source"),
+            plan,
             last_stats: Default::default(),
         }
     }

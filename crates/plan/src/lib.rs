@@ -17,6 +17,7 @@ mod plan;
 mod prune;
 mod recipe;
 mod row;
+mod sample;
 pub mod sink;
 mod source;
 mod split;
@@ -34,6 +35,7 @@ pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
+pub use sample::RowSample;
 pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{

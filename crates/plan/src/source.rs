@@ -18,6 +18,7 @@ use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuil
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::prune::RowGroupStats;
+use crate::sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
 
 /// Rows per batch that readers produce; partitions are cut from these.
@@ -81,12 +82,20 @@ pub enum SourceSplit {
         /// The schema inferred from the files.
         schema: SchemaRef,
     },
+    /// One side of a `train_test_split` of a split's rows.
+    Sampled {
+        /// The split read.
+        inner: Arc<SourceSplit>,
+        /// Which of its rows this side keeps.
+        sample: RowSample,
+    },
 }
 
 impl SourceSplit {
     /// Opens the split as a stream of batches.
     pub fn open(&self) -> Result<BatchIter> {
         match self {
+            SourceSplit::Sampled { inner, sample } => Ok(sample.filter(inner.open()?)),
             SourceSplit::Range { start, end } => {
                 let (start, end) = (*start, *end);
                 let step = READ_BATCH_ROWS as i64;
@@ -144,6 +153,7 @@ impl SourceSplit {
     /// The files the split reads (none for a range or a batch).
     pub fn files(&self) -> Vec<&Path> {
         match self {
+            SourceSplit::Sampled { inner, .. } => inner.files(),
             SourceSplit::Range { .. } | SourceSplit::Batch(_) => Vec::new(),
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
@@ -156,9 +166,27 @@ impl SourceSplit {
         }
     }
 
+    /// This split without a pruning predicate: every row it holds is read
+    /// (a row's position within the split then never depends on a filter).
+    pub fn without_pruning(&self) -> Self {
+        match self {
+            SourceSplit::Parquet { path, columns, .. } => SourceSplit::Parquet {
+                path: path.clone(),
+                columns: columns.clone(),
+                prune: None,
+            },
+            other => other.clone(),
+        }
+    }
+
     /// A short description for errors and stats.
     pub fn describe(&self) -> String {
         match self {
+            SourceSplit::Sampled { inner, sample } => format!(
+                "the {} side of {}",
+                if sample.test { "test" } else { "train" },
+                inner.describe()
+            ),
             SourceSplit::Range { start, end } => format!("range {start}..{end}"),
             SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
             SourceSplit::Parquet { path, .. }
@@ -180,6 +208,7 @@ impl SourceSplit {
     /// outputs.
     pub fn held_bytes(&self) -> u64 {
         match self {
+            SourceSplit::Sampled { inner, .. } => inner.held_bytes(),
             SourceSplit::BinaryFiles { largest, .. } => *largest,
             _ => 0,
         }

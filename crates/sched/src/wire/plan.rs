@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, SourceSplit, Stage, StageKind,
+    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, RowSample, SourceSplit, Stage, StageKind,
 };
 
 /// A plan that can travel.
@@ -33,6 +33,8 @@ pub(crate) struct StageSpec {
 pub(crate) enum KindSpec {
     Source {
         splits: Vec<SplitSpec>,
+        /// Per split, the side of a `train_test_split` it reads, if any.
+        samples: Vec<Option<SampleSpec>>,
         ops: Vec<OpWire>,
     },
     Map {
@@ -65,6 +67,15 @@ pub(crate) enum OpKindSpec {
         codec: String,
         max_row_group_rows: u64,
     },
+}
+
+/// A `RowSample`: which rows of its split a side keeps.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
+pub(crate) struct SampleSpec {
+    key: u64,
+    seed: u64,
+    test_fraction: f64,
+    test: bool,
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -149,10 +160,19 @@ impl PlanSpec {
             .iter()
             .map(|stage| {
                 let kind = match &stage.kind {
-                    StageKind::Source { splits, ops } => KindSpec::Source {
-                        splits: splits.iter().map(split_spec).collect::<Result<_, _>>()?,
-                        ops: ops_spec(ops)?,
-                    },
+                    StageKind::Source { splits, ops } => {
+                        let (splits, samples) = splits
+                            .iter()
+                            .map(sampled_spec)
+                            .collect::<Result<Vec<_>, _>>()?
+                            .into_iter()
+                            .unzip();
+                        KindSpec::Source {
+                            splits,
+                            samples,
+                            ops: ops_spec(ops)?,
+                        }
+                    }
                     StageKind::Map { ops } => KindSpec::Map {
                         ops: ops_spec(ops)?,
                     },
@@ -196,8 +216,12 @@ impl PlanSpec {
             .iter()
             .map(|spec| {
                 let kind = match &spec.kind {
-                    KindSpec::Source { splits, ops } => StageKind::Source {
-                        splits: splits.iter().map(split_of).collect::<Result<_, _>>()?,
+                    KindSpec::Source {
+                        splits,
+                        samples,
+                        ops,
+                    } => StageKind::Source {
+                        splits: sampled_splits(splits, samples)?,
                         ops: ops_of(ops, registry)?,
                     },
                     KindSpec::Map { ops } => StageKind::Map {
@@ -246,8 +270,64 @@ fn cannot_travel(what: &str, why: &str) -> Error {
     ))
 }
 
+/// A split as it travels, and the side of a `train_test_split` it reads.
+fn sampled_spec(split: &SourceSplit) -> Result<(SplitSpec, Option<SampleSpec>), Error> {
+    let SourceSplit::Sampled { inner, sample } = split else {
+        return Ok((split_spec(split)?, None));
+    };
+    let spec = SampleSpec {
+        key: sample.key,
+        seed: sample.seed,
+        test_fraction: sample.test_fraction,
+        test: sample.test,
+    };
+    Ok((split_spec(inner)?, Some(spec)))
+}
+
+/// The splits a node reads, each with its side of a `train_test_split`.
+fn sampled_splits(
+    splits: &[SplitSpec],
+    samples: &[Option<SampleSpec>],
+) -> Result<Vec<SourceSplit>, Error> {
+    if samples.len() != splits.len() {
+        return Err(Error::Invalid(format!(
+            "a source of {} splits came with {} samples",
+            splits.len(),
+            samples.len()
+        )));
+    }
+    let sampled = |(spec, sample): (&SplitSpec, &Option<SampleSpec>)| {
+        let split = split_of(spec)?;
+        Ok(match sample {
+            None => split,
+            Some(s) if !(0.0..=1.0).contains(&s.test_fraction) => {
+                return Err(Error::Invalid(format!(
+                    "a train_test_split's test fraction {} is not within 0 and 1",
+                    s.test_fraction
+                )));
+            }
+            Some(s) => SourceSplit::Sampled {
+                inner: Arc::new(split),
+                sample: RowSample {
+                    key: s.key,
+                    seed: s.seed,
+                    test_fraction: s.test_fraction,
+                    test: s.test,
+                },
+            },
+        })
+    };
+    splits.iter().zip(samples).map(sampled).collect()
+}
+
 fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
     Ok(match split {
+        SourceSplit::Sampled { .. } => {
+            return Err(cannot_travel(
+                "a train_test_split of a train_test_split",
+                "a node reads one side of one split",
+            ));
+        }
         SourceSplit::Range { start, end } => SplitSpec::Range {
             start: *start,
             end: *end,
@@ -434,7 +514,9 @@ mod tests {
     use std::sync::Arc;
 
     use arrow_schema::{DataType, Field, Schema};
-    use streambatch_plan::{ExecPlan, ImageSize, Registry, SourceSplit, Stage, StageKind};
+    use streambatch_plan::{
+        ExecPlan, ImageSize, Registry, RowSample, SourceSplit, Stage, StageKind,
+    };
 
     use super::PlanSpec;
 
@@ -520,6 +602,33 @@ mod tests {
                 assert_eq!(paths.len(), 2);
                 assert_eq!(*got, size);
                 assert_eq!(*largest, 7 << 20);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_side_of_a_train_test_split_travels_with_its_sample() {
+        let sample = RowSample {
+            key: 11,
+            seed: 7,
+            test_fraction: 0.25,
+            test: true,
+        };
+        let splits = travelled(vec![
+            SourceSplit::Range { start: 0, end: 5 },
+            SourceSplit::Sampled {
+                inner: Arc::new(SourceSplit::Range { start: 5, end: 9 }),
+                sample,
+            },
+        ]);
+        match &splits[..] {
+            [
+                SourceSplit::Range { start: 0, end: 5 },
+                SourceSplit::Sampled { inner, sample: got },
+            ] => {
+                assert!(matches!(**inner, SourceSplit::Range { start: 5, end: 9 }));
+                assert_eq!(*got, sample);
             }
             other => panic!("{other:?}"),
         }
