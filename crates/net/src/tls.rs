@@ -228,6 +228,15 @@ impl Identity {
         )))
     }
 
+    /// A TLS acceptor for gRPC over TCP (Arrow Flight): as
+    /// [`tcp_acceptor`](Identity::tcp_acceptor), a client certificate of
+    /// the CA required, offering HTTP/2 by ALPN as gRPC clients demand.
+    pub fn grpc_acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, NetError> {
+        let mut config = self.tls_server_config()?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+
     fn tls_server_config(&self) -> Result<rustls::ServerConfig, NetError> {
         let provider = crate::provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod flight;
 mod handle;
 mod open;
 mod serve;

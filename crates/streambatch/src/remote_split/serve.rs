@@ -16,6 +16,7 @@ use super::{SplitHandle, locality, runtime};
 pub struct SplitService {
     handles: Vec<SplitHandle>,
     endpoint: Endpoint,
+    flight_addr: SocketAddr,
     ranks: Arc<Ranks>,
     /// Always `Some` until dropped.
     runtime: Option<tokio::runtime::Runtime>,
@@ -66,9 +67,12 @@ impl SplitService {
             reading: Mutex::new(HashSet::new()),
         });
         runtime.spawn(accept(endpoint.clone(), ranks.clone()));
+        let flight_listen = SocketAddr::new(listen.ip(), 0);
+        let flight_addr = super::flight::start(&runtime, &identity, flight_listen, ranks.clone())?;
         Ok(Self {
             handles,
             endpoint,
+            flight_addr,
             ranks,
             runtime: Some(runtime),
         })
@@ -100,7 +104,14 @@ impl SplitService {
         self.ranks.splits().first().map_or(0, Split::dropped_rows)
     }
 
-    /// Where the service listens.
+    /// Where the service serves Arrow Flight (TCP, TLS with a client
+    /// certificate of the cluster): `DoGet` with
+    /// [`SplitHandle::flight_ticket`] streams a rank's epoch.
+    pub fn flight_addr(&self) -> SocketAddr {
+        self.flight_addr
+    }
+
+    /// Where the service listens (QUIC).
     pub fn addr(&self) -> SocketAddr {
         self.endpoint.local_addr()
     }
@@ -153,7 +164,7 @@ async fn accept(endpoint: Endpoint, ranks: Arc<Ranks>) {
 }
 
 /// The split's ranks, on the service.
-struct Ranks {
+pub(super) struct Ranks {
     service: u64,
     /// Emptied when the service is dropped.
     splits: Mutex<Vec<Split>>,
@@ -163,19 +174,19 @@ struct Ranks {
 }
 
 impl Ranks {
-    fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
+    pub(super) fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
         self.splits.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-impl SplitServer for Ranks {
-    fn open(
+    /// Rank `rank`'s stream of epoch `epoch` for `peer` (forwarded: what
+    /// it yields is in flight until confirmed), once per rank and epoch.
+    pub(super) fn claim(
         &self,
         service: u64,
         rank: u32,
         epoch: u64,
         peer: &str,
-    ) -> std::result::Result<Box<dyn ServedEpoch>, String> {
+    ) -> std::result::Result<EpochStream, String> {
         if service != self.service {
             return Err(format!("no split {service:016x} is served here"));
         }
@@ -193,9 +204,21 @@ impl SplitServer for Ranks {
                 "rank {rank}'s epoch {epoch} is read already (asked again by {peer})"
             ));
         }
-        drop(reading);
+        Ok(split.forwarded_epoch(epoch as usize))
+    }
+}
+
+impl SplitServer for Ranks {
+    fn open(
+        &self,
+        service: u64,
+        rank: u32,
+        epoch: u64,
+        peer: &str,
+    ) -> std::result::Result<Box<dyn ServedEpoch>, String> {
+        let split = self.claim(service, rank, epoch, peer)?;
         Ok(Box::new(RankEpoch {
-            stream: Some(split.forwarded_epoch(epoch as usize)),
+            stream: Some(split),
             pieces: self.pieces.clone(),
             unconfirmed: Vec::new(),
         }))
