@@ -244,3 +244,62 @@ fn each_cluster_node_counts_its_share_of_a_job_and_the_shares_add_up_to_its_stat
         );
     }
 }
+
+#[test]
+fn a_streaming_splits_ranks_show_in_the_metrics_as_in_its_stats() {
+    let ctx = Context::with_config(NodeConfig {
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        ..NodeConfig::default()
+    })
+    .unwrap();
+    let addr = ctx.metrics_addr().expect("the endpoint listens");
+    let splits = ctx.range(3_000, 12).streaming_split(2, false).unwrap();
+    std::thread::scope(|s| {
+        for split in &splits {
+            s.spawn(move || {
+                for batch in split.epoch(0) {
+                    batch.unwrap();
+                    // A training step: rows wait for the trainer meanwhile.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            });
+        }
+    });
+    let stats = splits[0].stats();
+    let samples = scrape(addr);
+    let mut rows = 0.0;
+    for (rank, got) in stats.iter().enumerate() {
+        let labels = [("split", "0"), ("rank", &*rank.to_string())];
+        let rank_rows = value(&samples, "streambatch_split_rows_total", &labels);
+        assert_eq!(rank_rows, got.rows as f64);
+        assert_eq!(
+            value(&samples, "streambatch_split_pieces_total", &labels),
+            got.pieces as f64
+        );
+        let waited = value(
+            &samples,
+            "streambatch_split_trainer_wait_seconds_total",
+            &labels,
+        );
+        assert!((waited - got.waited_for_data.as_secs_f64()).abs() < 1e-9);
+        let data = value(
+            &samples,
+            "streambatch_split_data_wait_seconds_total",
+            &labels,
+        );
+        assert!((data - got.data_waited.as_secs_f64()).abs() < 1e-9);
+        rows += rank_rows;
+    }
+    assert_eq!(rows, 3_000.0, "every row counted once across the ranks");
+    // Gone, the split's last figures stay.
+    drop(splits);
+    let after = scrape(addr);
+    assert_eq!(
+        value(
+            &after,
+            "streambatch_split_rows_total",
+            &[("split", "0"), ("rank", "0")]
+        ),
+        stats[0].rows as f64
+    );
+}

@@ -48,7 +48,17 @@ pub trait Runner: Send + Sync + 'static {
     fn run(&self, plan: ExecPlan) -> Result<Box<dyn JobStream>>;
     /// The settings of the node that runs the job.
     fn config(&self) -> &NodeConfig;
+    /// Shows a streaming split's ranks in this runner's metrics, for as
+    /// long as `ranks` gives them (`None` once the split is gone, its last
+    /// figures kept). Runners without metrics ignore it.
+    fn watch_split(&self, ranks: SplitWatch) {
+        let _ = ranks;
+    }
 }
+
+/// A split's per-rank figures, read when the metrics are (see
+/// [`Runner::watch_split`]).
+pub type SplitWatch = Arc<dyn Fn() -> Option<Vec<crate::RankStats>> + Send + Sync>;
 
 /// A lazy, distributed collection of rows, held as Arrow partitions.
 ///
@@ -455,6 +465,11 @@ impl Dataset {
             plan = Some(Arc::new(LogicalPlan { input: plan, op }));
         }
         self.with_plan(plan.expect("a chain starts at its source"))
+    }
+
+    /// The runner this dataset's jobs run on.
+    pub(crate) fn runner(&self) -> &Arc<dyn Runner> {
+        &self.runner
     }
 
     /// This dataset's runner with another plan.

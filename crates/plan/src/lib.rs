@@ -26,7 +26,7 @@ pub mod timeline;
 mod udf;
 
 pub use batching::{BatchOptions, Batches, Prefetched};
-pub use dataset::{BatchStream, Dataset, JobStream, Runner};
+pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};

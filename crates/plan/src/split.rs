@@ -89,6 +89,10 @@ pub struct Split {
 }
 
 struct Shared {
+    /// This split itself, for the metrics to read while it lives.
+    me: std::sync::Weak<Shared>,
+    /// Whether a runner shows this split in its metrics yet.
+    watched: std::sync::atomic::AtomicBool,
     /// Each epoch's pipeline.
     epochs: Box<EpochPlan>,
     ranks: usize,
@@ -198,7 +202,9 @@ impl Split {
             stats: vec![RankStats::default(); n],
             ..State::default()
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
+            watched: Default::default(),
             epochs: Box::new(plan),
             ranks: n,
             options,
@@ -312,6 +318,16 @@ impl Shared {
         // stopped) with its rows.
         state.stream = None;
         let planned = (self.epochs)(epoch)?;
+        if !self
+            .watched
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // The runner of its first epoch shows its ranks in its metrics.
+            let me = self.me.clone();
+            planned.runner().watch_split(Arc::new(move || {
+                me.upgrade().map(|s| s.lock().stats.clone())
+            }));
+        }
         let dataset = match self.options.block_order_seed {
             Some(seed) => planned.randomize_block_order(seed.wrapping_add(epoch as u64)),
             None => planned,

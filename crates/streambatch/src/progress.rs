@@ -37,6 +37,10 @@ impl Runner for ProgressRunner {
         }))
     }
 
+    fn watch_split(&self, ranks: streambatch_plan::SplitWatch) {
+        self.inner.watch_split(ranks);
+    }
+
     fn config(&self) -> &NodeConfig {
         self.inner.config()
     }

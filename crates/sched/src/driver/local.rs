@@ -171,6 +171,10 @@ impl Runner for LocalCluster {
         Ok(Box::new(JobOutput::new(rx, live, None)))
     }
 
+    fn watch_split(&self, ranks: streambatch_plan::SplitWatch) {
+        self.metrics.watch_split(ranks);
+    }
+
     fn config(&self) -> &NodeConfig {
         &self.config
     }

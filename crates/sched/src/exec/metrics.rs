@@ -37,7 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use streambatch_plan::{JobStats, Pauses};
+use streambatch_plan::{JobStats, Pauses, RankStats, SplitWatch};
 use streambatch_store::ObjectStore;
 
 /// Label pairs of one series.
@@ -51,6 +51,15 @@ pub struct NodeMetrics {
     jobs: Mutex<Jobs>,
     /// Tasks holding a slot now, as the node's board counts them.
     busy: Arc<AtomicUsize>,
+    /// Streaming splits whose ranks show, in the order they came.
+    splits: Mutex<Vec<WatchedSplit>>,
+}
+
+/// A split's ranks, as the metrics read them.
+struct WatchedSplit {
+    read: SplitWatch,
+    /// The figures last read: kept once the split is gone.
+    last: Vec<RankStats>,
 }
 
 /// Jobs still watched, and what ended jobs added up to.
@@ -117,6 +126,7 @@ impl NodeMetrics {
             gpus,
             jobs: Mutex::default(),
             busy: Arc::default(),
+            splits: Mutex::default(),
         })
     }
 
@@ -130,6 +140,30 @@ impl NodeMetrics {
         let mut jobs = self.lock();
         jobs.fold_ended();
         jobs.watched.push(live);
+    }
+
+    /// Shows a streaming split's ranks from now on (see
+    /// `Runner::watch_split`).
+    pub fn watch_split(&self, read: SplitWatch) {
+        let mut splits = self.splits.lock().unwrap_or_else(|p| p.into_inner());
+        splits.push(WatchedSplit {
+            read,
+            last: Vec::new(),
+        });
+    }
+
+    /// Every watched split's ranks now, by split (numbered from 0).
+    fn split_ranks(&self) -> Vec<Vec<RankStats>> {
+        let mut splits = self.splits.lock().unwrap_or_else(|p| p.into_inner());
+        splits
+            .iter_mut()
+            .map(|split| {
+                if let Some(now) = (split.read)() {
+                    split.last = now;
+                }
+                split.last.clone()
+            })
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Jobs> {
@@ -263,7 +297,53 @@ impl NodeMetrics {
                 .set(n as i64);
         }
         registry.register("jobs", "Jobs this node ran, running or ended", jobs);
+        self.register_splits(&mut registry);
         registry
+    }
+
+    /// Each streaming split's ranks: rows and pieces taken, the time the
+    /// trainer waited for data and the time data waited for the trainer.
+    fn register_splits(&self, registry: &mut Registry) {
+        let rows = Family::<Labels, Counter>::default();
+        let pieces = Family::<Labels, Counter>::default();
+        let trainer_waited = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        let data_waited = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        for (split, ranks) in self.split_ranks().iter().enumerate() {
+            for (rank, stats) in ranks.iter().enumerate() {
+                let labels = vec![
+                    ("split".to_string(), split.to_string()),
+                    ("rank".to_string(), rank.to_string()),
+                ];
+                rows.get_or_create(&labels).inc_by(stats.rows as u64);
+                pieces.get_or_create(&labels).inc_by(stats.pieces as u64);
+                trainer_waited
+                    .get_or_create(&labels)
+                    .inc_by(stats.waited_for_data.as_secs_f64());
+                data_waited
+                    .get_or_create(&labels)
+                    .inc_by(stats.data_waited.as_secs_f64());
+            }
+        }
+        registry.register(
+            "split_rows",
+            "Rows each rank of a streaming split took",
+            rows,
+        );
+        registry.register(
+            "split_pieces",
+            "Pieces of partitions each rank of a streaming split took",
+            pieces,
+        );
+        registry.register(
+            "split_trainer_wait_seconds",
+            "Time each rank's trainer waited for data",
+            trainer_waited,
+        );
+        registry.register(
+            "split_data_wait_seconds",
+            "Time the rows a rank took waited for its trainer, summed over pieces",
+            data_waited,
+        );
     }
 }
 
