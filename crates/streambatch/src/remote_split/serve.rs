@@ -120,12 +120,12 @@ impl SplitService {
 impl Drop for SplitService {
     fn drop(&mut self) {
         self.endpoint.close();
-        // A pull blocked on the job (a rank waiting at its barrier) must
-        // not hold up the driver: its thread ends with the process.
         // The splits go here, not on a runtime thread: the last of them may
         // hold the last reference to an embedded node, whose own runtime
         // cannot be dropped from inside another's.
         drop(std::mem::take(&mut *self.ranks.splits()));
+        // A pull blocked on the job (a rank waiting at its barrier) must
+        // not hold up the driver: its thread ends with the process.
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
