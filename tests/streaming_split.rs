@@ -248,3 +248,37 @@ fn a_pipeline_made_per_epoch_runs_that_epochs_operators() {
     let error = failing[0].epoch(3).next().unwrap().unwrap_err();
     assert!(error.to_string().contains("no plan for epoch 3"), "{error}");
 }
+
+#[test]
+fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
+    let slow = ctx().range(2_000, 8).map_batches(
+        |batch: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+            std::thread::sleep(Duration::from_millis(10));
+            Ok(batch)
+        },
+        Resources::cpu(1.0),
+    );
+    let splits = slow.streaming_split(2, false).unwrap();
+    assert!(splits[0].epoch_stats().is_none(), "no epoch ran yet");
+    let ranks = consume(&splits, 0, &[Duration::ZERO; 2]);
+    each_once(&ranks, 2_000);
+    let stats = splits[0].epoch_stats().expect("the epoch's job ended");
+    assert!(!stats.rank_waits.is_empty(), "the ranks waited for the job");
+    assert!(
+        stats
+            .rank_waits
+            .iter()
+            .all(|w| w.rank < 2 && w.from <= w.to)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("epoch.json");
+    splits[1].write_timeline(&path).unwrap();
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let waits = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "waiting for data")
+        .count();
+    assert_eq!(waits, stats.rank_waits.len());
+}

@@ -40,7 +40,7 @@ pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{
     ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
-    PauseCause, Pauses, Recovery, StoreSample, Wait, WaitSpan,
+    PauseCause, Pauses, RankWait, Recovery, StoreSample, Wait, WaitSpan,
 };
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,

@@ -37,6 +37,7 @@ use arrow_array::RecordBatch;
 
 use crate::batching::BatchOptions;
 use crate::dataset::{BatchStream, Dataset};
+use crate::stats::{JobStats, MAX_EVENTS, RankWait};
 use crate::{BatchIter, Error, Result};
 
 /// How a dataset is split: see [`Dataset::streaming_split_with`](crate::Dataset::streaming_split_with).
@@ -131,6 +132,12 @@ struct State {
     dropped: usize,
     /// Per rank, over all epochs.
     stats: Vec<RankStats>,
+    /// The epoch's pipeline (its job's stats once it ended) and when its
+    /// job started.
+    epoch_data: Option<(Dataset, Instant)>,
+    /// Times the ranks waited for data this epoch (the first
+    /// [`MAX_EVENTS`]), for the epoch's timeline.
+    rank_waits: Vec<RankWait>,
 }
 
 /// What one rank of a split got, over all its epochs so far.
@@ -268,6 +275,29 @@ impl Split {
         self.shared.lock().dropped()
     }
 
+    /// The stats of the last epoch's job once it ended, with the times the
+    /// ranks waited for data in it (`rank_waits`); `None` before.
+    pub fn epoch_stats(&self) -> Option<JobStats> {
+        let state = self.shared.lock();
+        let mut stats = state.epoch_data.as_ref()?.0.stats()?;
+        stats.rank_waits = state.rank_waits.clone();
+        Some(stats)
+    }
+
+    /// Writes the last epoch's timeline to `path` (see
+    /// [`Dataset::write_timeline`]), with a track per rank showing when
+    /// its trainer waited for data.
+    pub fn write_timeline(&self, path: impl AsRef<std::path::Path>) -> Result<()> {
+        let path = path.as_ref();
+        let stats = self.epoch_stats().ok_or_else(|| {
+            Error::Invalid(format!(
+                "no timeline to write to {}: no epoch of the split has ended yet",
+                path.display()
+            ))
+        })?;
+        crate::timeline::write(&stats, path)
+    }
+
     /// What each rank of the split got so far, by rank.
     pub fn stats(&self) -> Vec<RankStats> {
         self.shared.lock().stats.clone()
@@ -333,6 +363,7 @@ impl Shared {
             None => planned,
         };
         let stream = dataset.iter_batches()?;
+        let epoch_data = Some((dataset, Instant::now()));
         *state = State {
             asked: std::mem::take(&mut state.asked),
             left: std::mem::take(&mut state.left),
@@ -342,6 +373,7 @@ impl Shared {
             stream: Some(stream),
             delivered: vec![0; self.ranks],
             in_flight: vec![0; self.ranks],
+            epoch_data,
             ..State::default()
         };
         self.changed.notify_all();
@@ -461,6 +493,30 @@ impl Shared {
         stats.rows = stats.rows.saturating_sub(rows);
         stats.pieces = stats.pieces.saturating_sub(1);
         self.changed.notify_all();
+    }
+
+    /// Counts `rank`'s wait for data since `asked`, and (from a
+    /// millisecond up) records it for `epoch`'s timeline.
+    fn waited(&self, rank: usize, epoch: usize, asked: Instant) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.stats[rank].waited_for_data += now - asked;
+        let Some((_, started)) = state
+            .epoch_data
+            .as_ref()
+            .filter(|_| state.epoch == Some(epoch))
+        else {
+            return;
+        };
+        let since = |at: Instant| at.saturating_duration_since(*started);
+        let wait = RankWait {
+            rank,
+            from: since(asked),
+            to: since(now),
+        };
+        if wait.to - wait.from >= Duration::from_millis(1) && state.rank_waits.len() < MAX_EVENTS {
+            state.rank_waits.push(wait);
+        }
     }
 
     /// Everything forwarded to `rank`'s trainer reached it.
@@ -610,7 +666,7 @@ impl Iterator for EpochStream {
             }
             true => self.shared.next_for(self.rank, self.epoch, self.forwarded),
         };
-        self.shared.lock().stats[self.rank].waited_for_data += asked.elapsed();
+        self.shared.waited(self.rank, self.epoch, asked);
         self.done = !matches!(next, Some(Ok(_)));
         next
     }

@@ -211,6 +211,20 @@ pub struct JobStats {
     /// Times stages waited for a slot or memory (the first
     /// [`MAX_EVENTS`], when the job records its timeline).
     pub waits: Vec<WaitSpan>,
+    /// For an epoch's job of a streaming split, the times its ranks'
+    /// trainers waited for data (see `Split::epoch_stats`).
+    pub rank_waits: Vec<RankWait>,
+}
+
+/// A time a trainer rank of a streaming split waited for its next rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankWait {
+    /// The rank.
+    pub rank: usize,
+    /// Since the job started.
+    pub from: Duration,
+    /// Since the job started.
+    pub to: Duration,
 }
 
 /// Pauses of a job's tasks for memory, by cause. A pause runs from the

@@ -2,8 +2,9 @@
 //! chrome://tracing open: a process per node with a track per slot (the
 //! tasks it ran, each partition they yielded with its size) and tracks of
 //! paused tasks with their cause, a track per stage with the times it
-//! waited for a slot or memory, and the job's store bytes against the
-//! store's capacity, with the bytes it spilled to disk so far.
+//! waited for a slot or memory, a track per trainer rank of a streaming
+//! split with the times it waited for data, and the job's store bytes
+//! against the store's capacity, with the bytes it spilled to disk so far.
 //!
 //! Slots are laid out from the events: a task takes the lowest track of its
 //! node free when it starts or resumes, and gives it back when it pauses,
@@ -28,6 +29,8 @@ pub use page::{page, write_page};
 const PAUSE_TRACKS: usize = 10_000;
 /// Track ids of the stages' wait tracks (in the job's process) start here.
 const WAIT_TRACKS: usize = 20_000;
+/// Track ids of a streaming split's ranks (in the job's process) start here.
+const RANK_TRACKS: usize = 30_000;
 
 /// Writes the Chrome trace of `stats` to `path`: whole or not at all (it is
 /// written beside it, then renamed).
@@ -70,6 +73,7 @@ pub fn chrome_trace(stats: &JobStats) -> Value {
         }
     }
     trace.waits();
+    trace.rank_waits();
     trace.finish(stats.wall)
 }
 
@@ -248,6 +252,27 @@ impl<'a> Trace<'a> {
                 "pid": 0, "tid": tid,
                 "ts": micros(w.from), "dur": micros(w.to.saturating_sub(w.from)),
                 "args": {"stage": self.stage_name(stage), "cause": w.wait.name()},
+            }));
+        }
+    }
+
+    /// A track per trainer rank of a streaming split, in the job's
+    /// process, with the times it waited for data.
+    fn rank_waits(&mut self) {
+        let mut named = std::collections::BTreeSet::new();
+        for w in &self.stats.rank_waits {
+            let tid = RANK_TRACKS + w.rank;
+            if named.insert(w.rank) {
+                let name = format!("rank {} (trainer)", w.rank);
+                self.events.push(json!({
+                    "ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": name}
+                }));
+            }
+            self.events.push(json!({
+                "ph": "X", "cat": "rank", "name": "waiting for data",
+                "pid": 0, "tid": tid,
+                "ts": micros(w.from), "dur": micros(w.to.saturating_sub(w.from)),
+                "args": {"rank": w.rank},
             }));
         }
     }
