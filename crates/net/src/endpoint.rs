@@ -20,7 +20,7 @@ pub enum StreamKind {
     /// One partition fetch: a request frame, a reply frame, then its bytes.
     Fetch,
     /// One rank's epoch of a streaming split served to another process
-    /// ([`split`](crate::split)).
+    /// (the `split` module).
     Split,
 }
 

@@ -17,12 +17,13 @@ mod plan;
 mod prune;
 mod recipe;
 mod row;
-mod sample;
+mod row_sample;
 pub mod sink;
 mod source;
 mod split;
 mod stats;
 pub mod timeline;
+mod train_test_split;
 mod udf;
 
 pub use batching::{BatchOptions, Batches, Prefetched};
@@ -35,7 +36,7 @@ pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
-pub use sample::RowSample;
+pub use row_sample::RowSample;
 pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{

@@ -18,7 +18,7 @@ use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuil
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::prune::RowGroupStats;
-use crate::sample::RowSample;
+use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
 
 /// Rows per batch that readers produce; partitions are cut from these.
