@@ -282,3 +282,52 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
         .count();
     assert_eq!(waits, stats.rank_waits.len());
 }
+
+#[test]
+fn the_next_epochs_job_starts_while_the_last_rank_finishes_this_one() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let made = Arc::new(AtomicUsize::new(0));
+    let counted = made.clone();
+    let ds = ctx().range(800, 4).map_batches(
+        move |batch: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok(batch)
+        },
+        Resources::cpu(1.0),
+    );
+    // A failure here ends the eager rank's wait too, instead of a hang.
+    let options = SplitOptions {
+        barrier_timeout: Duration::from_secs(30),
+        ..SplitOptions::default()
+    };
+    let splits = ds.streaming_split_with(2, options).unwrap();
+    let ranks = std::thread::scope(|s| {
+        let eager = s.spawn(|| {
+            let mut ids = Vec::new();
+            for epoch in 0..2 {
+                for batch in splits[0].epoch(epoch) {
+                    ids.extend(self::ids(batch));
+                }
+            }
+            ids
+        });
+        let late = s.spawn(|| {
+            let mut ids: Vec<i64> = splits[1].epoch(0).flat_map(self::ids).collect();
+            // Before this rank asks for epoch 1, the other rank's ask has
+            // started its job: every partition of it gets made.
+            let start = std::time::Instant::now();
+            while made.load(Ordering::SeqCst) < 8 && start.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(made.load(Ordering::SeqCst), 8, "epoch 1's job ran early");
+            ids.extend(splits[1].epoch(1).flat_map(self::ids));
+            ids
+        });
+        [eager.join().unwrap(), late.join().unwrap()]
+    });
+    let mut all = ranks.concat();
+    all.sort_unstable();
+    let twice: Vec<i64> = (0..800).flat_map(|i| [i, i]).collect();
+    assert_eq!(all, twice, "every row once in each of the two epochs");
+}

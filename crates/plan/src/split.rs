@@ -54,6 +54,11 @@ pub struct SplitOptions {
     pub block_order_seed: Option<u64>,
     /// What the other ranks get when one is lost mid-epoch.
     pub on_lost_rank: LostRank,
+    /// Starts an epoch's job as soon as one rank asks for it once the last
+    /// epoch's job has ended, while the others consume their last rows:
+    /// its output waits in the store (the job pauses when its budget is
+    /// full) until every rank has asked. Dropped if the barrier times out.
+    pub prefetch_next_epoch: bool,
 }
 
 /// What the other ranks of a split get when one is lost mid-epoch (its
@@ -76,6 +81,7 @@ impl Default for SplitOptions {
             barrier_timeout: Duration::from_secs(600),
             block_order_seed: None,
             on_lost_rank: LostRank::default(),
+            prefetch_next_epoch: true,
         }
     }
 }
@@ -138,7 +144,12 @@ struct State {
     /// Times the ranks waited for data this epoch (the first
     /// [`MAX_EVENTS`]), for the epoch's timeline.
     rank_waits: Vec<RankWait>,
+    /// The next epoch's job, started early (`prefetch_next_epoch`).
+    next: Option<(usize, Result<EpochJob>)>,
 }
+
+/// An epoch's running job, its pipeline and when it started.
+type EpochJob = (BatchStream, Dataset, Instant);
 
 /// What one rank of a split got, over all its epochs so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -324,8 +335,16 @@ impl Shared {
             if missing.is_empty() {
                 break;
             }
+            let last_ended = state.ended && state.epoch.is_some_and(|e| e + 1 == epoch);
+            if self.options.prefetch_next_epoch && last_ended && state.next.is_none() {
+                state.next = Some((epoch, self.begin(epoch)));
+            }
             let now = Instant::now();
             if now >= deadline {
+                // A prefetched job goes with the epoch, outside the lock.
+                let prefetched = state.next.take();
+                drop(state);
+                drop(prefetched);
                 return Err(Error::SplitBarrier {
                     epoch,
                     missing,
@@ -347,6 +366,29 @@ impl Shared {
         // The last epoch's job, if a rank left it early, is dropped (and so
         // stopped) with its rows.
         state.stream = None;
+        let (stream, dataset, started) = match state.next.take() {
+            Some((prefetched, job)) if prefetched == epoch => job?,
+            _ => self.begin(epoch)?,
+        };
+        let epoch_data = Some((dataset, started));
+        *state = State {
+            asked: std::mem::take(&mut state.asked),
+            left: std::mem::take(&mut state.left),
+            stats: std::mem::take(&mut state.stats),
+            dropped: state.dropped(),
+            epoch: Some(epoch),
+            stream: Some(stream),
+            delivered: vec![0; self.ranks],
+            in_flight: vec![0; self.ranks],
+            epoch_data,
+            ..State::default()
+        };
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Starts epoch `epoch`'s job.
+    fn begin(&self, epoch: usize) -> Result<EpochJob> {
         let planned = (self.epochs)(epoch)?;
         if !self
             .watched
@@ -363,21 +405,7 @@ impl Shared {
             None => planned,
         };
         let stream = dataset.iter_batches()?;
-        let epoch_data = Some((dataset, Instant::now()));
-        *state = State {
-            asked: std::mem::take(&mut state.asked),
-            left: std::mem::take(&mut state.left),
-            stats: std::mem::take(&mut state.stats),
-            dropped: state.dropped(),
-            epoch: Some(epoch),
-            stream: Some(stream),
-            delivered: vec![0; self.ranks],
-            in_flight: vec![0; self.ranks],
-            epoch_data,
-            ..State::default()
-        };
-        self.changed.notify_all();
-        Ok(())
+        Ok((stream, dataset, Instant::now()))
     }
 
     /// The next rows for `rank`, or `None` once it has all it gets.
