@@ -5,12 +5,14 @@
 //! store, the planner and the scheduler can be embedded on its own.
 
 mod config;
+mod hash;
 mod ids;
 mod meta;
 mod resources;
 mod size;
 
 pub use config::{ConfigError, NodeConfig};
+pub use hash::{fnv1a, mix64};
 pub use ids::{JobId, NodeId, PartitionId, StageId, TaskId};
 pub use meta::PartitionMeta;
 pub use resources::{PoolSize, Resources, StageOptions};

@@ -9,18 +9,13 @@
 
 use std::sync::Arc;
 
+use streambatch_core::fnv1a;
+
 use crate::dataset::Dataset;
 use crate::plan::{LogicalOp, LogicalPlan};
 use crate::row_sample::RowSample;
 use crate::source::SourceSplit;
 use crate::{Error, Result};
-
-/// FNV-1a of `text`: a split's identity from its description.
-fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
 
 impl Dataset {
     /// Splits the rows into a train and a test dataset, disjoint, the test
@@ -83,8 +78,8 @@ impl Dataset {
 /// among the source's batches).
 fn identity(split: &SourceSplit, ordinal: usize) -> u64 {
     match split {
-        SourceSplit::Batch(_) => fnv(&format!("batch {ordinal}")),
+        SourceSplit::Batch(_) => fnv1a(format!("batch {ordinal}").as_bytes()),
         SourceSplit::Sampled { sample, .. } => sample.key,
-        other => fnv(&other.describe()),
+        other => fnv1a(other.describe().as_bytes()),
     }
 }

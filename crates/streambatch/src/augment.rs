@@ -181,10 +181,7 @@ fn replace_image(
 /// A generator for one row: FNV-1a of the path, mixed with seed and epoch
 /// (stable across platforms and Rust versions, unlike std's hasher).
 fn row_rng(seed: u64, epoch: u64, path: &str) -> StdRng {
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for byte in path.bytes() {
-        hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
-    }
+    let hash = streambatch_core::fnv1a(path.as_bytes());
     let mixed = hash ^ seed.rotate_left(17) ^ epoch.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     StdRng::seed_from_u64(mixed)
 }

@@ -116,7 +116,7 @@ impl Faults {
             return false;
         };
         let key = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xD1B5_4A32_D192_ED03);
-        mix(seed ^ key) % 100 < percent && self.once(fault, a, b)
+        streambatch_core::mix64(seed ^ key) % 100 < percent && self.once(fault, a, b)
     }
 
     /// True the first time `fault` hits `(a, b)` in this process.
@@ -124,11 +124,4 @@ impl Faults {
         let mut hit = self.hit.lock().unwrap_or_else(|p| p.into_inner());
         hit.insert((fault, a, b))
     }
-}
-
-/// SplitMix64's finaliser: a well-spread hash of one word.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
