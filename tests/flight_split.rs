@@ -71,7 +71,9 @@ fn python_reads_every_row_of_each_epoch_once_over_flight() {
     };
     let dir = tempfile::tempdir().unwrap();
     init_cluster(dir.path(), &["driver", "trainer"]).unwrap();
+    // Equal shares: which rank asks first cannot leave the other empty.
     let options = SplitOptions {
+        equal: true,
         block_order_seed: Some(3),
         ..SplitOptions::default()
     };
@@ -85,7 +87,7 @@ fn python_reads_every_row_of_each_epoch_once_over_flight() {
         let got = read(&python, &service, dir.path(), "trainer", epoch);
         assert_eq!(got["errors"], serde_json::json!({}), "{got}");
         let (a, b) = (ids(&got["ids"]["0"]), ids(&got["ids"]["1"]));
-        assert!(!a.is_empty() && !b.is_empty(), "both ranks got rows");
+        assert_eq!((a.len(), b.len()), (10_000, 10_000), "equal shares");
         let mut all = [a, b].concat();
         all.sort_unstable();
         assert_eq!(all, (0..20_000).collect::<Vec<_>>(), "every row once");
@@ -98,4 +100,25 @@ fn python_reads_every_row_of_each_epoch_once_over_flight() {
     let errors = refused["errors"].as_object().unwrap();
     assert_eq!(errors.len(), 2, "{refused}");
     assert_eq!(refused["ids"], serde_json::json!({}));
+}
+
+#[test]
+fn a_rank_that_gets_no_rows_reads_an_empty_table() {
+    let Some(python) = python() else {
+        return skip_test(
+            "a_rank_that_gets_no_rows_reads_an_empty_table",
+            "no Python with pyarrow (set SB_PYTHON, or pip install pyarrow)",
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    init_cluster(dir.path(), &["driver", "trainer"]).unwrap();
+    // One partition for two ranks, not equal: one rank gets every row.
+    let splits = ctx().range(100, 1).streaming_split(2, false).unwrap();
+    let tls = TlsFiles::in_dir(dir.path(), "driver");
+    let service = SplitService::start(splits, &tls, "127.0.0.1:0".parse().unwrap()).unwrap();
+    let got = read(&python, &service, dir.path(), "trainer", 0);
+    assert_eq!(got["errors"], serde_json::json!({}), "{got}");
+    let mut lengths = [ids(&got["ids"]["0"]).len(), ids(&got["ids"]["1"]).len()];
+    lengths.sort_unstable();
+    assert_eq!(lengths, [0, 100], "{got}");
 }

@@ -585,6 +585,11 @@ impl Dataset {
         }
     }
 
+    /// The schema of the rows where the plan knows it without running.
+    pub(crate) fn known_schema(&self) -> Option<SchemaRef> {
+        static_schema(&self.plan).ok().flatten()
+    }
+
     /// Writes the rows as Snappy Parquet files `part-*.parquet` in `dir`,
     /// one per task, replacing an earlier write's part files (see
     /// [`Dataset::write_parquet_with`] for the codec and row groups).

@@ -34,6 +34,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 
 use crate::batching::BatchOptions;
 use crate::dataset::{BatchStream, Dataset};
@@ -146,6 +147,9 @@ struct State {
     rank_waits: Vec<RankWait>,
     /// The next epoch's job, started early (`prefetch_next_epoch`).
     next: Option<(usize, Result<EpochJob>)>,
+    /// The schema of the epoch's rows, from the first partition pulled
+    /// (even an empty one, which no rank gets).
+    schema: Option<SchemaRef>,
 }
 
 /// An epoch's running job, its pipeline and when it started.
@@ -473,6 +477,9 @@ impl Shared {
                 continue;
             }
             state.stream = Some(stream);
+            if let (None, Some(Ok(batch))) = (&state.schema, &next) {
+                state.schema = Some(batch.schema());
+            }
             match next {
                 // An empty partition gives no rank anything.
                 Some(Ok(batch)) if batch.num_rows() == 0 => {}
@@ -673,6 +680,19 @@ impl EpochStream {
     /// Whether this stream has ended (its rank has all it gets, or an error).
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// The schema of the epoch's rows, once its job started: from a
+    /// partition any rank was handed, else from the pipeline where that
+    /// knows it without rows. For a rank that got no rows and must still
+    /// tell its reader the columns (a Flight stream starts with them).
+    pub fn schema(&self) -> Option<SchemaRef> {
+        let state = self.shared.lock();
+        if state.epoch != Some(self.epoch) {
+            return None;
+        }
+        let planned = || state.epoch_data.as_ref()?.0.known_schema();
+        state.schema.clone().or_else(planned)
     }
 }
 

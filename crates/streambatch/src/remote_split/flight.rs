@@ -153,16 +153,25 @@ struct SplitFlight {
 }
 
 /// A rank's epoch as a stream of batches: pulled on a blocking thread (the
-/// epoch's barrier and the job block), two batches ahead at most.
+/// epoch's barrier and the job block), two batches ahead at most. A rank
+/// that gets no rows still sends an empty batch, so that its reader learns
+/// the columns (a Flight stream without a schema is an error to it).
 fn batches(
     mut stream: EpochStream,
 ) -> BoxStream<'static, std::result::Result<RecordBatch, FlightError>> {
     let (sender, receiver) = tokio::sync::mpsc::channel(2);
     tokio::task::spawn_blocking(move || {
+        let mut sent_any = false;
         loop {
             // Handed to gRPC: delivered.
             stream.confirm();
-            let Some(next) = stream.next() else { return };
+            let Some(next) = stream.next() else {
+                if let Some(schema) = stream.schema().filter(|_| !sent_any) {
+                    let _ = sender.blocking_send(Ok(RecordBatch::new_empty(schema)));
+                }
+                return;
+            };
+            sent_any = true;
             let next = next.map_err(|e| FlightError::ExternalError(Box::new(e)));
             let failed = next.is_err();
             // The client went away: dropping the stream leaves the epoch.
