@@ -49,7 +49,7 @@ fn drive() -> Result<()> {
             "making {IMAGES} JPEG images of 256x256 in {}",
             images.display()
         );
-        make_images(images)?;
+        streambatch_bench::make_jpegs(images, IMAGES, SEED)?;
     }
     let tls_dir = tempfile::tempdir().map_err(|e| Error::Invalid(e.to_string()))?;
     let tls = tls_dir.path().to_path_buf();
@@ -61,6 +61,8 @@ fn drive() -> Result<()> {
     let options = SplitOptions {
         equal: true,
         block_order_seed: Some(SEED),
+        // Known: the next epoch's job starts while the trainers drain.
+        epochs: Some(EPOCHS),
         ..SplitOptions::default()
     };
     let splits = Split::per_epoch(RANKS, options, move |epoch| {
@@ -153,29 +155,6 @@ fn train(handle: &str, tls: &Path, name: &str) -> Result<()> {
             waited.as_secs_f64(),
             100.0 * waited.as_secs_f64() / took.as_secs_f64()
         );
-    }
-    Ok(())
-}
-
-/// `IMAGES` 256x256 JPEGs, the same on every run: gradients with a tint
-/// and a pattern of their own.
-fn make_images(dir: &Path) -> Result<()> {
-    let io = |e: std::io::Error| Error::Invalid(format!("writing {}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    for i in 0..IMAGES {
-        let tint = [(i * 37) as u8, (i * 91) as u8, (i * 53) as u8];
-        let image = image::RgbImage::from_fn(256, 256, |x, y| {
-            let noise = ((x * 7 + y * 13 + i as u32 * 31) % 17) as u8;
-            image::Rgb([
-                (x as u8).wrapping_add(tint[0]) ^ noise,
-                (y as u8).wrapping_add(tint[1]),
-                ((x + y) as u8).wrapping_add(tint[2]),
-            ])
-        });
-        let path = dir.join(format!("img-{i:05}.jpg"));
-        image
-            .save(&path)
-            .map_err(|e| Error::Invalid(format!("writing {}: {e}", path.display())))?;
     }
     Ok(())
 }

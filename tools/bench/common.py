@@ -4,6 +4,7 @@ check and the command line."""
 import argparse
 import functools
 import json
+import os
 import resource
 import time
 
@@ -198,6 +199,67 @@ def main(workloads, default_output):
     parser.add_argument("--store-cap", type=parse_size, default=None, help="W1, W2: object store memory")
     parser.add_argument("--tuned", action="store_true", help="W1: the documented GPU-stage settings that help Ray Data")
     parser.add_argument("--block-size", type=parse_size, default=None, help="W1, W2: Ray Data's target_max_block_size")
+    parser.add_argument("--step-ms", type=int, default=110, help="W6a: a trainer's step per batch")
     parser.add_argument("--nodes", type=int, default=1, help="W5: CPU nodes")
     args = parser.parse_args()
     workloads[args.workload](args)
+
+
+# W6: the training-ingest workloads (streambatch's crates/bench/src/w6).
+W6_INPUT = "data/w6-images"
+W6_IMAGES = 8_000
+W6_EPOCHS = 2
+W6_SEED = 7
+W6_SIDE = 224
+W6_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+W6_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+# The lowest and highest value normalising a byte gives over the channels
+# (with a little room for rounding), as streambatch's trainers check.
+W6_RANGE = (-2.1180, 2.6401)
+
+
+def image_id(path):
+    """The number of image `img-01234.jpg`."""
+    return int(os.path.basename(path)[4:9])
+
+
+def crop_box(rng, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's RandomResizedCrop box (top, left, h, w): an area of
+    `scale` of the image's and an aspect ratio within `ratio` (log-uniform),
+    10 tries, then the centre crop of the nearest ratio."""
+    area = height * width
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = np.exp(rng.uniform(np.log(ratio[0]), np.log(ratio[1])))
+        w = int(round(np.sqrt(target * aspect)))
+        h = int(round(np.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    side = min(height, width)
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+def augment(image, rng):
+    """A PIL RGB image -> random resized crop to 224 (bilinear) -> flip
+    with probability 0.5 -> (x / 255 - mean) / std as f32, height x width x 3."""
+    from PIL import Image
+
+    top, left, h, w = crop_box(rng, image.height, image.width)
+    cropped = image.resize((W6_SIDE, W6_SIDE), Image.BILINEAR, box=(left, top, left + w, top + h))
+    pixels = np.asarray(cropped, dtype=np.uint8)
+    if rng.random() < 0.5:
+        pixels = pixels[:, ::-1]
+    return (pixels.astype(np.float32) * np.float32(1 / 255) - W6_MEAN) / W6_STD
+
+
+def normalised_rows(pixels):
+    """Rows of `pixels` (n x 224 x 224 x 3) with a value outside W6_RANGE
+    or not a number (NaN fails both comparisons), or of the wrong shape."""
+    if pixels.shape[1:] != (W6_SIDE, W6_SIDE, 3):
+        return len(pixels)
+    low, high = W6_RANGE
+    rows = pixels.reshape(len(pixels), -1)
+    # A row's least and greatest values: one pass each, no temporaries;
+    # a NaN makes both NaN, which fails both comparisons.
+    inside = (rows.min(axis=1) >= low) & (rows.max(axis=1) <= high)
+    return int((~inside).sum())

@@ -1,5 +1,5 @@
-"""Runs W1 to W5 and the binary-files benchmark (docs/workloads.md) in
-streambatch, Ray Data and (W3, W4) Daft, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W6 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data, (W3, W4) Daft and (W6a) PyTorch's DataLoader, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -27,6 +27,7 @@ from common import W1_IDEAL_S, vmhwm_mib
 SB = [os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "streambatch"), "bench"]
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
 DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
+TORCH = [sys.executable, "tools/bench/torch_workloads.py"]
 
 # What each workload reports and whether more of it is better.
 METRICS = {
@@ -38,6 +39,8 @@ METRICS = {
     "binary_files": ("wall_s", False),
     "binary_files_rows": ("wall_s", False),
     "sched": ("tasks_per_s", True),
+    "w6a": ("images_per_s", True),
+    "w6b": ("efficiency", True),
 }
 W1_ROWS = 800
 
@@ -137,8 +140,21 @@ def cases(w4_device):
     # The scheduler alone, so that a regression of the job state machine
     # shows in the next run (no peer: Ray's scheduler is not separable).
     out.append(Case("sched", "1,000 virtual nodes, fault simulation", {"streambatch": SB + ["sched"]}))
-    # W5 last: a multi-node Ray cluster that fails to stop cleanly must not
-    # slow the other workloads.
+    # W6a: streambatch first, as it makes the JPEGs (data/w6-images).
+    step = ["--step-ms", "110"]
+    out.append(
+        Case(
+            "w6a",
+            "8,000 JPEGs, 2 trainer processes, 110 ms step",
+            {
+                "streambatch": SB + ["w6a"] + step,
+                "pytorch": TORCH + ["w6a"] + step,
+                "ray-data": RAY + ["w6a"] + step,
+            },
+        )
+    )
+    # W5 and W6b last: a multi-node Ray cluster that fails to stop cleanly
+    # must not slow the other workloads.
     for n in [1, 2, 4]:
         out.append(
             Case(
@@ -147,6 +163,18 @@ def cases(w4_device):
                 {
                     "streambatch": SB + ["w5", "--nodes", str(n)],
                     "ray-data": RAY + ["w5", "--nodes", str(n)],
+                },
+                pick=f"nodes={n}",
+            )
+        )
+    for n in [1, 2, 4]:
+        out.append(
+            Case(
+                "w6b",
+                f"{n} CPU node{'s' if n > 1 else ''} + 2 trainers",
+                {
+                    "streambatch": SB + ["w6b", "--nodes", str(n)],
+                    "ray-data": RAY + ["w6b", "--nodes", str(n)],
                 },
                 pick=f"nodes={n}",
             )
@@ -242,7 +270,9 @@ def result_of(case, system, records, timed_out, wall, limit_s):
     finals = [r for r in records if metric in r and (not case.pick or r.get("config") == case.pick)]
     if finals and not timed_out:
         r = finals[-1]
-        return {"value": r[metric], "correct": r.get("correct"), "reached": None}
+        # W6's per-rank figures, for its targets and the table.
+        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s") if k in r}
+        return {**shown, "value": r[metric], "correct": r.get("correct"), "reached": None}
     if not timed_out:
         return {"value": None, "correct": False, "reached": "failed: no result line"}
     progress = [r["progress"] for r in records if "progress" in r]
@@ -355,6 +385,35 @@ def targets(rows):
                 sb["value"] is not None and sb["value"] >= 0.9 and sb["correct"],
                 f"streambatch {fmt(sb['value'])}, Ray Data ({ray[0] if ray else '-'}) {fmt(ray_v)}",
             )
+        elif case.workload == "w6a":
+            torch = pick_best(case, results, "pytorch")
+            torch_v = torch[1]["value"] if torch else None
+            # Memory by PSS: the trainers map the driver's shared memory.
+            peers_pss = {s: r["pss_mib"] for s, r in results.items() if s != "streambatch"}
+            bound = sb.get("trainers_bound_images_per_s")
+            waits = sb.get("trainer_wait_fraction") or [1.0]
+            check(
+                "W6a: images/s >= 1.2x PyTorch DataLoader's and >= 2x Ray Data's",
+                sb["value"] and torch_v and ray_v and sb["value"] >= 1.2 * torch_v and sb["value"] >= 2 * ray_v,
+                f"streambatch {fmt(sb['value'])}, PyTorch {fmt(torch_v)} ({fmt(sb['value'] / torch_v) if sb['value'] and torch_v else '-'}x), "
+                f"Ray Data {fmt(ray_v)} ({fmt(sb['value'] / ray_v) if sb['value'] and ray_v else '-'}x)",
+            )
+            check(
+                "W6a: peak memory (PSS of the process tree) below PyTorch's and Ray Data's",
+                peers_pss and all(sb["pss_mib"] < p for p in peers_pss.values()),
+                f"streambatch {sb['pss_mib']:.0f} MiB, " + ", ".join(f"{s} {p:.0f} MiB" for s, p in peers_pss.items()),
+            )
+            check(
+                "W6a: each trainer waits at most 5% of its time (the trainers are the bound)",
+                max(waits) <= 0.05,
+                f"wait fractions {waits}, trainers' bound {bound} images/s",
+            )
+        elif case.workload == "w6b":
+            check(
+                f"W6b {case.config}: efficiency >= 0.9, every image once per epoch",
+                sb["value"] is not None and sb["value"] >= 0.9,
+                f"streambatch {fmt(sb['value'])}, Ray Data {fmt(ray_v)}",
+            )
         elif case.workload in ("binary_files", "binary_files_rows"):
             # The larger of the sampled RSS and the VmHWM (which no sample misses).
             sb_mem = max(sb["rss_mib"], sb["hwm_mib"])
@@ -392,12 +451,12 @@ def chart(rows, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"streambatch": "#1b7837", "ray-data": "#2166ac", "daft": "#b2182b"}
+    colours = {"streambatch": "#1b7837", "ray-data": "#2166ac", "daft": "#b2182b", "pytorch": "#e08214"}
     fig, axes = plt.subplots(2, len(rows), figsize=(2.2 * len(rows), 6.5), squeeze=False)
     for col, (case, results) in enumerate(rows):
         metric, higher = METRICS[case.workload]
         shown = [("streambatch", results["streambatch"])]
-        for peer in ("ray-data", "daft"):
+        for peer in ("pytorch", "ray-data", "daft"):
             best = pick_best(case, results, peer)
             if best:
                 shown.append((peer, best[1]))
@@ -425,7 +484,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w5", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")

@@ -9,6 +9,8 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py w4 --input data/w4-images --output out/w4-ray
     python tools/bench/ray_workloads.py w5 --nodes 4
     python tools/bench/ray_workloads.py binary_files --store-cap 256MiB
+    python tools/bench/ray_workloads.py w6a --step-ms 110
+    python tools/bench/ray_workloads.py w6b --nodes 2
 """
 
 import json
@@ -19,7 +21,10 @@ import time
 import numpy as np
 import ray
 
-from common import W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, W3_WARM_UP, IdSet, Progress, check_w1_rows, embeddings_correct, line, main, w1_byte, weights
+from common import (
+    W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, W3_WARM_UP, W6_EPOCHS, W6_IMAGES, W6_INPUT, W6_SEED, IdSet, Progress, augment,
+    check_w1_rows, embeddings_correct, image_id, line, main, normalised_rows, w1_byte, weights,
+)
 
 
 def start(args, **resources):
@@ -254,5 +259,126 @@ def binary_files(args):
     line("ray-data", "binary_files", f"store_cap={args.store_cap >> 20}MiB", wall, progress.rows, expected["files"], correct)
 
 
+def w6_trainer_class():
+    """A trainer actor (no CPU: the trainers stand for GPUs): reads its
+    split for W6_EPOCHS epochs in batches of 64, sleeping `step` per batch,
+    checking every row; returns a report per epoch."""
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def train(self, split, step, shuffle_rows, check):
+            reports = []
+            for epoch in range(W6_EPOCHS):
+                started, waited, ids, wrong = time.perf_counter(), 0.0, [], 0
+                batches = iter(split.iter_batches(
+                    batch_size=64, batch_format="numpy", local_shuffle_buffer_size=shuffle_rows or None, local_shuffle_seed=W6_SEED + epoch if shuffle_rows else None
+                ))
+                while True:
+                    asked = time.perf_counter()
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        break
+                    waited += time.perf_counter() - asked
+                    got, bad = check(batch)
+                    ids.extend(got)
+                    wrong += bad
+                    time.sleep(step)  # the training step
+                reports.append({"epoch": epoch, "took_s": time.perf_counter() - started, "waited_s": waited, "wrong_rows": wrong, "ids": ids})
+            return reports
+
+    return Trainer
+
+
+def w6_run(ds, images, step, shuffle_rows, check):
+    """`ds` split equally between two trainer actors; (wall, images
+    delivered, each rank's wait fraction, every image once per epoch and
+    no wrong row)."""
+    Trainer = w6_trainer_class()
+    trainers = [Trainer.remote() for _ in range(2)]
+    started = time.perf_counter()
+    splits = ds.streaming_split(2, equal=True)
+    reports = ray.get([t.train.remote(s, step, shuffle_rows, check) for t, s in zip(trainers, splits)])
+    wall = time.perf_counter() - started
+    epochs = [IdSet(images) for _ in range(W6_EPOCHS)]
+    wrong = delivered = 0
+    fractions = []
+    for rank in reports:
+        for r in rank:
+            epochs[r["epoch"]].add(r["ids"])
+            wrong += r["wrong_rows"]
+            delivered += len(r["ids"])
+        took = sum(r["took_s"] for r in rank)
+        fractions.append(round(sum(r["waited_s"] for r in rank) / took, 3) if took else 1.0)
+    return wall, delivered, fractions, wrong == 0 and all(e.each_once() for e in epochs)
+
+
+def w6a(args):
+    """W6a: `read_images` over the JPEGs streambatch made (data/w6-images),
+    the same transforms in `map_batches` (PIL and numpy), `streaming_split(2,
+    equal=True)` read by two trainer actors with a 1,000-row local shuffle
+    buffer, on 2 CPUs."""
+    start(args, num_cpus=2)
+    from PIL import Image
+
+    def transform(batch):
+        rng = np.random.default_rng()
+        pixels = [augment(Image.fromarray(image), rng) for image in batch["image"]]
+        return {"path": batch["path"], "pixels": np.stack(pixels)}
+
+    def check(batch):
+        return [image_id(p) for p in batch["path"]], normalised_rows(batch["pixels"])
+
+    ds = ray.data.read_images(W6_INPUT, include_paths=True, mode="RGB").map_batches(transform)
+    wall, delivered, fractions, correct = w6_run(ds, W6_IMAGES, args.step_ms / 1000, 1000, check)
+    line("ray-data", "w6a", f"step_ms={args.step_ms}", wall, delivered, 0, correct, images_per_s=round(delivered / wall, 3), trainer_wait_fraction=fractions)
+
+
+W6B_IMAGES, W6B_DECODE_S, W6B_PARTITION, W6B_TRAINERS_PER_S = 1_536, 0.040, 4, 600.0
+W6B_IMAGE_BYTES = 224 * 224 * 3
+
+
+def w6b(args):
+    """W6b on a local multi-node Ray cluster as W5's: a head with no slots,
+    N nodes of 8 CPUs, one of 2 GPUs and no CPU for the trainer actors;
+    `decode` a 40 ms sleep per image making its 150,528 bytes (the id's
+    byte, as streambatch's), batches of 4; no shuffle buffer."""
+    from ray.cluster_utils import Cluster
+
+    n = args.nodes
+    store = 300 << 20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "num_gpus": 0, "object_store_memory": store, "include_dashboard": False},
+    )
+    for _ in range(n):
+        cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
+    try:
+        cluster.add_node(num_cpus=0, num_gpus=2, object_store_memory=store)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+
+        def decode(batch):
+            ids = batch["id"]
+            return taking(W6B_DECODE_S * len(ids), lambda: {"id": ids, "data": np.repeat(w1_byte(ids)[:, None], W6B_IMAGE_BYTES, axis=1)})
+
+        def check(batch):
+            ids, data = batch["id"], batch["data"]
+            wrong = int((data != w1_byte(ids)[:, None]).any(axis=1).sum()) + int(data.shape[1] != W6B_IMAGE_BYTES)
+            return [int(i) for i in ids], wrong
+
+        ds = ray.data.range(W6B_IMAGES, override_num_blocks=W6B_IMAGES // W6B_PARTITION).map_batches(decode, batch_size=W6B_PARTITION, num_cpus=1)
+        step = 2 * 64 / W6B_TRAINERS_PER_S
+        wall, delivered, fractions, correct = w6_run(ds, W6B_IMAGES, step, 0, check)
+        ideal = min(n * 8 / W6B_DECODE_S, W6B_TRAINERS_PER_S)
+        line(
+            "ray-data", "w6b", f"nodes={n}", wall, delivered, 0, correct, W6_EPOCHS * W6B_IMAGES / ideal,
+            images_per_s=round(delivered / wall, 3), trainer_wait_fraction=fractions, nodes=n, ideal_images_per_s=ideal,
+        )
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 if __name__ == "__main__":
-    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "binary_files": binary_files}, "out/w4-ray")
+    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "w6a": w6a, "w6b": w6b, "binary_files": binary_files}, "out/w4-ray")

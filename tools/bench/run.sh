@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs W1 to W5 and the binary-files benchmark in streambatch, Ray Data and
-# (W3, W4) Daft, alternating the systems, each run under a time limit;
+# Runs W1 to W6 and the binary-files benchmark in streambatch, Ray Data,
+# (W3, W4) Daft and (W6a) PyTorch, alternating the systems, each run under a time limit;
 # prints one table with the ratio streambatch / peer, checks the targets,
 # and writes out/bench/results.json,
 # out/bench/table.md and the chart out/bench/benchmarks.png.
 # Makes the Python environment (.venv-bench) with the pinned peers if absent.
-#   tools/bench/run.sh [--limit-s 240] [--only w1,w2,w3,w4,binary_files,binary_files_rows,sched,w5] [--w4-device cpu|gpu]
+#   tools/bench/run.sh [--limit-s 240] [--only w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,w5,w6b] [--w4-device cpu|gpu]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=.venv-bench

@@ -7,15 +7,18 @@
 
 mod files;
 mod net;
+mod nodes;
 mod shaped;
 mod skip;
 mod w5;
+mod w6;
 
 pub use files::{FilesApi, FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};
 pub use w5::{w5, w5_kill_one};
+pub use w6::{W6A_IMAGES, W6A_STEP_MS, W6B_IMAGES, augmented, make_jpegs, w6_trainer, w6a, w6b};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -204,7 +207,7 @@ impl BenchResult {
     }
 }
 
-fn round(x: f64) -> f64 {
+pub(crate) fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 

@@ -10,7 +10,8 @@ use streambatch::{BatchFn, BatchUdf, Dataset, Registry, Resources, Result, UdfEr
 
 use crate::{Rows, check_rows, filled_rows, taking};
 
-/// The stock operators and W1's: `w1.produce`, `w1.consume`, `w1.inference`.
+/// The stock operators, W1's (`w1.produce`, `w1.consume`,
+/// `w1.inference`) and W6b's (`w6b.decode`).
 ///
 /// ```
 /// let registry = streambatch_bench::registry();
@@ -41,6 +42,16 @@ pub fn registry() -> Registry {
                 Ok(b.project(&[0])?)
             },
         )
+    });
+    // W6b's decode: a call takes `ms` per row and makes each row's bytes.
+    registry.register("w6b.decode", |params| {
+        let (ms, row_bytes) = two(params)?;
+        Ok(move |b: RecordBatch| {
+            let total = Duration::from_millis(ms * b.num_rows() as u64);
+            taking(total, || {
+                filled_rows(b.column(0), row_bytes as usize, Rows::Output)
+            })
+        })
     });
     registry
 }
@@ -86,7 +97,7 @@ fn two(params: &[u8]) -> std::result::Result<(u64, u64), UdfError> {
     Ok((word(0)?, word(8)?))
 }
 
-fn params(ms: u64, row_bytes: u64) -> Vec<u8> {
+pub(crate) fn params(ms: u64, row_bytes: u64) -> Vec<u8> {
     [ms.to_le_bytes(), row_bytes.to_le_bytes()].concat()
 }
 

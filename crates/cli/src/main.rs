@@ -85,7 +85,7 @@ enum Command {
         /// batch operator) or a row-level `flat_map`, a row per piece.
         #[arg(long, value_enum, default_value_t = FilesApi::Chunk)]
         api: FilesApi,
-        /// W5 only: the numbers of CPU nodes to run with, one run each.
+        /// W5, W6b: the numbers of CPU nodes to run with, one run each.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
         nodes: Vec<usize>,
         /// W5 only: at each N, a clean run and a run with one CPU node
@@ -96,6 +96,15 @@ enum Command {
         /// silent node is lost; default 5000).
         #[arg(long, requires = "kill_one")]
         node_timeout_ms: Option<u32>,
+        /// W6a only: each trainer's step per batch of 64, in milliseconds
+        /// (a logical GPU; the default makes the trainers the bound on 2
+        /// cores).
+        #[arg(long, default_value_t = workloads::W6A_STEP_MS)]
+        step_ms: u64,
+        /// W6a, W6b: run as one of the workload's trainer processes, with
+        /// the spec its driver gave (the driver starts them).
+        #[arg(long, hide = true)]
+        trainer: Option<String>,
         /// W1, W2, W3: record the timed job's timeline and write it here
         /// (W3's second shape to PATH with `-2` before its extension).
         /// Without it the workloads run with `record_timeline = false`, so
@@ -161,6 +170,12 @@ enum Workload {
     /// 64 KiB pieces on 2 CPU slots (data/binary-files, made if absent);
     /// the figure is peak RSS against the store cap (default 256 MiB).
     BinaryFiles,
+    /// Training ingest: 8,000 JPEGs decoded, cropped, flipped and
+    /// normalised, split equally between two trainer processes, 2 epochs.
+    W6a,
+    /// Training ingest on a cluster: N CPU-only nodes (--nodes) whose
+    /// decode is a fixed sleep per image feeding two trainer processes.
+    W6b,
     /// The scheduler alone: the job state machine and policy driven by the
     /// fault simulation on 1,000 virtual nodes (tasks that take no time,
     /// nodes lost, joining and draining), five runs; the figure is tasks
@@ -271,7 +286,12 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             kill_one,
             node_timeout_ms,
             timeline,
+            step_ms,
+            trainer,
         } => {
+            if let Some(spec) = trainer {
+                return workloads::w6_trainer(&spec);
+            }
             let base = NodeConfig {
                 record_timeline: timeline.is_some(),
                 ..NodeConfig::load(config.as_deref())?
@@ -340,6 +360,22 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                         let r = workloads::w5(n, &dir, &mut progress)?;
                         println!("{}", r.to_json());
                         progress = workloads::ProgressLines::new(progress_lines);
+                    }
+                    return Ok(());
+                }
+                Workload::W6a => {
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(512 << 20),
+                        ..base.clone()
+                    };
+                    let step = std::time::Duration::from_millis(step_ms);
+                    let data = std::path::Path::new("data/w6-images");
+                    vec![workloads::w6a(data, step, &base)?]
+                }
+                Workload::W6b => {
+                    let dir = base.spill_dir.join("w6b");
+                    for n in nodes {
+                        println!("{}", workloads::w6b(n, &dir)?.to_json());
                     }
                     return Ok(());
                 }

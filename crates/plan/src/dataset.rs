@@ -265,7 +265,11 @@ impl Dataset {
                 "read_images: no .png, .jpg or .jpeg files in {path}"
             )));
         }
-        let per_split = files_per_split(runner.as_ref(), files.len());
+        // No more images than decode to about one target partition: a
+        // training pipeline streams them in small steps.
+        let target = runner.config().target_partition_bytes as usize;
+        let per_split = files_per_split(runner.as_ref(), files.len())
+            .min((target / size.bytes().max(1)).max(1));
         let splits = files
             .chunks(per_split)
             .map(|paths| SourceSplit::Images {

@@ -18,6 +18,7 @@ mod prune;
 mod recipe;
 mod row;
 mod row_sample;
+mod shuffle_window;
 pub mod sink;
 mod source;
 mod split;

@@ -60,6 +60,11 @@ pub struct SplitOptions {
     /// its output waits in the store (the job pauses when its budget is
     /// full) until every rank has asked. Dropped if the barrier times out.
     pub prefetch_next_epoch: bool,
+    /// The number of epochs the ranks will read, when known: with
+    /// `prefetch_next_epoch`, the next epoch's job then starts as soon as
+    /// this one's has ended, while the ranks still hold its last rows (a
+    /// trainer draining its shuffle buffer), not when a rank asks for it.
+    pub epochs: Option<usize>,
 }
 
 /// What the other ranks of a split get when one is lost mid-epoch (its
@@ -83,6 +88,7 @@ impl Default for SplitOptions {
             block_order_seed: None,
             on_lost_rank: LostRank::default(),
             prefetch_next_epoch: true,
+            epochs: None,
         }
     }
 }
@@ -412,6 +418,15 @@ impl Shared {
         Ok((stream, dataset, Instant::now()))
     }
 
+    /// Starts the job of the epoch after `epoch`, whose job just ended,
+    /// when the ranks will read it (`epochs`) and no rank started it yet.
+    fn prefetch_after(&self, state: &mut State, epoch: usize) {
+        let will_read = self.options.epochs.is_some_and(|n| epoch + 1 < n);
+        if self.options.prefetch_next_epoch && will_read && state.next.is_none() {
+            state.next = Some((epoch + 1, self.begin(epoch + 1)));
+        }
+    }
+
     /// The next rows for `rank`, or `None` once it has all it gets.
     fn next_for(&self, rank: usize, epoch: usize, forwarded: bool) -> Option<Result<RecordBatch>> {
         let mut state = self.lock();
@@ -488,7 +503,10 @@ impl Shared {
                     state.buffer.push_back((batch, Instant::now()));
                 }
                 Some(Err(e)) => state.failed = Some(e.to_string()),
-                None => state.ended = true,
+                None => {
+                    state.ended = true;
+                    self.prefetch_after(&mut state, epoch);
+                }
             }
         }
     }

@@ -88,19 +88,6 @@ pub fn main(registry: &Registry) {
     std::process::exit(code);
 }
 
-/// A node's operators allocate and free large row buffers all the time;
-/// glibc would return each to the kernel and fault it in again on the next
-/// allocation (most of a busy node's system time). Buffers up to 32 MiB are
-/// kept for reuse instead, as Ray's nodes keep theirs with jemalloc.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator thresholds; any value is valid.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
-    }
-}
-
 /// Runs the node `config` describes with `registry` until it stops.
 /// Prints one line, `node NAME (ROLE) listening on ADDR`, once it serves.
 pub fn run_node(
@@ -113,7 +100,7 @@ pub fn run_node(
         // line scripts wait for.
         eprintln!("node {}: {note}", settings.name);
     }
-    keep_freed_memory();
+    crate::keep_freed_memory();
     let node = streambatch_sched::ClusterNode::start(&settings, Some(config), registry.clone())?;
     let role = if settings.head.is_some() {
         "worker"

@@ -77,6 +77,7 @@ impl Context {
     pub fn with_config(mut config: NodeConfig) -> Result<Self> {
         // An embedded node has no log of its own: `gpu_devices` tells.
         let _software_left_out = resolve_gpu_slots(&mut config);
+        crate::keep_freed_memory();
         let cluster = Arc::new(LocalCluster::start(config)?);
         Ok(Self {
             runner: cluster.clone(),

@@ -21,6 +21,7 @@ mod augment;
 mod chunks;
 mod cluster;
 mod context;
+mod memory;
 pub mod ops;
 pub mod pipeline;
 mod progress;
@@ -29,6 +30,7 @@ mod runtime_dir;
 
 pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
+pub use memory::keep_freed_memory;
 pub use remote_split::{RemoteEpoch, RemoteSplit, SplitHandle, SplitService};
 pub use runtime_dir::use_private_runtime_dir;
 

@@ -6,7 +6,8 @@
 //! fits the free resources, whose worker pool has room and whose outputs are
 //! under budget, prefer the stage nearest the sink, since running it drains
 //! memory; a paused task of a stage resumes before a new one starts, since
-//! its output is already computed. Where every slot is taken, a node may
+//! its output is already computed, and no new one starts while one is
+//! paused (its output would wait outside the store as well). Where every slot is taken, a node may
 //! also be handed a few tasks to queue for its next free slot (its workers
 //! take them without a round trip to the executor), but only of a stage
 //! with short tasks, none of them paused on the node, whose outputs in
@@ -87,7 +88,10 @@ pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
         if let Some(index) = view.paused_fits.iter().position(|fits| *fits) {
             return Some(Decision::Resume { stage, index });
         }
-        if view.waiting_inputs > 0 && view.budget_fits_typical {
+        // Not while a task of the stage is paused: its output does not fit,
+        // so a new task's would not either, and would wait outside the
+        // store too (tasks piling up their outputs on the heap).
+        if view.waiting_inputs > 0 && view.budget_fits_typical && view.paused.is_empty() {
             return Some(Decision::Dispatch { stage });
         }
     }
@@ -327,6 +331,24 @@ mod tests {
             queue_room: 0,
         };
         assert_eq!(drain(s), vec![Decision::Resume { stage: 0, index: 1 }]);
+    }
+
+    #[test]
+    fn no_new_task_starts_while_one_of_its_stage_waits_for_memory() {
+        let mut st = stage(3, Resources::cpu(1.0));
+        st.paused = vec![10];
+        st.paused_fits = vec![false];
+        let mut downstream = stage(1, Resources::cpu(1.0));
+        downstream.budget_fits_typical = true;
+        let s = Snapshot {
+            stages: vec![st, downstream],
+            free: Resources::cpu(2.0),
+            slots: Resources::cpu(2.0),
+            queue_room: 0,
+        };
+        // Free slots and inputs, the budget fits a typical output: only
+        // the stage with nothing paused runs.
+        assert_eq!(drain(s), vec![Decision::Dispatch { stage: 1 }]);
     }
 
     #[test]

@@ -23,6 +23,7 @@ impl RemoteSplit {
     /// Connects to the driver serving `handle`, as the holder of `tls`'s
     /// certificate (of the same cluster).
     pub fn open(tls: &TlsFiles, handle: &SplitHandle) -> Result<Self> {
+        crate::keep_freed_memory();
         let failed = |message: String| Error::RemoteSplit {
             handle: handle.to_string(),
             message,
