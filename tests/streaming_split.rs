@@ -331,3 +331,34 @@ fn the_next_epochs_job_starts_while_the_last_rank_finishes_this_one() {
     let twice: Vec<i64> = (0..800).flat_map(|i| [i, i]).collect();
     assert_eq!(all, twice, "every row once in each of the two epochs");
 }
+
+#[test]
+fn with_the_epochs_known_each_epochs_job_starts_before_any_rank_asks() {
+    use std::sync::{Arc, Mutex};
+    let planned = Arc::new(Mutex::new(Vec::new()));
+    let noted = planned.clone();
+    let ctx = ctx();
+    let options = SplitOptions {
+        epochs: Some(2),
+        barrier_timeout: Duration::from_secs(30),
+        ..SplitOptions::default()
+    };
+    let splits = Split::per_epoch(2, options, move |epoch| {
+        noted.lock().unwrap().push(epoch);
+        Ok(ctx.range(400, 4))
+    })
+    .unwrap();
+    assert_eq!(
+        *planned.lock().unwrap(),
+        [0],
+        "epoch 0's job, with the split"
+    );
+    let first = consume(&splits, 0, &[Duration::ZERO; 2]);
+    each_once(&first, 400);
+    // Epoch 0's job ended: epoch 1's started though no rank asked yet.
+    assert_eq!(*planned.lock().unwrap(), [0, 1]);
+    let second = consume(&splits, 1, &[Duration::ZERO; 2]);
+    each_once(&second, 400);
+    // Two epochs: no third job.
+    assert_eq!(*planned.lock().unwrap(), [0, 1]);
+}

@@ -61,9 +61,10 @@ pub struct SplitOptions {
     /// full) until every rank has asked. Dropped if the barrier times out.
     pub prefetch_next_epoch: bool,
     /// The number of epochs the ranks will read, when known: with
-    /// `prefetch_next_epoch`, the next epoch's job then starts as soon as
-    /// this one's has ended, while the ranks still hold its last rows (a
-    /// trainer draining its shuffle buffer), not when a rank asks for it.
+    /// `prefetch_next_epoch`, the first epoch's job starts when the split
+    /// is made, and the next epoch's as soon as this one's has ended, while
+    /// the ranks still hold its last rows (a trainer draining its shuffle
+    /// window), not when a rank asks for it.
     pub epochs: Option<usize>,
 }
 
@@ -239,6 +240,12 @@ impl Split {
             state: Mutex::new(state),
             changed: Condvar::new(),
         });
+        if options.prefetch_next_epoch && options.epochs.is_some_and(|n| n > 0) {
+            // The ranks will read epoch 0: its job starts now, so that its
+            // first rows are ready when they ask.
+            let first = shared.begin(0);
+            shared.lock().next = Some((0, first));
+        }
         Ok((0..n)
             .map(|rank| Split {
                 rank,

@@ -248,6 +248,8 @@ struct Trained {
     images: usize,
     /// Per rank, the share of its time it waited for data.
     wait_fraction: Vec<f64>,
+    /// Per rank, the seconds it waited for data in each epoch.
+    waits: Vec<Vec<f64>>,
     /// Every image of each epoch once, and no wrong value.
     correct: bool,
     step: Duration,
@@ -286,6 +288,7 @@ impl Trained {
                     .map(|f| crate::round(*f))
                     .collect(),
             ),
+            ("trainer_wait_s_by_epoch".into(), self.waits.clone().into()),
             (
                 "trainers_bound_images_per_s".into(),
                 crate::round(trainers_per_s).into(),
@@ -366,9 +369,9 @@ fn trained(
     let wall = started.elapsed();
     let mut epochs: Vec<IdSet> = (0..EPOCHS).map(|_| IdSet::new(images as u64)).collect();
     let (mut wrong, mut delivered, mut rss) = (0, 0, 0.0);
-    let mut wait_fraction = vec![];
+    let (mut wait_fraction, mut waits) = (vec![], vec![]);
     for lines in &reports {
-        let (mut took, mut waited) = (0.0, 0.0);
+        let (mut took, mut waited, mut by_epoch) = (0.0, 0.0, vec![]);
         for line in lines {
             rss += line["peak_rss_mib"].as_f64().unwrap_or(0.0);
             let Some(epoch) = line["epoch"].as_u64() else {
@@ -376,6 +379,7 @@ fn trained(
             };
             took += line["took_s"].as_f64().unwrap_or(0.0);
             waited += line["waited_s"].as_f64().unwrap_or(0.0);
+            by_epoch.push(crate::round(line["waited_s"].as_f64().unwrap_or(0.0)));
             wrong += line["wrong_rows"].as_u64().unwrap_or(0);
             let ids = line["ids"]
                 .as_array()
@@ -387,6 +391,7 @@ fn trained(
             }
         }
         wait_fraction.push(if took > 0.0 { waited / took } else { 1.0 });
+        waits.push(by_epoch);
     }
     let every_image_once = epochs.iter().all(IdSet::each_once);
     if !every_image_once || wrong > 0 || !exited_well {
@@ -402,6 +407,7 @@ fn trained(
         wall,
         images: delivered,
         wait_fraction,
+        waits,
         correct: every_image_once && wrong == 0 && exited_well && reports.len() == RANKS,
         step,
         trainers_rss_mib: rss,
