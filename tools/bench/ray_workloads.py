@@ -290,12 +290,12 @@ def w6_trainer_class():
     return Trainer
 
 
-def w6_run(ds, images, step, shuffle_rows, check):
-    """`ds` split equally between two trainer actors; (wall, images
-    delivered, each rank's wait fraction, every image once per epoch and
-    no wrong row)."""
+def w6_run(ds, images, step, shuffle_rows, check, gpus=0):
+    """`ds` split equally between two trainer actors (each holding `gpus`
+    GPUs); (wall, images delivered, each rank's wait fraction, every image
+    once per epoch and no wrong row)."""
     Trainer = w6_trainer_class()
-    trainers = [Trainer.remote() for _ in range(2)]
+    trainers = [Trainer.options(num_gpus=gpus).remote() for _ in range(2)]
     started = time.perf_counter()
     splits = ds.streaming_split(2, equal=True)
     reports = ray.get([t.train.remote(s, step, shuffle_rows, check) for t, s in zip(trainers, splits)])
@@ -369,7 +369,8 @@ def w6b(args):
 
         ds = ray.data.range(W6B_IMAGES, override_num_blocks=W6B_IMAGES // W6B_PARTITION).map_batches(decode, batch_size=W6B_PARTITION, num_cpus=1)
         step = 2 * 64 / W6B_TRAINERS_PER_S
-        wall, delivered, fractions, correct = w6_run(ds, W6B_IMAGES, step, 0, check)
+        # A GPU each: the actors are placed on the trainer node.
+        wall, delivered, fractions, correct = w6_run(ds, W6B_IMAGES, step, 0, check, gpus=1)
         ideal = min(n * 8 / W6B_DECODE_S, W6B_TRAINERS_PER_S)
         line(
             "ray-data", "w6b", f"nodes={n}", wall, delivered, 0, correct, W6_EPOCHS * W6B_IMAGES / ideal,

@@ -1,13 +1,15 @@
 //! Batches as a trainer wants them, made from partitions of any size:
 //! exactly `batch_size` rows each (the last may be shorter, or dropped with
-//! `drop_last`), and with a local shuffle buffer, rows mixed across
-//! partitions inside a bounded number of rows, in an order fixed by a seed.
+//! `drop_last`), and with a local shuffle, rows mixed across partitions
+//! within a window of rows, in an order fixed by a seed
+//! (`shuffle_window.rs`).
 //!
 //! Without shuffling, a batch inside one partition is a slice of it (no
 //! copy); only a batch that spans partitions is copied, once. A shuffled
-//! batch gathers its rows from the buffered partitions with arrow's
-//! `interleave`, one copy. With `prefetch_batches`, a thread of their own
-//! makes the next batches while the trainer computes.
+//! row is copied twice: into the window as it enters (so that its
+//! partition goes at once), and into its batch with arrow's `interleave`.
+//! With `prefetch_batches`, a thread of their own makes the next batches
+//! while the trainer computes.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -100,7 +102,12 @@ impl BatchOptions {
         }
         if self.local_shuffle_buffer_size.is_some() && self.batch_size.is_none() {
             return Err(Error::Invalid(
-                "a local shuffle needs a batch_size: its batches are drawn from the buffer".into(),
+                "a local shuffle needs a batch_size: its batches are drawn from the window".into(),
+            ));
+        }
+        if self.local_shuffle_buffer_size == Some(0) {
+            return Err(Error::Invalid(
+                "a local shuffle's window must hold at least 1 row".into(),
             ));
         }
         Ok(())
@@ -465,6 +472,8 @@ mod tests {
         assert!(Batches::new(input(), BatchOptions::rows(0)).is_err());
         let shuffle_only = BatchOptions::default().local_shuffle(10, 1);
         assert!(Batches::new(input(), shuffle_only).is_err());
+        let no_window = BatchOptions::rows(4).local_shuffle(0, 1);
+        assert!(Batches::new(input(), no_window).is_err());
     }
 
     #[test]

@@ -536,7 +536,7 @@ impl Dataset {
     /// Runs the plan and streams its rows in batches cut as `options` says:
     /// exactly `batch_size` rows each (a batch inside one partition is a
     /// slice of it), the last short one dropped with `drop_last`, rows
-    /// mixed across partitions inside a seeded local shuffle buffer (see
+    /// mixed across partitions within a seeded local shuffle window (see
     /// [`Batches`](crate::Batches) for an example), made ahead with
     /// `prefetch_batches`.
     pub fn iter_batches_with(&self, options: BatchOptions) -> Result<BatchIter> {

@@ -60,11 +60,13 @@ pub struct SplitOptions {
     /// its output waits in the store (the job pauses when its budget is
     /// full) until every rank has asked. Dropped if the barrier times out.
     pub prefetch_next_epoch: bool,
-    /// The number of epochs the ranks will read, when known: with
-    /// `prefetch_next_epoch`, the first epoch's job starts when the split
-    /// is made, and the next epoch's as soon as this one's has ended, while
+    /// The number of epochs the ranks will read, from epoch 0, when known:
+    /// with `prefetch_next_epoch`, epoch 0's job starts when the split is
+    /// made, and the next epoch's as soon as this one's has ended, while
     /// the ranks still hold its last rows (a trainer draining its shuffle
-    /// window), not when a rank asks for it.
+    /// window), not when a rank asks for it. (Ranks that start at a later
+    /// epoch, resuming, leave epoch 0's job to be dropped when theirs
+    /// starts: leave it `None` then.)
     pub epochs: Option<usize>,
 }
 

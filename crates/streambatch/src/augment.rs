@@ -94,6 +94,9 @@ pub fn normalize(
     move |batch| {
         let images = images(&batch)?;
         let size = from.0 as usize * from.1 as usize * 3;
+        if size == 0 {
+            return Err("normalize: images of no pixels".into());
+        }
         // Each channel's 256 values worked out once: a lookup per byte.
         let table: Vec<[f32; 3]> = (0..=255u8)
             .map(|x| std::array::from_fn(|c| (x as f32 / 255.0 - mean[c]) / std[c]))
@@ -232,8 +235,8 @@ fn resize(
     let (out_h, out_w) = (out.0 as usize, out.1 as usize);
     // Pixel centres mapped back into the crop: the two neighbours and the
     // weight of the second.
-    let source = |o: usize, crop: u32, out: usize| {
-        let s = ((o as f32 + 0.5) * crop as f32 / out as f32 - 0.5).clamp(0.0, (crop - 1) as f32);
+    let source = |o: usize, crop: u32, sides: usize| {
+        let s = ((o as f32 + 0.5) * crop as f32 / sides as f32 - 0.5).clamp(0.0, (crop - 1) as f32);
         let first = s.floor() as usize;
         (first, (first + 1).min(crop as usize - 1), s.fract())
     };

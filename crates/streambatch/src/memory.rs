@@ -17,7 +17,11 @@ pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator thresholds; any value is valid.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20);
+        // An older glibc refuses a threshold over 32 MiB (and setting the
+        // trim threshold alone would pin the mmap one at 128 KiB): then 32.
+        if libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 20) == 0 {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        }
         libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
     }
 }

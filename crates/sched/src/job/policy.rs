@@ -7,7 +7,7 @@
 //! under budget, prefer the stage nearest the sink, since running it drains
 //! memory; a paused task of a stage resumes before a new one starts, since
 //! its output is already computed, and no new one starts while one is
-//! paused (its output would wait outside the store as well). Where every slot is taken, a node may
+//! paused (its output would most likely wait outside the store as well). Where every slot is taken, a node may
 //! also be handed a few tasks to queue for its next free slot (its workers
 //! take them without a round trip to the executor), but only of a stage
 //! with short tasks, none of them paused on the node, whose outputs in
@@ -88,9 +88,11 @@ pub fn next_decision(snapshot: &Snapshot) -> Option<Decision> {
         if let Some(index) = view.paused_fits.iter().position(|fits| *fits) {
             return Some(Decision::Resume { stage, index });
         }
-        // Not while a task of the stage is paused: its output does not fit,
-        // so a new task's would not either, and would wait outside the
-        // store too (tasks piling up their outputs on the heap).
+        // Not while a task of the stage is paused here: its output waits
+        // for memory, and a new task's would most likely wait as well, on
+        // the heap outside the store and its budgets (a stage's outputs
+        // piled up there without end). A paused output that never fits is
+        // let spill once nothing runs (`force_if_stuck`).
         if view.waiting_inputs > 0 && view.budget_fits_typical && view.paused.is_empty() {
             return Some(Decision::Dispatch { stage });
         }
