@@ -526,7 +526,7 @@ def main():
             f,
             indent=1,
         )
-    chart(rows, args.chart, f"streambatch, Ray Data {version('ray')}, Daft {version('daft')}; {platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+    chart(rows, args.chart, f"streambatch, Ray Data {version('ray')}, Daft {version('daft')}, PyTorch {version('torch')}; {platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"chart: {args.chart}")
 
 
