@@ -70,15 +70,43 @@ def test_ids_must_come_each_exactly_once():
     assert not each_once([-1, 1, 2, 3, 4, 5, 6, 7])
 
 
+def test_a_nan_or_out_of_range_image_is_wrong():
+    side = common.W6_SIDE
+    pixels = np.zeros((3, side, side, 3), dtype=np.float32)
+    assert common.normalised_rows(pixels) == 0
+    pixels[1, 5, 5, 1] = np.nan
+    pixels[2, 0, 0, 0] = common.W6_RANGE[1] + 0.1
+    assert common.normalised_rows(pixels) == 2
+    assert common.normalised_rows(np.zeros((2, side, side - 1, 3), dtype=np.float32)) == 2
+
+
+def test_a_trainers_wait_over_5_percent_misses():
+    import harness
+
+    case = next(c for c in harness.cases("cpu") if c.workload == "w6a")
+    waiting = {"value": 1000.0, "correct": True, "rss_mib": 1.0, "pss_mib": 1.0, "hwm_mib": 1.0, "trainer_wait_fraction": [0.01, 0.06]}
+    peers = {s: {"value": 100.0, "correct": True, "rss_mib": 9.0, "pss_mib": 9.0, "hwm_mib": 9.0} for s in case.commands if s != "streambatch"}
+    checks = harness.targets([(case, {"streambatch": waiting, **peers})])
+    wait = next(t for t in checks if "waits" in t["target"])
+    assert not wait["met"], wait
+
+
 def judged(correct):
     """The harness's targets for one of each case, streambatch far ahead of
     its peers and within every memory limit, its result `correct`."""
     import harness
 
     def result(value, correct=True, pss=1000.0):
-        return {"value": value, "correct": correct, "rss_mib": 100.0, "pss_mib": pss, "hwm_mib": 100.0}
+        return {
+            "value": value,
+            "correct": correct,
+            "rss_mib": 100.0,
+            "pss_mib": pss,
+            "hwm_mib": 100.0,
+            "trainer_wait_fraction": [0.01, 0.01],
+        }
 
-    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0)}
+    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -93,7 +121,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"W1", "W2", "W3:", "W4:", "W5", "binary", "scheduler:"}, names
+    assert names == {"W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)
