@@ -7,11 +7,12 @@
 //! under budget, prefer the stage nearest the sink, since running it drains
 //! memory; a paused task of a stage resumes before a new one starts, since
 //! its output is already computed, and no new one starts while one is
-//! paused (its output would most likely wait outside the store as well). Where every slot is taken, a node may
-//! also be handed a few tasks to queue for its next free slot (its workers
-//! take them without a round trip to the executor), but only of a stage
-//! with short tasks, none of them paused on the node, whose outputs in
-//! flight, a full queue's included, fit its budget.
+//! paused (its output would most likely wait outside the store as well).
+//! Where every slot is taken, a node may also be handed a few tasks to
+//! queue for its next free slot (its workers take them without a round
+//! trip to the executor), but only of a stage with short tasks, none of
+//! them paused on the node, whose outputs in flight, a full queue's
+//! included, fit its budget.
 
 use streambatch_core::Resources;
 
