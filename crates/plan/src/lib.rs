@@ -13,6 +13,7 @@ mod explain;
 mod expr;
 mod images;
 pub mod ops;
+pub mod partition;
 mod plan;
 mod prune;
 mod recipe;

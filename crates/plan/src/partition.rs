@@ -1,0 +1,252 @@
+//! Rows cut by destination, as the map side of an exchange (issue 26:
+//! sort, shuffle, group and join) cuts each of its outputs: one batch with
+//! its rows grouped by destination and where each group starts, so that a
+//! map task stores one partition, not one per destination, and a reducer
+//! reads its group as a slice of it (metadata growing with maps plus
+//! destinations, not their product).
+//!
+//! Keys of one or more columns are compared as `arrow-row` encodes them:
+//! equal keys (nulls included) encode to equal bytes, and the bytes order
+//! as the keys do, so a hash of the bytes picks a destination for a hash
+//! exchange and a binary search among boundary keys for a range exchange.
+
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::SortOptions;
+
+use crate::{Error, Result};
+
+/// A batch's rows grouped by destination: destination `d`'s rows are
+/// `batch.slice(starts[d], starts[d + 1] - starts[d])`, in their order in
+/// the input.
+#[derive(Debug, Clone)]
+pub struct Partitioned {
+    /// The rows, grouped.
+    pub batch: RecordBatch,
+    /// Where each destination's rows start, and the end: `n + 1` offsets.
+    pub starts: Vec<usize>,
+}
+
+impl Partitioned {
+    /// Destination `d`'s rows.
+    pub fn rows_for(&self, d: usize) -> RecordBatch {
+        self.batch
+            .slice(self.starts[d], self.starts[d + 1] - self.starts[d])
+    }
+}
+
+/// The key columns `keys` of `batch` encoded as comparable rows, each
+/// column sorted as `order` says (ascending, nulls first, where `order` is
+/// shorter).
+pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> Result<Rows> {
+    let columns: Vec<ArrayRef> = keys
+        .iter()
+        .map(|&k| {
+            batch.columns().get(k).cloned().ok_or_else(|| {
+                Error::Invalid(format!(
+                    "key column {k} of a batch of {} columns",
+                    batch.num_columns()
+                ))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let fields = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let options = order.get(i).copied().unwrap_or_default();
+            SortField::new_with_options(c.data_type().clone(), options)
+        })
+        .collect();
+    let converter = RowConverter::new(fields).map_err(arrow_error)?;
+    converter.convert_columns(&columns).map_err(arrow_error)
+}
+
+/// `batch`'s rows cut into `n` destinations by a hash of their key columns
+/// `keys` (seeded by `seed`): rows with equal keys, nulls included, go to
+/// the same destination.
+pub fn by_hash(batch: &RecordBatch, keys: &[usize], n: usize, seed: u64) -> Result<Partitioned> {
+    let rows = key_rows(batch, keys, &[])?;
+    let n = n.max(1) as u64;
+    let destination = |row: usize| {
+        let hash = streambatch_core::fnv1a(rows.row(row).as_ref());
+        (streambatch_core::mix64(hash ^ seed) % n) as usize
+    };
+    group(batch, n as usize, destination)
+}
+
+/// `batch`'s rows cut into `boundaries.num_rows() + 1` destinations by
+/// their key columns' order: destination `d` holds the keys from boundary
+/// `d - 1` (excluded) to boundary `d` (included), so that the destinations
+/// in turn hold the keys in order. `boundaries` are key rows made by the
+/// same [`key_rows`] conversion (the same columns' types and `order`),
+/// ascending.
+pub fn by_range(
+    batch: &RecordBatch,
+    keys: &[usize],
+    order: &[SortOptions],
+    boundaries: &Rows,
+) -> Result<Partitioned> {
+    let rows = key_rows(batch, keys, order)?;
+    let bounds: Vec<_> = (0..boundaries.num_rows())
+        .map(|i| boundaries.row(i))
+        .collect();
+    let destination = |row: usize| {
+        let key = rows.row(row);
+        bounds.partition_point(|b| *b < key)
+    };
+    group(batch, bounds.len() + 1, destination)
+}
+
+/// `batch`'s rows grouped by `destination` (below `n`), each group in the
+/// input's order: a counting sort, then one `take`.
+fn group(
+    batch: &RecordBatch,
+    n: usize,
+    destination: impl Fn(usize) -> usize,
+) -> Result<Partitioned> {
+    let of: Vec<usize> = (0..batch.num_rows()).map(destination).collect();
+    let mut starts = vec![0usize; n + 1];
+    for &d in &of {
+        starts[d + 1] += 1;
+    }
+    for d in 0..n {
+        starts[d + 1] += starts[d];
+    }
+    let mut next = starts.clone();
+    let mut order = vec![0u32; of.len()];
+    for (row, &d) in of.iter().enumerate() {
+        order[next[d]] = row as u32;
+        next[d] += 1;
+    }
+    let indices = UInt32Array::from(order);
+    let batch = arrow_select::take::take_record_batch(batch, &indices).map_err(arrow_error)?;
+    Ok(Partitioned { batch, starts })
+}
+
+fn arrow_error(e: arrow_schema::ArrowError) -> Error {
+    Error::Invalid(format!("cutting rows by destination: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{Int64Array, StringArray};
+
+    use super::*;
+
+    /// `x` (nulls where None) and `name`, and a row number `n`.
+    fn batch(x: &[Option<i64>], name: &[&str]) -> RecordBatch {
+        let n: ArrayRef = Arc::new(Int64Array::from_iter_values(0..x.len() as i64));
+        RecordBatch::try_from_iter([
+            ("x", Arc::new(Int64Array::from(x.to_vec())) as ArrayRef),
+            (
+                "name",
+                Arc::new(StringArray::from(name.to_vec())) as ArrayRef,
+            ),
+            ("n", n),
+        ])
+        .unwrap()
+    }
+
+    fn numbers(b: &RecordBatch) -> Vec<i64> {
+        b.column(2).as_primitive::<Int64Type>().values().to_vec()
+    }
+
+    #[test]
+    fn equal_keys_nulls_included_go_to_one_destination_each_row_once() {
+        let x = [
+            Some(1),
+            None,
+            Some(2),
+            Some(1),
+            None,
+            Some(3),
+            Some(2),
+            Some(1),
+        ];
+        let name = ["a", "b", "a", "a", "b", "c", "a", "z"];
+        let input = batch(&x, &name);
+        let cut = by_hash(&input, &[0, 1], 4, 7).unwrap();
+        assert_eq!(cut.starts.len(), 5);
+        assert_eq!(cut.starts[4], x.len());
+        let mut seen = vec![];
+        let mut home = std::collections::HashMap::new();
+        for d in 0..4 {
+            let rows = numbers(&cut.rows_for(d));
+            // Within a destination, in the input's order.
+            assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
+            for n in rows {
+                let key = (x[n as usize], name[n as usize]);
+                assert_eq!(*home.entry(key).or_insert(d), d, "{key:?} in two places");
+                seen.push(n);
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..x.len() as i64).collect::<Vec<_>>());
+        // The same seed, the same cut.
+        assert_eq!(
+            numbers(&by_hash(&input, &[0, 1], 4, 7).unwrap().batch),
+            numbers(&cut.batch)
+        );
+    }
+
+    #[test]
+    fn ranges_hold_the_keys_between_their_boundaries_in_either_order() {
+        let x: Vec<Option<i64>> = vec![
+            Some(5),
+            None,
+            Some(-3),
+            Some(10),
+            Some(7),
+            Some(0),
+            None,
+            Some(5),
+        ];
+        let name = vec!["-"; x.len()];
+        let input = batch(&x, &name);
+        for descending in [false, true] {
+            for nulls_first in [false, true] {
+                let order = [SortOptions {
+                    descending,
+                    nulls_first,
+                }];
+                let (low, high) = if descending { (5, 0) } else { (0, 5) };
+                let bounds = batch(&[Some(low), Some(high)], &["-", "-"]);
+                let rows = key_rows(&bounds, &[0], &order).unwrap();
+                let cut = by_range(&input, &[0], &order, &rows).unwrap();
+                // Directly: a key's place among the two boundaries, in the
+                // order asked (a null before every value or after).
+                let place = |v: Option<i64>| match v {
+                    None if nulls_first => 0,
+                    None => 2,
+                    Some(v) if !descending => usize::from(v > low) + usize::from(v > high),
+                    Some(v) => usize::from(v < low) + usize::from(v < high),
+                };
+                for d in 0..3 {
+                    for n in numbers(&cut.rows_for(d)) {
+                        assert_eq!(
+                            place(x[n as usize]),
+                            d,
+                            "row {n} ({:?}), {order:?}",
+                            x[n as usize]
+                        );
+                    }
+                }
+                assert_eq!(cut.batch.num_rows(), x.len());
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_batch_cuts_into_empty_groups_and_a_missing_key_is_named() {
+        let empty = batch(&[], &[]);
+        let cut = by_hash(&empty, &[0], 3, 1).unwrap();
+        assert_eq!(cut.starts, [0, 0, 0, 0]);
+        let err = by_hash(&empty, &[5], 3, 1).unwrap_err().to_string();
+        assert!(err.contains("key column 5"), "{err}");
+    }
+}
