@@ -1,6 +1,7 @@
 //! The `streambatch` command: `streambatch run pipeline.toml`;
-//! `streambatch bench <w1|w2|w3|w4|store> [--store-cap SIZE]` (the
-//! workloads live in `streambatch-bench`); `streambatch node --config
+//! `streambatch bench <WORKLOAD> [--store-cap SIZE]` (W1 to W6b and the
+//! others of docs/workloads.md; the workloads live in
+//! `streambatch-bench`); `streambatch node --config
 //! FILE` (a cluster node); `streambatch timeline trace.json -o job.html`
 //! (a trace drawn as a page); `streambatch cluster init DIR` and
 //! `streambatch cluster status --config FILE`.
