@@ -13,6 +13,7 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py w6b --nodes 2
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -188,21 +189,29 @@ def w5(args):
     each, as streambatch's W5. The GPU stage asks for no CPU (the GPU node
     has none: Ray's default of one CPU per task would never be placed) and
     reuses its workers (`max_calls=0`)."""
+    with local_cluster(args.nodes, gpus=4 * args.nodes):
+        w5_run(args.nodes)
+
+
+@contextlib.contextmanager
+def local_cluster(n, gpus):
+    """A local multi-node Ray cluster, joined: a head with no slots, `n`
+    nodes of 8 CPUs and one of `gpus` GPUs and no CPU, 300 MiB of object
+    store each (W5, W6b)."""
     from ray.cluster_utils import Cluster
 
-    n = args.nodes
     store = 300 << 20
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 0, "num_gpus": 0, "object_store_memory": store, "include_dashboard": False},
     )
-    for _ in range(n):
-        cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
     try:
-        cluster.add_node(num_cpus=0, num_gpus=4 * n, object_store_memory=store)
+        for _ in range(n):
+            cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
+        cluster.add_node(num_cpus=0, num_gpus=gpus, object_store_memory=store)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
-        w5_run(n)
+        yield
     finally:
         # The nodes are daemons of their own: shut them down whatever
         # happened, or they outlive this run and slow the next one.
@@ -343,20 +352,8 @@ def w6b(args):
     N nodes of 8 CPUs, one of 2 GPUs and no CPU for the trainer actors;
     `decode` a 40 ms sleep per image making its 150,528 bytes (the id's
     byte, as streambatch's), batches of 4; no shuffle buffer."""
-    from ray.cluster_utils import Cluster
-
     n = args.nodes
-    store = 300 << 20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "num_gpus": 0, "object_store_memory": store, "include_dashboard": False},
-    )
-    for _ in range(n):
-        cluster.add_node(num_cpus=8, num_gpus=0, object_store_memory=store)
-    try:
-        cluster.add_node(num_cpus=0, num_gpus=2, object_store_memory=store)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+    with local_cluster(n, gpus=2):
 
         def decode(batch):
             ids = batch["id"]
@@ -376,9 +373,6 @@ def w6b(args):
             "ray-data", "w6b", f"nodes={n}", wall, delivered, 0, correct, W6_EPOCHS * W6B_IMAGES / ideal,
             images_per_s=round(delivered / wall, 3), trainer_wait_fraction=fractions, nodes=n, ideal_images_per_s=ideal,
         )
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

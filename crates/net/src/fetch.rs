@@ -14,7 +14,7 @@ use quinn::{RecvStream, SendStream};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::endpoint::{Peer, StreamKind};
-use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_frame};
+use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_bytes, write_frame};
 use crate::{FrameError, NetError};
 
 /// Where a node runs, as far as sharing memory goes: two nodes share
@@ -238,10 +238,7 @@ pub async fn serve_fetch(
                 let bytes = (*bytes).as_ref();
                 let len = bytes.len() as u64;
                 write_frame(&mut send, &FetchReply::Bytes { len }).await?;
-                // QUIC's flow control holds this back while the puller is slow.
-                for piece in bytes.chunks(1 << 20) {
-                    send.write_all(piece).await?;
-                }
+                write_bytes(&mut send, bytes).await?;
             }
             Err(message) => write_frame(&mut send, &FetchReply::Missing { message }).await?,
         }

@@ -51,6 +51,16 @@ where
     out.write_all(&body).await
 }
 
+/// Writes `bytes` that follow a frame announcing their length, a MiB at a
+/// time: QUIC's flow control holds the writes back while the reader is
+/// slow.
+pub async fn write_bytes<W: AsyncWrite + Unpin>(out: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    for chunk in bytes.chunks(1 << 20) {
+        out.write_all(chunk).await?;
+    }
+    Ok(())
+}
+
 /// Reads one frame of at most `max` bytes. `Ok(None)` when the stream ended
 /// cleanly before a frame began.
 pub async fn read_frame<T, R>(input: &mut R, max: u32) -> Result<Option<T>, FrameError>

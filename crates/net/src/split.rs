@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 use crate::endpoint::{Peer, StreamKind};
 use crate::fetch::{Locality, MAX_PARTITION_BYTES, Served};
-use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_frame};
+use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_bytes, write_frame};
 use crate::{FrameError, NetError};
 
 /// A trainer's first frame: which rank of which split, for which epoch.
@@ -203,10 +203,7 @@ async fn send_bytes(
     let bytes = (*bytes).as_ref();
     let len = bytes.len() as u64;
     write_frame(send, &ToTrainer::Bytes { piece, len }).await?;
-    for chunk in bytes.chunks(1 << 20) {
-        send.write_all(chunk).await?;
-    }
-    Ok(())
+    write_bytes(send, bytes).await
 }
 
 /// What a trainer received; bytes land in a `B` of the trainer's choice

@@ -222,7 +222,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Batches<I> {
     fn next_shuffled(&mut self, size: usize) -> Option<Result<RecordBatch>> {
         loop {
             let ended = self.ended;
-            if self.shuffle.as_ref()?.ready(size, ended) {
+            if self.shuffle.as_mut()?.ready(size, ended) {
                 return self.shuffle.as_mut()?.take(size, ended);
             }
             if ended {

@@ -23,7 +23,7 @@
 //! held only until it leaves.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 use arrow_array::{Array, RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
@@ -43,11 +43,11 @@ pub(crate) struct ShuffleWindow {
     /// Rows that arrived so far.
     arrived: u64,
     waiting: BinaryHeap<Waiting>,
+    /// Rows whose turn has come, in key order: (piece, row).
+    due: VecDeque<(usize, u32)>,
     pieces: Vec<Option<RecordBatch>>,
     /// Per piece, its rows that have not left.
     left: Vec<usize>,
-    /// Rows of the pieces held, left or not.
-    held: usize,
     piece_bytes: usize,
     schema: Option<SchemaRef>,
     rng: StdRng,
@@ -60,9 +60,9 @@ impl ShuffleWindow {
             window: window.max(1) as u64,
             arrived: 0,
             waiting: BinaryHeap::new(),
+            due: VecDeque::new(),
             pieces: Vec::new(),
             left: Vec::new(),
-            held: 0,
             piece_bytes: PIECE_BYTES,
             schema: None,
             rng: StdRng::seed_from_u64(seed),
@@ -88,7 +88,6 @@ impl ShuffleWindow {
                 self.arrived += 1;
             }
             self.left.push(piece.num_rows());
-            self.held += piece.num_rows();
             self.pieces.push(Some(piece));
         }
         Ok(())
@@ -97,15 +96,12 @@ impl ShuffleWindow {
     /// Up to `n` rows whose turn has come (every waiting row's, once the
     /// input has `ended`), in key order, as one batch; `None` if none has.
     pub(crate) fn take(&mut self, n: usize, ended: bool) -> Option<Result<RecordBatch>> {
-        let mut picked = Vec::with_capacity(n);
-        while picked.len() < n {
-            match self.waiting.peek() {
-                Some(Reverse((key, ..))) if ended || *key < self.arrived => {}
-                _ => break,
-            }
-            let Reverse((_, _, piece, row)) = self.waiting.pop()?;
-            picked.push((piece, row as usize));
-        }
+        self.collect_due(ended);
+        let picked: Vec<(usize, usize)> = self
+            .due
+            .drain(..n.min(self.due.len()))
+            .map(|(piece, row)| (piece, row as usize))
+            .collect();
         if picked.is_empty() {
             return None;
         }
@@ -113,7 +109,7 @@ impl ShuffleWindow {
         for &(piece, _) in &picked {
             self.left[piece] -= 1;
             if self.left[piece] == 0 {
-                self.held -= self.pieces[piece].take().map_or(0, |p| p.num_rows());
+                self.pieces[piece] = None;
             }
         }
         self.compact();
@@ -121,14 +117,23 @@ impl ShuffleWindow {
     }
 
     /// Whether `n` rows can leave now (or, once the input `ended`, any).
-    pub(crate) fn ready(&self, n: usize, ended: bool) -> bool {
-        if ended {
-            return !self.waiting.is_empty();
+    pub(crate) fn ready(&mut self, n: usize, ended: bool) -> bool {
+        self.collect_due(ended);
+        self.due.len() >= n || (ended && !self.due.is_empty())
+    }
+
+    /// Moves the rows whose turn has come (every row, once the input
+    /// `ended`) from the heap to `due`. `due` stays in key order: a row
+    /// arriving later has a key of at least its number, above every key
+    /// already due.
+    fn collect_due(&mut self, ended: bool) {
+        while let Some(Reverse((key, ..))) = self.waiting.peek() {
+            if !ended && *key >= self.arrived {
+                break;
+            }
+            let Reverse((_, _, piece, row)) = self.waiting.pop().expect("peeked");
+            self.due.push_back((piece, row));
         }
-        // The due rows are the smallest keys (a prefix in key order), so
-        // counting them in the heap's own, arbitrary, order finds as many.
-        let due = |w: &&Waiting| w.0.0 < self.arrived;
-        self.waiting.len() >= n && self.waiting.iter().filter(due).take(n).count() == n
     }
 
     /// The rows `picked` (piece, row) as one batch, in that order.
@@ -185,6 +190,9 @@ impl ShuffleWindow {
             .drain()
             .map(|Reverse((key, n, piece, row))| Reverse((key, n, renumber[piece], row)))
             .collect();
+        for (piece, _) in &mut self.due {
+            *piece = renumber[*piece];
+        }
         self.pieces = pieces;
         self.left = left;
     }
@@ -199,6 +207,17 @@ mod tests {
     use arrow_array::{ArrayRef, Int64Array};
 
     use super::*;
+
+    impl ShuffleWindow {
+        /// Rows of the pieces held, left or not.
+        fn held(&self) -> usize {
+            self.pieces
+                .iter()
+                .flatten()
+                .map(RecordBatch::num_rows)
+                .sum()
+        }
+    }
 
     /// `n` rows numbered from `first`.
     fn rows(first: i64, n: usize) -> RecordBatch {
@@ -232,7 +251,7 @@ mod tests {
                         .iter()
                         .copied(),
                 );
-                held.push(shuffle.held);
+                held.push(shuffle.held());
                 first.get_or_insert(shuffle.arrived);
             } else if ended {
                 return (out, held, first.unwrap_or(0));
