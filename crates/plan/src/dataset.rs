@@ -490,6 +490,46 @@ impl Dataset {
         self.then(LogicalOp::Repartition(n))
     }
 
+    /// Every row sent to a random place, the same for the same `seed`
+    /// however the job runs: rows are exchanged to
+    /// [`exchange_partitions`](Self::exchange_partitions) reducers by a
+    /// seeded hash of each row, and each reducer orders its rows by another.
+    ///
+    /// ```
+    /// # use streambatch_plan::Dataset;
+    /// # fn shuffled(ds: &Dataset) -> Dataset {
+    /// ds.random_shuffle(7)
+    /// # }
+    /// ```
+    pub fn random_shuffle(&self, seed: u64) -> Self {
+        self.exchange(crate::Cut::Random { seed }, crate::Reduce::Shuffle { seed })
+    }
+
+    /// Each distinct row once (nulls equal to nulls), in no particular
+    /// order: rows are exchanged by a hash of the whole row, and each
+    /// reducer keeps the first of its equal rows.
+    pub fn distinct(&self) -> Self {
+        self.exchange(crate::Cut::Random { seed: 0 }, crate::Reduce::Distinct)
+    }
+
+    fn exchange(&self, cut: crate::Cut, reduce: crate::Reduce) -> Self {
+        self.then(LogicalOp::Exchange(crate::Exchange {
+            cut,
+            partitions: self.exchange_partitions(),
+            reduce,
+        }))
+    }
+
+    /// The reducers of an exchange over this dataset: one per source split
+    /// (at least one, at most 1,024), so that a reducer holds about what a
+    /// source task read.
+    pub fn exchange_partitions(&self) -> usize {
+        match self.plan.chain().first() {
+            Some(LogicalOp::Source { splits, .. }) => splits.len().clamp(1, 1024),
+            _ => 1,
+        }
+    }
+
     /// Sets the resources (and batch size, pool) of the last transform.
     pub fn options(&self, options: impl Into<StageOptions>) -> Self {
         self.edit_last_op(|op| op.options = options.into())
@@ -845,7 +885,9 @@ fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
         }))
     };
     match &plan.op {
-        LogicalOp::Limit(_) | LogicalOp::Repartition(_) => Ok(Some(input)),
+        LogicalOp::Limit(_) | LogicalOp::Repartition(_) | LogicalOp::Exchange(_) => {
+            Ok(Some(input))
+        }
         LogicalOp::Op(op) => probe(&op.kind),
         LogicalOp::Source { .. } => Ok(None),
     }

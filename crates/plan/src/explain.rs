@@ -30,8 +30,11 @@ pub struct Explain {
 pub struct StageExplain {
     /// The fused operators' names joined by `->`.
     pub name: String,
-    /// Source, map, limit or repartition.
+    /// Source, map, limit, repartition or exchange.
     pub kind: &'static str,
+    /// The map side of an exchange: how its outputs are cut, into how
+    /// many destinations.
+    pub cut: Option<String>,
     /// The operators fused in it.
     pub ops: Vec<String>,
     /// What each of its tasks holds.
@@ -60,7 +63,12 @@ impl Explain {
                     StageKind::Map { .. } => "map",
                     StageKind::Limit(_) => "limit",
                     StageKind::Repartition(_) => "repartition",
+                    StageKind::Exchange(_) => "exchange",
                 },
+                cut: s.cut.as_ref().map(|(cut, n)| match cut {
+                    crate::Cut::Hash { keys } => format!("by hash of {} into {n}", keys.join(", ")),
+                    crate::Cut::Random { .. } => format!("at random into {n}"),
+                }),
                 ops: s.op_names.clone(),
                 resources: s.options.resources,
                 batch_rows: s.options.batch_rows,
@@ -89,6 +97,7 @@ fn describe(op: &LogicalOp) -> String {
         LogicalOp::Op(spec) => spec.name.clone(),
         LogicalOp::Limit(n) => format!("limit {n}"),
         LogicalOp::Repartition(n) => format!("repartition {n}"),
+        LogicalOp::Exchange(e) => format!("{} ({} partitions)", e.reduce.name(), e.partitions),
     }
 }
 
@@ -114,6 +123,9 @@ impl fmt::Display for Explain {
             }
             if let Some(pool) = s.pool {
                 line += &format!(", pool {}..{} workers", pool.min, pool.max);
+            }
+            if let Some(cut) = &s.cut {
+                line += &format!(", outputs cut {cut}");
             }
             if s.reserve > 0 {
                 line += &format!(", outputs reserved {}", format_bytes(s.reserve));

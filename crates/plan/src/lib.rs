@@ -9,6 +9,7 @@
 mod batching;
 mod dataset;
 mod error;
+mod exchange;
 mod explain;
 mod expr;
 mod images;
@@ -31,6 +32,7 @@ mod udf;
 pub use batching::{BatchOptions, Batches, Prefetched};
 pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
+pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use images::ImageSize;

@@ -77,6 +77,8 @@ pub enum OpKind {
     MapBatches(Arc<dyn BatchUdf>),
     /// Write each task's rows to a file in a staging directory.
     WriteFiles(FileSink),
+    /// A reducer of an exchange: all of the task's input at once.
+    Reduce(crate::exchange::Reduce),
 }
 
 /// One operator of a plan: what it does, its name and how it runs.
@@ -227,6 +229,18 @@ pub fn apply(
                     Err(e) => vec![Err(e)],
                 };
                 out
+            }))
+        }
+        OpKind::Reduce(reduce) => {
+            let reduce = reduce.clone();
+            let mut input = Some(input);
+            Box::new(std::iter::from_fn(move || {
+                let batches: Vec<RecordBatch> = match input.take()?.collect() {
+                    Ok(batches) => batches,
+                    Err(e) => return Some(Err(e)),
+                };
+                let schema = batches.first()?.schema();
+                Some(reduce.run(&schema, &batches))
             }))
         }
         OpKind::WriteFiles(sink) => {

@@ -100,7 +100,7 @@ pub fn by_range(
 
 /// `batch`'s rows grouped by `destination` (below `n`), each group in the
 /// input's order: a counting sort, then one `take`.
-fn group(
+pub(crate) fn group(
     batch: &RecordBatch,
     n: usize,
     destination: impl Fn(usize) -> usize,

@@ -28,6 +28,8 @@ pub enum LogicalOp {
     Limit(usize),
     /// Rows regrouped into n partitions of equal rows.
     Repartition(usize),
+    /// Rows sent across partitions (sort, shuffle, group, join).
+    Exchange(crate::Exchange),
 }
 
 /// A logical plan: a chain of steps ending here.
@@ -71,6 +73,10 @@ pub enum StageKind {
     Limit(usize),
     /// Waits for all input, then regroups it into n equal partitions.
     Repartition(usize),
+    /// Waits for every output of the stage before (each cut by
+    /// destination, see [`Stage::cut`]), then hands destination `d`'s
+    /// rows of all of them to the `d`-th task of the stage after.
+    Exchange(usize),
 }
 
 /// A stage: one or more fused operators with equal resources.
@@ -86,6 +92,9 @@ pub struct Stage {
     pub op_names: Vec<String>,
     /// What flowed out of each of them, in the same order.
     pub counters: Vec<Arc<OpCounter>>,
+    /// The map side of an exchange: each output of a task is cut into
+    /// this many destinations this way (see [`crate::Cut`]).
+    pub cut: Option<(crate::Cut, usize)>,
 }
 
 /// The input of one task.
@@ -146,6 +155,7 @@ impl Stage {
             options: Resources::cpu(0.0).into(),
             op_names: Vec::new(),
             counters: Vec::new(),
+            cut: None,
         }
     }
 
@@ -244,6 +254,7 @@ impl ExecPlan {
                     options: Resources::cpu(1.0).into(),
                     op_names: vec![name],
                     counters: vec![Default::default()],
+                    cut: None,
                 }),
                 LogicalOp::Op(op) => {
                     let fusable = stages.last().is_some_and(|s| {
@@ -278,6 +289,7 @@ impl ExecPlan {
                                 ops: vec![(index, op)],
                             },
                             options,
+                            cut: None,
                         });
                     }
                 }
@@ -289,6 +301,7 @@ impl ExecPlan {
                     format!("repartition({n})"),
                     StageKind::Repartition(n.max(1)),
                 )),
+                LogicalOp::Exchange(exchange) => push_exchange(&mut stages, index, exchange),
             }
         }
         if stages
@@ -308,6 +321,7 @@ impl ExecPlan {
                 options: Resources::cpu(1.0).into(),
                 op_names: Vec::new(),
                 counters: Vec::new(),
+                cut: None,
             });
         }
         Ok(Self { stages })
@@ -322,4 +336,45 @@ impl ExecPlan {
             _ => false,
         })
     }
+}
+
+/// The three stages of an exchange: the map side (the last stage, when it
+/// runs tasks and cuts nothing yet, else a task passing its input on), the
+/// exchange, and the reducers (which later operators may fuse into).
+fn push_exchange(stages: &mut Vec<Stage>, index: usize, exchange: crate::Exchange) {
+    let n = exchange.partitions.max(1);
+    let name = exchange.reduce.name();
+    let map_side = stages
+        .last()
+        .is_some_and(|s| s.runs_tasks() && s.cut.is_none());
+    if !map_side {
+        stages.push(Stage {
+            name: format!("{name}.map"),
+            kind: StageKind::Map { ops: Vec::new() },
+            options: Resources::cpu(1.0).into(),
+            op_names: Vec::new(),
+            counters: Vec::new(),
+            cut: None,
+        });
+    }
+    stages.last_mut().expect("pushed above").cut = Some((exchange.cut, n));
+    stages.push(Stage::in_executor(
+        format!("exchange({n})"),
+        StageKind::Exchange(n),
+    ));
+    let reduce = OpSpec {
+        name: name.to_string(),
+        kind: OpKind::Reduce(exchange.reduce),
+        options: Resources::cpu(1.0).into(),
+    };
+    stages.push(Stage {
+        name: name.to_string(),
+        kind: StageKind::Map {
+            ops: vec![(index, reduce)],
+        },
+        options: Resources::cpu(1.0).into(),
+        op_names: vec![name.to_string()],
+        counters: vec![Default::default()],
+        cut: None,
+    });
 }

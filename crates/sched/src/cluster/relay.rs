@@ -283,6 +283,7 @@ impl RelayState {
                     id,
                     rows: slice.len as u64,
                     bytes,
+                    groups: slice.groups().map_or_else(Vec::new, |g| g.to_vec()),
                 }
             }
             TaskEvent::Paused(run) => {

@@ -493,6 +493,7 @@ impl ExecState {
                 id,
                 rows,
                 bytes,
+                groups,
             } => {
                 let task = TaskId(task);
                 let stage = job.stage_of(task);
@@ -503,7 +504,13 @@ impl ExecState {
                     remote.source.clone(),
                     shadow,
                 );
-                job.on_output(task, seq, Slice::remote(part));
+                let mut slice = Slice::remote(part);
+                // Checked where the exchange reads them (the count, the
+                // end); each start is kept within the rows as it is sliced.
+                if !groups.is_empty() {
+                    slice = slice.with_groups(groups.into());
+                }
+                job.on_output(task, seq, slice);
             }
             Happened::Paused {
                 task,

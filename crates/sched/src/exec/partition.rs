@@ -116,6 +116,9 @@ pub struct Slice {
     pub offset: usize,
     /// Rows.
     pub len: usize,
+    /// The whole output of an exchange's map side: where each
+    /// destination's rows start, and the end.
+    groups: Option<Arc<[u32]>>,
 }
 
 impl Slice {
@@ -126,6 +129,7 @@ impl Slice {
             data: Data::Stored(output),
             offset: 0,
             len,
+            groups: None,
         }
     }
 
@@ -136,6 +140,7 @@ impl Slice {
             data: Data::Remote(Arc::new(part)),
             offset: 0,
             len,
+            groups: None,
         }
     }
 
@@ -146,10 +151,23 @@ impl Slice {
             data: Data::Fetched(batch),
             offset: 0,
             len,
+            groups: None,
         }
     }
 
-    /// Rows `offset..offset + len` of this slice.
+    /// This slice, a whole output cut by destination at `groups` (see
+    /// [`Slice::groups`]).
+    pub fn with_groups(mut self, groups: Arc<[u32]>) -> Self {
+        self.groups = Some(groups);
+        self
+    }
+
+    /// Where each destination's rows start (and the end), when this is a
+    /// whole output of an exchange's map side.
+    pub fn groups(&self) -> Option<&Arc<[u32]>> {
+        self.groups.as_ref()
+    }
+
     /// [`Slice::sub`] for a range from elsewhere (a peer's order): `None`
     /// when it does not lie within this slice.
     pub fn sub_within(&self, offset: u64, len: u64) -> Option<Self> {
@@ -157,11 +175,15 @@ impl Slice {
         (end <= self.len as u64).then(|| self.sub(offset as usize, len as usize))
     }
 
+    /// Rows `offset..offset + len` of this slice. A part of a whole cut by
+    /// destination no longer has the whole's groups.
     pub fn sub(&self, offset: usize, len: usize) -> Self {
+        let whole = offset == 0 && len == self.len;
         Self {
             data: self.data.clone(),
             offset: self.offset + offset,
             len,
+            groups: self.groups.clone().filter(|_| whole),
         }
     }
 
@@ -240,6 +262,16 @@ impl Part for Slice {
         match &self.data {
             Data::Remote(part) => part.node,
             _ => 0,
+        }
+    }
+
+    fn groups(&self) -> Option<&[u32]> {
+        self.groups.as_deref()
+    }
+
+    fn keep_groups(&mut self, old: &Self) {
+        if self.groups.is_none() && old.len == self.len {
+            self.groups = old.groups.clone();
         }
     }
 }

@@ -98,7 +98,9 @@ pub struct TaskRun {
     stream: Option<BatchIter>,
     exhausted: bool,
     partitioner: Partitioner,
-    pending: VecDeque<RecordBatch>,
+    /// Outputs to store, each with its groups where the stage is an
+    /// exchange's map side.
+    pending: VecDeque<(RecordBatch, Option<Arc<[u32]>>)>,
     /// Outputs produced so far, in order.
     next_seq: u32,
     /// The outputs to store (an earlier attempt delivered the others:
@@ -210,7 +212,7 @@ impl TaskRun {
 
     /// Bytes of the output the task waits to store (0 when none).
     pub fn pending_bytes(&self) -> u64 {
-        self.pending.front().map_or(0, batch_bytes)
+        self.pending.front().map_or(0, |(batch, _)| batch_bytes(batch))
     }
 
     /// Runs the task until it finishes, fails or must pause.
@@ -250,9 +252,9 @@ impl TaskRun {
             self.open(instances)?;
         }
         loop {
-            while let Some(batch) = self.pending.pop_front() {
-                if let Some(batch) = self.store(batch)? {
-                    self.pending.push_front(batch);
+            while let Some((batch, groups)) = self.pending.pop_front() {
+                if let Some(batch) = self.store(batch, groups.clone())? {
+                    self.pending.push_front((batch, groups));
                     return Ok(false);
                 }
             }
@@ -260,12 +262,16 @@ impl TaskRun {
             if self.exhausted || all_kept || self.cancelled() {
                 return Ok(true);
             }
-            match self.stream.as_mut().expect("opened above").next() {
-                Some(batch) => self.pending.extend(self.partitioner.push(batch?)?),
+            let ready = match self.stream.as_mut().expect("opened above").next() {
+                Some(batch) => self.partitioner.push(batch?)?,
                 None => {
                     self.exhausted = true;
-                    self.pending.extend(self.partitioner.flush()?);
+                    self.partitioner.flush()?.into_iter().collect()
                 }
+            };
+            for batch in ready {
+                let cut = self.cut(batch)?;
+                self.pending.push_back(cut);
             }
         }
     }
@@ -294,9 +300,24 @@ impl TaskRun {
         Ok(())
     }
 
+    /// An output with its rows grouped by destination, where the stage is
+    /// an exchange's map side.
+    fn cut(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<Arc<[u32]>>), Error> {
+        let Some((cut, n)) = &self.job.plan.stages[self.stage].cut else {
+            return Ok((batch, None));
+        };
+        let cut = cut.apply(&batch, *n)?;
+        let starts = cut.starts.iter().map(|&s| s as u32).collect();
+        Ok((cut.batch, Some(starts)))
+    }
+
     /// Stores one output and reports it; hands the batch back when it does
     /// not fit (unless the task may spill: then the store makes room).
-    fn store(&mut self, batch: RecordBatch) -> Result<Option<RecordBatch>, Error> {
+    fn store(
+        &mut self,
+        batch: RecordBatch,
+        groups: Option<Arc<[u32]>>,
+    ) -> Result<Option<RecordBatch>, Error> {
         let seq = self.next_seq;
         if !self.keep.stores(seq) {
             self.next_seq += 1;
@@ -342,7 +363,10 @@ impl TaskRun {
             }
         };
         self.next_seq += 1;
-        let slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
+        let mut slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
+        if let Some(groups) = groups {
+            slice = slice.with_groups(groups);
+        }
         if self.exhausted && self.pending.is_empty() {
             // The task ends right after this output: one event tells both.
             self.last = Some((seq, slice));

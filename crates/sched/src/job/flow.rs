@@ -2,7 +2,7 @@
 //! stage, limits, settling finished stages, and what each stage waits
 //! for, as the recorder reports it.
 
-use super::lineage::regroup;
+use super::lineage::{by_destination, regroup};
 use super::*;
 
 impl<P: Part> JobState<P> {
@@ -71,7 +71,9 @@ impl<P: Part> JobState<P> {
                 self.route(to + 1, piece.sub(0, take));
                 self.check_limits();
             }
-            ShapeKind::Repartition(_) => self.stages[to].collected.push(piece),
+            ShapeKind::Repartition(_) | ShapeKind::Exchange(_) => {
+                self.stages[to].collected.push(piece)
+            }
             ShapeKind::Source { .. } | ShapeKind::Map => {
                 self.stages[to].queue.push_back(vec![piece])
             }
@@ -178,6 +180,19 @@ impl<P: Part> JobState<P> {
                         // A limit (or the driver) takes rows, not task inputs.
                         for piece in groups.into_iter().flatten() {
                             self.route(next, piece);
+                        }
+                    }
+                }
+                ShapeKind::Exchange(n) => {
+                    if !all_held(&s.collected) {
+                        break;
+                    }
+                    let collected = std::mem::take(&mut self.stages[i].collected);
+                    match by_destination(collected, n) {
+                        Ok(groups) => self.stages[i + 1].queue.extend(groups),
+                        Err(message) => {
+                            let stage = self.shapes[i].name.clone();
+                            self.fail(Error::Invalid(format!("{stage}: {message}")));
                         }
                     }
                 }

@@ -126,7 +126,11 @@ impl<P: Part> JobState<P> {
         };
         let mut moved = |piece: &mut Piece<P>| {
             if piece.id.from == origin && piece.part.as_ref().is_some_and(|p| p.node() == from) {
-                piece.part = Some(whole.sub(piece.id.offset, piece.id.len));
+                let mut part = whole.sub(piece.id.offset, piece.id.len);
+                if let Some(old) = &piece.part {
+                    part.keep_groups(old);
+                }
+                piece.part = Some(part);
             }
         };
         self.for_each_unplaced_piece(&mut moved);
@@ -320,4 +324,39 @@ pub(super) fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece
     }
     groups.retain(|g| !g.is_empty());
     groups
+}
+
+/// An exchange's map outputs, `pieces` (each whole, with its groups), as
+/// the reducers' inputs: destination `d`'s rows of every output, in the
+/// outputs' order of origin (not of arrival), for each of the `n`
+/// destinations that has rows.
+pub(super) fn by_destination<P: Part>(
+    mut pieces: Vec<Piece<P>>,
+    n: usize,
+) -> Result<Vec<Vec<Piece<P>>>, String> {
+    pieces.sort_by_key(|p| p.id.from);
+    let mut inputs: Vec<Vec<Piece<P>>> = (0..n).map(|_| Vec::new()).collect();
+    for piece in &pieces {
+        let part = piece.part.as_ref().ok_or("a map output is not held")?;
+        let starts = part
+            .groups()
+            .filter(|g| g.len() == n + 1 && g.last() == Some(&(piece.id.len as u32)))
+            .ok_or_else(|| {
+                format!(
+                    "a map output of {} rows is not cut into {n} destinations",
+                    piece.id.len
+                )
+            })?;
+        for (d, input) in inputs.iter_mut().enumerate() {
+            let (start, end) = (starts[d] as usize, starts[d + 1] as usize);
+            if end < start {
+                return Err(format!("destination {d} ends before it starts"));
+            }
+            if end > start {
+                input.push(piece.sub(start, end - start));
+            }
+        }
+    }
+    inputs.retain(|input| !input.is_empty());
+    Ok(inputs)
 }

@@ -131,6 +131,7 @@ pub(crate) enum ShapeKind {
     Map,
     Limit(usize),
     Repartition(usize),
+    Exchange(usize),
 }
 
 impl ShapeKind {
@@ -149,6 +150,7 @@ impl StageShape {
             StageKind::Map { .. } => ShapeKind::Map,
             StageKind::Limit(n) => ShapeKind::Limit(*n),
             StageKind::Repartition(n) => ShapeKind::Repartition(*n),
+            StageKind::Exchange(n) => ShapeKind::Exchange(*n),
         };
         let held_bytes = match &stage.kind {
             StageKind::Source { splits, .. } if splits.iter().any(|s| s.held_bytes() > 0) => {

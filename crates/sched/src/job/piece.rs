@@ -20,6 +20,15 @@ pub(crate) trait Part: Clone {
     fn sub(&self, offset: usize, len: usize) -> Self;
     /// The node that holds it.
     fn node(&self) -> usize;
+    /// Where each destination's rows start (and the end), when this is a
+    /// whole output of an exchange's map side.
+    fn groups(&self) -> Option<&[u32]> {
+        None
+    }
+    /// Takes `old`'s groups: this is the same output, moved to another node.
+    fn keep_groups(&mut self, old: &Self) {
+        let _ = old;
+    }
 }
 
 /// Which output of which task a partition is: its name across re-runs.

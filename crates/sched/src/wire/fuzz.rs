@@ -53,6 +53,7 @@ fn seeds() -> Vec<Vec<u8>> {
             options: streambatch_core::Resources::cpu(1.0).into(),
             op_names: vec!["range".into()],
             counters: vec![Arc::default()],
+            cut: None,
         };
         let plan = streambatch_plan::ExecPlan {
             stages: vec![stage],

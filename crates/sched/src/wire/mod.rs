@@ -164,6 +164,9 @@ pub(crate) enum Happened {
         id: u64,
         rows: u64,
         bytes: u64,
+        /// An exchange's map side: where each destination's rows start
+        /// (and the end); empty otherwise.
+        groups: Vec<u32>,
     },
     Paused {
         task: u64,

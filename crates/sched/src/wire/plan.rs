@@ -12,7 +12,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, RowSample, SourceSplit, Stage, StageKind,
+    Cut, Error, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample, SourceSplit, Stage,
+    StageKind,
 };
 
 /// A plan that can travel.
@@ -27,6 +28,20 @@ pub(crate) struct StageSpec {
     kind: KindSpec,
     options: OptionsSpec,
     op_names: Vec<String>,
+    /// An exchange's map side: its cut and destinations.
+    cut: Option<(CutSpec, u64)>,
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum CutSpec {
+    Hash { keys: Vec<String> },
+    Random { seed: u64 },
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum ReduceSpec {
+    Shuffle { seed: u64 },
+    Distinct,
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -42,6 +57,7 @@ pub(crate) enum KindSpec {
     },
     Limit(u64),
     Repartition(u64),
+    Exchange(u64),
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -67,6 +83,7 @@ pub(crate) enum OpKindSpec {
         codec: String,
         max_row_group_rows: u64,
     },
+    Reduce(ReduceSpec),
 }
 
 /// A `RowSample`: which rows of its split a side keeps.
@@ -178,12 +195,21 @@ impl PlanSpec {
                     },
                     StageKind::Limit(n) => KindSpec::Limit(*n as u64),
                     StageKind::Repartition(n) => KindSpec::Repartition(*n as u64),
+                    StageKind::Exchange(n) => KindSpec::Exchange(*n as u64),
                 };
+                let cut = stage.cut.as_ref().map(|(cut, n)| {
+                    let cut = match cut {
+                        Cut::Hash { keys } => CutSpec::Hash { keys: keys.clone() },
+                        Cut::Random { seed } => CutSpec::Random { seed: *seed },
+                    };
+                    (cut, *n as u64)
+                });
                 Ok(StageSpec {
                     name: stage.name.clone(),
                     kind,
                     options: (&stage.options).into(),
                     op_names: stage.op_names.clone(),
+                    cut,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -201,7 +227,7 @@ impl PlanSpec {
             })
             .filter_map(|op| match &op.kind {
                 OpKindSpec::Recipe { name, .. } => Some(name.clone()),
-                OpKindSpec::WriteFiles { .. } => None,
+                OpKindSpec::WriteFiles { .. } | OpKindSpec::Reduce(_) => None,
             })
             .collect();
         names.sort();
@@ -229,14 +255,23 @@ impl PlanSpec {
                     },
                     KindSpec::Limit(n) => StageKind::Limit(*n as usize),
                     KindSpec::Repartition(n) => StageKind::Repartition(*n as usize),
+                    KindSpec::Exchange(n) => StageKind::Exchange(*n as usize),
                 };
                 check_op_names(spec, &kind)?;
+                let cut = spec.cut.as_ref().map(|(cut, n)| {
+                    let cut = match cut {
+                        CutSpec::Hash { keys } => Cut::Hash { keys: keys.clone() },
+                        CutSpec::Random { seed } => Cut::Random { seed: *seed },
+                    };
+                    (cut, *n as usize)
+                });
                 Ok(Stage {
                     name: spec.name.clone(),
                     kind,
                     options: (&spec.options).into(),
                     op_names: spec.op_names.clone(),
                     counters: spec.op_names.iter().map(|_| Default::default()).collect(),
+                    cut,
                 })
             })
             .collect::<Result<_, Error>>()?;
@@ -251,7 +286,7 @@ fn check_op_names(spec: &StageSpec, kind: &StageKind) -> Result<(), Error> {
     let expected = match kind {
         StageKind::Source { ops, .. } => ops.len() + 1,
         StageKind::Map { ops } => ops.len(),
-        StageKind::Limit(_) | StageKind::Repartition(_) => 0,
+        StageKind::Limit(_) | StageKind::Repartition(_) | StageKind::Exchange(_) => 0,
     };
     if spec.op_names.len() != expected {
         return Err(Error::Invalid(format!(
@@ -453,6 +488,10 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         max_row_group_rows: parquet.max_row_group_rows as u64,
                     }
                 }
+                OpKind::Reduce(Reduce::Shuffle { seed }) => {
+                    OpKindSpec::Reduce(ReduceSpec::Shuffle { seed: *seed })
+                }
+                OpKind::Reduce(Reduce::Distinct) => OpKindSpec::Reduce(ReduceSpec::Distinct),
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }
@@ -498,6 +537,10 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
                         format,
                     })
                 }
+                OpKindSpec::Reduce(ReduceSpec::Shuffle { seed }) => {
+                    OpKind::Reduce(Reduce::Shuffle { seed: *seed })
+                }
+                OpKindSpec::Reduce(ReduceSpec::Distinct) => OpKind::Reduce(Reduce::Distinct),
             };
             let spec = OpSpec {
                 name: op.name.clone(),
@@ -532,6 +575,7 @@ mod tests {
             options: streambatch_core::Resources::cpu(1.0).into(),
             op_names: vec!["source".into()],
             counters: vec![Arc::default()],
+            cut: None,
         };
         let spec = PlanSpec::of(&ExecPlan {
             stages: vec![stage],
@@ -645,6 +689,7 @@ mod tests {
             options: streambatch_core::Resources::cpu(1.0).into(),
             op_names: vec!["source".into()],
             counters: vec![Arc::default()],
+            cut: None,
         };
         let good = PlanSpec::of(&ExecPlan {
             stages: vec![stage],
@@ -666,6 +711,7 @@ mod tests {
             kind: super::KindSpec::Limit(3),
             options: good.stages[0].options.clone(),
             op_names: vec!["limit".into()],
+            cut: None,
         });
         assert!(limit.build(&Registry::default()).is_err());
         let built = good.build(&Registry::default()).unwrap();

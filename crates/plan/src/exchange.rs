@@ -1,0 +1,259 @@
+//! What an exchange does at its two ends (issue 26): the map side's cut of
+//! each output by destination ([`Cut`]) and what a reducer makes of its
+//! destination's rows ([`Reduce`]). The exchange itself, between them, is
+//! the executor's: it collects the map side's outputs, each one stored
+//! partition with where each destination's rows start, and hands reducer
+//! `d` the slices of destination `d` once every output is in.
+//!
+//! Both ends depend on the rows alone, never on the order in which tasks
+//! ran: a re-run makes the same cut (lineage re-makes a lost output
+//! exactly), and the same seed gives the same output however the job was
+//! scheduled.
+
+use std::collections::HashSet;
+
+use arrow_array::{RecordBatch, UInt32Array};
+use arrow_row::Rows;
+use arrow_schema::SchemaRef;
+
+use crate::partition::{Partitioned, by_hash, group, key_rows};
+use crate::{Error, Result};
+
+/// How the map side picks each row's destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// By a hash of the key columns: equal keys (nulls included) meet.
+    Hash {
+        /// The key columns.
+        keys: Vec<String>,
+    },
+    /// By a hash of the whole row, seeded: destinations even, whatever the
+    /// input's order.
+    Random {
+        /// The seed.
+        seed: u64,
+    },
+}
+
+impl Cut {
+    /// `batch`'s rows grouped by destination, among `n`.
+    pub fn apply(&self, batch: &RecordBatch, n: usize) -> Result<Partitioned> {
+        match self {
+            Cut::Hash { keys } => {
+                let keys = column_indices(batch, keys)?;
+                by_hash(batch, &keys, n, 0)
+            }
+            Cut::Random { seed } => {
+                let rows = whole_rows(batch)?;
+                let n = n.max(1) as u64;
+                group(batch, n as usize, |row| {
+                    (seeded_hash(&rows, row, *seed) % n) as usize
+                })
+            }
+        }
+    }
+}
+
+/// What a reducer makes of its destination's rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// The rows in a seeded random order ([`Dataset::random_shuffle`](crate::Dataset::random_shuffle)).
+    Shuffle {
+        /// The seed.
+        seed: u64,
+    },
+    /// Each distinct row once ([`Dataset::distinct`](crate::Dataset::distinct)).
+    Distinct,
+}
+
+impl Reduce {
+    /// The operator's name in plans and stats.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Reduce::Shuffle { .. } => "random_shuffle",
+            Reduce::Distinct => "distinct",
+        }
+    }
+
+    /// Reduces one destination's rows, `batches`, of schema `schema`.
+    pub fn run(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+        let all = arrow_select::concat::concat_batches(schema, batches)
+            .map_err(|e| self.arrow_error(e))?;
+        if all.num_rows() == 0 {
+            return Ok(all);
+        }
+        let rows = whole_rows(&all)?;
+        let order: Vec<u32> = match self {
+            // Ordered by a seeded hash of each row (ties, by the row), so
+            // that the order is the rows' own, not their arrival's.
+            Reduce::Shuffle { seed } => {
+                let salt = seed ^ 0x5eed_5eed_5eed_5eed;
+                let keys: Vec<u64> = (0..all.num_rows())
+                    .map(|row| seeded_hash(&rows, row, salt))
+                    .collect();
+                let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+                order.sort_unstable_by(|&a, &b| {
+                    let (a, b) = (a as usize, b as usize);
+                    keys[a].cmp(&keys[b]).then_with(|| rows.row(a).cmp(&rows.row(b)))
+                });
+                order
+            }
+            // The first of each distinct row, in the rows' order (so the
+            // same input gives the same output, whatever its arrival).
+            Reduce::Distinct => {
+                let mut seen = HashSet::new();
+                let mut order: Vec<u32> = (0..all.num_rows() as u32)
+                    .filter(|&row| seen.insert(rows.row(row as usize)))
+                    .collect();
+                order.sort_unstable_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+                order
+            }
+        };
+        arrow_select::take::take_record_batch(&all, &UInt32Array::from(order))
+            .map_err(|e| self.arrow_error(e))
+    }
+
+    fn arrow_error(&self, e: arrow_schema::ArrowError) -> Error {
+        Error::arrow(self.name(), e)
+    }
+}
+
+/// What an exchange is: see [`Cut`], [`Reduce`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exchange {
+    /// The map side's cut.
+    pub cut: Cut,
+    /// Destinations: reducers.
+    pub partitions: usize,
+    /// What each reducer does.
+    pub reduce: Reduce,
+}
+
+/// Every column of `batch` encoded as comparable rows.
+fn whole_rows(batch: &RecordBatch) -> Result<Rows> {
+    let all: Vec<usize> = (0..batch.num_columns()).collect();
+    key_rows(batch, &all, &[])
+}
+
+fn seeded_hash(rows: &Rows, row: usize, seed: u64) -> u64 {
+    streambatch_core::mix64(streambatch_core::fnv1a(rows.row(row).as_ref()) ^ seed)
+}
+
+/// The positions of columns `names` in `batch`, or an error naming the one
+/// missing.
+fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Vec<usize>> {
+    names
+        .iter()
+        .map(|name| {
+            batch.schema().index_of(name).map_err(|_| {
+                Error::Invalid(format!(
+                    "no key column `{name}` among {:?}",
+                    batch
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                ))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{Int64Array, StringArray};
+
+    use super::*;
+
+    fn batch(ids: &[Option<i64>], names: &[Option<&str>]) -> RecordBatch {
+        RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(ids.to_vec())) as _),
+            ("name", Arc::new(StringArray::from(names.to_vec())) as _),
+        ])
+        .unwrap()
+    }
+
+    fn ids(b: &RecordBatch) -> Vec<Option<i64>> {
+        b.column(0).as_primitive::<Int64Type>().iter().collect()
+    }
+
+    #[test]
+    fn a_hash_cut_sends_equal_keys_nulls_included_to_one_destination() {
+        let b = batch(
+            &[Some(1), None, Some(2), Some(1), None, Some(3)],
+            &[Some("a"), Some("b"), None, Some("c"), Some("d"), None],
+        );
+        let cut = Cut::Hash {
+            keys: vec!["id".into()],
+        };
+        let p = cut.apply(&b, 4).unwrap();
+        assert_eq!(p.starts.len(), 5);
+        let mut seen = Vec::new();
+        for d in 0..4 {
+            for id in ids(&p.rows_for(d)) {
+                seen.push(id);
+                let again = cut.apply(&batch(&[id], &[Some("z")]), 4).unwrap();
+                assert_eq!(again.rows_for(d).num_rows(), 1, "{id:?} left destination {d}");
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, [None, None, Some(1), Some(1), Some(2), Some(3)]);
+        let missing = Cut::Hash {
+            keys: vec!["nope".into()],
+        };
+        let err = missing.apply(&b, 2).unwrap_err().to_string();
+        assert!(err.contains("nope") && err.contains("id"), "{err}");
+    }
+
+    #[test]
+    fn a_shuffle_is_the_same_rows_in_an_order_its_seed_fixes_whatever_the_arrival() {
+        let values: Vec<Option<i64>> = (0..200).map(Some).collect();
+        let names = vec![Some("x"); 200];
+        let all = batch(&values, &names);
+        let schema = all.schema();
+        let shuffled = |seed, parts: &[RecordBatch]| {
+            ids(&Reduce::Shuffle { seed }.run(&schema, parts).unwrap())
+        };
+        let one = shuffled(1, &[all.slice(0, 120), all.slice(120, 80)]);
+        let reversed = shuffled(1, &[all.slice(120, 80), all.slice(0, 120)]);
+        assert_eq!(one, reversed);
+        assert_ne!(one, values, "not shuffled");
+        assert_ne!(one, shuffled(2, &[all.clone()]));
+        let mut sorted = one.clone();
+        sorted.sort();
+        assert_eq!(sorted, values);
+        // A random cut spreads rows over every destination.
+        let p = Cut::Random { seed: 1 }.apply(&all, 4).unwrap();
+        assert!((0..4).all(|d| p.rows_for(d).num_rows() > 20), "{:?}", p.starts);
+    }
+
+    #[test]
+    fn distinct_keeps_each_row_once_nulls_included() {
+        let b = batch(
+            &[Some(1), None, Some(1), None, Some(2), Some(1)],
+            &[Some("a"), None, Some("a"), None, Some("a"), Some("b")],
+        );
+        let out = Reduce::Distinct.run(&b.schema(), &[b.slice(0, 3), b.slice(3, 3)]).unwrap();
+        let mut rows: Vec<(Option<i64>, Option<String>)> = ids(&out)
+            .into_iter()
+            .zip(out.column(1).as_string::<i32>().iter().map(|s| s.map(String::from)))
+            .collect();
+        rows.sort();
+        assert_eq!(
+            rows,
+            [
+                (None, None),
+                (Some(1), Some("a".into())),
+                (Some(1), Some("b".into())),
+                (Some(2), Some("a".into()))
+            ]
+        );
+        let empty = Reduce::Distinct.run(&b.schema(), &[]).unwrap();
+        assert_eq!(empty.num_rows(), 0);
+    }
+}
