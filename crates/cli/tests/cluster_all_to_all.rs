@@ -1,0 +1,95 @@
+//! The exchange on real node processes (127.0.0.1): map outputs cut on
+//! one node are read by reducers on others, and a node killed
+//! mid-exchange costs only its map outputs, made again from lineage.
+
+mod common;
+
+use arrow_array::RecordBatch;
+use common::{Cluster, NodeSpec};
+use streambatch::{Context, Dataset, Resources};
+use streambatch_bench::registry;
+
+const ROWS: u64 = 96;
+const SPLITS: usize = 24;
+
+/// 96 rows of 16 KiB made by `w1.produce` (`ms` per call of 5 rows, 1 CPU),
+/// shuffled.
+fn shuffled(ctx: &Context, ms: u64) -> Dataset {
+    let params = [ms.to_le_bytes(), (16u64 << 10).to_le_bytes()].concat();
+    ctx.range(ROWS, SPLITS)
+        .map_batches(
+            registry().udf("w1.produce", &params).unwrap(),
+            Resources::cpu(1.0).batch_rows(5),
+        )
+        .named("produce")
+        .random_shuffle(11)
+}
+
+/// Each output partition's ids, the partitions sorted (they reach the
+/// driver in the order their reducers finish).
+fn partitions(out: &[RecordBatch]) -> Vec<Vec<i64>> {
+    let mut parts: Vec<Vec<i64>> = out
+        .iter()
+        .map(|b| {
+            let ids = b.column(0).as_any();
+            let ids = ids.downcast_ref::<arrow_array::Int64Array>().unwrap();
+            ids.values().to_vec()
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    parts.sort();
+    parts
+}
+
+fn single_node() -> Vec<Vec<i64>> {
+    let local = Context::with_config(streambatch::NodeConfig {
+        cpus: 2.0,
+        gpus: Some(0.0),
+        store_capacity: 256 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let out = partitions(&shuffled(&local, 0).collect().unwrap());
+    let mut ids: Vec<i64> = out.iter().flatten().copied().collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..ROWS as i64).collect::<Vec<_>>());
+    out
+}
+
+#[test]
+fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
+    let expected = single_node();
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let ds = shuffled(&ctx, 0);
+    assert_eq!(partitions(&ds.collect().unwrap()), expected);
+    let stats = ds.stats().unwrap();
+    for node in ["worker-1", "worker-2"] {
+        let n = stats.nodes.iter().find(|n| n.name == node).unwrap();
+        assert!(n.tasks > 0, "{node} ran no task: {stats}");
+    }
+}
+
+#[test]
+fn a_node_killed_mid_exchange_costs_only_its_map_outputs() {
+    let expected = single_node();
+    let mut cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    // 24 map tasks of 100 ms on 4 slots: about 0.6 s of map side, and no
+    // reducer starts before its last output is in.
+    let ds = shuffled(&ctx, 100);
+    let batches = ds.iter_batches().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(350));
+    let node = cluster.nodes.iter_mut().find(|n| n.name == "worker-2");
+    node.unwrap().kill_hard();
+    let out: Vec<RecordBatch> = batches.map(|b| b.unwrap()).collect();
+    assert_eq!(partitions(&out), expected);
+    let stats = ds.stats().unwrap();
+    let r = &stats.recovery;
+    assert_eq!(r.nodes_lost, vec!["worker-2".to_string()], "{stats}");
+    assert!(r.lost_partitions > 0, "worker-2 held no map output: {stats}");
+    assert_eq!(r.remade_partitions, r.lost_partitions, "{stats}");
+    // A map task reads its source split: re-making its output re-runs it
+    // alone.
+    assert!(r.rerun_tasks <= r.lost_partitions, "{stats}");
+}
