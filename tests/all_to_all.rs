@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use common::{ctx, ctx_with, sorted_i64};
 use streambatch::prelude::*;
 
@@ -168,4 +168,183 @@ fn later_operators_fuse_into_the_reducers() {
     let stats = ds.stats().unwrap();
     let names: Vec<&str> = stats.operators.iter().map(|s| s.name.as_str()).collect();
     assert!(names.contains(&"exchange(4)"), "{names:?}");
+}
+
+/// Rows (k: key with nulls and one hot value, x: Int64 with nulls,
+/// y: Float64) over 5 batches.
+fn grouped_input(rows: i64) -> Vec<RecordBatch> {
+    (0..5)
+        .map(|part| {
+            let range = (part * rows / 5)..((part + 1) * rows / 5);
+            // Half the rows share key 0 (a hot key); a tenth have none.
+            let k: Vec<Option<i64>> = range
+                .clone()
+                .map(|i| match i % 10 {
+                    0 => None,
+                    1..=5 => Some(0),
+                    _ => Some(i % 37),
+                })
+                .collect();
+            let x: Vec<Option<i64>> = range.clone().map(|i| (i % 7 != 3).then_some(i % 101 - 50)).collect();
+            let y: Vec<f64> = range.map(|i| (i % 13) as f64 * 0.5).collect();
+            RecordBatch::try_from_iter([
+                ("k", Arc::new(Int64Array::from(k)) as _),
+                ("x", Arc::new(Int64Array::from(x)) as _),
+                ("y", Arc::new(arrow_array::Float64Array::from(y)) as _),
+            ])
+            .unwrap()
+        })
+        .collect()
+}
+
+/// Per group: count, sum(x), min(x), max(x), mean(y), std(y), distinct x.
+#[derive(Debug, PartialEq)]
+struct Expected {
+    count: i64,
+    sum: Option<i64>,
+    min: Option<i64>,
+    max: Option<i64>,
+    mean: f64,
+    std: Option<f64>,
+    distinct: i64,
+}
+
+fn direct(input: &[RecordBatch]) -> BTreeMap<Option<i64>, Expected> {
+    let mut by_key: BTreeMap<Option<i64>, (Vec<Option<i64>>, Vec<f64>)> = BTreeMap::new();
+    for b in input {
+        let k = b.column(0).as_primitive::<Int64Type>();
+        let x = b.column(1).as_primitive::<Int64Type>();
+        let y = b.column(2).as_primitive::<arrow_array::types::Float64Type>();
+        for i in 0..b.num_rows() {
+            let entry = by_key.entry(k.is_valid(i).then(|| k.value(i))).or_default();
+            entry.0.push(x.is_valid(i).then(|| x.value(i)));
+            entry.1.push(y.value(i));
+        }
+    }
+    by_key
+        .into_iter()
+        .map(|(k, (xs, ys))| {
+            let xs_valid: Vec<i64> = xs.iter().flatten().copied().collect();
+            let n = ys.len() as f64;
+            let mean = ys.iter().sum::<f64>() / n;
+            let var = ys.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            let distinct: std::collections::BTreeSet<i64> = xs_valid.iter().copied().collect();
+            (
+                k,
+                Expected {
+                    count: xs.len() as i64,
+                    sum: (!xs_valid.is_empty()).then(|| xs_valid.iter().sum()),
+                    min: xs_valid.iter().min().copied(),
+                    max: xs_valid.iter().max().copied(),
+                    mean,
+                    std: (ys.len() > 1).then(|| var.sqrt()),
+                    distinct: distinct.len() as i64,
+                },
+            )
+        })
+        .collect()
+}
+
+fn aggregated(out: &[RecordBatch]) -> BTreeMap<Option<i64>, Expected> {
+    let mut got = BTreeMap::new();
+    for b in out {
+        let int = |name: &str| b.column_by_name(name).unwrap().as_primitive::<Int64Type>().clone();
+        let float = |name: &str| {
+            b.column_by_name(name)
+                .unwrap()
+                .as_primitive::<arrow_array::types::Float64Type>()
+                .clone()
+        };
+        let (k, count, sum, min, max) = (int("k"), int("count()"), int("sum(x)"), int("min(x)"), int("max(x)"));
+        let (mean, std, distinct) = (float("mean(y)"), float("std(y)"), int("count_distinct(x)"));
+        let opt = |a: &arrow_array::Int64Array, i| a.is_valid(i).then(|| a.value(i));
+        for i in 0..b.num_rows() {
+            let e = Expected {
+                count: count.value(i),
+                sum: opt(&sum, i),
+                min: opt(&min, i),
+                max: opt(&max, i),
+                mean: mean.value(i),
+                std: std.is_valid(i).then(|| std.value(i)),
+                distinct: distinct.value(i),
+            };
+            assert!(got.insert(opt(&k, i), e).is_none(), "a group twice");
+        }
+    }
+    got
+}
+
+fn aggs() -> Vec<Agg> {
+    vec![
+        Agg::count(),
+        Agg::sum("x"),
+        Agg::min("x"),
+        Agg::max("x"),
+        Agg::mean("y"),
+        Agg::std("y"),
+        Agg::count_distinct("x"),
+    ]
+}
+
+/// Floats compared to 1e-9 relative: a sum's order differs.
+fn assert_close(got: &BTreeMap<Option<i64>, Expected>, expected: &BTreeMap<Option<i64>, Expected>) {
+    assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+    for (k, e) in expected {
+        let g = &got[k];
+        assert_eq!((g.count, g.sum, g.min, g.max, g.distinct), (e.count, e.sum, e.min, e.max, e.distinct), "group {k:?}");
+        assert!(close(g.mean, e.mean), "group {k:?}: {} vs {}", g.mean, e.mean);
+        match (g.std, e.std) {
+            (Some(a), Some(b)) => assert!(close(a, b), "group {k:?}: {a} vs {b}"),
+            (a, b) => assert_eq!(a, b, "group {k:?}"),
+        }
+    }
+}
+
+#[test]
+fn groupby_aggregates_as_a_direct_computation_with_nulls_and_a_hot_key() {
+    let input = grouped_input(20_000);
+    let expected = direct(&input);
+    let ds = ctx().from_batches(input).groupby(&["k"]).aggregate(&aggs());
+    let got = aggregated(&ds.collect().unwrap());
+    assert_close(&got, &expected);
+    assert!(got[&Some(0)].count >= 10_000, "the hot key");
+    assert!(got.contains_key(&None), "the null key");
+    // The map side aggregates before the exchange: the stage names say so.
+    let names = ds.explain().unwrap().stage_names();
+    assert_eq!(names, ["from_batches->partial_aggregate", "exchange(5)", "aggregate"]);
+}
+
+#[test]
+fn groupby_with_every_row_its_own_group_one_group_and_no_rows() {
+    // Every row its own group: keys 0..n.
+    let out = ctx()
+        .range(5_000, 4)
+        .groupby(&["id"])
+        .aggregate(&[Agg::count(), Agg::sum("id")])
+        .collect()
+        .unwrap();
+    assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 5_000);
+    for b in &out {
+        let count = b.column_by_name("count()").unwrap().as_primitive::<Int64Type>();
+        assert!(count.values().iter().all(|&c| c == 1));
+        assert_eq!(ids(b), b.column_by_name("sum(id)").unwrap().as_primitive::<Int64Type>().values().to_vec());
+    }
+    // No keys: one group of every row.
+    let all = ctx()
+        .range(5_000, 4)
+        .groupby(&[])
+        .aggregate(&[Agg::count(), Agg::sum("id"), Agg::max("id")])
+        .collect()
+        .unwrap();
+    let rows: Vec<_> = all.iter().filter(|b| b.num_rows() > 0).collect();
+    assert_eq!(rows.len(), 1);
+    let col = |n: &str| rows[0].column_by_name(n).unwrap().as_primitive::<Int64Type>().value(0);
+    assert_eq!((col("count()"), col("sum(id)"), col("max(id)")), (5_000, (0..5_000).sum(), 4_999));
+    // No rows: no groups.
+    let none = ctx().range(0, 1).groupby(&["id"]).aggregate(&[Agg::count()]).collect().unwrap();
+    assert_eq!(none.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    // A key that is not there is named.
+    let err = ctx().range(10, 1).groupby(&["nope"]).aggregate(&[Agg::count()]).collect().unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
 }

@@ -517,7 +517,17 @@ impl Dataset {
             cut,
             partitions: self.exchange_partitions(),
             reduce,
+            partial: None,
         }))
+    }
+
+    /// The rows grouped by the values of `keys` (none: one group of every
+    /// row), to aggregate: see [`Grouped::aggregate`].
+    pub fn groupby(&self, keys: &[&str]) -> Grouped {
+        Grouped {
+            input: self.clone(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        }
     }
 
     /// The reducers of an exchange over this dataset: one per source split
@@ -885,11 +895,54 @@ fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
         }))
     };
     match &plan.op {
-        LogicalOp::Limit(_) | LogicalOp::Repartition(_) | LogicalOp::Exchange(_) => {
-            Ok(Some(input))
-        }
+        LogicalOp::Limit(_) | LogicalOp::Repartition(_) => Ok(Some(input)),
+        // A shuffle or distinct keeps the columns; an aggregate makes others.
+        LogicalOp::Exchange(e) if e.partial.is_none() => Ok(Some(input)),
+        LogicalOp::Exchange(_) => Ok(None),
         LogicalOp::Op(op) => probe(&op.kind),
         LogicalOp::Source { .. } => Ok(None),
+    }
+}
+
+/// A dataset grouped by keys: [`Dataset::groupby`].
+#[derive(Clone)]
+pub struct Grouped {
+    input: Dataset,
+    keys: Vec<String>,
+}
+
+impl Grouped {
+    /// One row per group: its keys, then each aggregate (named as
+    /// [`Agg::name`](crate::Agg::name) says). Each map task aggregates its
+    /// rows into partial states before the exchange, so a group crosses it
+    /// once per task however many rows it has; groups come in no
+    /// particular order.
+    ///
+    /// ```
+    /// # use streambatch_plan::{Agg, Dataset};
+    /// # fn totals(ds: &Dataset) -> Dataset {
+    /// ds.groupby(&["customer"])
+    ///     .aggregate(&[Agg::count(), Agg::sum("amount"), Agg::mean("amount")])
+    /// # }
+    /// ```
+    pub fn aggregate(&self, aggs: &[crate::Agg]) -> Dataset {
+        let step = |step| crate::Reduce::Aggregate {
+            keys: self.keys.clone(),
+            aggs: aggs.to_vec(),
+            step,
+        };
+        let partitions = match self.keys.is_empty() {
+            true => 1,
+            false => self.input.exchange_partitions(),
+        };
+        self.input.then(LogicalOp::Exchange(crate::Exchange {
+            cut: crate::Cut::Hash {
+                keys: self.keys.clone(),
+            },
+            partitions,
+            reduce: step(crate::Step::Final),
+            partial: Some(step(crate::Step::Partial)),
+        }))
     }
 }
 

@@ -16,6 +16,7 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_row::Rows;
 use arrow_schema::SchemaRef;
 
+use crate::aggregate::{Agg, Step, aggregate};
 use crate::partition::{Partitioned, by_hash, group, key_rows};
 use crate::{Error, Result};
 
@@ -64,6 +65,16 @@ pub enum Reduce {
     },
     /// Each distinct row once ([`Dataset::distinct`](crate::Dataset::distinct)).
     Distinct,
+    /// Rows aggregated by keys ([`Dataset::groupby`](crate::Dataset::groupby)):
+    /// a map task's rows to partial states, or partial states merged.
+    Aggregate {
+        /// The key columns.
+        keys: Vec<String>,
+        /// The aggregates.
+        aggs: Vec<Agg>,
+        /// Which step.
+        step: Step,
+    },
 }
 
 impl Reduce {
@@ -72,6 +83,13 @@ impl Reduce {
         match self {
             Reduce::Shuffle { .. } => "random_shuffle",
             Reduce::Distinct => "distinct",
+            Reduce::Aggregate {
+                step: Step::Partial,
+                ..
+            } => "partial_aggregate",
+            Reduce::Aggregate {
+                step: Step::Final, ..
+            } => "aggregate",
         }
     }
 
@@ -79,6 +97,9 @@ impl Reduce {
     pub fn run(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
         let all = arrow_select::concat::concat_batches(schema, batches)
             .map_err(|e| self.arrow_error(e))?;
+        if let Reduce::Aggregate { keys, aggs, step } = self {
+            return aggregate(&all, keys, aggs, *step);
+        }
         if all.num_rows() == 0 {
             return Ok(all);
         }
@@ -100,6 +121,7 @@ impl Reduce {
             }
             // The first of each distinct row, in the rows' order (so the
             // same input gives the same output, whatever its arrival).
+            Reduce::Aggregate { .. } => unreachable!("aggregated above"),
             Reduce::Distinct => {
                 let mut seen = HashSet::new();
                 let mut order: Vec<u32> = (0..all.num_rows() as u32)
@@ -127,6 +149,9 @@ pub struct Exchange {
     pub partitions: usize,
     /// What each reducer does.
     pub reduce: Reduce,
+    /// What each map task does to all of its rows before the cut (a
+    /// partial aggregation), if anything.
+    pub partial: Option<Reduce>,
 }
 
 /// Every column of `batch` encoded as comparable rows.

@@ -6,6 +6,7 @@
 //! This crate decides *what* runs; it knows nothing of scheduling or of where
 //! data lives. Consuming calls hand an [`ExecPlan`] to a [`Runner`].
 
+mod aggregate;
 mod batching;
 mod dataset;
 mod error;
@@ -30,8 +31,9 @@ mod train_test_split;
 mod udf;
 
 pub use batching::{BatchOptions, Batches, Prefetched};
-pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
+pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
+pub use aggregate::{Agg, AggKind, Step};
 pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};

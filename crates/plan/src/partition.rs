@@ -66,6 +66,10 @@ pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> R
 /// `keys` (seeded by `seed`): rows with equal keys, nulls included, go to
 /// the same destination.
 pub fn by_hash(batch: &RecordBatch, keys: &[usize], n: usize, seed: u64) -> Result<Partitioned> {
+    if keys.is_empty() {
+        // No key: one group, at destination 0.
+        return group(batch, n.max(1), |_| 0);
+    }
     let rows = key_rows(batch, keys, &[])?;
     let n = n.max(1) as u64;
     let destination = |row: usize| {

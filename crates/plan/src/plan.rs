@@ -344,9 +344,12 @@ impl ExecPlan {
 fn push_exchange(stages: &mut Vec<Stage>, index: usize, exchange: crate::Exchange) {
     let n = exchange.partitions.max(1);
     let name = exchange.reduce.name();
-    let map_side = stages
-        .last()
-        .is_some_and(|s| s.runs_tasks() && s.cut.is_none());
+    let map_side = stages.last().is_some_and(|s| {
+        s.runs_tasks()
+            && s.cut.is_none()
+            && (exchange.partial.is_none()
+                || (!s.options.no_fuse && s.options.resources == Resources::cpu(1.0)))
+    });
     if !map_side {
         stages.push(Stage {
             name: format!("{name}.map"),
@@ -357,7 +360,26 @@ fn push_exchange(stages: &mut Vec<Stage>, index: usize, exchange: crate::Exchang
             cut: None,
         });
     }
-    stages.last_mut().expect("pushed above").cut = Some((exchange.cut, n));
+    let last = stages.last_mut().expect("pushed above");
+    if let Some(partial) = exchange.partial {
+        let name = partial.name().to_string();
+        last.name = match last.op_names.is_empty() {
+            true => name.clone(),
+            false => format!("{}->{name}", last.name),
+        };
+        last.op_names.push(name.clone());
+        last.counters.push(Default::default());
+        let op = OpSpec {
+            name,
+            kind: OpKind::Reduce(partial),
+            options: Resources::cpu(1.0).into(),
+        };
+        match &mut last.kind {
+            StageKind::Source { ops, .. } | StageKind::Map { ops } => ops.push((index, op)),
+            _ => unreachable!("the map side runs tasks"),
+        }
+    }
+    last.cut = Some((exchange.cut, n));
     stages.push(Stage::in_executor(
         format!("exchange({n})"),
         StageKind::Exchange(n),

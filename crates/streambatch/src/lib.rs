@@ -46,8 +46,8 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
-    BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream, Error, Event,
-    EventKind, Expr, JobStats, LostRank, Named, NodeStats, OpStats, OperatorStats, PauseCause,
+    Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream, Error, Event,
+    EventKind, Expr, Grouped, JobStats, LostRank, Named, NodeStats, OpStats, OperatorStats, PauseCause,
     Pauses, RankStats, Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample,
     UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
@@ -83,7 +83,7 @@ pub use parquet;
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions,
+        Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions,
         Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col, lit,
     };
     pub use arrow_array::RecordBatch;

@@ -12,7 +12,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Cut, Error, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample, SourceSplit, Stage,
+    Agg, AggKind, Cut, Error, Step, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample, SourceSplit, Stage,
     StageKind,
 };
 
@@ -40,8 +40,74 @@ pub(crate) enum CutSpec {
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum ReduceSpec {
-    Shuffle { seed: u64 },
+    Shuffle {
+        seed: u64,
+    },
     Distinct,
+    Aggregate {
+        keys: Vec<String>,
+        /// Each aggregate's kind (its position in `AGG_KINDS`) and column.
+        aggs: Vec<(u8, Option<String>)>,
+        partial: bool,
+    },
+}
+
+/// The aggregates' kinds in the order their wire number gives.
+const AGG_KINDS: [AggKind; 7] = [
+    AggKind::Count,
+    AggKind::Sum,
+    AggKind::Min,
+    AggKind::Max,
+    AggKind::Mean,
+    AggKind::Std,
+    AggKind::CountDistinct,
+];
+
+impl ReduceSpec {
+    fn of(reduce: &Reduce) -> Self {
+        match reduce {
+            Reduce::Shuffle { seed } => Self::Shuffle { seed: *seed },
+            Reduce::Distinct => Self::Distinct,
+            Reduce::Aggregate { keys, aggs, step } => Self::Aggregate {
+                keys: keys.clone(),
+                aggs: aggs
+                    .iter()
+                    .map(|a| {
+                        let kind = AGG_KINDS.iter().position(|k| *k == a.kind);
+                        (kind.expect("every kind listed") as u8, a.column.clone())
+                    })
+                    .collect(),
+                partial: *step == Step::Partial,
+            },
+        }
+    }
+
+    fn reduce(&self) -> Result<Reduce, Error> {
+        Ok(match self {
+            Self::Shuffle { seed } => Reduce::Shuffle { seed: *seed },
+            Self::Distinct => Reduce::Distinct,
+            Self::Aggregate {
+                keys,
+                aggs,
+                partial,
+            } => Reduce::Aggregate {
+                keys: keys.clone(),
+                aggs: aggs
+                    .iter()
+                    .map(|(kind, column)| {
+                        let kind = AGG_KINDS.get(*kind as usize).copied().ok_or_else(|| {
+                            Error::Invalid(format!("unknown aggregate kind {kind}"))
+                        })?;
+                        Ok(Agg {
+                            kind,
+                            column: column.clone(),
+                        })
+                    })
+                    .collect::<Result<_, Error>>()?,
+                step: if *partial { Step::Partial } else { Step::Final },
+            },
+        })
+    }
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -488,10 +554,7 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         max_row_group_rows: parquet.max_row_group_rows as u64,
                     }
                 }
-                OpKind::Reduce(Reduce::Shuffle { seed }) => {
-                    OpKindSpec::Reduce(ReduceSpec::Shuffle { seed: *seed })
-                }
-                OpKind::Reduce(Reduce::Distinct) => OpKindSpec::Reduce(ReduceSpec::Distinct),
+                OpKind::Reduce(reduce) => OpKindSpec::Reduce(ReduceSpec::of(reduce)),
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }
@@ -537,10 +600,7 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
                         format,
                     })
                 }
-                OpKindSpec::Reduce(ReduceSpec::Shuffle { seed }) => {
-                    OpKind::Reduce(Reduce::Shuffle { seed: *seed })
-                }
-                OpKindSpec::Reduce(ReduceSpec::Distinct) => OpKind::Reduce(Reduce::Distinct),
+                OpKindSpec::Reduce(reduce) => OpKind::Reduce(reduce.reduce()?),
             };
             let spec = OpSpec {
                 name: op.name.clone(),
