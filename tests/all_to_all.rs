@@ -348,3 +348,34 @@ fn groupby_with_every_row_its_own_group_one_group_and_no_rows() {
     let err = ctx().range(10, 1).groupby(&["nope"]).aggregate(&[Agg::count()]).collect().unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
 }
+
+#[test]
+fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.toml");
+    let write = |aggs: &str| {
+        let text = format!(
+            "[node]\ncpus = 2\ngpus = 0\n\n[source]\nrange = {{ n = 1000, partitions = 4 }}\n\n\
+             [[ops]]\nop = \"random_shuffle\"\nseed = 3\n\n[[ops]]\nop = \"distinct\"\n\n\
+             [[ops]]\nop = \"groupby\"\nkeys = []\naggs = {aggs}\n\n\
+             [sink]\nwrite_parquet = \"out\"\n"
+        );
+        std::fs::write(&file, text).unwrap();
+    };
+    write(r#"["count()", "sum(id)", "max(id)"]"#);
+    let explained = streambatch::pipeline::explain_pipeline(&file, None).unwrap();
+    assert!(explained.contains("exchange(4)") && explained.contains("aggregate"), "{explained}");
+    streambatch::pipeline::run_pipeline(&file).unwrap();
+    let out = ctx()
+        .read_parquet(&dir.path().join("out").display().to_string())
+        .unwrap()
+        .collect()
+        .unwrap();
+    let rows: Vec<&RecordBatch> = out.iter().filter(|b| b.num_rows() > 0).collect();
+    assert_eq!(rows.len(), 1);
+    let col = |n: &str| rows[0].column_by_name(n).unwrap().as_primitive::<Int64Type>().value(0);
+    assert_eq!((col("count()"), col("sum(id)"), col("max(id)")), (1000, 499_500, 999));
+    write(r#"["median(id)"]"#);
+    let err = streambatch::pipeline::run_pipeline(&file).err().unwrap().to_string();
+    assert!(err.contains("p.toml") && err.contains("median(id)"), "{err}");
+}

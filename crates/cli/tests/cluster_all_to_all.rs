@@ -1,12 +1,12 @@
 //! The exchange on real node processes (127.0.0.1): map outputs cut on
-//! one node are read by reducers on others, and a node killed
+//! one node are read by reducers on others (a shuffle, a groupby), and a node killed
 //! mid-exchange costs only its map outputs, made again from lineage.
 
 mod common;
 
 use arrow_array::RecordBatch;
 use common::{Cluster, NodeSpec};
-use streambatch::{Context, Dataset, Resources};
+use streambatch::{Agg, Context, Dataset, Resources};
 use streambatch_bench::registry;
 
 const ROWS: u64 = 96;
@@ -63,6 +63,24 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     let ds = shuffled(&ctx, 0);
     assert_eq!(partitions(&ds.collect().unwrap()), expected);
+    // A groupby's partial states cross nodes as its rows do.
+    let grouped = shuffled(&ctx, 0)
+        .groupby(&[])
+        .aggregate(&[Agg::count(), Agg::sum("id"), Agg::min("id"), Agg::max("id")])
+        .collect()
+        .unwrap();
+    let row: Vec<i64> = grouped
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .flat_map(|b| {
+            (0..4).map(move |c| {
+                let c = b.column(c).as_any();
+                c.downcast_ref::<arrow_array::Int64Array>().unwrap().value(0)
+            })
+        })
+        .collect();
+    let n = ROWS as i64;
+    assert_eq!(row, [n, n * (n - 1) / 2, 0, n - 1]);
     let stats = ds.stats().unwrap();
     for node in ["worker-1", "worker-2"] {
         let n = stats.nodes.iter().find(|n| n.name == node).unwrap();

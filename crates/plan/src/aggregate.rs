@@ -100,6 +100,39 @@ impl Agg {
         }
     }
 
+    /// The aggregate its [name](Agg::name) describes (`sum(x)`,
+    /// `count()`), as pipeline files give them.
+    ///
+    /// ```
+    /// use streambatch_plan::Agg;
+    /// assert_eq!(Agg::parse("mean(price)").unwrap(), Agg::mean("price"));
+    /// assert_eq!(Agg::parse("count()").unwrap(), Agg::count());
+    /// assert!(Agg::parse("median(x)").is_err());
+    /// ```
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || {
+            Error::Invalid(format!(
+                "aggregate `{text}`: expected count(), sum(c), min(c), max(c), mean(c), std(c) or count_distinct(c)"
+            ))
+        };
+        let (kind, rest) = text.trim().split_once('(').ok_or_else(bad)?;
+        let column = rest.strip_suffix(')').ok_or_else(bad)?.trim();
+        let kind = match kind.trim() {
+            "count" if column.is_empty() => return Ok(Self::count()),
+            "sum" => AggKind::Sum,
+            "min" => AggKind::Min,
+            "max" => AggKind::Max,
+            "mean" => AggKind::Mean,
+            "std" => AggKind::Std,
+            "count_distinct" => AggKind::CountDistinct,
+            _ => return Err(bad()),
+        };
+        if column.is_empty() {
+            return Err(bad());
+        }
+        Ok(Self::of(kind, column))
+    }
+
     /// The output column's name.
     pub fn name(&self) -> String {
         let what = match self.kind {

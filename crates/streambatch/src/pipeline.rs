@@ -45,6 +45,15 @@ enum Op {
     Repartition {
         n: usize,
     },
+    RandomShuffle {
+        seed: u64,
+    },
+    Distinct,
+    /// `aggs` as `Agg::parse` reads them: `["count()", "sum(x)"]`.
+    Groupby {
+        keys: Vec<String>,
+        aggs: Vec<String>,
+    },
     Wgsl(Kernel),
 }
 
@@ -227,6 +236,20 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             Op::Select { columns } => ds.select(columns.iter().map(|c| crate::col(c))),
             Op::Limit { n } => ds.limit(*n),
             Op::Repartition { n } => ds.repartition(*n),
+            Op::RandomShuffle { seed } => ds.random_shuffle(*seed),
+            Op::Distinct => ds.distinct(),
+            Op::Groupby { keys, aggs } => {
+                let aggs = aggs
+                    .iter()
+                    .map(|a| crate::Agg::parse(a))
+                    .collect::<Result<Vec<_>>>()
+                    .map_err(|e| Error::BadFile {
+                        path: file.to_path_buf(),
+                        message: e.to_string(),
+                    })?;
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                ds.groupby(&keys).aggregate(&aggs)
+            }
             Op::Wgsl(k) => {
                 let path = base.join(&k.file);
                 let source = std::fs::read_to_string(&path)
