@@ -39,12 +39,24 @@ fn random_shuffle_moves_every_row_once_to_a_place_its_seed_fixes() {
     // One reducer per source split; each holds rows of every split, in no
     // split's order.
     let parts = partitions(&out);
-    assert_eq!(parts.len(), 8, "{:?}", parts.iter().map(Vec::len).collect::<Vec<_>>());
+    assert_eq!(
+        parts.len(),
+        8,
+        "{:?}",
+        parts.iter().map(Vec::len).collect::<Vec<_>>()
+    );
     for part in &parts {
         let splits: std::collections::BTreeSet<i64> = part.iter().map(|id| id / 2_500).collect();
         assert_eq!(splits.len(), 8, "a reducer got rows of {splits:?} only");
-        assert!(part.windows(2).any(|w| w[0] > w[1]), "a reducer kept its rows in order");
-        assert!(part.len() > 2_000 && part.len() < 3_000, "{} rows", part.len());
+        assert!(
+            part.windows(2).any(|w| w[0] > w[1]),
+            "a reducer kept its rows in order"
+        );
+        assert!(
+            part.len() > 2_000 && part.len() < 3_000,
+            "{} rows",
+            part.len()
+        );
     }
 }
 
@@ -119,7 +131,10 @@ fn distinct_keeps_each_row_once_nulls_included() {
     let unique = ctx().range(3_000, 3).distinct().collect().unwrap();
     assert_eq!(sorted_i64(&unique, "id"), (0..3_000).collect::<Vec<_>>());
     let same: Vec<RecordBatch> = (0..4)
-        .map(|_| RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from(vec![5; 100])) as _)]).unwrap())
+        .map(|_| {
+            RecordBatch::try_from_iter([("id", Arc::new(Int64Array::from(vec![5; 100])) as _)])
+                .unwrap()
+        })
         .collect();
     let one = ctx().from_batches(same).distinct().collect().unwrap();
     assert_eq!(sorted_i64(&one, "id"), [5]);
@@ -131,9 +146,18 @@ fn an_exchange_after_a_limit_runs_its_map_side_as_a_task_of_its_own() {
     let explain = ds.explain().unwrap();
     let kinds: Vec<&str> = explain.stages.iter().map(|s| s.kind).collect();
     assert_eq!(kinds, ["source", "limit", "map", "exchange", "map"]);
-    assert!(explain.stages[2].cut.as_deref().unwrap().contains("at random into 4"));
+    assert!(
+        explain.stages[2]
+            .cut
+            .as_deref()
+            .unwrap()
+            .contains("at random into 4")
+    );
     let text = explain.to_string();
-    assert!(text.contains("exchange(4)") && text.contains("random_shuffle"), "{text}");
+    assert!(
+        text.contains("exchange(4)") && text.contains("random_shuffle"),
+        "{text}"
+    );
     let out = ds.collect().unwrap();
     let got = sorted_i64(&out, "id");
     assert_eq!(got.len(), 300);
@@ -149,7 +173,10 @@ fn later_operators_fuse_into_the_reducers() {
         .random_shuffle(2)
         .with_column("twice", col("id") * lit(2i64));
     let names = ds.explain().unwrap().stage_names();
-    assert_eq!(names, ["range", "exchange(4)", "random_shuffle->with_column"]);
+    assert_eq!(
+        names,
+        ["range", "exchange(4)", "random_shuffle->with_column"]
+    );
     let out = ds.collect().unwrap();
     let pairs: BTreeMap<i64, i64> = out
         .iter()
@@ -185,7 +212,10 @@ fn grouped_input(rows: i64) -> Vec<RecordBatch> {
                     _ => Some(i % 37),
                 })
                 .collect();
-            let x: Vec<Option<i64>> = range.clone().map(|i| (i % 7 != 3).then_some(i % 101 - 50)).collect();
+            let x: Vec<Option<i64>> = range
+                .clone()
+                .map(|i| (i % 7 != 3).then_some(i % 101 - 50))
+                .collect();
             let y: Vec<f64> = range.map(|i| (i % 13) as f64 * 0.5).collect();
             RecordBatch::try_from_iter([
                 ("k", Arc::new(Int64Array::from(k)) as _),
@@ -210,11 +240,15 @@ struct Expected {
 }
 
 fn direct(input: &[RecordBatch]) -> BTreeMap<Option<i64>, Expected> {
-    let mut by_key: BTreeMap<Option<i64>, (Vec<Option<i64>>, Vec<f64>)> = BTreeMap::new();
+    // Per key: its x values and y values.
+    type Values = (Vec<Option<i64>>, Vec<f64>);
+    let mut by_key: BTreeMap<Option<i64>, Values> = BTreeMap::new();
     for b in input {
         let k = b.column(0).as_primitive::<Int64Type>();
         let x = b.column(1).as_primitive::<Int64Type>();
-        let y = b.column(2).as_primitive::<arrow_array::types::Float64Type>();
+        let y = b
+            .column(2)
+            .as_primitive::<arrow_array::types::Float64Type>();
         for i in 0..b.num_rows() {
             let entry = by_key.entry(k.is_valid(i).then(|| k.value(i))).or_default();
             entry.0.push(x.is_valid(i).then(|| x.value(i)));
@@ -248,14 +282,25 @@ fn direct(input: &[RecordBatch]) -> BTreeMap<Option<i64>, Expected> {
 fn aggregated(out: &[RecordBatch]) -> BTreeMap<Option<i64>, Expected> {
     let mut got = BTreeMap::new();
     for b in out {
-        let int = |name: &str| b.column_by_name(name).unwrap().as_primitive::<Int64Type>().clone();
+        let int = |name: &str| {
+            b.column_by_name(name)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .clone()
+        };
         let float = |name: &str| {
             b.column_by_name(name)
                 .unwrap()
                 .as_primitive::<arrow_array::types::Float64Type>()
                 .clone()
         };
-        let (k, count, sum, min, max) = (int("k"), int("count()"), int("sum(x)"), int("min(x)"), int("max(x)"));
+        let (k, count, sum, min, max) = (
+            int("k"),
+            int("count()"),
+            int("sum(x)"),
+            int("min(x)"),
+            int("max(x)"),
+        );
         let (mean, std, distinct) = (float("mean(y)"), float("std(y)"), int("count_distinct(x)"));
         let opt = |a: &arrow_array::Int64Array, i| a.is_valid(i).then(|| a.value(i));
         for i in 0..b.num_rows() {
@@ -288,12 +333,24 @@ fn aggs() -> Vec<Agg> {
 
 /// Floats compared to 1e-9 relative: a sum's order differs.
 fn assert_close(got: &BTreeMap<Option<i64>, Expected>, expected: &BTreeMap<Option<i64>, Expected>) {
-    assert_eq!(got.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>()
+    );
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
     for (k, e) in expected {
         let g = &got[k];
-        assert_eq!((g.count, g.sum, g.min, g.max, g.distinct), (e.count, e.sum, e.min, e.max, e.distinct), "group {k:?}");
-        assert!(close(g.mean, e.mean), "group {k:?}: {} vs {}", g.mean, e.mean);
+        assert_eq!(
+            (g.count, g.sum, g.min, g.max, g.distinct),
+            (e.count, e.sum, e.min, e.max, e.distinct),
+            "group {k:?}"
+        );
+        assert!(
+            close(g.mean, e.mean),
+            "group {k:?}: {} vs {}",
+            g.mean,
+            e.mean
+        );
         match (g.std, e.std) {
             (Some(a), Some(b)) => assert!(close(a, b), "group {k:?}: {a} vs {b}"),
             (a, b) => assert_eq!(a, b, "group {k:?}"),
@@ -312,7 +369,14 @@ fn groupby_aggregates_as_a_direct_computation_with_nulls_and_a_hot_key() {
     assert!(got.contains_key(&None), "the null key");
     // The map side aggregates before the exchange: the stage names say so.
     let names = ds.explain().unwrap().stage_names();
-    assert_eq!(names, ["from_batches->partial_aggregate", "exchange(5)", "aggregate"]);
+    assert_eq!(
+        names,
+        [
+            "from_batches->partial_aggregate",
+            "exchange(5)",
+            "aggregate"
+        ]
+    );
 }
 
 #[test]
@@ -326,9 +390,19 @@ fn groupby_with_every_row_its_own_group_one_group_and_no_rows() {
         .unwrap();
     assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 5_000);
     for b in &out {
-        let count = b.column_by_name("count()").unwrap().as_primitive::<Int64Type>();
+        let count = b
+            .column_by_name("count()")
+            .unwrap()
+            .as_primitive::<Int64Type>();
         assert!(count.values().iter().all(|&c| c == 1));
-        assert_eq!(ids(b), b.column_by_name("sum(id)").unwrap().as_primitive::<Int64Type>().values().to_vec());
+        assert_eq!(
+            ids(b),
+            b.column_by_name("sum(id)")
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec()
+        );
     }
     // No keys: one group of every row.
     let all = ctx()
@@ -339,13 +413,32 @@ fn groupby_with_every_row_its_own_group_one_group_and_no_rows() {
         .unwrap();
     let rows: Vec<_> = all.iter().filter(|b| b.num_rows() > 0).collect();
     assert_eq!(rows.len(), 1);
-    let col = |n: &str| rows[0].column_by_name(n).unwrap().as_primitive::<Int64Type>().value(0);
-    assert_eq!((col("count()"), col("sum(id)"), col("max(id)")), (5_000, (0..5_000).sum(), 4_999));
+    let col = |n: &str| {
+        rows[0]
+            .column_by_name(n)
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .value(0)
+    };
+    assert_eq!(
+        (col("count()"), col("sum(id)"), col("max(id)")),
+        (5_000, (0..5_000).sum(), 4_999)
+    );
     // No rows: no groups.
-    let none = ctx().range(0, 1).groupby(&["id"]).aggregate(&[Agg::count()]).collect().unwrap();
+    let none = ctx()
+        .range(0, 1)
+        .groupby(&["id"])
+        .aggregate(&[Agg::count()])
+        .collect()
+        .unwrap();
     assert_eq!(none.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
     // A key that is not there is named.
-    let err = ctx().range(10, 1).groupby(&["nope"]).aggregate(&[Agg::count()]).collect().unwrap_err();
+    let err = ctx()
+        .range(10, 1)
+        .groupby(&["nope"])
+        .aggregate(&[Agg::count()])
+        .collect()
+        .unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
 }
 
@@ -364,7 +457,10 @@ fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
     };
     write(r#"["count()", "sum(id)", "max(id)"]"#);
     let explained = streambatch::pipeline::explain_pipeline(&file, None).unwrap();
-    assert!(explained.contains("exchange(4)") && explained.contains("aggregate"), "{explained}");
+    assert!(
+        explained.contains("exchange(4)") && explained.contains("aggregate"),
+        "{explained}"
+    );
     streambatch::pipeline::run_pipeline(&file).unwrap();
     let out = ctx()
         .read_parquet(&dir.path().join("out").display().to_string())
@@ -373,9 +469,24 @@ fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
         .unwrap();
     let rows: Vec<&RecordBatch> = out.iter().filter(|b| b.num_rows() > 0).collect();
     assert_eq!(rows.len(), 1);
-    let col = |n: &str| rows[0].column_by_name(n).unwrap().as_primitive::<Int64Type>().value(0);
-    assert_eq!((col("count()"), col("sum(id)"), col("max(id)")), (1000, 499_500, 999));
+    let col = |n: &str| {
+        rows[0]
+            .column_by_name(n)
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .value(0)
+    };
+    assert_eq!(
+        (col("count()"), col("sum(id)"), col("max(id)")),
+        (1000, 499_500, 999)
+    );
     write(r#"["median(id)"]"#);
-    let err = streambatch::pipeline::run_pipeline(&file).err().unwrap().to_string();
-    assert!(err.contains("p.toml") && err.contains("median(id)"), "{err}");
+    let err = streambatch::pipeline::run_pipeline(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("p.toml") && err.contains("median(id)"),
+        "{err}"
+    );
 }

@@ -75,7 +75,9 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         .flat_map(|b| {
             (0..4).map(move |c| {
                 let c = b.column(c).as_any();
-                c.downcast_ref::<arrow_array::Int64Array>().unwrap().value(0)
+                c.downcast_ref::<arrow_array::Int64Array>()
+                    .unwrap()
+                    .value(0)
             })
         })
         .collect();
@@ -105,7 +107,10 @@ fn a_node_killed_mid_exchange_costs_only_its_map_outputs() {
     let stats = ds.stats().unwrap();
     let r = &stats.recovery;
     assert_eq!(r.nodes_lost, vec!["worker-2".to_string()], "{stats}");
-    assert!(r.lost_partitions > 0, "worker-2 held no map output: {stats}");
+    assert!(
+        r.lost_partitions > 0,
+        "worker-2 held no map output: {stats}"
+    );
     assert_eq!(r.remade_partitions, r.lost_partitions, "{stats}");
     // A map task reads its source split: re-making its output re-runs it
     // alone.

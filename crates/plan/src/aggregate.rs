@@ -158,7 +158,11 @@ struct Groups {
 
 fn groups(batch: &RecordBatch, keys: &[usize]) -> Result<Groups> {
     if keys.is_empty() {
-        let first = if batch.num_rows() > 0 { vec![0] } else { vec![] };
+        let first = if batch.num_rows() > 0 {
+            vec![0]
+        } else {
+            vec![]
+        };
         return Ok(Groups {
             of: vec![0; batch.num_rows()],
             first,
@@ -243,7 +247,10 @@ fn extreme(g: &Groups, values: &ArrayRef, greatest: bool) -> Result<ArrayRef> {
 
 fn nulls_where_empty(values: Vec<f64>, counts: &[i64]) -> ArrayRef {
     Arc::new(Float64Array::from_iter(
-        values.into_iter().zip(counts).map(|(v, &c)| (c > 0).then_some(v)),
+        values
+            .into_iter()
+            .zip(counts)
+            .map(|(v, &c)| (c > 0).then_some(v)),
     ))
 }
 
@@ -259,7 +266,10 @@ fn distinct_values(values: &ArrayRef) -> Result<Vec<Option<Vec<u8>>>> {
         .collect())
 }
 
-fn distinct_sets(g: &Groups, values: impl Iterator<Item = Option<Vec<u8>>>) -> Vec<HashSet<Vec<u8>>> {
+fn distinct_sets(
+    g: &Groups,
+    values: impl Iterator<Item = Option<Vec<u8>>>,
+) -> Vec<HashSet<Vec<u8>>> {
     let mut sets = vec![HashSet::new(); g.first.len()];
     for (row, v) in values.enumerate() {
         if let Some(v) = v {
@@ -281,7 +291,12 @@ pub enum Step {
 /// Aggregates `batch` by `keys` (the step `step`), as described in the
 /// module's documentation: the key columns, then the partial states or
 /// the aggregates' outputs.
-pub fn aggregate(batch: &RecordBatch, keys: &[String], aggs: &[Agg], step: Step) -> Result<RecordBatch> {
+pub fn aggregate(
+    batch: &RecordBatch,
+    keys: &[String],
+    aggs: &[Agg],
+    step: Step,
+) -> Result<RecordBatch> {
     let key_at: Vec<usize> = keys
         .iter()
         .map(|k| {
@@ -336,7 +351,9 @@ pub fn aggregate(batch: &RecordBatch, keys: &[String], aggs: &[Agg], step: Step)
                     let v = cast(values, &DataType::Int64, "sum")?;
                     let s = sums(&g, v.as_primitive::<Int64Type>().iter(), &mut counts);
                     Arc::new(Int64Array::from_iter(
-                        s.into_iter().zip(&counts).map(|(s, &c)| (c > 0).then_some(s)),
+                        s.into_iter()
+                            .zip(&counts)
+                            .map(|(s, &c)| (c > 0).then_some(s)),
                     ))
                 } else {
                     let v = cast(values, &DataType::Float64, "sum")?;
@@ -346,7 +363,11 @@ pub fn aggregate(batch: &RecordBatch, keys: &[String], aggs: &[Agg], step: Step)
                 if step == Step::Final {
                     // The values counted: the sum of the partial counts.
                     let mut seen = vec![0i64; n];
-                    counts = sums(&g, input("c")?.as_primitive::<Int64Type>().iter(), &mut seen);
+                    counts = sums(
+                        &g,
+                        input("c")?.as_primitive::<Int64Type>().iter(),
+                        &mut seen,
+                    );
                 }
                 match (agg.kind, step) {
                     (_, Step::Partial) => {
@@ -367,7 +388,11 @@ pub fn aggregate(batch: &RecordBatch, keys: &[String], aggs: &[Agg], step: Step)
             }
             (AggKind::Min | AggKind::Max, _) => {
                 let best = extreme(&g, input("v")?, agg.kind == AggKind::Max)?;
-                let name = if step == Step::Partial { p("v") } else { agg.name() };
+                let name = if step == Step::Partial {
+                    p("v")
+                } else {
+                    agg.name()
+                };
                 push(name, best);
             }
             (AggKind::Std, Step::Partial) => {

@@ -115,7 +115,9 @@ impl Reduce {
                 let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
                 order.sort_unstable_by(|&a, &b| {
                     let (a, b) = (a as usize, b as usize);
-                    keys[a].cmp(&keys[b]).then_with(|| rows.row(a).cmp(&rows.row(b)))
+                    keys[a]
+                        .cmp(&keys[b])
+                        .then_with(|| rows.row(a).cmp(&rows.row(b)))
                 });
                 order
             }
@@ -223,7 +225,11 @@ mod tests {
             for id in ids(&p.rows_for(d)) {
                 seen.push(id);
                 let again = cut.apply(&batch(&[id], &[Some("z")]), 4).unwrap();
-                assert_eq!(again.rows_for(d).num_rows(), 1, "{id:?} left destination {d}");
+                assert_eq!(
+                    again.rows_for(d).num_rows(),
+                    1,
+                    "{id:?} left destination {d}"
+                );
             }
         }
         seen.sort();
@@ -248,13 +254,17 @@ mod tests {
         let reversed = shuffled(1, &[all.slice(120, 80), all.slice(0, 120)]);
         assert_eq!(one, reversed);
         assert_ne!(one, values, "not shuffled");
-        assert_ne!(one, shuffled(2, &[all.clone()]));
+        assert_ne!(one, shuffled(2, std::slice::from_ref(&all)));
         let mut sorted = one.clone();
         sorted.sort();
         assert_eq!(sorted, values);
         // A random cut spreads rows over every destination.
         let p = Cut::Random { seed: 1 }.apply(&all, 4).unwrap();
-        assert!((0..4).all(|d| p.rows_for(d).num_rows() > 20), "{:?}", p.starts);
+        assert!(
+            (0..4).all(|d| p.rows_for(d).num_rows() > 20),
+            "{:?}",
+            p.starts
+        );
     }
 
     #[test]
@@ -263,10 +273,17 @@ mod tests {
             &[Some(1), None, Some(1), None, Some(2), Some(1)],
             &[Some("a"), None, Some("a"), None, Some("a"), Some("b")],
         );
-        let out = Reduce::Distinct.run(&b.schema(), &[b.slice(0, 3), b.slice(3, 3)]).unwrap();
+        let out = Reduce::Distinct
+            .run(&b.schema(), &[b.slice(0, 3), b.slice(3, 3)])
+            .unwrap();
         let mut rows: Vec<(Option<i64>, Option<String>)> = ids(&out)
             .into_iter()
-            .zip(out.column(1).as_string::<i32>().iter().map(|s| s.map(String::from)))
+            .zip(
+                out.column(1)
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|s| s.map(String::from)),
+            )
             .collect();
         rows.sort();
         assert_eq!(

@@ -30,10 +30,10 @@ pub mod timeline;
 mod train_test_split;
 mod udf;
 
+pub use aggregate::{Agg, AggKind, Step};
 pub use batching::{BatchOptions, Batches, Prefetched};
 pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
-pub use aggregate::{Agg, AggKind, Step};
 pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};

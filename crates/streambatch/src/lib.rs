@@ -46,10 +46,10 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
-    Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream, Error, Event,
-    EventKind, Expr, Grouped, JobStats, LostRank, Named, NodeStats, OpStats, OperatorStats, PauseCause,
-    Pauses, RankStats, Recipe, Registry, Result, Row, Split, SplitOptions, Stateful, StoreSample,
-    UdfError, Value, Wait, WaitSpan, col, lit, timeline,
+    Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream,
+    Error, Event, EventKind, Expr, Grouped, JobStats, LostRank, Named, NodeStats, OpStats,
+    OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, Row, Split,
+    SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

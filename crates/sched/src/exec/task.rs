@@ -20,6 +20,10 @@ use crate::exec::budget::{Budgets, Hold};
 use crate::exec::partition::{Output, Partitioner, Slice};
 use crate::job::{Keep, RunInput};
 
+/// An output to store, with where each destination's rows start when the
+/// stage is an exchange's map side.
+type Cut = (RecordBatch, Option<Arc<[u32]>>);
+
 /// What a task (and the worker running it) tells its job. Tasks hold only
 /// this narrow sink, never the executor itself.
 pub enum TaskEvent {
@@ -100,7 +104,7 @@ pub struct TaskRun {
     partitioner: Partitioner,
     /// Outputs to store, each with its groups where the stage is an
     /// exchange's map side.
-    pending: VecDeque<(RecordBatch, Option<Arc<[u32]>>)>,
+    pending: VecDeque<Cut>,
     /// Outputs produced so far, in order.
     next_seq: u32,
     /// The outputs to store (an earlier attempt delivered the others:
@@ -212,7 +216,9 @@ impl TaskRun {
 
     /// Bytes of the output the task waits to store (0 when none).
     pub fn pending_bytes(&self) -> u64 {
-        self.pending.front().map_or(0, |(batch, _)| batch_bytes(batch))
+        self.pending
+            .front()
+            .map_or(0, |(batch, _)| batch_bytes(batch))
     }
 
     /// Runs the task until it finishes, fails or must pause.
@@ -302,7 +308,7 @@ impl TaskRun {
 
     /// An output with its rows grouped by destination, where the stage is
     /// an exchange's map side.
-    fn cut(&self, batch: RecordBatch) -> Result<(RecordBatch, Option<Arc<[u32]>>), Error> {
+    fn cut(&self, batch: RecordBatch) -> Result<Cut, Error> {
         let Some((cut, n)) = &self.job.plan.stages[self.stage].cut else {
             return Ok((batch, None));
         };

@@ -12,8 +12,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Agg, AggKind, Cut, Error, Step, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample, SourceSplit, Stage,
-    StageKind,
+    Agg, AggKind, Cut, Error, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample,
+    SourceSplit, Stage, StageKind, Step,
 };
 
 /// A plan that can travel.
