@@ -450,6 +450,7 @@ fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
         let text = format!(
             "[node]\ncpus = 2\ngpus = 0\n\n[source]\nrange = {{ n = 1000, partitions = 4 }}\n\n\
              [[ops]]\nop = \"random_shuffle\"\nseed = 3\n\n[[ops]]\nop = \"distinct\"\n\n\
+             [[ops]]\nop = \"sort\"\nkeys = [\"id\"]\ndescending = true\n\n\
              [[ops]]\nop = \"groupby\"\nkeys = []\naggs = {aggs}\n\n\
              [sink]\nwrite_parquet = \"out\"\n"
         );
@@ -489,4 +490,143 @@ fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
         err.contains("p.toml") && err.contains("median(id)"),
         "{err}"
     );
+}
+
+/// Rows (a: Int64 with nulls and repeats, b: Utf8 with nulls, id) over 6
+/// batches, in no order.
+fn unsorted(rows: i64) -> Vec<RecordBatch> {
+    (0..6)
+        .map(|part| {
+            let range: Vec<i64> = (part * rows / 6..(part + 1) * rows / 6).collect();
+            let a: Vec<Option<i64>> = range
+                .iter()
+                .map(|i| (i % 11 != 4).then_some((i * 7_919) % 503 - 250))
+                .collect();
+            let b: Vec<Option<String>> = range
+                .iter()
+                .map(|i| (i % 13 != 6).then(|| format!("s{}", (i * 31) % 17)))
+                .collect();
+            RecordBatch::try_from_iter([
+                ("a", Arc::new(Int64Array::from(a)) as _),
+                ("b", Arc::new(StringArray::from(b)) as _),
+                ("id", Arc::new(Int64Array::from(range)) as _),
+            ])
+            .unwrap()
+        })
+        .collect()
+}
+
+/// (a, b, id) of every row, in the order of the batches.
+fn abs(batches: &[RecordBatch]) -> Vec<(Option<i64>, Option<String>, i64)> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let a: Vec<Option<i64>> = b.column(0).as_primitive::<Int64Type>().iter().collect();
+            let s: Vec<Option<String>> = b
+                .column(1)
+                .as_string::<i32>()
+                .iter()
+                .map(|s| s.map(String::from))
+                .collect();
+            let id = ids(b);
+            a.into_iter().zip(s).zip(id).map(|((a, s), id)| (a, s, id))
+        })
+        .collect()
+}
+
+/// `Option`'s order with `None` last (ascending) and first (descending).
+fn key_order(x: &Option<i64>, y: &Option<i64>, descending: bool) -> std::cmp::Ordering {
+    let ord = match (x, y) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, _) => std::cmp::Ordering::Greater,
+        (_, None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    };
+    if descending { ord.reverse() } else { ord }
+}
+
+#[test]
+fn sort_orders_every_row_by_its_keys_with_nulls_last_then_first_descending() {
+    let input = unsorted(30_000);
+    for descending in [false, true] {
+        let ds = ctx().from_batches(input.clone()).sort(&["a"], descending);
+        let out = ds.collect().unwrap();
+        let got = abs(&out);
+        let mut expected = abs(&input);
+        expected.sort_by(|x, y| key_order(&x.0, &y.0, descending));
+        let keys = |rows: &[(Option<i64>, Option<String>, i64)]| {
+            rows.iter().map(|r| r.0).collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&got), keys(&expected), "descending {descending}");
+        let (mut g, mut e) = (got.clone(), expected.clone());
+        g.sort();
+        e.sort();
+        assert_eq!(g, e, "the same rows");
+        assert!(out.len() > 1, "one output: nothing was exchanged");
+    }
+}
+
+#[test]
+fn sort_by_two_keys_and_a_stable_order_within_a_reducer() {
+    let input = unsorted(12_000);
+    let out = ctx()
+        .from_batches(input.clone())
+        .sort(&["b", "a"], false)
+        .collect()
+        .unwrap();
+    let got = abs(&out);
+    let mut expected = abs(&input);
+    let string_order = |x: &Option<String>, y: &Option<String>| match (x, y) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, _) => std::cmp::Ordering::Greater,
+        (_, None) => std::cmp::Ordering::Less,
+        (Some(x), Some(y)) => x.cmp(y),
+    };
+    expected.sort_by(|x, y| string_order(&x.1, &y.1).then(key_order(&x.0, &y.0, false)));
+    let keys = |rows: &[(Option<i64>, Option<String>, i64)]| {
+        rows.iter().map(|r| (r.1.clone(), r.0)).collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&got), keys(&expected));
+}
+
+#[test]
+fn sort_of_nothing_of_one_key_and_in_outputs_cut_at_the_target() {
+    let none = ctx().range(0, 3).sort(&["id"], false).collect().unwrap();
+    assert_eq!(none.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+    // One key for every row: one range holds them all.
+    let same: Vec<RecordBatch> = (0..4)
+        .map(|p| {
+            RecordBatch::try_from_iter([
+                ("k", Arc::new(Int64Array::from(vec![9; 500])) as _),
+                (
+                    "id",
+                    Arc::new(Int64Array::from_iter_values(p * 500..(p + 1) * 500)) as _,
+                ),
+            ])
+            .unwrap()
+        })
+        .collect();
+    let one = ctx()
+        .from_batches(same)
+        .sort(&["k"], false)
+        .collect()
+        .unwrap();
+    assert_eq!(sorted_i64(&one, "id"), (0..2_000).collect::<Vec<_>>());
+    // Every row its own key, outputs of 64 KiB: many outputs, in order.
+    let ctx = ctx_with(|c| c.target_partition_bytes = 64 << 10);
+    let out = ctx
+        .range(200_000, 8)
+        .random_shuffle(5)
+        .sort(&["id"], true)
+        .collect()
+        .unwrap();
+    assert!(out.len() >= 20, "{} outputs", out.len());
+    let got: Vec<i64> = out.iter().flat_map(ids).collect();
+    assert_eq!(got, (0..200_000).rev().collect::<Vec<_>>());
+    let missing = ctx
+        .range(10, 2)
+        .sort(&["nope"], false)
+        .collect()
+        .unwrap_err();
+    assert!(missing.to_string().contains("nope"), "{missing}");
 }

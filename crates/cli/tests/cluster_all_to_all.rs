@@ -83,6 +83,22 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         .collect();
     let n = ROWS as i64;
     assert_eq!(row, [n, n * (n - 1) / 2, 0, n - 1]);
+    // A sort's sampling job and its ranges, on the nodes: the order of the
+    // single-node run.
+    let sorted: Vec<i64> = shuffled(&ctx, 0)
+        .sort(&["id"], true)
+        .collect()
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            let ids = b.column(0).as_any();
+            ids.downcast_ref::<arrow_array::Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(sorted, (0..n).rev().collect::<Vec<_>>());
     let stats = ds.stats().unwrap();
     for node in ["worker-1", "worker-2"] {
         let n = stats.nodes.iter().find(|n| n.name == node).unwrap();

@@ -521,6 +521,110 @@ impl Dataset {
         }))
     }
 
+    /// The rows in the order of the key columns `keys` (the first, then
+    /// the second among equal firsts, ...), `descending` or not, nulls
+    /// last ascending and first descending (see [`sort_with`](Self::sort_with)).
+    ///
+    /// Before the sort's job, a sampling job runs the pipeline up to the
+    /// sort over up to 16 of the source's splits and keeps 256 rows of
+    /// keys of each task; their quantiles cut the keys into ranges, one per
+    /// reducer, each map task cuts its outputs by those ranges, and each
+    /// reducer sorts its range. The driver gets the reducers' outputs in
+    /// range order (when the sort's reducers are the last stage, or later
+    /// operators fuse into them).
+    ///
+    /// ```
+    /// # use streambatch_plan::Dataset;
+    /// # fn newest_first(ds: &Dataset) -> Dataset {
+    /// ds.sort(&["day", "amount"], true)
+    /// # }
+    /// ```
+    pub fn sort(&self, keys: &[&str], descending: bool) -> Self {
+        self.sort_with(
+            keys,
+            arrow_schema::SortOptions {
+                descending,
+                nulls_first: descending,
+            },
+        )
+    }
+
+    /// [`sort`](Self::sort) with nulls placed as `order` says.
+    pub fn sort_with(&self, keys: &[&str], order: arrow_schema::SortOptions) -> Self {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        self.then(LogicalOp::Exchange(crate::Exchange {
+            cut: crate::Cut::Range {
+                keys: keys.clone(),
+                order,
+                boundaries: None,
+            },
+            partitions: self.exchange_partitions(),
+            reduce: crate::Reduce::Sort { keys, order },
+            partial: None,
+        }))
+    }
+
+    /// `chain` with each sort's boundaries sampled (by a job of its own,
+    /// see [`sort`](Self::sort)).
+    fn with_boundaries(&self, mut chain: Vec<LogicalOp>) -> Result<Vec<LogicalOp>> {
+        for at in 0..chain.len() {
+            let (keys, order, n) = match &chain[at] {
+                LogicalOp::Exchange(crate::Exchange {
+                    cut:
+                        crate::Cut::Range {
+                            keys,
+                            order,
+                            boundaries: None,
+                        },
+                    partitions,
+                    ..
+                }) => (keys.clone(), *order, *partitions),
+                _ => continue,
+            };
+            let samples = self.sample_keys(&chain[..at], &keys)?;
+            let boundaries = crate::exchange::boundaries(&samples, order, n)?;
+            if let LogicalOp::Exchange(crate::Exchange {
+                cut: crate::Cut::Range { boundaries: b, .. },
+                ..
+            }) = &mut chain[at]
+            {
+                *b = Some(boundaries);
+            }
+        }
+        Ok(chain)
+    }
+
+    /// Up to 256 rows of the key columns `keys` of each task of the
+    /// pipeline `before` run over up to 16 of its source's splits, evenly
+    /// spaced, in one batch.
+    fn sample_keys(&self, before: &[LogicalOp], keys: &[String]) -> Result<RecordBatch> {
+        const SPLITS: usize = 16;
+        let mut chain = before.to_vec();
+        if let Some(LogicalOp::Source { splits, .. }) = chain.first_mut() {
+            let every = splits.len().div_ceil(SPLITS).max(1);
+            *splits = splits.iter().step_by(every).cloned().collect();
+        }
+        chain.push(LogicalOp::Op(OpSpec {
+            name: "sample_keys".into(),
+            kind: OpKind::Reduce(crate::Reduce::SampleKeys {
+                keys: keys.to_vec(),
+                rows: 256,
+            }),
+            options: streambatch_core::Resources::cpu(1.0).into(),
+        }));
+        let job = self.runner.run(ExecPlan::from_ops(chain)?)?;
+        let batches: Vec<RecordBatch> = job.collect::<Result<_>>()?;
+        let Some(first) = batches.first() else {
+            // No rows: no boundary, every row (none) to the first range.
+            let fields: Vec<arrow_schema::Field> = Vec::new();
+            return Ok(RecordBatch::new_empty(Arc::new(arrow_schema::Schema::new(
+                fields,
+            ))));
+        };
+        arrow_select::concat::concat_batches(&first.schema(), &batches)
+            .map_err(|e| Error::arrow("sampling a sort's keys", e))
+    }
+
     /// The rows grouped by the values of `keys` (none: one group of every
     /// row), to aggregate: see [`Grouped::aggregate`].
     pub fn groupby(&self, keys: &[&str]) -> Grouped {
@@ -569,7 +673,7 @@ impl Dataset {
     }
 
     fn start(&self, plan: Arc<LogicalPlan>) -> Result<BatchStream> {
-        let plan = ExecPlan::from_ops(plan.chain())?;
+        let plan = ExecPlan::from_ops(self.with_boundaries(plan.chain())?)?;
         let job = self.runner.run(plan)?;
         Ok(BatchStream {
             job,

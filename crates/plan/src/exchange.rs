@@ -14,14 +14,14 @@ use std::collections::HashSet;
 
 use arrow_array::{RecordBatch, UInt32Array};
 use arrow_row::Rows;
-use arrow_schema::SchemaRef;
+use arrow_schema::{SchemaRef, SortOptions};
 
 use crate::aggregate::{Agg, Step, aggregate};
-use crate::partition::{Partitioned, by_hash, group, key_rows};
+use crate::partition::{Partitioned, by_hash, by_range, group, key_rows};
 use crate::{Error, Result};
 
 /// How the map side picks each row's destination.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Cut {
     /// By a hash of the key columns: equal keys (nulls included) meet.
     Hash {
@@ -33,6 +33,19 @@ pub enum Cut {
     Random {
         /// The seed.
         seed: u64,
+    },
+    /// By the key columns' order: destination `d` holds the keys after
+    /// boundary `d - 1` up to boundary `d`, so the destinations in turn
+    /// hold the keys in order.
+    Range {
+        /// The key columns.
+        keys: Vec<String>,
+        /// How they are ordered.
+        order: SortOptions,
+        /// The boundaries, a batch of the key columns in ascending order
+        /// (as `order` orders them); `None` until a job samples them
+        /// ([`crate::Dataset::sort`]).
+        boundaries: Option<RecordBatch>,
     },
 }
 
@@ -51,12 +64,64 @@ impl Cut {
                     (seeded_hash(&rows, row, *seed) % n) as usize
                 })
             }
+            Cut::Range {
+                keys,
+                order,
+                boundaries,
+            } => {
+                let boundaries = boundaries.as_ref().ok_or_else(|| {
+                    Error::Invalid("a sort's boundaries were not sampled before its job".into())
+                })?;
+                if boundaries.num_rows() >= n.max(1) {
+                    return Err(Error::Invalid(format!(
+                        "{} sort boundaries for {n} destinations",
+                        boundaries.num_rows()
+                    )));
+                }
+                let at = column_indices(batch, keys)?;
+                if boundaries.num_rows() == 0 {
+                    // Nothing was sampled (no rows): one range.
+                    return group(batch, n.max(1), |_| 0);
+                }
+                let all: Vec<usize> = (0..keys.len()).collect();
+                let orders = vec![*order; keys.len()];
+                let bounds = key_rows(boundaries, &all, &orders)?;
+                let mut cut = by_range(batch, &at, &orders, &bounds)?;
+                // Fewer distinct boundaries than destinations: the last
+                // ones get no rows.
+                cut.starts.resize(n.max(1) + 1, batch.num_rows());
+                Ok(cut)
+            }
         }
     }
 }
 
+/// Up to `n - 1` boundaries cutting `samples` (rows of the key columns, in
+/// key order) into `n` ranges of about equal rows, as [`Cut::Range`] takes
+/// them: equal boundaries once.
+pub fn boundaries(samples: &RecordBatch, order: SortOptions, n: usize) -> Result<RecordBatch> {
+    let all: Vec<usize> = (0..samples.num_columns()).collect();
+    let rows = key_rows(samples, &all, &vec![order; all.len()])?;
+    let mut sorted: Vec<usize> = (0..samples.num_rows()).collect();
+    sorted.sort_unstable_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
+    let mut picked: Vec<u32> = Vec::new();
+    if !sorted.is_empty() {
+        for d in 1..n.max(1) {
+            let at = sorted[d * sorted.len() / n];
+            let same = picked
+                .last()
+                .is_some_and(|&last| rows.row(last as usize) == rows.row(at));
+            if !same {
+                picked.push(at as u32);
+            }
+        }
+    }
+    arrow_select::take::take_record_batch(samples, &UInt32Array::from(picked))
+        .map_err(|e| Error::arrow("sort", e))
+}
+
 /// What a reducer makes of its destination's rows.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Reduce {
     /// The rows in a seeded random order ([`Dataset::random_shuffle`](crate::Dataset::random_shuffle)).
     Shuffle {
@@ -65,6 +130,21 @@ pub enum Reduce {
     },
     /// Each distinct row once ([`Dataset::distinct`](crate::Dataset::distinct)).
     Distinct,
+    /// The rows in the order of their keys ([`Dataset::sort`](crate::Dataset::sort)).
+    Sort {
+        /// The key columns.
+        keys: Vec<String>,
+        /// How they are ordered.
+        order: SortOptions,
+    },
+    /// At most `rows` rows of the key columns, evenly spaced: what a
+    /// sort's sampling job keeps of each task.
+    SampleKeys {
+        /// The key columns.
+        keys: Vec<String>,
+        /// The most rows kept per task.
+        rows: usize,
+    },
     /// Rows aggregated by keys ([`Dataset::groupby`](crate::Dataset::groupby)):
     /// a map task's rows to partial states, or partial states merged.
     Aggregate {
@@ -83,6 +163,8 @@ impl Reduce {
         match self {
             Reduce::Shuffle { .. } => "random_shuffle",
             Reduce::Distinct => "distinct",
+            Reduce::Sort { .. } => "sort",
+            Reduce::SampleKeys { .. } => "sample_keys",
             Reduce::Aggregate {
                 step: Step::Partial,
                 ..
@@ -97,8 +179,18 @@ impl Reduce {
     pub fn run(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
         let all = arrow_select::concat::concat_batches(schema, batches)
             .map_err(|e| self.arrow_error(e))?;
-        if let Reduce::Aggregate { keys, aggs, step } = self {
-            return aggregate(&all, keys, aggs, *step);
+        match self {
+            Reduce::Aggregate { keys, aggs, step } => return aggregate(&all, keys, aggs, *step),
+            Reduce::SampleKeys { keys, rows } => {
+                let at = column_indices(&all, keys)?;
+                let keys = all.project(&at).map_err(|e| self.arrow_error(e))?;
+                let step = keys.num_rows().div_ceil((*rows).max(1)).max(1);
+                let picked =
+                    UInt32Array::from_iter_values((0..keys.num_rows() as u32).step_by(step));
+                return arrow_select::take::take_record_batch(&keys, &picked)
+                    .map_err(|e| self.arrow_error(e));
+            }
+            _ => {}
         }
         if all.num_rows() == 0 {
             return Ok(all);
@@ -123,7 +215,17 @@ impl Reduce {
             }
             // The first of each distinct row, in the rows' order (so the
             // same input gives the same output, whatever its arrival).
-            Reduce::Aggregate { .. } => unreachable!("aggregated above"),
+            // Stable: rows with equal keys keep the order they came in.
+            Reduce::Sort { keys, order } => {
+                let at = column_indices(&all, keys)?;
+                let keys = key_rows(&all, &at, &vec![*order; at.len()])?;
+                let mut sorted: Vec<u32> = (0..all.num_rows() as u32).collect();
+                sorted.sort_by(|&a, &b| keys.row(a as usize).cmp(&keys.row(b as usize)));
+                sorted
+            }
+            Reduce::Aggregate { .. } | Reduce::SampleKeys { .. } => {
+                unreachable!("handled above")
+            }
             Reduce::Distinct => {
                 let mut seen = HashSet::new();
                 let mut order: Vec<u32> = (0..all.num_rows() as u32)
@@ -143,7 +245,7 @@ impl Reduce {
 }
 
 /// What an exchange is: see [`Cut`], [`Reduce`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Exchange {
     /// The map side's cut.
     pub cut: Cut,

@@ -68,6 +68,9 @@ impl Explain {
                 cut: s.cut.as_ref().map(|(cut, n)| match cut {
                     crate::Cut::Hash { keys } => format!("by hash of {} into {n}", keys.join(", ")),
                     crate::Cut::Random { .. } => format!("at random into {n}"),
+                    crate::Cut::Range { keys, .. } => {
+                        format!("by sampled ranges of {} into {n}", keys.join(", "))
+                    }
                 }),
                 ops: s.op_names.clone(),
                 resources: s.options.resources,

@@ -49,6 +49,11 @@ enum Op {
         seed: u64,
     },
     Distinct,
+    Sort {
+        keys: Vec<String>,
+        #[serde(default)]
+        descending: bool,
+    },
     /// `aggs` as `Agg::parse` reads them: `["count()", "sum(x)"]`.
     Groupby {
         keys: Vec<String>,
@@ -238,6 +243,10 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             Op::Repartition { n } => ds.repartition(*n),
             Op::RandomShuffle { seed } => ds.random_shuffle(*seed),
             Op::Distinct => ds.distinct(),
+            Op::Sort { keys, descending } => {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                ds.sort(&keys, *descending)
+            }
             Op::Groupby { keys, aggs } => {
                 let aggs = aggs
                     .iter()

@@ -104,7 +104,11 @@ impl<P: Part> JobState<P> {
             }));
             return Some(stage);
         }
-        record.delivered = u32::MAX;
+        let outputs = std::mem::replace(&mut record.delivered, u32::MAX);
+        if let Some(order) = self.order.as_mut() {
+            let due = order.finished(task, outputs);
+            self.send_to_driver(due);
+        }
         if !record.again_next.is_empty() {
             // Asked for while this attempt ran past them: once more.
             record.placed = false;

@@ -47,11 +47,24 @@ impl<P: Part> JobState<P> {
     /// Hands rows to the driver (counted until it says it read them, when
     /// the job keeps lineage).
     pub(super) fn emit(&mut self, piece: Piece<P>) {
-        let part = piece.part.expect("only held rows are handed out");
         if self.made.is_some() {
             self.unread += 1;
         }
-        self.actions.push(Action::Emit { part, id: piece.id });
+        match self.order.as_mut() {
+            Some(order) => {
+                let due = order.output(piece);
+                self.send_to_driver(due);
+            }
+            None => self.send_to_driver(vec![piece]),
+        }
+    }
+
+    /// Hands `pieces` to the driver, in order.
+    pub(super) fn send_to_driver(&mut self, pieces: Vec<Piece<P>>) {
+        for piece in pieces {
+            let part = piece.part.expect("only held rows are handed out");
+            self.actions.push(Action::Emit { part, id: piece.id });
+        }
     }
 
     /// Hands an output of stage `to - 1` to stage `to` (or the driver).
@@ -189,7 +202,12 @@ impl<P: Part> JobState<P> {
                     }
                     let collected = std::mem::take(&mut self.stages[i].collected);
                     match by_destination(collected, n) {
-                        Ok(groups) => self.stages[i + 1].queue.extend(groups),
+                        Ok(groups) => {
+                            if let Some(order) = self.order.as_mut().filter(|o| o.stage == i + 1) {
+                                order.places(&groups);
+                            }
+                            self.stages[i + 1].queue.extend(groups)
+                        }
                         Err(message) => {
                             let stage = self.shapes[i].name.clone();
                             self.fail(Error::Invalid(format!("{stage}: {message}")));

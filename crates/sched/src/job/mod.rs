@@ -12,6 +12,7 @@
 mod events;
 mod flow;
 mod lineage;
+mod order;
 pub(crate) mod piece;
 mod placement;
 pub mod policy;
@@ -122,6 +123,8 @@ pub(crate) struct StageShape {
     /// runs ([`streambatch_plan::SourceSplit::held_bytes`]); empty when
     /// none do.
     pub(crate) held_bytes: Vec<u64>,
+    /// Its tasks reduce a sort's exchange: their outputs are in order.
+    pub(crate) ordered: bool,
 }
 
 /// The kind of a stage, without its operators.
@@ -158,12 +161,22 @@ impl StageShape {
             }
             _ => Vec::new(),
         };
+        let ordered = match &stage.kind {
+            StageKind::Map { ops } => ops.first().is_some_and(|(_, op)| {
+                matches!(
+                    op.kind,
+                    streambatch_plan::OpKind::Reduce(streambatch_plan::Reduce::Sort { .. })
+                )
+            }),
+            _ => false,
+        };
         Self {
             name: stage.name.clone(),
             kind,
             resources: stage.options.resources,
             max_running: stage.options.pool.map(|p| p.max),
             held_bytes,
+            ordered,
         }
     }
 }
@@ -366,6 +379,8 @@ pub(crate) struct JobState<P> {
     recorder: Recorder,
     actions: Vec<Action<P>>,
     ended: bool,
+    /// When the last stage reduces a sort: its outputs go out in order.
+    order: Option<order::EmitOrder<P>>,
 }
 
 impl<P: Part> JobState<P> {
@@ -378,6 +393,10 @@ impl<P: Part> JobState<P> {
         recorder: Recorder,
     ) -> Self {
         let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
+        let order = shapes
+            .last()
+            .filter(|s| s.ordered)
+            .map(|_| order::EmitOrder::new(shapes.len() - 1));
         let nodes = free.len();
         let stage_count = shapes.len();
         let mut job = Self {
@@ -406,6 +425,7 @@ impl<P: Part> JobState<P> {
             recorder,
             actions: Vec::new(),
             ended: false,
+            order,
         };
         (0..nodes).for_each(|node| job.reopen(node));
         job

@@ -40,7 +40,7 @@ pub(crate) struct Origin {
 
 /// Rows `offset..offset + len` of output `from`: what a piece is, whether
 /// or not its partition still exists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct PieceId {
     pub(crate) from: Origin,
     pub(crate) offset: usize,

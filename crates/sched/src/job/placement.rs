@@ -313,6 +313,11 @@ impl<P: Part> JobState<P> {
         };
         let task = TaskId(self.next_task);
         self.next_task += 1;
+        if let (Some(order), LineageInput::Pieces(pieces)) = (self.order.as_mut(), &input)
+            && order.stage == stage
+        {
+            order.started(task, pieces);
+        }
         self.actions.push(Action::Start {
             task,
             stage,

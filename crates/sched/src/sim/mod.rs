@@ -195,6 +195,7 @@ impl Pipeline {
             resources: Resources::cpu(1.0),
             max_running: None,
             held_bytes: Vec::new(),
+            ordered: false,
         };
         let mut out = vec![shape("source", ShapeKind::Source { splits })];
         match self {

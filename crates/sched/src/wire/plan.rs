@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use arrow_schema::SortOptions;
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
@@ -34,8 +35,73 @@ pub(crate) struct StageSpec {
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum CutSpec {
-    Hash { keys: Vec<String> },
-    Random { seed: u64 },
+    Hash {
+        keys: Vec<String>,
+    },
+    Random {
+        seed: u64,
+    },
+    Range {
+        keys: Vec<String>,
+        descending: bool,
+        nulls_first: bool,
+        /// The boundaries as an Arrow IPC stream of one batch.
+        boundaries: Vec<u8>,
+    },
+}
+
+impl CutSpec {
+    fn of(cut: &Cut) -> Result<Self, Error> {
+        Ok(match cut {
+            Cut::Hash { keys } => Self::Hash { keys: keys.clone() },
+            Cut::Random { seed } => Self::Random { seed: *seed },
+            Cut::Range {
+                keys,
+                order,
+                boundaries,
+            } => {
+                let boundaries = boundaries.as_ref().ok_or_else(|| {
+                    Error::Invalid("a sort's boundaries were not sampled before its job".into())
+                })?;
+                Self::Range {
+                    keys: keys.clone(),
+                    descending: order.descending,
+                    nulls_first: order.nulls_first,
+                    boundaries: batch_bytes(boundaries)?,
+                }
+            }
+        })
+    }
+
+    fn cut(&self) -> Result<Cut, Error> {
+        Ok(match self {
+            Self::Hash { keys } => Cut::Hash { keys: keys.clone() },
+            Self::Random { seed } => Cut::Random { seed: *seed },
+            Self::Range {
+                keys,
+                descending,
+                nulls_first,
+                boundaries,
+            } => {
+                let boundaries = batch_of(boundaries)?;
+                let schema = boundaries.schema();
+                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+                if boundaries.num_rows() > 0 && names != keys.iter().collect::<Vec<_>>() {
+                    return Err(Error::Invalid(format!(
+                        "a sort's boundaries have columns {names:?}, not its keys {keys:?}"
+                    )));
+                }
+                Cut::Range {
+                    keys: keys.clone(),
+                    order: SortOptions {
+                        descending: *descending,
+                        nulls_first: *nulls_first,
+                    },
+                    boundaries: Some(boundaries),
+                }
+            }
+        })
+    }
 }
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -44,6 +110,15 @@ pub(crate) enum ReduceSpec {
         seed: u64,
     },
     Distinct,
+    Sort {
+        keys: Vec<String>,
+        descending: bool,
+        nulls_first: bool,
+    },
+    SampleKeys {
+        keys: Vec<String>,
+        rows: u64,
+    },
     Aggregate {
         keys: Vec<String>,
         /// Each aggregate's kind (its position in `AGG_KINDS`) and column.
@@ -68,6 +143,15 @@ impl ReduceSpec {
         match reduce {
             Reduce::Shuffle { seed } => Self::Shuffle { seed: *seed },
             Reduce::Distinct => Self::Distinct,
+            Reduce::Sort { keys, order } => Self::Sort {
+                keys: keys.clone(),
+                descending: order.descending,
+                nulls_first: order.nulls_first,
+            },
+            Reduce::SampleKeys { keys, rows } => Self::SampleKeys {
+                keys: keys.clone(),
+                rows: *rows as u64,
+            },
             Reduce::Aggregate { keys, aggs, step } => Self::Aggregate {
                 keys: keys.clone(),
                 aggs: aggs
@@ -86,6 +170,21 @@ impl ReduceSpec {
         Ok(match self {
             Self::Shuffle { seed } => Reduce::Shuffle { seed: *seed },
             Self::Distinct => Reduce::Distinct,
+            Self::Sort {
+                keys,
+                descending,
+                nulls_first,
+            } => Reduce::Sort {
+                keys: keys.clone(),
+                order: SortOptions {
+                    descending: *descending,
+                    nulls_first: *nulls_first,
+                },
+            },
+            Self::SampleKeys { keys, rows } => Reduce::SampleKeys {
+                keys: keys.clone(),
+                rows: *rows as usize,
+            },
             Self::Aggregate {
                 keys,
                 aggs,
@@ -263,13 +362,10 @@ impl PlanSpec {
                     StageKind::Repartition(n) => KindSpec::Repartition(*n as u64),
                     StageKind::Exchange(n) => KindSpec::Exchange(*n as u64),
                 };
-                let cut = stage.cut.as_ref().map(|(cut, n)| {
-                    let cut = match cut {
-                        Cut::Hash { keys } => CutSpec::Hash { keys: keys.clone() },
-                        Cut::Random { seed } => CutSpec::Random { seed: *seed },
-                    };
-                    (cut, *n as u64)
-                });
+                let cut = match &stage.cut {
+                    Some((cut, n)) => Some((CutSpec::of(cut)?, *n as u64)),
+                    None => None,
+                };
                 Ok(StageSpec {
                     name: stage.name.clone(),
                     kind,
@@ -324,13 +420,10 @@ impl PlanSpec {
                     KindSpec::Exchange(n) => StageKind::Exchange(*n as usize),
                 };
                 check_op_names(spec, &kind)?;
-                let cut = spec.cut.as_ref().map(|(cut, n)| {
-                    let cut = match cut {
-                        CutSpec::Hash { keys } => Cut::Hash { keys: keys.clone() },
-                        CutSpec::Random { seed } => Cut::Random { seed: *seed },
-                    };
-                    (cut, *n as usize)
-                });
+                let cut = match &spec.cut {
+                    Some((cut, n)) => Some((cut.cut()?, *n as usize)),
+                    None => None,
+                };
                 Ok(Stage {
                     name: spec.name.clone(),
                     kind,
@@ -483,6 +576,31 @@ fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
         writer.into_inner()
     };
     encode().map_err(|e| Error::Invalid(format!("cannot encode the schema {schema}: {e}")))
+}
+
+/// One batch as an Arrow IPC stream.
+fn batch_bytes(batch: &arrow_array::RecordBatch) -> Result<Vec<u8>, Error> {
+    let encode = || {
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema())?;
+        writer.write(batch)?;
+        writer.finish()?;
+        writer.into_inner()
+    };
+    encode().map_err(|e| Error::Invalid(format!("cannot encode a sort's boundaries: {e}")))
+}
+
+/// The one batch of an IPC stream made by [`batch_bytes`], checked.
+fn batch_of(bytes: &[u8]) -> Result<arrow_array::RecordBatch, Error> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Invalid(format!("a sort's boundaries do not decode: {e}"))
+    };
+    let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .map_err(|e| bad(&e))?;
+    let schema = reader.schema();
+    match reader.next() {
+        Some(batch) => batch.map_err(|e| bad(&e)),
+        None => Ok(arrow_array::RecordBatch::new_empty(schema)),
+    }
 }
 
 /// The schema of an IPC stream made by [`schema_bytes`], checked.
