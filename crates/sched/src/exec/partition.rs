@@ -212,6 +212,25 @@ impl Slice {
         }
     }
 
+    /// Reads the rows, copied out of their partition when they are a small
+    /// part of one (a reducer's slice of each map output): a partition read
+    /// back from a spill file is restored whole, and a reducer holding its
+    /// slices would hold every map output whole while it ran.
+    pub fn read_alone(&self) -> Result<RecordBatch> {
+        let batch = self.read()?;
+        let whole = match &self.data {
+            Data::Stored(output) => output.part.rows(),
+            Data::Remote(part) => part.rows,
+            Data::Fetched(batch) => batch.num_rows(),
+        };
+        if self.len * 2 > whole {
+            return Ok(batch);
+        }
+        let rows = arrow_array::UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+        arrow_select::take::take_record_batch(&batch, &rows)
+            .map_err(|e| Error::arrow("copying a slice of a partition", e))
+    }
+
     /// Reads the rows.
     pub fn read(&self) -> Result<RecordBatch> {
         let batch = match &self.data {

@@ -291,9 +291,12 @@ impl TaskRun {
                 }
                 TaskInput::Split(i)
             }
-            RunInput::Parts(slices) => {
-                TaskInput::Batches(slices.iter().map(Slice::read).collect::<Result<_, _>>()?)
-            }
+            RunInput::Parts(slices) => TaskInput::Batches(
+                slices
+                    .iter()
+                    .map(Slice::read_alone)
+                    .collect::<Result<_, _>>()?,
+            ),
         };
         let job = &self.job;
         let mut instance =

@@ -75,6 +75,16 @@ impl<P: Part> EmitOrder<P> {
         }
     }
 
+    /// Bytes of the outputs waiting here: memory the driver will not free
+    /// until an earlier output comes.
+    pub(super) fn held_bytes(&self) -> u64 {
+        self.held
+            .values()
+            .filter_map(|p| p.part.as_ref())
+            .map(Part::bytes)
+            .sum()
+    }
+
     fn due(&mut self) -> Vec<Piece<P>> {
         let mut due = Vec::new();
         loop {

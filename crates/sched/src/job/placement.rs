@@ -386,7 +386,10 @@ impl<P: Part> JobState<P> {
             .iter()
             .rposition(|s| s.kind.runs_tasks())
             .unwrap_or(0);
-        if self.running_anywhere() > 0 || memory.held(last) > 0 || self.finished() {
+        // Outputs of the last stage free memory as the driver reads them,
+        // unless they wait for an earlier one (a sort's): those do not.
+        let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes());
+        if self.running_anywhere() > 0 || memory.held(last) > waiting || self.finished() {
             return false;
         }
         for node in 0..self.free.len() {
