@@ -630,3 +630,55 @@ fn sort_of_nothing_of_one_key_and_in_outputs_cut_at_the_target() {
         .unwrap_err();
     assert!(missing.to_string().contains("nope"), "{missing}");
 }
+
+#[test]
+fn map_groups_calls_its_function_once_per_whole_group() {
+    let input = grouped_input(20_000);
+    let expected = direct(&input);
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    // One row per group: its key, rows and the sum of x; a call that sees
+    // two keys fails the job.
+    let per_group = move |group: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let k = group.column(0).as_primitive::<Int64Type>();
+        let key = k.is_valid(0).then(|| k.value(0));
+        if (0..k.len()).any(|i| (k.is_valid(i).then(|| k.value(i))) != key) {
+            return Err("a call saw two groups".into());
+        }
+        let x = group.column(1).as_primitive::<Int64Type>();
+        let sum: i64 = x.iter().flatten().sum();
+        Ok(RecordBatch::try_from_iter([
+            ("k", Arc::new(Int64Array::from(vec![key])) as _),
+            (
+                "rows",
+                Arc::new(Int64Array::from(vec![group.num_rows() as i64])) as _,
+            ),
+            ("sum", Arc::new(Int64Array::from(vec![sum])) as _),
+        ])?)
+    };
+    let out = ctx()
+        .from_batches(input)
+        .groupby(&["k"])
+        .map_groups(per_group, Resources::cpu(1.0).batch_rows(7))
+        .collect()
+        .unwrap();
+    let mut got = BTreeMap::new();
+    for b in &out {
+        let col = |i: usize| b.column(i).as_primitive::<Int64Type>().clone();
+        let (k, rows, sum) = (col(0), col(1), col(2));
+        for i in 0..b.num_rows() {
+            let key = k.is_valid(i).then(|| k.value(i));
+            assert!(
+                got.insert(key, (rows.value(i), sum.value(i))).is_none(),
+                "{key:?} twice"
+            );
+        }
+    }
+    let want: BTreeMap<Option<i64>, (i64, i64)> = expected
+        .iter()
+        .map(|(k, e)| (*k, (e.count, e.sum.unwrap_or(0))))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), want.len());
+}

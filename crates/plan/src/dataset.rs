@@ -518,6 +518,7 @@ impl Dataset {
             partitions: self.exchange_partitions(),
             reduce,
             partial: None,
+            reduce_resources: None,
         }))
     }
 
@@ -561,6 +562,7 @@ impl Dataset {
             partitions: self.exchange_partitions(),
             reduce: crate::Reduce::Sort { keys, order },
             partial: None,
+            reduce_resources: None,
         }))
     }
 
@@ -1046,7 +1048,53 @@ impl Grouped {
             partitions,
             reduce: step(crate::Step::Final),
             partial: Some(step(crate::Step::Partial)),
+            reduce_resources: None,
         }))
+    }
+
+    /// `udf` called on each group as a batch of its own (every row of the
+    /// group, whatever its size), its outputs the dataset's rows: rows are
+    /// exchanged by a hash of the keys, and each reducer calls `udf` on its
+    /// groups in key order, on `options`' resources (its batch size is
+    /// ignored: a call is a group).
+    ///
+    /// ```
+    /// # use streambatch_plan::{Dataset, UdfError};
+    /// # use arrow_array::RecordBatch;
+    /// # fn firsts(ds: &Dataset) -> Dataset {
+    /// // The first row of each customer's group.
+    /// ds.groupby(&["customer"]).map_groups(
+    ///     |group: RecordBatch| Ok::<_, UdfError>(group.slice(0, 1)),
+    ///     streambatch_core::Resources::cpu(1.0),
+    /// )
+    /// # }
+    /// ```
+    pub fn map_groups(
+        &self,
+        udf: impl crate::BatchUdf,
+        options: impl Into<StageOptions>,
+    ) -> Dataset {
+        let options = StageOptions {
+            batch_rows: None,
+            ..options.into()
+        };
+        let partitions = match self.keys.is_empty() {
+            true => 1,
+            false => self.input.exchange_partitions(),
+        };
+        self.input
+            .then(LogicalOp::Exchange(crate::Exchange {
+                cut: crate::Cut::Hash {
+                    keys: self.keys.clone(),
+                },
+                partitions,
+                reduce: crate::Reduce::Groups {
+                    keys: self.keys.clone(),
+                },
+                partial: None,
+                reduce_resources: Some(options.resources),
+            }))
+            .map_batches(udf, options)
     }
 }
 

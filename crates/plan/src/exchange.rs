@@ -145,6 +145,12 @@ pub enum Reduce {
         /// The most rows kept per task.
         rows: usize,
     },
+    /// Each group of equal keys as a batch of its own, the groups in key
+    /// order ([`Grouped::map_groups`](crate::Grouped::map_groups)).
+    Groups {
+        /// The key columns.
+        keys: Vec<String>,
+    },
     /// Rows aggregated by keys ([`Dataset::groupby`](crate::Dataset::groupby)):
     /// a map task's rows to partial states, or partial states merged.
     Aggregate {
@@ -164,6 +170,7 @@ impl Reduce {
             Reduce::Shuffle { .. } => "random_shuffle",
             Reduce::Distinct => "distinct",
             Reduce::Sort { .. } => "sort",
+            Reduce::Groups { .. } => "groups",
             Reduce::SampleKeys { .. } => "sample_keys",
             Reduce::Aggregate {
                 step: Step::Partial,
@@ -173,6 +180,37 @@ impl Reduce {
                 step: Step::Final, ..
             } => "aggregate",
         }
+    }
+
+    /// Reduces one destination's rows, `batches`, of schema `schema`: one
+    /// batch, or (for [`Reduce::Groups`]) one per group.
+    pub fn run_all(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+        let Reduce::Groups { keys } = self else {
+            return Ok(vec![self.run(schema, batches)?]);
+        };
+        let all = arrow_select::concat::concat_batches(schema, batches)
+            .map_err(|e| self.arrow_error(e))?;
+        let at = column_indices(&all, keys)?;
+        let rows = key_rows(&all, &at, &[])?;
+        let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+        order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+        let mut groups = Vec::new();
+        let mut start = 0;
+        while start < order.len() {
+            let key = rows.row(order[start] as usize);
+            let end = start
+                + order[start..]
+                    .iter()
+                    .position(|&r| rows.row(r as usize) != key)
+                    .unwrap_or(order.len() - start);
+            let indices = UInt32Array::from(order[start..end].to_vec());
+            groups.push(
+                arrow_select::take::take_record_batch(&all, &indices)
+                    .map_err(|e| self.arrow_error(e))?,
+            );
+            start = end;
+        }
+        Ok(groups)
     }
 
     /// Reduces one destination's rows, `batches`, of schema `schema`.
@@ -223,8 +261,8 @@ impl Reduce {
                 sorted.sort_by(|&a, &b| keys.row(a as usize).cmp(&keys.row(b as usize)));
                 sorted
             }
-            Reduce::Aggregate { .. } | Reduce::SampleKeys { .. } => {
-                unreachable!("handled above")
+            Reduce::Aggregate { .. } | Reduce::SampleKeys { .. } | Reduce::Groups { .. } => {
+                unreachable!("handled above and in run_all")
             }
             Reduce::Distinct => {
                 let mut seen = HashSet::new();
@@ -256,6 +294,9 @@ pub struct Exchange {
     /// What each map task does to all of its rows before the cut (a
     /// partial aggregation), if anything.
     pub partial: Option<Reduce>,
+    /// The reducers' resources, where not one CPU (a `map_groups` function
+    /// runs in the reducers' tasks, on its own resources).
+    pub reduce_resources: Option<streambatch_core::Resources>,
 }
 
 /// Every column of `batch` encoded as comparable rows.

@@ -234,14 +234,20 @@ pub fn apply(
         OpKind::Reduce(reduce) => {
             let reduce = reduce.clone();
             let mut input = Some(input);
-            Box::new(std::iter::from_fn(move || {
-                let batches: Vec<RecordBatch> = match input.take()?.collect() {
-                    Ok(batches) => batches,
-                    Err(e) => return Some(Err(e)),
-                };
-                let schema = batches.first()?.schema();
-                Some(reduce.run(&schema, &batches))
-            }))
+            Box::new(
+                std::iter::from_fn(move || {
+                    let batches: Vec<RecordBatch> = match input.take()?.collect() {
+                        Ok(batches) => batches,
+                        Err(e) => return Some(Err(e)),
+                    };
+                    let schema = batches.first()?.schema();
+                    Some(reduce.run_all(&schema, &batches))
+                })
+                .flat_map(|out| match out {
+                    Ok(batches) => batches.into_iter().map(Ok).collect::<Vec<_>>(),
+                    Err(e) => vec![Err(e)],
+                }),
+            )
         }
         OpKind::WriteFiles(sink) => {
             let sink = sink.clone();

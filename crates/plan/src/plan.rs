@@ -384,17 +384,18 @@ fn push_exchange(stages: &mut Vec<Stage>, index: usize, exchange: crate::Exchang
         format!("exchange({n})"),
         StageKind::Exchange(n),
     ));
+    let resources = exchange.reduce_resources.unwrap_or(Resources::cpu(1.0));
     let reduce = OpSpec {
         name: name.to_string(),
         kind: OpKind::Reduce(exchange.reduce),
-        options: Resources::cpu(1.0).into(),
+        options: resources.into(),
     };
     stages.push(Stage {
         name: name.to_string(),
         kind: StageKind::Map {
             ops: vec![(index, reduce)],
         },
-        options: Resources::cpu(1.0).into(),
+        options: resources.into(),
         op_names: vec![name.to_string()],
         counters: vec![Default::default()],
         cut: None,

@@ -1,0 +1,213 @@
+//! An exchange's ends as they travel in a plan: the map side's cut
+//! (a sort's boundaries as an Arrow IPC stream, checked on receipt) and
+//! the reducers' operator.
+
+use arrow_schema::SortOptions;
+use rkyv::{Archive, Deserialize, Serialize};
+use streambatch_plan::{Agg, AggKind, Cut, Error, Reduce, Step};
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum CutSpec {
+    Hash {
+        keys: Vec<String>,
+    },
+    Random {
+        seed: u64,
+    },
+    Range {
+        keys: Vec<String>,
+        descending: bool,
+        nulls_first: bool,
+        /// The boundaries as an Arrow IPC stream of one batch.
+        boundaries: Vec<u8>,
+    },
+}
+
+impl CutSpec {
+    pub(crate) fn of(cut: &Cut) -> Result<Self, Error> {
+        Ok(match cut {
+            Cut::Hash { keys } => Self::Hash { keys: keys.clone() },
+            Cut::Random { seed } => Self::Random { seed: *seed },
+            Cut::Range {
+                keys,
+                order,
+                boundaries,
+            } => {
+                let boundaries = boundaries.as_ref().ok_or_else(|| {
+                    Error::Invalid("a sort's boundaries were not sampled before its job".into())
+                })?;
+                Self::Range {
+                    keys: keys.clone(),
+                    descending: order.descending,
+                    nulls_first: order.nulls_first,
+                    boundaries: batch_bytes(boundaries)?,
+                }
+            }
+        })
+    }
+
+    pub(crate) fn cut(&self) -> Result<Cut, Error> {
+        Ok(match self {
+            Self::Hash { keys } => Cut::Hash { keys: keys.clone() },
+            Self::Random { seed } => Cut::Random { seed: *seed },
+            Self::Range {
+                keys,
+                descending,
+                nulls_first,
+                boundaries,
+            } => {
+                let boundaries = batch_of(boundaries)?;
+                let schema = boundaries.schema();
+                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
+                if boundaries.num_rows() > 0 && names != keys.iter().collect::<Vec<_>>() {
+                    return Err(Error::Invalid(format!(
+                        "a sort's boundaries have columns {names:?}, not its keys {keys:?}"
+                    )));
+                }
+                Cut::Range {
+                    keys: keys.clone(),
+                    order: SortOptions {
+                        descending: *descending,
+                        nulls_first: *nulls_first,
+                    },
+                    boundaries: Some(boundaries),
+                }
+            }
+        })
+    }
+}
+
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) enum ReduceSpec {
+    Shuffle {
+        seed: u64,
+    },
+    Distinct,
+    Sort {
+        keys: Vec<String>,
+        descending: bool,
+        nulls_first: bool,
+    },
+    SampleKeys {
+        keys: Vec<String>,
+        rows: u64,
+    },
+    Groups {
+        keys: Vec<String>,
+    },
+    Aggregate {
+        keys: Vec<String>,
+        /// Each aggregate's kind (its position in `AGG_KINDS`) and column.
+        aggs: Vec<(u8, Option<String>)>,
+        partial: bool,
+    },
+}
+
+/// The aggregates' kinds in the order their wire number gives.
+const AGG_KINDS: [AggKind; 7] = [
+    AggKind::Count,
+    AggKind::Sum,
+    AggKind::Min,
+    AggKind::Max,
+    AggKind::Mean,
+    AggKind::Std,
+    AggKind::CountDistinct,
+];
+
+impl ReduceSpec {
+    pub(crate) fn of(reduce: &Reduce) -> Self {
+        match reduce {
+            Reduce::Shuffle { seed } => Self::Shuffle { seed: *seed },
+            Reduce::Distinct => Self::Distinct,
+            Reduce::Sort { keys, order } => Self::Sort {
+                keys: keys.clone(),
+                descending: order.descending,
+                nulls_first: order.nulls_first,
+            },
+            Reduce::SampleKeys { keys, rows } => Self::SampleKeys {
+                keys: keys.clone(),
+                rows: *rows as u64,
+            },
+            Reduce::Groups { keys } => Self::Groups { keys: keys.clone() },
+            Reduce::Aggregate { keys, aggs, step } => Self::Aggregate {
+                keys: keys.clone(),
+                aggs: aggs
+                    .iter()
+                    .map(|a| {
+                        let kind = AGG_KINDS.iter().position(|k| *k == a.kind);
+                        (kind.expect("every kind listed") as u8, a.column.clone())
+                    })
+                    .collect(),
+                partial: *step == Step::Partial,
+            },
+        }
+    }
+
+    pub(crate) fn reduce(&self) -> Result<Reduce, Error> {
+        Ok(match self {
+            Self::Shuffle { seed } => Reduce::Shuffle { seed: *seed },
+            Self::Distinct => Reduce::Distinct,
+            Self::Sort {
+                keys,
+                descending,
+                nulls_first,
+            } => Reduce::Sort {
+                keys: keys.clone(),
+                order: SortOptions {
+                    descending: *descending,
+                    nulls_first: *nulls_first,
+                },
+            },
+            Self::SampleKeys { keys, rows } => Reduce::SampleKeys {
+                keys: keys.clone(),
+                rows: *rows as usize,
+            },
+            Self::Groups { keys } => Reduce::Groups { keys: keys.clone() },
+            Self::Aggregate {
+                keys,
+                aggs,
+                partial,
+            } => Reduce::Aggregate {
+                keys: keys.clone(),
+                aggs: aggs
+                    .iter()
+                    .map(|(kind, column)| {
+                        let kind = AGG_KINDS.get(*kind as usize).copied().ok_or_else(|| {
+                            Error::Invalid(format!("unknown aggregate kind {kind}"))
+                        })?;
+                        Ok(Agg {
+                            kind,
+                            column: column.clone(),
+                        })
+                    })
+                    .collect::<Result<_, Error>>()?,
+                step: if *partial { Step::Partial } else { Step::Final },
+            },
+        })
+    }
+}
+
+/// One batch as an Arrow IPC stream.
+fn batch_bytes(batch: &arrow_array::RecordBatch) -> Result<Vec<u8>, Error> {
+    let encode = || {
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema())?;
+        writer.write(batch)?;
+        writer.finish()?;
+        writer.into_inner()
+    };
+    encode().map_err(|e| Error::Invalid(format!("cannot encode a sort's boundaries: {e}")))
+}
+
+/// The one batch of an IPC stream made by [`batch_bytes`], checked.
+fn batch_of(bytes: &[u8]) -> Result<arrow_array::RecordBatch, Error> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::Invalid(format!("a sort's boundaries do not decode: {e}"))
+    };
+    let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .map_err(|e| bad(&e))?;
+    let schema = reader.schema();
+    match reader.next() {
+        Some(batch) => batch.map_err(|e| bad(&e)),
+        None => Ok(arrow_array::RecordBatch::new_empty(schema)),
+    }
+}
