@@ -28,6 +28,8 @@ SB = [os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "str
 RAY = [sys.executable, "tools/bench/ray_workloads.py"]
 DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
 TORCH = [sys.executable, "tools/bench/torch_workloads.py"]
+G1 = [sys.executable, "tools/bench/g1.py", "run"]
+G1_DATA = "data/g1"
 
 # What each workload reports and whether more of it is better.
 METRICS = {
@@ -41,6 +43,7 @@ METRICS = {
     "sched": ("tasks_per_s", True),
     "w6a": ("images_per_s", True),
     "w6b": ("efficiency", True),
+    "g1": ("wall_s", False),
 }
 W1_ROWS = 800
 
@@ -150,6 +153,20 @@ def cases(w4_device):
                 "streambatch": SB + ["w6a"] + step,
                 "pytorch": TORCH + ["w6a"] + step,
                 "ray-data": RAY + ["w6a"] + step,
+            },
+        )
+    )
+    # G1: the H2O groupby questions 1-5 (the table made by g1.py first).
+    out.append(
+        Case(
+            "g1",
+            "H2O groupby q1-5, 10M rows",
+            {
+                "streambatch": SB + ["g1"],
+                "duckdb": G1 + ["duckdb", G1_DATA],
+                "polars": G1 + ["polars", G1_DATA],
+                "ray-data": G1 + ["ray-data", G1_DATA],
+                "daft": G1 + ["daft", G1_DATA],
             },
         )
     )
@@ -271,7 +288,7 @@ def result_of(case, system, records, timed_out, wall, limit_s):
     if finals and not timed_out:
         r = finals[-1]
         # W6's per-rank figures, for its targets and the table.
-        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s") if k in r}
+        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums") if k in r}
         return {**shown, "value": r[metric], "correct": r.get("correct"), "reached": None}
     if not timed_out:
         return {"value": None, "correct": False, "reached": "failed: no result line"}
@@ -293,6 +310,26 @@ def result_of(case, system, records, timed_out, wall, limit_s):
         return {"value": round(rows / wall, 1), "correct": None, "reached": f"{rows} rows written in {wall:.0f} s"}
     bound = case.partitions / limit_s if case.partitions else None
     return {"value": None, "correct": None, "reached": f"under {bound:.1f} partitions/s" if bound else "no progress reported"}
+
+
+def same_answers(results, reference="duckdb"):
+    """G1: each system's answers checked against DuckDB's: a result is
+    correct only where its own check held and every checksum equals
+    DuckDB's to 1e-9 relative (a NaN equals nothing)."""
+    want = results.get(reference, {}).get("checksums")
+
+    def close(a, b):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)
+
+    for r in results.values():
+        got = r.get("checksums")
+        same = (
+            want is not None
+            and got is not None
+            and len(got) == len(want)
+            and all(len(g) == len(w) and all(close(x, y) for x, y in zip(g, w)) for g, w in zip(got, want))
+        )
+        r["correct"] = r.get("correct") is True and same
 
 
 def pick_best(case, results, peer):
@@ -408,6 +445,25 @@ def targets(rows):
                 max(waits) <= 0.05,
                 f"wait fractions {waits}, trainers' bound {bound} images/s",
             )
+        elif case.workload == "g1":
+            best = {p: pick_best(case, results, p) for p in ("duckdb", "polars")}
+            values = {p: b[1]["value"] if b else None for p, b in best.items()}
+            daft_v = daft[1]["value"] if daft else None
+            v = sb["value"]
+            ok = v and ray_v and daft_v and all(values.values())
+            check(
+                "G1: at least 10x Ray Data, ahead of Daft, at least 0.5x DuckDB and Polars; every answer DuckDB's",
+                ok
+                and v * 10 <= ray_v
+                and v < daft_v
+                and all(v <= 2 * x for x in values.values())
+                and all(r["correct"] is True for r in results.values()),
+                f"streambatch {fmt(v)} s; Ray Data {fmt(ray_v)} s ({fmt(ray_v / v) if ok else '-'}x), "
+                f"Daft {fmt(daft_v)} s ({fmt(daft_v / v) if ok else '-'}x), "
+                + ", ".join(f"{p} {fmt(x)} s ({fmt(x / v) if ok else '-'}x)" for p, x in values.items())
+                + "; answers equal DuckDB's: "
+                + ", ".join(f"{s} {r['correct']}" for s, r in results.items()),
+            )
         elif case.workload == "w6b":
             check(
                 f"W6b {case.config}: efficiency >= 0.9, every image once per epoch",
@@ -451,12 +507,19 @@ def chart(rows, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"streambatch": "#1b7837", "ray-data": "#2166ac", "daft": "#b2182b", "pytorch": "#e08214"}
+    colours = {
+        "streambatch": "#1b7837",
+        "ray-data": "#2166ac",
+        "daft": "#b2182b",
+        "pytorch": "#e08214",
+        "duckdb": "#8073ac",
+        "polars": "#35978f",
+    }
     fig, axes = plt.subplots(2, len(rows), figsize=(2.2 * len(rows), 6.5), squeeze=False)
     for col, (case, results) in enumerate(rows):
         metric, higher = METRICS[case.workload]
         shown = [("streambatch", results["streambatch"])]
-        for peer in ("pytorch", "ray-data", "daft"):
+        for peer in ("pytorch", "ray-data", "daft", "duckdb", "polars"):
             best = pick_best(case, results, peer)
             if best:
                 shown.append((peer, best[1]))
@@ -484,7 +547,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")
@@ -495,6 +558,10 @@ def main():
     for case in cases(args.w4_device):
         if case.workload not in args.only.split(","):
             continue
+        if case.workload == "g1":
+            from g1 import make
+
+            make(G1_DATA)
         results = {}
         for system, cmd in case.commands.items():
             records, rss, pss, hwm, wall, timed_out = run(cmd, args.limit_s)
@@ -508,6 +575,8 @@ def main():
                 "timed_out": timed_out,
             }
             print(json.dumps({"workload": case.workload, "case": case.config, "system": system, **results[system]}), flush=True)
+        if case.workload == "g1":
+            same_answers(results)
         rows.append((case, results))
     total_s = time.perf_counter() - started
     text = table(rows)

@@ -91,6 +91,32 @@ def test_a_trainers_wait_over_5_percent_misses():
     assert not wait["met"], wait
 
 
+def test_a_g1_answer_unlike_duckdbs_or_nan_is_not_correct():
+    import harness
+
+    answers = [[100.0, 30002207.0], [100000.0, 30002207.0, 5000520.755923607]]
+
+    def results(streambatch_answers):
+        def run(checksums):
+            return {"value": 1.0, "correct": True, "checksums": checksums}
+
+        return {"streambatch": run(streambatch_answers), "duckdb": run(answers), "polars": run(answers)}
+
+    close = [[100.0, 30002207.0], [100000.0, 30002207.0, 5000520.755923617]]
+    for got, want in [
+        (close, True),
+        ([[100.0, 30002207.0], [100000.0, 30002207.0, 5000521.0]], False),
+        ([[99.0, 30002207.0], answers[1]], False),
+        ([[100.0, float("nan")], answers[1]], False),
+        ([answers[0]], False),
+        (None, False),
+    ]:
+        r = results(got)
+        harness.same_answers(r)
+        assert r["streambatch"]["correct"] is want, (got, r)
+        assert r["polars"]["correct"] is True
+
+
 def judged(correct):
     """The harness's targets for one of each case, streambatch far ahead of
     its peers and within every memory limit, its result `correct`."""
@@ -106,7 +132,7 @@ def judged(correct):
             "trainer_wait_fraction": [0.01, 0.01],
         }
 
-    figures = {"w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
+    figures = {"g1": (1.0, 20.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -121,7 +147,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
+    assert names == {"G1:", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)

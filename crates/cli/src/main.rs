@@ -1,5 +1,5 @@
 //! The `streambatch` command: `streambatch run pipeline.toml`;
-//! `streambatch bench <WORKLOAD> [--store-cap SIZE]` (W1 to W6b and the
+//! `streambatch bench <WORKLOAD> [--store-cap SIZE]` (W1 to W6b, G1 and the
 //! others of docs/workloads.md; the workloads live in
 //! `streambatch-bench`); `streambatch node --config
 //! FILE` (a cluster node); `streambatch timeline trace.json -o job.html`
@@ -171,6 +171,9 @@ enum Workload {
     /// 64 KiB pieces on 2 CPU slots (data/binary-files, made if absent);
     /// the figure is peak RSS against the store cap (default 256 MiB).
     BinaryFiles,
+    /// The H2O db-benchmark's groupby questions 1-5 on its 10-million-row
+    /// table (data/g1: `tools/bench/g1.py make data/g1`).
+    G1,
     /// Training ingest: 8,000 JPEGs decoded, cropped, flipped and
     /// normalised, split equally between two trainer processes, 2 epochs.
     W6a,
@@ -372,6 +375,13 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     let step = std::time::Duration::from_millis(step_ms);
                     let data = std::path::Path::new("data/w6-images");
                     vec![workloads::w6a(data, step, &base)?]
+                }
+                Workload::G1 => {
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(1 << 30),
+                        ..base.clone()
+                    };
+                    vec![workloads::g1(std::path::Path::new("data/g1"), &base)?]
                 }
                 Workload::W6b => {
                     let dir = base.spill_dir.join("w6b");

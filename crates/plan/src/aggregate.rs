@@ -168,18 +168,38 @@ fn groups(batch: &RecordBatch, keys: &[usize]) -> Result<Groups> {
             first,
         });
     }
+    // One integer or string key: its values themselves, not encoded rows.
+    if let [key] = keys {
+        let column = batch.column(*key);
+        if let Some(v) = column.as_primitive_opt::<Int64Type>() {
+            return Ok(grouped(v.iter()));
+        }
+        if let Some(v) = column.as_primitive_opt::<arrow_array::types::Int32Type>() {
+            return Ok(grouped(v.iter()));
+        }
+        if let Some(v) = column.as_string_opt::<i32>() {
+            return Ok(grouped(v.iter()));
+        }
+    }
     let rows = key_rows(batch, keys, &[])?;
-    let mut index: HashMap<arrow_row::Row<'_>, usize> = HashMap::new();
+    Ok(grouped((0..batch.num_rows()).map(|row| rows.row(row))))
+}
+
+/// Rows grouped by their `keys` (one per row), each group numbered as it
+/// first comes.
+fn grouped<K: std::hash::Hash + Eq>(keys: impl Iterator<Item = K>) -> Groups {
+    let mut index: HashMap<K, usize, foldhash::fast::RandomState> = HashMap::default();
     let mut first = Vec::new();
-    let of = (0..batch.num_rows())
-        .map(|row| {
-            *index.entry(rows.row(row)).or_insert_with(|| {
+    let of = keys
+        .enumerate()
+        .map(|(row, key)| {
+            *index.entry(key).or_insert_with(|| {
                 first.push(row as u32);
                 first.len() - 1
             })
         })
         .collect();
-    Ok(Groups { of, first })
+    Groups { of, first }
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
