@@ -481,6 +481,22 @@ fn a_toml_pipeline_shuffles_dedups_and_aggregates() {
         (col("count()"), col("sum(id)"), col("max(id)")),
         (1000, 499_500, 999)
     );
+    // A sort then a limit: the 5 greatest ids.
+    std::fs::write(
+        &file,
+        "[node]\ncpus = 2\ngpus = 0\n\n[source]\nrange = { n = 1000, partitions = 4 }\n\n\
+         [[ops]]\nop = \"random_shuffle\"\nseed = 3\n\n\
+         [[ops]]\nop = \"sort\"\nkeys = [\"id\"]\ndescending = true\n\n\
+         [[ops]]\nop = \"limit\"\nn = 5\n\n[sink]\nwrite_parquet = \"top\"\n",
+    )
+    .unwrap();
+    streambatch::pipeline::run_pipeline(&file).unwrap();
+    let top = ctx()
+        .read_parquet(&dir.path().join("top").display().to_string())
+        .unwrap()
+        .collect()
+        .unwrap();
+    assert_eq!(sorted_i64(&top, "id"), [995, 996, 997, 998, 999]);
     write(r#"["median(id)"]"#);
     let err = streambatch::pipeline::run_pipeline(&file)
         .err()
@@ -623,6 +639,14 @@ fn sort_of_nothing_of_one_key_and_in_outputs_cut_at_the_target() {
     assert!(out.len() >= 20, "{} outputs", out.len());
     let got: Vec<i64> = out.iter().flat_map(ids).collect();
     assert_eq!(got, (0..200_000).rev().collect::<Vec<_>>());
+    // A limit after a sort takes the first rows in order.
+    let top = ctx
+        .range(10_000, 8)
+        .random_shuffle(1)
+        .sort(&["id"], false)
+        .limit(10);
+    let first: Vec<i64> = top.collect().unwrap().iter().flat_map(ids).collect();
+    assert_eq!(first, (0..10).collect::<Vec<_>>());
     let missing = ctx
         .range(10, 2)
         .sort(&["nope"], false)

@@ -83,6 +83,26 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         .collect();
     let n = ROWS as i64;
     assert_eq!(row, [n, n * (n - 1) / 2, 0, n - 1]);
+    // A groupby by a key: partial states cut by its hash across nodes.
+    let per_id = shuffled(&ctx, 0)
+        .groupby(&["id"])
+        .aggregate(&[Agg::count()])
+        .collect()
+        .unwrap();
+    let mut ids: Vec<i64> = Vec::new();
+    for b in &per_id {
+        let column = |i: usize| {
+            let c = b.column(i).as_any();
+            c.downcast_ref::<arrow_array::Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        assert!(column(1).iter().all(|&c| c == 1), "a row counted twice");
+        ids.extend(column(0));
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>());
     // A sort's sampling job and its ranges, on the nodes: the order of the
     // single-node run.
     let sorted: Vec<i64> = shuffled(&ctx, 0)

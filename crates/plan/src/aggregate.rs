@@ -16,7 +16,9 @@
 //!   each as its `arrow-row` bytes.
 //!
 //! Nulls are skipped by every aggregate but count; a group whose values
-//! are all null gets null.
+//! are all null gets null (a count distinct, 0). An integer sum that
+//! overflows 64 bits is an error, as is a value that does not fit the
+//! type an aggregate casts it to.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -158,14 +160,10 @@ struct Groups {
 
 fn groups(batch: &RecordBatch, keys: &[usize]) -> Result<Groups> {
     if keys.is_empty() {
-        let first = if batch.num_rows() > 0 {
-            vec![0]
-        } else {
-            vec![]
-        };
+        // One group, even of no rows: a count of them is 0, as in SQL.
         return Ok(Groups {
             of: vec![0; batch.num_rows()],
-            first,
+            first: vec![0],
         });
     }
     // One integer or string key: its values themselves, not encoded rows.
@@ -208,29 +206,49 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
         .ok_or_else(|| Error::Invalid(format!("groupby: no column `{name}`")))
 }
 
+/// `array` as type `to`; a value that does not fit is an error, not a null.
 fn cast(array: &ArrayRef, to: &DataType, what: &str) -> Result<ArrayRef> {
-    arrow_cast::cast(array, to).map_err(|e| Error::arrow(what, e))
+    let options = arrow_cast::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    arrow_cast::cast_with_options(array, to, &options).map_err(|e| Error::arrow(what, e))
 }
 
-fn is_integer(t: &DataType) -> bool {
-    t.is_integer()
+/// What a sum adds: integers checked for overflow.
+trait Summable: Copy + Default {
+    fn plus(self, other: Self) -> Option<Self>;
+}
+
+impl Summable for i64 {
+    fn plus(self, other: Self) -> Option<Self> {
+        self.checked_add(other)
+    }
+}
+
+impl Summable for f64 {
+    fn plus(self, other: Self) -> Option<Self> {
+        Some(self + other)
+    }
 }
 
 /// Per group, the sum of `values` (skipping nulls) and how many there were.
-fn sums<T: Copy + Default + std::ops::Add<Output = T>>(
+fn sums<T: Summable>(
     g: &Groups,
     values: impl Iterator<Item = Option<T>>,
     counts: &mut [i64],
-) -> Vec<T> {
+) -> Result<Vec<T>> {
     let mut out = vec![T::default(); g.first.len()];
     for (row, v) in values.enumerate() {
         if let Some(v) = v {
             let group = g.of[row];
-            out[group] = out[group] + v;
+            out[group] = out[group]
+                .plus(v)
+                .ok_or_else(|| Error::Invalid("groupby: a sum overflows 64-bit integers".into()))?;
             counts[group] += 1;
         }
     }
-    out
+    Ok(out)
 }
 
 /// Per group, the row of the least (or greatest) non-null value of
@@ -317,15 +335,7 @@ pub fn aggregate(
     aggs: &[Agg],
     step: Step,
 ) -> Result<RecordBatch> {
-    let key_at: Vec<usize> = keys
-        .iter()
-        .map(|k| {
-            batch
-                .schema()
-                .index_of(k)
-                .map_err(|_| Error::Invalid(format!("groupby: no key column `{k}`")))
-        })
-        .collect::<Result<_>>()?;
+    let key_at = crate::exchange::column_indices(batch, keys)?;
     let g = groups(batch, &key_at)?;
     let first = UInt32Array::from(g.first.clone());
     let mut fields: Vec<Field> = Vec::new();
@@ -360,16 +370,16 @@ pub fn aggregate(
             (AggKind::Count, Step::Final) => {
                 let mut counts = vec![0i64; n];
                 let c = input("c")?.as_primitive::<Int64Type>();
-                let total = sums(&g, c.iter(), &mut counts);
+                let total = sums(&g, c.iter(), &mut counts)?;
                 push(agg.name(), Arc::new(Int64Array::from(total)));
             }
             (AggKind::Sum, _) | (AggKind::Mean, _) => {
                 let values = input("s")?;
                 let mut counts = vec![0i64; n];
-                let integer = is_integer(values.data_type()) && agg.kind == AggKind::Sum;
+                let integer = values.data_type().is_integer() && agg.kind == AggKind::Sum;
                 let summed: ArrayRef = if integer {
                     let v = cast(values, &DataType::Int64, "sum")?;
-                    let s = sums(&g, v.as_primitive::<Int64Type>().iter(), &mut counts);
+                    let s = sums(&g, v.as_primitive::<Int64Type>().iter(), &mut counts)?;
                     Arc::new(Int64Array::from_iter(
                         s.into_iter()
                             .zip(&counts)
@@ -377,7 +387,7 @@ pub fn aggregate(
                     ))
                 } else {
                     let v = cast(values, &DataType::Float64, "sum")?;
-                    let s = sums(&g, v.as_primitive::<Float64Type>().iter(), &mut counts);
+                    let s = sums(&g, v.as_primitive::<Float64Type>().iter(), &mut counts)?;
                     nulls_where_empty(s, &counts)
                 };
                 if step == Step::Final {
@@ -387,7 +397,7 @@ pub fn aggregate(
                         &g,
                         input("c")?.as_primitive::<Int64Type>().iter(),
                         &mut seen,
-                    );
+                    )?;
                 }
                 match (agg.kind, step) {
                     (_, Step::Partial) => {

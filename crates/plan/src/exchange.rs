@@ -28,8 +28,8 @@ pub enum Cut {
         /// The key columns.
         keys: Vec<String>,
     },
-    /// By a hash of the whole row, seeded: destinations even, whatever the
-    /// input's order.
+    /// By a hash of the whole row, seeded: distinct rows spread evenly,
+    /// whatever the input's order; equal rows meet (as `distinct` needs).
     Random {
         /// The seed.
         seed: u64,
@@ -251,8 +251,6 @@ impl Reduce {
                 });
                 order
             }
-            // The first of each distinct row, in the rows' order (so the
-            // same input gives the same output, whatever its arrival).
             // Stable: rows with equal keys keep the order they came in.
             Reduce::Sort { keys, order } => {
                 let at = column_indices(&all, keys)?;
@@ -264,6 +262,8 @@ impl Reduce {
             Reduce::Aggregate { .. } | Reduce::SampleKeys { .. } | Reduce::Groups { .. } => {
                 unreachable!("handled above and in run_all")
             }
+            // The first of each distinct row, in the rows' order (so the
+            // same input gives the same output, whatever its arrival).
             Reduce::Distinct => {
                 let mut seen = HashSet::new();
                 let mut order: Vec<u32> = (0..all.num_rows() as u32)
@@ -311,7 +311,7 @@ fn seeded_hash(rows: &Rows, row: usize, seed: u64) -> u64 {
 
 /// The positions of columns `names` in `batch`, or an error naming the one
 /// missing.
-fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Vec<usize>> {
+pub(crate) fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Vec<usize>> {
     names
         .iter()
         .map(|name| {

@@ -7,6 +7,7 @@
 //! data lives. Consuming calls hand an [`ExecPlan`] to a [`Runner`].
 
 mod aggregate;
+mod all_to_all;
 mod batching;
 mod dataset;
 mod error;
@@ -31,8 +32,9 @@ mod train_test_split;
 mod udf;
 
 pub use aggregate::{Agg, AggKind, Step};
+pub use all_to_all::Grouped;
 pub use batching::{BatchOptions, Batches, Prefetched};
-pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
+pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
 pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};

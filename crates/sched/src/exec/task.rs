@@ -22,7 +22,7 @@ use crate::job::{Keep, RunInput};
 
 /// An output to store, with where each destination's rows start when the
 /// stage is an exchange's map side.
-type Cut = (RecordBatch, Option<Arc<[u32]>>);
+type CutOutput = (RecordBatch, Option<Arc<[u32]>>);
 
 /// What a task (and the worker running it) tells its job. Tasks hold only
 /// this narrow sink, never the executor itself.
@@ -104,7 +104,7 @@ pub struct TaskRun {
     partitioner: Partitioner,
     /// Outputs to store, each with its groups where the stage is an
     /// exchange's map side.
-    pending: VecDeque<Cut>,
+    pending: VecDeque<CutOutput>,
     /// Outputs produced so far, in order.
     next_seq: u32,
     /// The outputs to store (an earlier attempt delivered the others:
@@ -311,7 +311,7 @@ impl TaskRun {
 
     /// An output with its rows grouped by destination, where the stage is
     /// an exchange's map side.
-    fn cut(&self, batch: RecordBatch) -> Result<Cut, Error> {
+    fn cut(&self, batch: RecordBatch) -> Result<CutOutput, Error> {
         let Some((cut, n)) = &self.job.plan.stages[self.stage].cut else {
             return Ok((batch, None));
         };

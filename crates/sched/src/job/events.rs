@@ -14,6 +14,13 @@ impl<P: Part> JobState<P> {
         if seq < record.delivered {
             if record.again.remove(&seq) {
                 let stage = record.stage;
+                let cut = self.exchanged.get(&origin);
+                if cut.is_some_and(|cut| part.groups() != Some(cut.as_slice())) {
+                    return self.end(Err(Error::PartitionLost {
+                        operator: self.shapes[stage].name.clone(),
+                        why: "its output was made again with other destinations (is an operator not deterministic?)".into(),
+                    }));
+                }
                 self.remade(stage, origin, part);
             }
             return;
@@ -107,7 +114,7 @@ impl<P: Part> JobState<P> {
         let outputs = std::mem::replace(&mut record.delivered, u32::MAX);
         if let Some(order) = self.order.as_mut() {
             let due = order.finished(task, outputs);
-            self.send_to_driver(due);
+            self.pass_on(stage + 1, due);
         }
         if !record.again_next.is_empty() {
             // Asked for while this attempt ran past them: once more.
@@ -178,6 +185,11 @@ impl<P: Part> JobState<P> {
             self.skipped += 1;
             self.release(task);
             let record = self.tasks.remove(&task).expect("looked up above");
+            if let Some(order) = self.order.as_mut() {
+                // A skipped reducer of a sort made what it made.
+                let due = order.finished(task, record.delivered);
+                self.pass_on(record.stage + 1, due);
+            }
             self.recorder
                 .event(record.stage, task, EventKind::TaskSkipped, record.node);
             self.recorder.errored(streambatch_plan::ErroredTask {

@@ -3,6 +3,7 @@
 //! for, as the recorder reports it.
 
 use super::lineage::{by_destination, regroup};
+use super::order::OutOfOrder;
 use super::*;
 
 impl<P: Part> JobState<P> {
@@ -47,28 +48,44 @@ impl<P: Part> JobState<P> {
     /// Hands rows to the driver (counted until it says it read them, when
     /// the job keeps lineage).
     pub(super) fn emit(&mut self, piece: Piece<P>) {
+        let part = piece.part.expect("only held rows are handed out");
         if self.made.is_some() {
             self.unread += 1;
         }
-        match self.order.as_mut() {
-            Some(order) => {
-                let due = order.output(piece);
-                self.send_to_driver(due);
-            }
-            None => self.send_to_driver(vec![piece]),
-        }
+        self.actions.push(Action::Emit { part, id: piece.id });
     }
 
-    /// Hands `pieces` to the driver, in order.
-    pub(super) fn send_to_driver(&mut self, pieces: Vec<Piece<P>>) {
-        for piece in pieces {
-            let part = piece.part.expect("only held rows are handed out");
-            self.actions.push(Action::Emit { part, id: piece.id });
-        }
-    }
-
-    /// Hands an output of stage `to - 1` to stage `to` (or the driver).
+    /// Hands an output of stage `to - 1` to stage `to` (or the driver),
+    /// in range order where stage `to - 1` reduces a sort.
     pub(super) fn route(&mut self, to: usize, piece: Piece<P>) {
+        let Some(order) = self.order.as_mut().filter(|o| o.stage + 1 == to) else {
+            return self.route_now(to, piece);
+        };
+        match order.output(piece) {
+            Ok(due) => self.pass_on(to, due),
+            Err(OutOfOrder) => self.fail(Error::PartitionLost {
+                operator: self.shapes[to - 1].name.clone(),
+                why: "an output of the sort was lost after it was passed on; its order cannot be kept (run the job again)".into(),
+            }),
+        }
+    }
+
+    /// Passes the ordered outputs whose turn has come to stage `to`.
+    pub(super) fn pass_on(&mut self, to: usize, due: Vec<Piece<P>>) {
+        for piece in due {
+            self.route_now(to, piece);
+        }
+    }
+
+    /// The outputs of the sort whose turn has come, passed on.
+    pub(super) fn pass_on_due(&mut self) {
+        if let Some(order) = self.order.as_mut() {
+            let (to, due) = (order.stage + 1, order.due());
+            self.pass_on(to, due);
+        }
+    }
+
+    fn route_now(&mut self, to: usize, piece: Piece<P>) {
         if to == self.stages.len() {
             return self.emit(piece);
         }
@@ -201,6 +218,11 @@ impl<P: Part> JobState<P> {
                         break;
                     }
                     let collected = std::mem::take(&mut self.stages[i].collected);
+                    for piece in &collected {
+                        if let Some(groups) = piece.part.as_ref().and_then(Part::groups) {
+                            self.exchanged.insert(piece.id.from, groups.to_vec());
+                        }
+                    }
                     match by_destination(collected, n) {
                         Ok(groups) => {
                             if let Some(order) = self.order.as_mut().filter(|o| o.stage == i + 1) {

@@ -46,6 +46,14 @@ impl<P: Part> JobState<P> {
             needed.extend(s.blocked.iter().flat_map(|e| missing(e)));
             needed.extend(missing(&s.collected));
         }
+        if let Some(order) = self.order.as_mut() {
+            // A sort's outputs waiting for their turn are made again.
+            for piece in order.held_mut() {
+                if piece.lose(node) {
+                    needed.insert(piece.id.from);
+                }
+            }
+        }
         for record in self.tasks.values_mut() {
             // A task placed elsewhere may have read its input already: its
             // lost pieces are made again only should it run again.
@@ -105,6 +113,12 @@ impl<P: Part> JobState<P> {
         }
         self.unread = self.unread.saturating_sub(1);
         if !read && !self.ended {
+            if self.order.as_ref().is_some_and(|o| o.orders(id.from.task)) {
+                return self.fail(Error::PartitionLost {
+                    operator: self.shapes[self.order.as_ref().expect("checked").stage].name.clone(),
+                    why: "an output of the sort was lost before the driver read it; its order cannot be kept (run the job again)".into(),
+                });
+            }
             self.reemit.push(Piece::lost(id));
             self.demand(id.from, true);
             if let Some(operator) = self.stranded() {
@@ -202,6 +216,9 @@ impl<P: Part> JobState<P> {
                 pieces.iter_mut().for_each(&mut *f);
             }
         }
+        if let Some(order) = self.order.as_mut() {
+            order.held_mut().for_each(&mut *f);
+        }
     }
 
     /// Output `origin` is needed and gone: its task is asked to make it
@@ -286,6 +303,12 @@ impl<P: Part> JobState<P> {
         for record in self.tasks.values_mut() {
             record.input.fill(origin, &whole);
         }
+        if let Some(order) = self.order.as_mut() {
+            order.held_mut().for_each(|p| {
+                p.fill(origin, &whole);
+            });
+        }
+        self.pass_on_due();
         self.sort_waiting_tasks();
         for mut piece in std::mem::take(&mut self.reemit) {
             if piece.fill(origin, &whole) {
@@ -340,7 +363,11 @@ pub(super) fn by_destination<P: Part>(
         let part = piece.part.as_ref().ok_or("a map output is not held")?;
         let starts = part
             .groups()
-            .filter(|g| g.len() == n + 1 && g.last() == Some(&(piece.id.len as u32)))
+            .filter(|g| {
+                g.len() == n + 1
+                    && g.first() == Some(&0)
+                    && g.last() == Some(&(piece.id.len as u32))
+            })
             .ok_or_else(|| {
                 format!(
                     "a map output of {} rows is not cut into {n} destinations",

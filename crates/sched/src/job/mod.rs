@@ -379,8 +379,13 @@ pub(crate) struct JobState<P> {
     recorder: Recorder,
     actions: Vec<Action<P>>,
     ended: bool,
-    /// When the last stage reduces a sort: its outputs go out in order.
+    /// When a stage reduces a sort: its outputs go on in range order (the
+    /// last such stage's).
     order: Option<order::EmitOrder<P>>,
+    /// The destinations each exchanged map output was cut at: a map output
+    /// made again must be cut the same, since reducers read their slices
+    /// of it by these.
+    exchanged: HashMap<Origin, Vec<u32>>,
 }
 
 impl<P: Part> JobState<P> {
@@ -394,9 +399,9 @@ impl<P: Part> JobState<P> {
     ) -> Self {
         let stages = shapes.iter().map(|s| StageState::new(s.kind)).collect();
         let order = shapes
-            .last()
-            .filter(|s| s.ordered)
-            .map(|_| order::EmitOrder::new(shapes.len() - 1));
+            .iter()
+            .rposition(|s| s.ordered)
+            .map(order::EmitOrder::new);
         let nodes = free.len();
         let stage_count = shapes.len();
         let mut job = Self {
@@ -426,6 +431,7 @@ impl<P: Part> JobState<P> {
             actions: Vec::new(),
             ended: false,
             order,
+            exchanged: HashMap::new(),
         };
         (0..nodes).for_each(|node| job.reopen(node));
         job

@@ -1,0 +1,265 @@
+//! The all-to-all operators of a [`Dataset`]: shuffle, distinct, sort and
+//! group-by, each an exchange (see `exchange.rs` for its two ends and
+//! docs/architecture.md for the executor's part), and the sampling job
+//! that finds a sort's boundaries before its own job.
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use streambatch_core::StageOptions;
+
+use crate::dataset::Dataset;
+use crate::ops::{OpKind, OpSpec};
+use crate::plan::{ExecPlan, LogicalOp};
+use crate::{Error, Result};
+
+impl Dataset {
+    /// Every row sent to a random place, the same for the same `seed`
+    /// however the job runs: rows are exchanged to
+    /// [`exchange_partitions`](Self::exchange_partitions) reducers by a
+    /// seeded hash of each row, and each reducer orders its rows by another.
+    ///
+    /// ```
+    /// # use streambatch_plan::Dataset;
+    /// # fn shuffled(ds: &Dataset) -> Dataset {
+    /// ds.random_shuffle(7)
+    /// # }
+    /// ```
+    pub fn random_shuffle(&self, seed: u64) -> Self {
+        self.exchange(crate::Cut::Random { seed }, crate::Reduce::Shuffle { seed })
+    }
+
+    /// Each distinct row once (nulls equal to nulls), in no particular
+    /// order: rows are exchanged by a hash of the whole row, and each
+    /// reducer keeps the first of its equal rows.
+    pub fn distinct(&self) -> Self {
+        self.exchange(crate::Cut::Random { seed: 0 }, crate::Reduce::Distinct)
+    }
+
+    fn exchange(&self, cut: crate::Cut, reduce: crate::Reduce) -> Self {
+        self.then(LogicalOp::Exchange(crate::Exchange {
+            cut,
+            partitions: self.exchange_partitions(),
+            reduce,
+            partial: None,
+            reduce_resources: None,
+        }))
+    }
+
+    /// The rows in the order of the key columns `keys` (the first, then
+    /// the second among equal firsts, ...), `descending` or not, nulls
+    /// last ascending and first descending (see [`sort_with`](Self::sort_with)).
+    ///
+    /// Before the sort's job, a sampling job runs the pipeline up to the
+    /// sort over up to 16 of the source's splits and keeps 256 rows of
+    /// keys of each task; their quantiles cut the keys into ranges, one per
+    /// reducer, each map task cuts its outputs by those ranges, and each
+    /// reducer sorts its range. The driver gets the reducers' outputs in
+    /// range order (when the sort's reducers are the last stage, or later
+    /// operators fuse into them).
+    ///
+    /// ```
+    /// # use streambatch_plan::Dataset;
+    /// # fn newest_first(ds: &Dataset) -> Dataset {
+    /// ds.sort(&["day", "amount"], true)
+    /// # }
+    /// ```
+    pub fn sort(&self, keys: &[&str], descending: bool) -> Self {
+        self.sort_with(
+            keys,
+            arrow_schema::SortOptions {
+                descending,
+                nulls_first: descending,
+            },
+        )
+    }
+
+    /// [`sort`](Self::sort) with nulls placed as `order` says.
+    pub fn sort_with(&self, keys: &[&str], order: arrow_schema::SortOptions) -> Self {
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        self.then(LogicalOp::Exchange(crate::Exchange {
+            cut: crate::Cut::Range {
+                keys: keys.clone(),
+                order,
+                boundaries: None,
+            },
+            partitions: self.exchange_partitions(),
+            reduce: crate::Reduce::Sort { keys, order },
+            partial: None,
+            reduce_resources: None,
+        }))
+    }
+
+    /// `chain` with each sort's boundaries sampled (by a job of its own,
+    /// see [`sort`](Self::sort)).
+    pub(crate) fn with_boundaries(&self, mut chain: Vec<LogicalOp>) -> Result<Vec<LogicalOp>> {
+        for at in 0..chain.len() {
+            let (keys, order, n) = match &chain[at] {
+                LogicalOp::Exchange(crate::Exchange {
+                    cut:
+                        crate::Cut::Range {
+                            keys,
+                            order,
+                            boundaries: None,
+                        },
+                    partitions,
+                    ..
+                }) => (keys.clone(), *order, *partitions),
+                _ => continue,
+            };
+            let samples = self.sample_keys(&chain[..at], &keys)?;
+            let boundaries = crate::exchange::boundaries(&samples, order, n)?;
+            if let LogicalOp::Exchange(crate::Exchange {
+                cut: crate::Cut::Range { boundaries: b, .. },
+                ..
+            }) = &mut chain[at]
+            {
+                *b = Some(boundaries);
+            }
+        }
+        Ok(chain)
+    }
+
+    /// Up to 256 rows of the key columns `keys` of each task of the
+    /// pipeline `before` run over up to 16 of its source's splits, evenly
+    /// spaced, in one batch.
+    fn sample_keys(&self, before: &[LogicalOp], keys: &[String]) -> Result<RecordBatch> {
+        const SPLITS: usize = 16;
+        let mut chain = before.to_vec();
+        if let Some(LogicalOp::Source { splits, .. }) = chain.first_mut() {
+            let every = splits.len().div_ceil(SPLITS).max(1);
+            *splits = splits.iter().step_by(every).cloned().collect();
+        }
+        chain.push(LogicalOp::Op(OpSpec {
+            name: "sample_keys".into(),
+            kind: OpKind::Reduce(crate::Reduce::SampleKeys {
+                keys: keys.to_vec(),
+                rows: 256,
+            }),
+            options: streambatch_core::Resources::cpu(1.0).into(),
+        }));
+        let job = self.runner().run(ExecPlan::from_ops(chain)?)?;
+        let batches: Vec<RecordBatch> = job.collect::<Result<_>>()?;
+        let Some(first) = batches.first() else {
+            // No rows: no boundary, every row (none) to the first range.
+            let fields: Vec<arrow_schema::Field> = Vec::new();
+            return Ok(RecordBatch::new_empty(Arc::new(arrow_schema::Schema::new(
+                fields,
+            ))));
+        };
+        arrow_select::concat::concat_batches(&first.schema(), &batches)
+            .map_err(|e| Error::arrow("sampling a sort's keys", e))
+    }
+
+    /// The rows grouped by the values of `keys` (none: one group of every
+    /// row), to aggregate: see [`Grouped::aggregate`].
+    pub fn groupby(&self, keys: &[&str]) -> Grouped {
+        Grouped {
+            input: self.clone(),
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    /// The reducers of an exchange over this dataset: one per source split
+    /// (at least one, at most 1,024), so that a reducer holds about what a
+    /// source task read.
+    pub fn exchange_partitions(&self) -> usize {
+        match self.plan.chain().first() {
+            Some(LogicalOp::Source { splits, .. }) => splits.len().clamp(1, 1024),
+            _ => 1,
+        }
+    }
+}
+
+/// A dataset grouped by keys: [`Dataset::groupby`].
+#[derive(Clone)]
+pub struct Grouped {
+    input: Dataset,
+    keys: Vec<String>,
+}
+
+impl Grouped {
+    /// Reducers: one per source split, or one for a single group.
+    fn partitions(&self) -> usize {
+        match self.keys.is_empty() {
+            true => 1,
+            false => self.input.exchange_partitions(),
+        }
+    }
+
+    /// One row per group: its keys, then each aggregate (named as
+    /// [`Agg::name`](crate::Agg::name) says). Each map task aggregates its
+    /// rows into partial states before the exchange, so a group crosses it
+    /// once per task however many rows it has; groups come in no
+    /// particular order.
+    ///
+    /// ```
+    /// # use streambatch_plan::{Agg, Dataset};
+    /// # fn totals(ds: &Dataset) -> Dataset {
+    /// ds.groupby(&["customer"])
+    ///     .aggregate(&[Agg::count(), Agg::sum("amount"), Agg::mean("amount")])
+    /// # }
+    /// ```
+    pub fn aggregate(&self, aggs: &[crate::Agg]) -> Dataset {
+        let step = |step| crate::Reduce::Aggregate {
+            keys: self.keys.clone(),
+            aggs: aggs.to_vec(),
+            step,
+        };
+        let partitions = self.partitions();
+        self.input.then(LogicalOp::Exchange(crate::Exchange {
+            cut: crate::Cut::Hash {
+                keys: self.keys.clone(),
+            },
+            partitions,
+            reduce: step(crate::Step::Final),
+            partial: Some(step(crate::Step::Partial)),
+            reduce_resources: None,
+        }))
+    }
+
+    /// `udf` called on each group as a batch of its own (every row of the
+    /// group, whatever its size), its outputs the dataset's rows: rows are
+    /// exchanged by a hash of the keys, and each reducer calls `udf` on its
+    /// groups in key order, on `options`' resources (its batch size is
+    /// ignored: a call is a group).
+    ///
+    /// ```
+    /// # use streambatch_plan::{Dataset, UdfError};
+    /// # use arrow_array::RecordBatch;
+    /// # fn firsts(ds: &Dataset) -> Dataset {
+    /// // The first row of each customer's group.
+    /// ds.groupby(&["customer"]).map_groups(
+    ///     |group: RecordBatch| Ok::<_, UdfError>(group.slice(0, 1)),
+    ///     streambatch_core::Resources::cpu(1.0),
+    /// )
+    /// # }
+    /// ```
+    pub fn map_groups(
+        &self,
+        udf: impl crate::BatchUdf,
+        options: impl Into<StageOptions>,
+    ) -> Dataset {
+        // A call is a group: not cut into batches, and fused into the
+        // reducers (a stage of its own would join and cut its outputs).
+        let options = StageOptions {
+            batch_rows: None,
+            no_fuse: false,
+            ..options.into()
+        };
+        let partitions = self.partitions();
+        self.input
+            .then(LogicalOp::Exchange(crate::Exchange {
+                cut: crate::Cut::Hash {
+                    keys: self.keys.clone(),
+                },
+                partitions,
+                reduce: crate::Reduce::Groups {
+                    keys: self.keys.clone(),
+                },
+                partial: None,
+                reduce_resources: Some(options.resources),
+            }))
+            .map_batches(udf, options)
+    }
+}
