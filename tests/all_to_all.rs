@@ -706,3 +706,26 @@ fn map_groups_calls_its_function_once_per_whole_group() {
     assert_eq!(got, want);
     assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), want.len());
 }
+
+#[test]
+fn unique_keeps_each_value_of_a_column_once_null_included() {
+    let input = with_duplicates();
+    let mut expected: Vec<Option<String>> = rows(&input).into_iter().map(|(_, n)| n).collect();
+    expected.sort();
+    expected.dedup();
+    let out = ctx().from_batches(input).unique("name").collect().unwrap();
+    assert!(out.iter().all(|b| b.num_columns() == 1));
+    let mut got: Vec<Option<String>> = out
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_string::<i32>()
+                .iter()
+                .map(|s| s.map(String::from))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, expected);
+    assert!(got.contains(&None));
+}

@@ -36,6 +36,24 @@ impl Dataset {
         self.exchange(crate::Cut::Random { seed: 0 }, crate::Reduce::Distinct)
     }
 
+    /// Each distinct value of `column` once (null included), as a table of
+    /// that one column, in no particular order: each map task keeps its
+    /// own distinct values, exchanged by a hash of the value.
+    pub fn unique(&self, column: &str) -> Self {
+        let unique = crate::Reduce::Unique {
+            column: column.to_string(),
+        };
+        self.then(LogicalOp::Exchange(crate::Exchange {
+            cut: crate::Cut::Hash {
+                keys: vec![column.to_string()],
+            },
+            partitions: self.exchange_partitions(),
+            reduce: unique.clone(),
+            partial: Some(unique),
+            reduce_resources: None,
+        }))
+    }
+
     fn exchange(&self, cut: crate::Cut, reduce: crate::Reduce) -> Self {
         self.then(LogicalOp::Exchange(crate::Exchange {
             cut,

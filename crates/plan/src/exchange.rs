@@ -130,6 +130,12 @@ pub enum Reduce {
     },
     /// Each distinct row once ([`Dataset::distinct`](crate::Dataset::distinct)).
     Distinct,
+    /// Each distinct value of one column once, as a one-column table
+    /// ([`Dataset::unique`](crate::Dataset::unique)).
+    Unique {
+        /// The column.
+        column: String,
+    },
     /// The rows in the order of their keys ([`Dataset::sort`](crate::Dataset::sort)).
     Sort {
         /// The key columns.
@@ -169,6 +175,7 @@ impl Reduce {
         match self {
             Reduce::Shuffle { .. } => "random_shuffle",
             Reduce::Distinct => "distinct",
+            Reduce::Unique { .. } => "unique",
             Reduce::Sort { .. } => "sort",
             Reduce::Groups { .. } => "groups",
             Reduce::SampleKeys { .. } => "sample_keys",
@@ -219,6 +226,11 @@ impl Reduce {
             .map_err(|e| self.arrow_error(e))?;
         match self {
             Reduce::Aggregate { keys, aggs, step } => return aggregate(&all, keys, aggs, *step),
+            Reduce::Unique { column } => {
+                let at = column_indices(&all, std::slice::from_ref(column))?;
+                let values = all.project(&at).map_err(|e| self.arrow_error(e))?;
+                return Reduce::Distinct.run(&values.schema(), &[values]);
+            }
             Reduce::SampleKeys { keys, rows } => {
                 let at = column_indices(&all, keys)?;
                 let keys = all.project(&at).map_err(|e| self.arrow_error(e))?;
@@ -259,7 +271,10 @@ impl Reduce {
                 sorted.sort_by(|&a, &b| keys.row(a as usize).cmp(&keys.row(b as usize)));
                 sorted
             }
-            Reduce::Aggregate { .. } | Reduce::SampleKeys { .. } | Reduce::Groups { .. } => {
+            Reduce::Aggregate { .. }
+            | Reduce::SampleKeys { .. }
+            | Reduce::Groups { .. }
+            | Reduce::Unique { .. } => {
                 unreachable!("handled above and in run_all")
             }
             // The first of each distinct row, in the rows' order (so the

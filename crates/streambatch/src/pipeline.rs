@@ -49,6 +49,9 @@ enum Op {
         seed: u64,
     },
     Distinct,
+    Unique {
+        column: String,
+    },
     Sort {
         keys: Vec<String>,
         #[serde(default)]
@@ -243,6 +246,7 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             Op::Repartition { n } => ds.repartition(*n),
             Op::RandomShuffle { seed } => ds.random_shuffle(*seed),
             Op::Distinct => ds.distinct(),
+            Op::Unique { column } => ds.unique(column),
             Op::Sort { keys, descending } => {
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 ds.sort(&keys, *descending)

@@ -83,6 +83,9 @@ pub(crate) enum ReduceSpec {
         seed: u64,
     },
     Distinct,
+    Unique {
+        column: String,
+    },
     Sort {
         keys: Vec<String>,
         descending: bool,
@@ -119,6 +122,9 @@ impl ReduceSpec {
         match reduce {
             Reduce::Shuffle { seed } => Self::Shuffle { seed: *seed },
             Reduce::Distinct => Self::Distinct,
+            Reduce::Unique { column } => Self::Unique {
+                column: column.clone(),
+            },
             Reduce::Sort { keys, order } => Self::Sort {
                 keys: keys.clone(),
                 descending: order.descending,
@@ -147,6 +153,9 @@ impl ReduceSpec {
         Ok(match self {
             Self::Shuffle { seed } => Reduce::Shuffle { seed: *seed },
             Self::Distinct => Reduce::Distinct,
+            Self::Unique { column } => Reduce::Unique {
+                column: column.clone(),
+            },
             Self::Sort {
                 keys,
                 descending,
