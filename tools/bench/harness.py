@@ -1,5 +1,6 @@
-"""Runs W1 to W6 and the binary-files benchmark (docs/workloads.md) in
-streambatch, Ray Data, (W3, W4) Daft and (W6a) PyTorch's DataLoader, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W6, G1 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data, (W3, W4, G1) Daft, (W6a) PyTorch's DataLoader and
+(G1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -342,6 +343,17 @@ def pick_best(case, results, peer):
     return (max if higher else min)(rows, key=lambda sr: sr[1]["value"])
 
 
+# The peers named on the chart, with the package whose version they are.
+PEERS = [("Ray Data", "ray"), ("Daft", "daft"), ("PyTorch", "torch"), ("DuckDB", "duckdb"), ("Polars", "polars")]
+
+
+def installed(package):
+    try:
+        return version(package)
+    except Exception:
+        return "(not installed)"
+
+
 def fmt(value):
     if value is None:
         return "-"
@@ -595,7 +607,8 @@ def main():
             f,
             indent=1,
         )
-    chart(rows, args.chart, f"streambatch, Ray Data {version('ray')}, Daft {version('daft')}, PyTorch {version('torch')}; {platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+    peers = ", ".join(f"{name} {installed(package)}" for name, package in PEERS)
+    chart(rows, args.chart, f"streambatch, {peers}; {platform.node()}, {os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
     print(f"chart: {args.chart}")
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs W1 to W6 and the binary-files benchmark in streambatch, Ray Data,
-# (W3, W4) Daft and (W6a) PyTorch, alternating the systems, each run under a time limit;
+# Runs W1 to W6, G1 and the binary-files benchmark in streambatch, Ray Data,
+# (W3, W4, G1) Daft, (W6a) PyTorch and (G1) DuckDB and Polars, alternating the systems, each run under a time limit;
 # prints one table with the ratio streambatch / peer, checks the targets,
 # and writes out/bench/results.json,
 # out/bench/table.md and the chart out/bench/benchmarks.png.
