@@ -193,8 +193,14 @@ fn later_operators_fuse_into_the_reducers() {
     assert_eq!(pairs.len(), 1_000);
     assert!(pairs.iter().all(|(id, twice)| *twice == id * 2));
     let stats = ds.stats().unwrap();
-    let names: Vec<&str> = stats.operators.iter().map(|s| s.name.as_str()).collect();
-    assert!(names.contains(&"exchange(4)"), "{names:?}");
+    let exchange = stats
+        .operators
+        .iter()
+        .find(|s| s.name == "exchange(4)")
+        .unwrap_or_else(|| panic!("no exchange in the stats: {stats}"));
+    // Every row crossed it, 8 bytes of id each at least.
+    assert_eq!(exchange.rows, 1_000, "{stats}");
+    assert!(exchange.bytes >= 8_000, "{stats}");
 }
 
 /// Rows (k: key with nulls and one hot value, x: Int64 with nulls,

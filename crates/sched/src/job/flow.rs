@@ -218,11 +218,17 @@ impl<P: Part> JobState<P> {
                         break;
                     }
                     let collected = std::mem::take(&mut self.stages[i].collected);
+                    // The stats show what crossed the exchange.
+                    let (mut rows, mut bytes) = (0, 0);
                     for piece in &collected {
-                        if let Some(groups) = piece.part.as_ref().and_then(Part::groups) {
+                        let part = piece.part.as_ref().expect("all held");
+                        rows += piece.id.len;
+                        bytes += part.bytes();
+                        if let Some(groups) = part.groups() {
                             self.exchanged.insert(piece.id.from, groups.to_vec());
                         }
                     }
+                    self.recorder.output(i, rows, bytes);
                     match by_destination(collected, n) {
                         Ok(groups) => {
                             if let Some(order) = self.order.as_mut().filter(|o| o.stage == i + 1) {
