@@ -132,10 +132,24 @@ fn a_node_killed_mid_exchange_costs_only_its_map_outputs() {
     let mut cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     // 24 map tasks of 100 ms on 4 slots: about 0.6 s of map side, and no
-    // reducer starts before its last output is in.
+    // reducer starts before the last map output is in.
     let ds = shuffled(&ctx, 100);
     let batches = ds.iter_batches().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(350));
+    // Killed once it has made two map outputs (which wait for the rest).
+    let live = batches.live_stats();
+    let started = std::time::Instant::now();
+    let made_by = |name: &str| {
+        let stats = live.lock().unwrap();
+        stats
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map_or(0, |n| n.tasks)
+    };
+    while made_by("worker-2") < 2 {
+        assert!(started.elapsed().as_secs() < 20, "worker-2 ran no task");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let node = cluster.nodes.iter_mut().find(|n| n.name == "worker-2");
     node.unwrap().kill_hard();
     let out: Vec<RecordBatch> = batches.map(|b| b.unwrap()).collect();
