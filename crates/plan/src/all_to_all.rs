@@ -72,9 +72,11 @@ impl Dataset {
     /// sort over up to 16 of the source's splits and keeps 256 rows of
     /// keys of each task; their quantiles cut the keys into ranges, one per
     /// reducer, each map task cuts its outputs by those ranges, and each
-    /// reducer sorts its range. The driver gets the reducers' outputs in
-    /// range order (when the sort's reducers are the last stage, or later
-    /// operators fuse into them).
+    /// reducer sorts its range. The reducers' outputs go on in range
+    /// order, to the driver or to a `limit` after the sort (so
+    /// `sort(..).limit(n)` is the first n), through operators fused into
+    /// the reducers; a later stage that runs tasks of its own gets them in
+    /// order but may finish them out of it.
     ///
     /// ```
     /// # use streambatch_plan::Dataset;
