@@ -47,12 +47,44 @@ impl<P: Part> JobState<P> {
 
     /// Hands rows to the driver (counted until it says it read them, when
     /// the job keeps lineage).
+    ///
+    /// A sort's outputs go one at a time when the job keeps lineage: the
+    /// next once the driver has read the last, so that one lost before it
+    /// was read is made again and handed over again before any after it.
     pub(super) fn emit(&mut self, piece: Piece<P>) {
+        if self.one_at_a_time() {
+            self.to_driver.push_back(piece);
+            return self.emit_next();
+        }
+        self.hand(piece);
+    }
+
+    /// The driver gets a sort's outputs one at a time (see [`Self::emit`]).
+    pub(super) fn one_at_a_time(&self) -> bool {
+        self.made.is_some()
+            && self
+                .order
+                .as_ref()
+                .is_some_and(|o| o.stage + 1 == self.stages.len())
+    }
+
+    fn hand(&mut self, piece: Piece<P>) {
         let part = piece.part.expect("only held rows are handed out");
         if self.made.is_some() {
             self.unread += 1;
         }
         self.actions.push(Action::Emit { part, id: piece.id });
+    }
+
+    /// The next of a sort's outputs, once the driver has read the last and
+    /// none it lost waits to be made again; one lost with its node waits
+    /// to be made again as well.
+    pub(super) fn emit_next(&mut self) {
+        let free = self.unread == 0 && self.reemit.is_empty();
+        if free && self.to_driver.front().is_some_and(Piece::held) {
+            let piece = self.to_driver.pop_front().expect("looked at above");
+            self.hand(piece);
+        }
     }
 
     /// Hands an output of stage `to - 1` to stage `to` (or the driver),

@@ -46,12 +46,12 @@ impl<P: Part> JobState<P> {
             needed.extend(s.blocked.iter().flat_map(|e| missing(e)));
             needed.extend(missing(&s.collected));
         }
-        if let Some(order) = self.order.as_mut() {
-            // A sort's outputs waiting for their turn are made again.
-            for piece in order.held_mut() {
-                if piece.lose(node) {
-                    needed.insert(piece.id.from);
-                }
+        // A sort's outputs waiting for their turn, or for the driver, are
+        // made again.
+        let order = self.order.as_mut().into_iter().flat_map(|o| o.held_mut());
+        for piece in order.chain(self.to_driver.iter_mut()) {
+            if piece.lose(node) {
+                needed.insert(piece.id.from);
             }
         }
         for record in self.tasks.values_mut() {
@@ -112,13 +112,10 @@ impl<P: Part> JobState<P> {
             return;
         }
         self.unread = self.unread.saturating_sub(1);
-        if !read && !self.ended {
-            if self.order.as_ref().is_some_and(|o| o.orders(id.from.task)) {
-                return self.fail(Error::PartitionLost {
-                    operator: self.shapes[self.order.as_ref().expect("checked").stage].name.clone(),
-                    why: "an output of the sort was lost before the driver read it; its order cannot be kept (run the job again)".into(),
-                });
-            }
+        if read {
+            return self.emit_next();
+        }
+        if !self.ended {
             self.reemit.push(Piece::lost(id));
             self.demand(id.from, true);
             if let Some(operator) = self.stranded() {
@@ -219,6 +216,7 @@ impl<P: Part> JobState<P> {
         if let Some(order) = self.order.as_mut() {
             order.held_mut().for_each(&mut *f);
         }
+        self.to_driver.iter_mut().for_each(&mut *f);
     }
 
     /// Output `origin` is needed and gone: its task is asked to make it
@@ -303,20 +301,24 @@ impl<P: Part> JobState<P> {
         for record in self.tasks.values_mut() {
             record.input.fill(origin, &whole);
         }
-        if let Some(order) = self.order.as_mut() {
-            order.held_mut().for_each(|p| {
-                p.fill(origin, &whole);
-            });
+        let order = self.order.as_mut().into_iter().flat_map(|o| o.held_mut());
+        for piece in order.chain(self.to_driver.iter_mut()) {
+            piece.fill(origin, &whole);
         }
         self.pass_on_due();
+        self.emit_next();
         self.sort_waiting_tasks();
         for mut piece in std::mem::take(&mut self.reemit) {
-            if piece.fill(origin, &whole) {
-                self.emit(piece);
-            } else {
+            if !piece.fill(origin, &whole) {
                 self.reemit.push(piece);
+            } else if self.one_at_a_time() {
+                // Lost before the driver read it: it goes first again.
+                self.to_driver.push_front(piece);
+            } else {
+                self.emit(piece);
             }
         }
+        self.emit_next();
     }
 }
 

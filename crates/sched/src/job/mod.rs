@@ -382,6 +382,9 @@ pub(crate) struct JobState<P> {
     /// When a stage reduces a sort: its outputs go on in range order (the
     /// last such stage's).
     order: Option<order::EmitOrder<P>>,
+    /// A sort's outputs waiting for the driver to read the one before
+    /// (when the job keeps lineage, see `JobState::emit`).
+    to_driver: VecDeque<Piece<P>>,
     /// The destinations each exchanged map output was cut at: a map output
     /// made again must be cut the same, since reducers read their slices
     /// of it by these.
@@ -431,6 +434,7 @@ impl<P: Part> JobState<P> {
             actions: Vec::new(),
             ended: false,
             order,
+            to_driver: VecDeque::new(),
             exchanged: HashMap::new(),
         };
         (0..nodes).for_each(|node| job.reopen(node));
@@ -493,6 +497,8 @@ impl<P: Part> JobState<P> {
                     || s.blocked.iter().flatten().any(here)
                     || s.collected.iter().any(here)
             })
+            && !self.to_driver.iter().any(here)
+            && !self.order.as_ref().is_some_and(|o| o.held().any(here))
     }
 
     /// The job's stats recorder.
@@ -576,7 +582,10 @@ impl<P: Part> JobState<P> {
 
     /// Every stage is done and idle, and the driver has every output.
     fn finished(&self) -> bool {
-        self.stages.iter().all(|s| s.done && s.idle()) && self.reemit.is_empty() && self.unread == 0
+        self.stages.iter().all(|s| s.done && s.idle())
+            && self.reemit.is_empty()
+            && self.unread == 0
+            && self.to_driver.is_empty()
     }
 
     fn end(&mut self, result: Result<(), Error>) {
@@ -595,6 +604,7 @@ impl<P: Part> JobState<P> {
             s.collected.clear();
         }
         self.reemit.clear();
+        self.to_driver.clear();
         self.actions.push(Action::End(result));
     }
 }

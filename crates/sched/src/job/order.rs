@@ -59,11 +59,6 @@ impl<P: Part> EmitOrder<P> {
         }
     }
 
-    /// Whether `task` is one of the ordered reducers.
-    pub(super) fn orders(&self, task: TaskId) -> bool {
-        self.of_task.contains_key(&task)
-    }
-
     /// An output of the ordered stage: the outputs it is now time to pass
     /// on (none while an earlier one is missing).
     pub(super) fn output(&mut self, piece: Piece<P>) -> Result<Vec<Piece<P>>, OutOfOrder> {
@@ -88,6 +83,11 @@ impl<P: Part> EmitOrder<P> {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// The outputs waiting here.
+    pub(super) fn held(&self) -> impl Iterator<Item = &Piece<P>> {
+        self.held.values()
     }
 
     /// The outputs waiting here, for lineage to mark lost or fill.

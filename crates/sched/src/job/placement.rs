@@ -387,8 +387,15 @@ impl<P: Part> JobState<P> {
             .rposition(|s| s.kind.runs_tasks())
             .unwrap_or(0);
         // Outputs of the last stage free memory as the driver reads them,
-        // unless they wait for an earlier one (a sort's): those do not.
-        let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes());
+        // unless they wait for an earlier one (a sort's, in its order or
+        // for the driver to read the one before): those do not.
+        let for_driver: u64 = self
+            .to_driver
+            .iter()
+            .filter_map(|p| p.part.as_ref())
+            .map(Part::bytes)
+            .sum();
+        let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes()) + for_driver;
         if self.running_anywhere() > 0 || memory.held(last) > waiting || self.finished() {
             return false;
         }

@@ -206,6 +206,7 @@ fn simulate(
             bytes,
             node,
             _held: Arc::new(held),
+            groups: None,
         };
         job.on_output(id, seq, part);
     }
@@ -224,7 +225,7 @@ fn simulate(
 fn job_stages(pipeline: Pipeline) -> usize {
     match pipeline {
         Pipeline::Maps(n) => 1 + n,
-        Pipeline::Limit(_) | Pipeline::Repartition(_) => 4,
+        Pipeline::Limit(_) | Pipeline::Repartition(_) | Pipeline::Exchange { .. } => 4,
     }
 }
 
@@ -436,6 +437,7 @@ fn short_tasks_queue_beyond_the_slots_long_ones_do_not() {
                 bytes: ROW_BYTES,
                 node: 0,
                 _held: Arc::new(held),
+                groups: None,
             };
             job.on_output(task, 0, part);
             let stage = job.on_finished(task).unwrap();

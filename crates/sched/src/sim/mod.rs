@@ -83,6 +83,26 @@ pub enum Pipeline {
     Repartition(usize),
     /// A map, a limit of this many rows, and a map.
     Limit(usize),
+    /// A map cutting each output into `n` destinations (contiguous rows
+    /// each), the exchange, and its reducers, their outputs passed on in
+    /// order when `ordered` (as a sort's).
+    Exchange {
+        /// Destinations.
+        n: usize,
+        /// As a sort's reducers.
+        ordered: bool,
+    },
+}
+
+impl Pipeline {
+    /// The destinations stage `stage`'s outputs are cut into, if it is an
+    /// exchange's map side.
+    fn cut_at(self, stage: usize) -> Option<usize> {
+        match self {
+            Pipeline::Exchange { n, .. } if stage == 1 => Some(n),
+            _ => None,
+        }
+    }
 }
 
 /// What a simulated job is: its nodes, its source, its pipeline, its
@@ -117,18 +137,22 @@ pub struct Scenario {
 
 impl Scenario {
     /// A small job chosen by `seed`: 1 to 9 splits of up to 12 rows, a
-    /// source then one or two maps, a repartition or a limit, 2 to 4 nodes of 1 to
+    /// source then one or two maps, a repartition, a limit or an exchange, 2 to 4 nodes of 1 to
     /// 3 slots and 4 KB of store each, and up to three faults.
     pub fn seeded(seed: u64) -> Self {
         let mut rng = Rng(seed);
         let split_rows = (0..rng.range(1, 10))
             .map(|_| rng.range(0, 13) as usize)
             .collect();
-        let pipeline = match rng.range(0, 4) {
+        let pipeline = match rng.range(0, 5) {
             0 => Pipeline::Maps(1),
             1 => Pipeline::Maps(2),
             2 => Pipeline::Repartition(rng.range(1, 5) as usize),
-            _ => Pipeline::Limit(rng.range(0, 60) as usize),
+            3 => Pipeline::Limit(rng.range(0, 60) as usize),
+            _ => Pipeline::Exchange {
+                n: rng.range(1, 5) as usize,
+                ordered: rng.range(0, 2) == 1,
+            },
         };
         let nodes = rng.range(2, 5) as usize;
         let cpus = rng.range(1, 4) as f64;
@@ -209,6 +233,14 @@ impl Pipeline {
                 shape("map", ShapeKind::Map),
                 shape("limit", ShapeKind::Limit(n)),
                 shape("after", ShapeKind::Map),
+            ]),
+            Pipeline::Exchange { n, ordered } => out.extend([
+                shape("map", ShapeKind::Map),
+                shape("exchange", ShapeKind::Exchange(n)),
+                StageShape {
+                    ordered,
+                    ..shape("reduce", ShapeKind::Map)
+                },
             ]),
         }
         out
@@ -584,6 +616,7 @@ impl<'a> Sim<'a> {
                 bytes,
                 node: m.to,
                 _held: Arc::new(held),
+                groups: None,
             };
             self.job.on_moved(m.origin, whole);
             self.moved += 1;
@@ -752,6 +785,12 @@ impl<'a> Sim<'a> {
             bytes,
             node: t.node,
             _held: Arc::new(held),
+            // Destination d: the d-th n-th of the rows.
+            groups: self
+                .scenario
+                .pipeline
+                .cut_at(t.stage)
+                .map(|n| (0..=n).map(|d| (d * len / n) as u32).collect()),
         };
         self.schedule_step(id, t);
         self.job.on_output(id, seq, part);

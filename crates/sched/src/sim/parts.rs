@@ -23,6 +23,8 @@ pub(crate) struct Rows {
     pub(crate) bytes: u64,
     pub(crate) node: usize,
     pub(crate) _held: Arc<Held>,
+    /// An exchange's map output: where each destination's rows start.
+    pub(crate) groups: Option<Arc<[u32]>>,
 }
 
 pub(crate) struct Held {
@@ -85,15 +87,27 @@ impl Part for Rows {
 
     fn sub(&self, offset: usize, len: usize) -> Self {
         assert!(offset + len <= self.len, "a part is cut within its rows");
+        let whole = offset == 0 && len == self.len;
         Self {
             start: self.start + offset as u64,
             len,
+            groups: self.groups.clone().filter(|_| whole),
             ..self.clone()
         }
     }
 
     fn node(&self) -> usize {
         self.node
+    }
+
+    fn groups(&self) -> Option<&[u32]> {
+        self.groups.as_deref()
+    }
+
+    fn keep_groups(&mut self, old: &Self) {
+        if self.groups.is_none() && old.len == self.len {
+            self.groups = old.groups.clone();
+        }
     }
 }
 
