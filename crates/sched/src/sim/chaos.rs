@@ -27,7 +27,7 @@ fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
         let scenario = Scenario::seeded(seed);
         let run = run(&scenario)
             .unwrap_or_else(|why| panic!("seed {seed}: {why}\n{scenario:?}\n{replay}"));
-        if let Err(why) = run.check_exactly_once() {
+        if let Err(why) = run.check_exactly_once().and(run.check_in_order()) {
             panic!("seed {seed}: {why}\n{scenario:?}\n{replay}");
         }
         let r = &run.recovery;

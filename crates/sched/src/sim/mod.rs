@@ -83,8 +83,9 @@ pub enum Pipeline {
     Repartition(usize),
     /// A map, a limit of this many rows, and a map.
     Limit(usize),
-    /// A map cutting each output into `n` destinations (contiguous rows
-    /// each), the exchange, and its reducers, their outputs passed on in
+    /// A map cutting each output into `n` destinations by range of row id
+    /// (as a sort's cut: destination `d` holds the `d`-th `n`-th of the
+    /// ids), the exchange, and its reducers, their outputs passed on in
     /// order when `ordered` (as a sort's).
     Exchange {
         /// Destinations.
@@ -256,6 +257,8 @@ pub struct SimRun {
     pub source: Vec<u64>,
     /// The rows a limit lets through, if the pipeline has one.
     pub limit: Option<usize>,
+    /// For an ordered exchange: its destinations and the ids' span.
+    pub ordered: Option<(u64, u64)>,
     /// The job's recovery counts.
     pub recovery: Recovery,
     /// The faults that happened.
@@ -274,6 +277,29 @@ impl SimRun {
     /// Tasks started per second of wall time.
     pub fn tasks_per_s(&self) -> f64 {
         self.tasks as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+
+    /// For an ordered exchange: `Err` unless the driver read every
+    /// destination's rows before the next one's (a sort's ranges in order).
+    pub fn check_in_order(&self) -> Result<(), String> {
+        let Some((n, span)) = self.ordered else {
+            return Ok(());
+        };
+        let destination = |row: u64| row * n / span.max(1);
+        match self
+            .rows
+            .windows(2)
+            .find(|w| destination(w[1]) < destination(w[0]))
+        {
+            Some(w) => Err(format!(
+                "row {} (destination {}) came after row {} (destination {})",
+                w[1],
+                destination(w[1]),
+                w[0],
+                destination(w[0])
+            )),
+            None => Ok(()),
+        }
     }
 
     /// `Err` unless the driver read every source row exactly once (under a
@@ -483,7 +509,17 @@ impl<'a> Sim<'a> {
         Err("the job does not end".into())
     }
 
+    /// One past the greatest source row id.
+    fn span(&self) -> u64 {
+        let last = self.scenario.split_rows.last().copied().unwrap_or(0);
+        self.bases.last().map_or(0, |b| b + last as u64)
+    }
+
     fn finish(self, elapsed: Duration) -> SimRun {
+        let ordered = match self.scenario.pipeline {
+            Pipeline::Exchange { n, ordered: true } => Some((n as u64, self.span())),
+            _ => None,
+        };
         let source = self
             .scenario
             .split_rows
@@ -499,6 +535,7 @@ impl<'a> Sim<'a> {
             rows: self.rows,
             source,
             limit,
+            ordered,
             recovery: self.job.recorder().recovery(),
             faults: self.faults,
             drained_left: self.drained_left,
@@ -785,12 +822,15 @@ impl<'a> Sim<'a> {
             bytes,
             node: t.node,
             _held: Arc::new(held),
-            // Destination d: the d-th n-th of the rows.
-            groups: self
-                .scenario
-                .pipeline
-                .cut_at(t.stage)
-                .map(|n| (0..=n).map(|d| (d * len / n) as u32).collect()),
+            // Destination d: the ids of the d-th n-th of the span.
+            groups: self.scenario.pipeline.cut_at(t.stage).map(|n| {
+                (0..=n as u64)
+                    .map(|d| {
+                        let bound = (d * self.span()).div_ceil(n as u64);
+                        bound.saturating_sub(start).min(len as u64) as u32
+                    })
+                    .collect()
+            }),
         };
         self.schedule_step(id, t);
         self.job.on_output(id, seq, part);
