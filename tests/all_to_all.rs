@@ -100,19 +100,21 @@ fn with_duplicates() -> Vec<RecordBatch> {
 
 type Key = (Option<i64>, Option<String>);
 
+/// Column `i` of `b`, Int64 with nulls.
+fn ints(b: &RecordBatch, i: usize) -> Vec<Option<i64>> {
+    b.column(i).as_primitive::<Int64Type>().iter().collect()
+}
+
+/// Column `i` of `b`, Utf8 with nulls.
+fn strings(b: &RecordBatch, i: usize) -> Vec<Option<String>> {
+    let column = b.column(i).as_string::<i32>();
+    column.iter().map(|s| s.map(String::from)).collect()
+}
+
 fn rows(batches: &[RecordBatch]) -> Vec<Key> {
     batches
         .iter()
-        .flat_map(|b| {
-            let ids: Vec<Option<i64>> = b.column(0).as_primitive::<Int64Type>().iter().collect();
-            let names: Vec<Option<String>> = b
-                .column(1)
-                .as_string::<i32>()
-                .iter()
-                .map(|s| s.map(String::from))
-                .collect();
-            ids.into_iter().zip(names)
-        })
+        .flat_map(|b| ints(b, 0).into_iter().zip(strings(b, 1)))
         .collect()
 }
 
@@ -543,14 +545,7 @@ fn abs(batches: &[RecordBatch]) -> Vec<(Option<i64>, Option<String>, i64)> {
     batches
         .iter()
         .flat_map(|b| {
-            let a: Vec<Option<i64>> = b.column(0).as_primitive::<Int64Type>().iter().collect();
-            let s: Vec<Option<String>> = b
-                .column(1)
-                .as_string::<i32>()
-                .iter()
-                .map(|s| s.map(String::from))
-                .collect();
-            let id = ids(b);
+            let (a, s, id) = (ints(b, 0), strings(b, 1), ids(b));
             a.into_iter().zip(s).zip(id).map(|((a, s), id)| (a, s, id))
         })
         .collect()
@@ -721,16 +716,7 @@ fn unique_keeps_each_value_of_a_column_once_null_included() {
     expected.dedup();
     let out = ctx().from_batches(input).unique("name").collect().unwrap();
     assert!(out.iter().all(|b| b.num_columns() == 1));
-    let mut got: Vec<Option<String>> = out
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_string::<i32>()
-                .iter()
-                .map(|s| s.map(String::from))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let mut got: Vec<Option<String>> = out.iter().flat_map(|b| strings(b, 0)).collect();
     got.sort();
     assert_eq!(got, expected);
     assert!(got.contains(&None));

@@ -30,7 +30,7 @@ use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, UInt32
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field, Schema, SortOptions};
 
-use crate::partition::key_rows;
+use crate::partition::{column_indices, key_rows};
 use crate::{Error, Result};
 
 /// What an aggregate computes.
@@ -335,7 +335,7 @@ pub fn aggregate(
     aggs: &[Agg],
     step: Step,
 ) -> Result<RecordBatch> {
-    let key_at = crate::exchange::column_indices(batch, keys)?;
+    let key_at = column_indices(batch, keys)?;
     let g = groups(batch, &key_at)?;
     let first = UInt32Array::from(g.first.clone());
     let mut fields: Vec<Field> = Vec::new();

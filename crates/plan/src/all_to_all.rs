@@ -11,7 +11,7 @@ use streambatch_core::StageOptions;
 use crate::dataset::Dataset;
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp};
-use crate::{Error, Result};
+use crate::{Cut, Error, Exchange, Reduce, Result};
 
 impl Dataset {
     /// Every row sent to a random place, the same for the same `seed`
@@ -26,42 +26,44 @@ impl Dataset {
     /// # }
     /// ```
     pub fn random_shuffle(&self, seed: u64) -> Self {
-        self.exchange(crate::Cut::Random { seed }, crate::Reduce::Shuffle { seed })
+        let cut = Cut::Random { seed };
+        self.exchange(Exchange::new(
+            cut,
+            self.exchange_partitions(),
+            Reduce::Shuffle { seed },
+        ))
     }
 
     /// Each distinct row once (nulls equal to nulls), in no particular
     /// order: rows are exchanged by a hash of the whole row, and each
     /// reducer keeps the first of its equal rows.
     pub fn distinct(&self) -> Self {
-        self.exchange(crate::Cut::Random { seed: 0 }, crate::Reduce::Distinct)
+        let cut = Cut::Random { seed: 0 };
+        self.exchange(Exchange::new(
+            cut,
+            self.exchange_partitions(),
+            Reduce::Distinct,
+        ))
     }
 
     /// Each distinct value of `column` once (null included), as a table of
     /// that one column, in no particular order: each map task keeps its
     /// own distinct values, exchanged by a hash of the value.
     pub fn unique(&self, column: &str) -> Self {
-        let unique = crate::Reduce::Unique {
+        let unique = Reduce::Unique {
             column: column.to_string(),
         };
-        self.then(LogicalOp::Exchange(crate::Exchange {
-            cut: crate::Cut::Hash {
-                keys: vec![column.to_string()],
-            },
-            partitions: self.exchange_partitions(),
-            reduce: unique.clone(),
-            partial: Some(unique),
-            reduce_resources: None,
-        }))
+        let cut = Cut::Hash {
+            keys: vec![column.to_string()],
+        };
+        self.exchange(Exchange {
+            partial: Some(unique.clone()),
+            ..Exchange::new(cut, self.exchange_partitions(), unique)
+        })
     }
 
-    fn exchange(&self, cut: crate::Cut, reduce: crate::Reduce) -> Self {
-        self.then(LogicalOp::Exchange(crate::Exchange {
-            cut,
-            partitions: self.exchange_partitions(),
-            reduce,
-            partial: None,
-            reduce_resources: None,
-        }))
+    fn exchange(&self, exchange: Exchange) -> Self {
+        self.then(LogicalOp::Exchange(exchange))
     }
 
     /// The rows in the order of the key columns `keys` (the first, then
@@ -97,44 +99,36 @@ impl Dataset {
     /// [`sort`](Self::sort) with nulls placed as `order` says.
     pub fn sort_with(&self, keys: &[&str], order: arrow_schema::SortOptions) -> Self {
         let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-        self.then(LogicalOp::Exchange(crate::Exchange {
-            cut: crate::Cut::Range {
-                keys: keys.clone(),
-                order,
-                boundaries: None,
-            },
-            partitions: self.exchange_partitions(),
-            reduce: crate::Reduce::Sort { keys, order },
-            partial: None,
-            reduce_resources: None,
-        }))
+        let cut = Cut::Range {
+            keys: keys.clone(),
+            order,
+            boundaries: None,
+        };
+        self.exchange(Exchange::new(
+            cut,
+            self.exchange_partitions(),
+            Reduce::Sort { keys, order },
+        ))
     }
 
     /// `chain` with each sort's boundaries sampled (by a job of its own,
     /// see [`sort`](Self::sort)).
     pub(crate) fn with_boundaries(&self, mut chain: Vec<LogicalOp>) -> Result<Vec<LogicalOp>> {
         for at in 0..chain.len() {
-            let (keys, order, n) = match &chain[at] {
-                LogicalOp::Exchange(crate::Exchange {
-                    cut:
-                        crate::Cut::Range {
-                            keys,
-                            order,
-                            boundaries: None,
-                        },
-                    partitions,
-                    ..
-                }) => (keys.clone(), *order, *partitions),
-                _ => continue,
-            };
-            let samples = self.sample_keys(&chain[..at], &keys)?;
-            let boundaries = crate::exchange::boundaries(&samples, order, n)?;
-            if let LogicalOp::Exchange(crate::Exchange {
-                cut: crate::Cut::Range { boundaries: b, .. },
+            let (before, rest) = chain.split_at_mut(at);
+            if let LogicalOp::Exchange(Exchange {
+                cut:
+                    Cut::Range {
+                        keys,
+                        order,
+                        boundaries: unsampled @ None,
+                    },
+                partitions,
                 ..
-            }) = &mut chain[at]
+            }) = &mut rest[0]
             {
-                *b = Some(boundaries);
+                let samples = self.sample_keys(before, keys)?;
+                *unsampled = Some(crate::exchange::boundaries(&samples, *order, *partitions)?);
             }
         }
         Ok(chain)
@@ -199,6 +193,13 @@ pub struct Grouped {
 }
 
 impl Grouped {
+    /// Rows cut by a hash of the keys.
+    fn cut(&self) -> Cut {
+        Cut::Hash {
+            keys: self.keys.clone(),
+        }
+    }
+
     /// Reducers: one per source split, or one for a single group.
     fn partitions(&self) -> usize {
         match self.keys.is_empty() {
@@ -226,16 +227,10 @@ impl Grouped {
             aggs: aggs.to_vec(),
             step,
         };
-        let partitions = self.partitions();
-        self.input.then(LogicalOp::Exchange(crate::Exchange {
-            cut: crate::Cut::Hash {
-                keys: self.keys.clone(),
-            },
-            partitions,
-            reduce: step(crate::Step::Final),
+        self.input.exchange(Exchange {
             partial: Some(step(crate::Step::Partial)),
-            reduce_resources: None,
-        }))
+            ..Exchange::new(self.cut(), self.partitions(), step(crate::Step::Final))
+        })
     }
 
     /// `udf` called on each group as a batch of its own (every row of the
@@ -267,19 +262,14 @@ impl Grouped {
             no_fuse: false,
             ..options.into()
         };
-        let partitions = self.partitions();
+        let groups = Reduce::Groups {
+            keys: self.keys.clone(),
+        };
         self.input
-            .then(LogicalOp::Exchange(crate::Exchange {
-                cut: crate::Cut::Hash {
-                    keys: self.keys.clone(),
-                },
-                partitions,
-                reduce: crate::Reduce::Groups {
-                    keys: self.keys.clone(),
-                },
-                partial: None,
+            .exchange(Exchange {
                 reduce_resources: Some(options.resources),
-            }))
+                ..Exchange::new(self.cut(), self.partitions(), groups)
+            })
             .map_batches(udf, options)
     }
 }

@@ -17,7 +17,7 @@ use arrow_row::Rows;
 use arrow_schema::{SchemaRef, SortOptions};
 
 use crate::aggregate::{Agg, Step, aggregate};
-use crate::partition::{Partitioned, by_hash, by_range, group, key_rows};
+use crate::partition::{Partitioned, by_hash, by_range, column_indices, group, key_rows};
 use crate::{Error, Result};
 
 /// How the map side picks each row's destination.
@@ -314,6 +314,19 @@ pub struct Exchange {
     pub reduce_resources: Option<streambatch_core::Resources>,
 }
 
+impl Exchange {
+    /// An exchange with no partial step, its reducers on one CPU each.
+    pub fn new(cut: Cut, partitions: usize, reduce: Reduce) -> Self {
+        Self {
+            cut,
+            partitions,
+            reduce,
+            partial: None,
+            reduce_resources: None,
+        }
+    }
+}
+
 /// Every column of `batch` encoded as comparable rows.
 fn whole_rows(batch: &RecordBatch) -> Result<Rows> {
     let all: Vec<usize> = (0..batch.num_columns()).collect();
@@ -322,27 +335,6 @@ fn whole_rows(batch: &RecordBatch) -> Result<Rows> {
 
 fn seeded_hash(rows: &Rows, row: usize, seed: u64) -> u64 {
     streambatch_core::mix64(streambatch_core::fnv1a(rows.row(row).as_ref()) ^ seed)
-}
-
-/// The positions of columns `names` in `batch`, or an error naming the one
-/// missing.
-pub(crate) fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Vec<usize>> {
-    names
-        .iter()
-        .map(|name| {
-            batch.schema().index_of(name).map_err(|_| {
-                Error::Invalid(format!(
-                    "no key column `{name}` among {:?}",
-                    batch
-                        .schema()
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                ))
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

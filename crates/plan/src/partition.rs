@@ -62,6 +62,27 @@ pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> R
     converter.convert_columns(&columns).map_err(arrow_error)
 }
 
+/// The positions of columns `names` in `batch`, or an error naming the one
+/// missing.
+pub(crate) fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Vec<usize>> {
+    names
+        .iter()
+        .map(|name| {
+            batch.schema().index_of(name).map_err(|_| {
+                Error::Invalid(format!(
+                    "no key column `{name}` among {:?}",
+                    batch
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                ))
+            })
+        })
+        .collect()
+}
+
 /// `batch`'s rows cut into `n` destinations by a hash of their key columns
 /// `keys` (seeded by `seed`): rows with equal keys, nulls included, go to
 /// the same destination.

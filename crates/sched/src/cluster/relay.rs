@@ -25,7 +25,7 @@ use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{Output, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
-use crate::job::{Keep, RunInput};
+use crate::job::{Keep, Part, RunInput};
 use crate::wire::groups::remote_member;
 use crate::wire::msg::PortMsg;
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};
@@ -283,7 +283,7 @@ impl RelayState {
                     id,
                     rows: slice.len as u64,
                     bytes,
-                    groups: slice.groups().map_or_else(Vec::new, |g| g.to_vec()),
+                    groups: Part::groups(&slice).map_or_else(Vec::new, <[u32]>::to_vec),
                 }
             }
             TaskEvent::Paused(run) => {

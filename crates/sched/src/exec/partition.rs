@@ -162,12 +162,6 @@ impl Slice {
         self
     }
 
-    /// Where each destination's rows start (and the end), when this is a
-    /// whole output of an exchange's map side.
-    pub fn groups(&self) -> Option<&Arc<[u32]>> {
-        self.groups.as_ref()
-    }
-
     /// [`Slice::sub`] for a range from elsewhere (a peer's order): `None`
     /// when it does not lie within this slice.
     pub fn sub_within(&self, offset: u64, len: u64) -> Option<Self> {

@@ -306,7 +306,6 @@ impl<P: Part> JobState<P> {
             piece.fill(origin, &whole);
         }
         self.pass_on_due();
-        self.emit_next();
         self.sort_waiting_tasks();
         for mut piece in std::mem::take(&mut self.reemit) {
             if !piece.fill(origin, &whole) {
