@@ -476,6 +476,16 @@ impl Dataset {
         &self.runner
     }
 
+    /// A dataset of this one's runner reading `splits`.
+    pub(crate) fn with_source(
+        &self,
+        name: &str,
+        splits: Vec<SourceSplit>,
+        schema: Option<SchemaRef>,
+    ) -> Self {
+        Self::from_source(self.runner.clone(), name, splits, schema)
+    }
+
     /// This dataset's runner with another plan.
     pub(crate) fn with_plan(&self, plan: Arc<LogicalPlan>) -> Self {
         Self {
@@ -798,6 +808,13 @@ impl Dataset {
 }
 
 fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
+    if let LogicalOp::Exchange(crate::Exchange {
+        reduce: crate::Reduce::Join(join),
+        ..
+    }) = &plan.op
+    {
+        return Ok(Some(join.schema()));
+    }
     let input = match &plan.input {
         Some(input) => match static_schema(input)? {
             Some(s) => s,

@@ -34,6 +34,15 @@ pub enum Cut {
         /// The seed.
         seed: u64,
     },
+    /// A join's inputs by a hash of each side's key columns (as
+    /// [`Cut::Hash`]), the side read from each batch's tag
+    /// ([`SIDE_TAG`](crate::SIDE_TAG)): equal keys of both sides meet.
+    Join {
+        /// The left input's key columns.
+        left: Vec<String>,
+        /// The right input's, as many, of the same types.
+        right: Vec<String>,
+    },
     /// By the key columns' order: destination `d` holds the keys after
     /// boundary `d - 1` up to boundary `d`, so the destinations in turn
     /// hold the keys in order.
@@ -56,6 +65,19 @@ impl Cut {
             Cut::Hash { keys } => {
                 let keys = column_indices(batch, keys)?;
                 by_hash(batch, &keys, n, 0)
+            }
+            Cut::Join { left, right } => {
+                let tag = batch.schema().metadata().get(crate::SIDE_TAG).cloned();
+                let keys = match tag.as_deref() {
+                    Some("0") => left,
+                    Some("1") => right,
+                    _ => {
+                        return Err(Error::Invalid(
+                            "join: a map output is not marked as either input's".into(),
+                        ));
+                    }
+                };
+                by_hash(batch, &column_indices(batch, keys)?, n, 0)
             }
             Cut::Random { seed } => {
                 let rows = whole_rows(batch)?;
@@ -157,6 +179,8 @@ pub enum Reduce {
         /// The key columns.
         keys: Vec<String>,
     },
+    /// A join's left and right rows joined ([`Dataset::join`](crate::Dataset::join)).
+    Join(crate::Join),
     /// Rows aggregated by keys ([`Dataset::groupby`](crate::Dataset::groupby)):
     /// a map task's rows to partial states, or partial states merged.
     Aggregate {
@@ -179,6 +203,7 @@ impl Reduce {
             Reduce::Sort { .. } => "sort",
             Reduce::Groups { .. } => "groups",
             Reduce::SampleKeys { .. } => "sample_keys",
+            Reduce::Join(_) => "join",
             Reduce::Aggregate {
                 step: Step::Partial,
                 ..
@@ -192,8 +217,10 @@ impl Reduce {
     /// Reduces one destination's rows, `batches`, of schema `schema`: one
     /// batch, or (for [`Reduce::Groups`]) one per group.
     pub fn run_all(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
-        let Reduce::Groups { keys } = self else {
-            return Ok(vec![self.run(schema, batches)?]);
+        let keys = match self {
+            Reduce::Groups { keys } => keys,
+            Reduce::Join(join) => return join.run(batches),
+            _ => return Ok(vec![self.run(schema, batches)?]),
         };
         let all = arrow_select::concat::concat_batches(schema, batches)
             .map_err(|e| self.arrow_error(e))?;
@@ -272,6 +299,7 @@ impl Reduce {
                 sorted
             }
             Reduce::Aggregate { .. }
+            | Reduce::Join(_)
             | Reduce::SampleKeys { .. }
             | Reduce::Groups { .. }
             | Reduce::Unique { .. } => {

@@ -68,6 +68,11 @@ impl Explain {
                 cut: s.cut.as_ref().map(|(cut, n)| match cut {
                     crate::Cut::Hash { keys } => format!("by hash of {} into {n}", keys.join(", ")),
                     crate::Cut::Random { .. } => format!("at random into {n}"),
+                    crate::Cut::Join { left, right } => format!(
+                        "by hash of {} (left) and {} (right) into {n}",
+                        left.join(", "),
+                        right.join(", ")
+                    ),
                     crate::Cut::Range { keys, .. } => {
                         format!("by sampled ranges of {} into {n}", keys.join(", "))
                     }

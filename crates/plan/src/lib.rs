@@ -15,6 +15,7 @@ mod exchange;
 mod explain;
 mod expr;
 mod images;
+mod join;
 pub mod ops;
 pub mod partition;
 mod plan;
@@ -30,6 +31,7 @@ mod stats;
 pub mod timeline;
 mod train_test_split;
 mod udf;
+mod union;
 
 pub use aggregate::{Agg, AggKind, Step};
 pub use all_to_all::Grouped;
@@ -40,6 +42,7 @@ pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use images::ImageSize;
+pub use join::{Join, JoinHow};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
@@ -54,6 +57,7 @@ pub use stats::{
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
 };
+pub use union::{SIDE_TAG, Side};
 
 /// A stream of batches: what sources yield and operators transform.
 pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

@@ -124,13 +124,14 @@ impl Stage {
                 let split = splits
                     .get(i)
                     .ok_or_else(|| Error::Invalid(format!("no split {i} in {}", self.name)))?;
-                (
-                    counted(
-                        split.open()?,
-                        counters.next().expect("a counter per operator"),
-                    ),
-                    ops,
-                )
+                let mut read = counted(
+                    split.open()?,
+                    counters.next().expect("a counter per operator"),
+                );
+                if let SourceSplit::Side { side, .. } = split {
+                    read = side.run(read, env)?;
+                }
+                (read, ops)
             }
             (StageKind::Map { ops }, TaskInput::Batches(batches)) => {
                 (Box::new(batches.into_iter().map(Ok)), ops)

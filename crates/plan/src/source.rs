@@ -82,6 +82,14 @@ pub enum SourceSplit {
         /// The schema inferred from the files.
         schema: SchemaRef,
     },
+    /// A split of one input of a union or a join, run with that input's
+    /// operators (see [`Side`](crate::Side)).
+    Side {
+        /// The split read.
+        inner: Arc<SourceSplit>,
+        /// The input's operators and tag.
+        side: Arc<crate::Side>,
+    },
     /// One side of a `train_test_split` of a split's rows.
     Sampled {
         /// The split read.
@@ -96,6 +104,9 @@ impl SourceSplit {
     pub fn open(&self) -> Result<BatchIter> {
         match self {
             SourceSplit::Sampled { inner, sample } => Ok(sample.filter(inner.open()?)),
+            // The side's operators need the task's environment: the stage
+            // runs them (`Stage::open`).
+            SourceSplit::Side { inner, .. } => inner.open(),
             SourceSplit::Range { start, end } => {
                 let (start, end) = (*start, *end);
                 let step = READ_BATCH_ROWS as i64;
@@ -153,7 +164,7 @@ impl SourceSplit {
     /// The files the split reads (none for a range or a batch).
     pub fn files(&self) -> Vec<&Path> {
         match self {
-            SourceSplit::Sampled { inner, .. } => inner.files(),
+            SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => inner.files(),
             SourceSplit::Range { .. } | SourceSplit::Batch(_) => Vec::new(),
             SourceSplit::Parquet { path, .. }
             | SourceSplit::Csv { path, .. }
@@ -187,6 +198,7 @@ impl SourceSplit {
                 if sample.test { "test" } else { "train" },
                 inner.describe()
             ),
+            SourceSplit::Side { inner, .. } => inner.describe(),
             SourceSplit::Range { start, end } => format!("range {start}..{end}"),
             SourceSplit::Batch(b) => format!("batch of {} rows", b.num_rows()),
             SourceSplit::Parquet { path, .. }
@@ -208,7 +220,9 @@ impl SourceSplit {
     /// outputs.
     pub fn held_bytes(&self) -> u64 {
         match self {
-            SourceSplit::Sampled { inner, .. } => inner.held_bytes(),
+            SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
+                inner.held_bytes()
+            }
             SourceSplit::BinaryFiles { largest, .. } => *largest,
             _ => 0,
         }

@@ -58,9 +58,17 @@ impl Dataset {
                         test_fraction,
                         test,
                     };
-                    *split = SourceSplit::Sampled {
+                    let sampled = |split: &SourceSplit| SourceSplit::Sampled {
                         inner: Arc::new(split.without_pruning()),
                         sample,
+                    };
+                    // A union's side samples its reads, before its operators.
+                    *split = match &*split {
+                        SourceSplit::Side { inner, side } => SourceSplit::Side {
+                            inner: Arc::new(sampled(inner)),
+                            side: side.clone(),
+                        },
+                        other => sampled(other),
                     };
                 }
             }
@@ -80,6 +88,7 @@ fn identity(split: &SourceSplit, ordinal: usize) -> u64 {
     match split {
         SourceSplit::Batch(_) => fnv1a(format!("batch {ordinal}").as_bytes()),
         SourceSplit::Sampled { sample, .. } => sample.key,
+        SourceSplit::Side { inner, .. } => identity(inner, ordinal),
         other => fnv1a(other.describe().as_bytes()),
     }
 }

@@ -47,7 +47,7 @@ pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
     Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream,
-    Error, Event, EventKind, Expr, Grouped, JobStats, LostRank, Named, NodeStats, OpStats,
+    Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named, NodeStats, OpStats,
     OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, Row, Split,
     SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, timeline,
 };
@@ -83,8 +83,9 @@ pub use parquet;
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, ParquetWriteOptions,
-        Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col, lit,
+        Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, JoinHow,
+        ParquetWriteOptions, Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col,
+        lit,
     };
     pub use arrow_array::RecordBatch;
 }

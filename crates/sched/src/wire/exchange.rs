@@ -4,7 +4,9 @@
 
 use arrow_schema::SortOptions;
 use rkyv::{Archive, Deserialize, Serialize};
-use streambatch_plan::{Agg, AggKind, Cut, Error, Reduce, Step};
+use streambatch_plan::{Agg, AggKind, Cut, Error, Join, JoinHow, Reduce, Step};
+
+use super::plan::{schema_bytes, schema_of};
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum CutSpec {
@@ -21,6 +23,10 @@ pub(crate) enum CutSpec {
         /// The boundaries as an Arrow IPC stream of one batch.
         boundaries: Vec<u8>,
     },
+    Join {
+        left: Vec<String>,
+        right: Vec<String>,
+    },
 }
 
 impl CutSpec {
@@ -28,6 +34,10 @@ impl CutSpec {
         Ok(match cut {
             Cut::Hash { keys } => Self::Hash { keys: keys.clone() },
             Cut::Random { seed } => Self::Random { seed: *seed },
+            Cut::Join { left, right } => Self::Join {
+                left: left.clone(),
+                right: right.clone(),
+            },
             Cut::Range {
                 keys,
                 order,
@@ -50,6 +60,10 @@ impl CutSpec {
         Ok(match self {
             Self::Hash { keys } => Cut::Hash { keys: keys.clone() },
             Self::Random { seed } => Cut::Random { seed: *seed },
+            Self::Join { left, right } => Cut::Join {
+                left: left.clone(),
+                right: right.clone(),
+            },
             Self::Range {
                 keys,
                 descending,
@@ -104,6 +118,15 @@ pub(crate) enum ReduceSpec {
         aggs: Vec<(u8, Option<String>)>,
         partial: bool,
     },
+    /// A join: its kind by name, its keys, and its inputs' schemas as
+    /// Arrow IPC streams with no batches.
+    Join {
+        how: String,
+        left_on: Vec<String>,
+        right_on: Vec<String>,
+        left: Vec<u8>,
+        right: Vec<u8>,
+    },
 }
 
 /// The aggregates' kinds in the order their wire number gives.
@@ -118,8 +141,8 @@ const AGG_KINDS: [AggKind; 7] = [
 ];
 
 impl ReduceSpec {
-    pub(crate) fn of(reduce: &Reduce) -> Self {
-        match reduce {
+    pub(crate) fn of(reduce: &Reduce) -> Result<Self, Error> {
+        Ok(match reduce {
             Reduce::Shuffle { seed } => Self::Shuffle { seed: *seed },
             Reduce::Distinct => Self::Distinct,
             Reduce::Unique { column } => Self::Unique {
@@ -146,7 +169,14 @@ impl ReduceSpec {
                     .collect(),
                 partial: *step == Step::Partial,
             },
-        }
+            Reduce::Join(join) => Self::Join {
+                how: join.how.name().to_string(),
+                left_on: join.left_on.clone(),
+                right_on: join.right_on.clone(),
+                left: schema_bytes(&join.left)?,
+                right: schema_bytes(&join.right)?,
+            },
+        })
     }
 
     pub(crate) fn reduce(&self) -> Result<Reduce, Error> {
@@ -192,6 +222,25 @@ impl ReduceSpec {
                     .collect::<Result<_, Error>>()?,
                 step: if *partial { Step::Partial } else { Step::Final },
             },
+            // Rebuilt through `Join::new`, which checks the keys against
+            // the schemas.
+            Self::Join {
+                how,
+                left_on,
+                right_on,
+                left,
+                right,
+            } => {
+                let l: Vec<&str> = left_on.iter().map(String::as_str).collect();
+                let r: Vec<&str> = right_on.iter().map(String::as_str).collect();
+                Reduce::Join(Join::new(
+                    JoinHow::parse(how)?,
+                    &l,
+                    &r,
+                    schema_of(left)?,
+                    schema_of(right)?,
+                )?)
+            }
         })
     }
 }

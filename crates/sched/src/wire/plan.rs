@@ -12,7 +12,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, RowSample, SourceSplit, Stage, StageKind,
+    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, RowSample, Side, SourceSplit, Stage,
+    StageKind,
 };
 
 use super::exchange::{CutSpec, ReduceSpec};
@@ -39,6 +40,11 @@ pub(crate) enum KindSpec {
         splits: Vec<SplitSpec>,
         /// Per split, the side of a `train_test_split` it reads, if any.
         samples: Vec<Option<SampleSpec>>,
+        /// Per split, the input of a union or join it reads (its place in
+        /// `inputs`), if any.
+        input_of: Vec<Option<u32>>,
+        /// The inputs of a union or join: their operators and tags.
+        inputs: Vec<InputSpec>,
         ops: Vec<OpWire>,
     },
     Map {
@@ -73,6 +79,13 @@ pub(crate) enum OpKindSpec {
         max_row_group_rows: u64,
     },
     Reduce(ReduceSpec),
+}
+
+/// An input of a union or a join ([`streambatch_plan::Side`]).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct InputSpec {
+    ops: Vec<OpWire>,
+    tag: Option<u8>,
 }
 
 /// A `RowSample`: which rows of its split a side keeps.
@@ -167,15 +180,18 @@ impl PlanSpec {
             .map(|stage| {
                 let kind = match &stage.kind {
                     StageKind::Source { splits, ops } => {
+                        let (input_of, inputs, splits) = input_specs(splits)?;
                         let (splits, samples) = splits
                             .iter()
-                            .map(sampled_spec)
+                            .map(|s| sampled_spec(s))
                             .collect::<Result<Vec<_>, _>>()?
                             .into_iter()
                             .unzip();
                         KindSpec::Source {
                             splits,
                             samples,
+                            input_of,
+                            inputs,
                             ops: ops_spec(ops)?,
                         }
                     }
@@ -231,9 +247,16 @@ impl PlanSpec {
                     KindSpec::Source {
                         splits,
                         samples,
+                        input_of,
+                        inputs,
                         ops,
                     } => StageKind::Source {
-                        splits: sampled_splits(splits, samples)?,
+                        splits: with_inputs(
+                            sampled_splits(splits, samples)?,
+                            input_of,
+                            inputs,
+                            registry,
+                        )?,
                         ops: ops_of(ops, registry)?,
                     },
                     KindSpec::Map { ops } => StageKind::Map {
@@ -286,6 +309,83 @@ fn cannot_travel(what: &str, why: &str) -> Error {
         "{what} cannot run on a cluster: {why}; run it with Context::local(), or make it \
          from a Registry so that every node can rebuild it"
     ))
+}
+
+/// `splits` without their union or join inputs; per split, its input's
+/// place among the inputs, each given once.
+#[allow(clippy::type_complexity)]
+fn input_specs(
+    splits: &[SourceSplit],
+) -> Result<(Vec<Option<u32>>, Vec<InputSpec>, Vec<&SourceSplit>), Error> {
+    let mut seen: Vec<&Arc<Side>> = Vec::new();
+    let mut inputs = Vec::new();
+    let mut input_of = Vec::new();
+    let mut inner = Vec::new();
+    for split in splits {
+        let SourceSplit::Side { inner: read, side } = split else {
+            input_of.push(None);
+            inner.push(split);
+            continue;
+        };
+        let at = match seen.iter().position(|s| Arc::ptr_eq(s, side)) {
+            Some(at) => at,
+            None => {
+                seen.push(side);
+                inputs.push(InputSpec {
+                    ops: ops_spec(&side.ops)?,
+                    tag: side.tag,
+                });
+                seen.len() - 1
+            }
+        };
+        input_of.push(Some(at as u32));
+        inner.push(read.as_ref());
+    }
+    Ok((input_of, inputs, inner))
+}
+
+/// `splits` wrapped with the union or join inputs they read, checked.
+fn with_inputs(
+    splits: Vec<SourceSplit>,
+    input_of: &[Option<u32>],
+    inputs: &[InputSpec],
+    registry: &Registry,
+) -> Result<Vec<SourceSplit>, Error> {
+    if input_of.len() != splits.len() {
+        return Err(Error::Invalid(format!(
+            "a source of {} splits came with {} inputs",
+            splits.len(),
+            input_of.len()
+        )));
+    }
+    let sides = inputs
+        .iter()
+        .map(|input| {
+            Ok(Arc::new(Side {
+                ops: ops_of(&input.ops, registry)?,
+                tag: input.tag,
+            }))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    splits
+        .into_iter()
+        .zip(input_of)
+        .map(|(split, at)| match at {
+            None => Ok(split),
+            Some(at) => {
+                let side = sides.get(*at as usize).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "a split reads input {at} of a source of {} inputs",
+                        sides.len()
+                    ))
+                })?;
+                Ok(SourceSplit::Side {
+                    inner: Arc::new(split),
+                    side: side.clone(),
+                })
+            }
+        })
+        .collect()
 }
 
 /// A split as it travels, and the side of a `train_test_split` it reads.
@@ -346,6 +446,12 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
                 "a node reads one side of one split",
             ));
         }
+        SourceSplit::Side { .. } => {
+            return Err(cannot_travel(
+                "a union inside a train_test_split's side",
+                "a node reads a union's input, then its sample",
+            ));
+        }
         SourceSplit::Range { start, end } => SplitSpec::Range {
             start: *start,
             end: *end,
@@ -393,7 +499,7 @@ fn absolute(path: &std::path::Path) -> String {
 }
 
 /// `schema` as an Arrow IPC stream holding no batch.
-fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
+pub(super) fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
     let encode = || {
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
         writer.finish()?;
@@ -403,7 +509,7 @@ fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
 }
 
 /// The schema of an IPC stream made by [`schema_bytes`], checked.
-fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
+pub(super) fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
     arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
         .map(|r| r.schema())
         .map_err(|e| Error::Invalid(format!("a source's schema does not decode: {e}")))
@@ -471,7 +577,7 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                         max_row_group_rows: parquet.max_row_group_rows as u64,
                     }
                 }
-                OpKind::Reduce(reduce) => OpKindSpec::Reduce(ReduceSpec::of(reduce)),
+                OpKind::Reduce(reduce) => OpKindSpec::Reduce(ReduceSpec::of(reduce)?),
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }

@@ -1,0 +1,445 @@
+//! `join`: a hash join with both inputs exchanged. The two inputs are read
+//! side by side by one source stage (see `union.rs`), each batch tagged
+//! with its side; the map side cuts each batch by a hash of its side's key
+//! columns (equal keys of either side meet at one reducer), and each
+//! reducer joins its left rows with its right rows ([`Join::run`]).
+//!
+//! Keys follow SQL: a row with a null key matches nothing (it is kept,
+//! unmatched, by the outer joins and the anti join). Keys are compared as
+//! `arrow-row` encodes them, so the two sides' key columns must have the
+//! same types (checked when the join is built).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_row::Rows;
+use arrow_schema::{Field, Schema, SchemaRef};
+
+use crate::dataset::Dataset;
+use crate::partition::{column_indices, key_rows};
+use crate::union::SIDE_TAG;
+use crate::{Cut, Error, Exchange, Reduce, Result};
+
+/// Which rows a join keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinHow {
+    /// Each pair of a left and a right row with equal keys.
+    Inner,
+    /// The inner pairs, and each unmatched left row with nulls for the right.
+    Left,
+    /// The inner pairs, and each unmatched right row with nulls for the left.
+    Right,
+    /// The inner pairs and both sides' unmatched rows.
+    Full,
+    /// Each left row that has a match, once, with the left's columns.
+    Semi,
+    /// Each left row that has no match, with the left's columns.
+    Anti,
+}
+
+impl JoinHow {
+    /// The name in plans and TOML: `inner`, `left`, `right`, `full`,
+    /// `semi`, `anti`.
+    pub fn name(self) -> &'static str {
+        match self {
+            JoinHow::Inner => "inner",
+            JoinHow::Left => "left",
+            JoinHow::Right => "right",
+            JoinHow::Full => "full",
+            JoinHow::Semi => "semi",
+            JoinHow::Anti => "anti",
+        }
+    }
+
+    /// The join named `name` (see [`name`](Self::name)).
+    pub fn parse(name: &str) -> Result<Self> {
+        [
+            JoinHow::Inner,
+            JoinHow::Left,
+            JoinHow::Right,
+            JoinHow::Full,
+            JoinHow::Semi,
+            JoinHow::Anti,
+        ]
+        .into_iter()
+        .find(|how| how.name() == name)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "no join `{name}`: inner, left, right, full, semi or anti"
+            ))
+        })
+    }
+
+    fn keeps_left_unmatched(self) -> bool {
+        matches!(self, JoinHow::Left | JoinHow::Full)
+    }
+
+    fn keeps_right_unmatched(self) -> bool {
+        matches!(self, JoinHow::Right | JoinHow::Full)
+    }
+}
+
+/// A join's reducer: its destination's left rows joined with its right
+/// rows. Its output has the left's columns, then the right's; a right key
+/// column named as its left key is left out (the left's holds the key,
+/// the right's where only the right matched), and a right column named as
+/// a left one is renamed `<name>_right`. Semi and anti joins keep the
+/// left's columns only.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Join {
+    /// Which rows it keeps.
+    pub how: JoinHow,
+    /// The left's key columns.
+    pub left_on: Vec<String>,
+    /// The right's, as many, of the same types.
+    pub right_on: Vec<String>,
+    /// The left input's schema.
+    pub left: SchemaRef,
+    /// The right input's schema.
+    pub right: SchemaRef,
+}
+
+/// Output rows per batch: a key shared by many rows on both sides makes
+/// their product, emitted in parts.
+const OUTPUT_ROWS: usize = 64 * 1024;
+
+impl Join {
+    /// A join of inputs of schemas `left` and `right`, checked: each key
+    /// column exists on its side, the two sides' keys have equal types, and
+    /// the output's column names are distinct.
+    pub fn new(
+        how: JoinHow,
+        left_on: &[&str],
+        right_on: &[&str],
+        left: SchemaRef,
+        right: SchemaRef,
+    ) -> Result<Self> {
+        if left_on.is_empty() || left_on.len() != right_on.len() {
+            return Err(Error::Invalid(format!(
+                "join: {} left keys and {} right keys; give one or more of each, as many",
+                left_on.len(),
+                right_on.len()
+            )));
+        }
+        for (l, r) in left_on.iter().zip(right_on) {
+            let field = |schema: &Schema, name: &str, side: &str| {
+                schema.field_with_name(name).cloned().map_err(|_| {
+                    Error::Invalid(format!(
+                        "join: no key column `{name}` in the {side} input's columns {:?}",
+                        schema
+                            .fields()
+                            .iter()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                    ))
+                })
+            };
+            let (lf, rf) = (field(&left, l, "left")?, field(&right, r, "right")?);
+            if lf.data_type() != rf.data_type() {
+                return Err(Error::Invalid(format!(
+                    "join: the key `{l}` is {} on the left and `{r}` is {} on the right; \
+                     cast one to the other's type first",
+                    lf.data_type(),
+                    rf.data_type()
+                )));
+            }
+        }
+        let join = Self {
+            how,
+            left_on: left_on.iter().map(|s| s.to_string()).collect(),
+            right_on: right_on.iter().map(|s| s.to_string()).collect(),
+            left,
+            right,
+        };
+        let schema = join.schema();
+        let mut names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::Invalid(format!(
+                "join: two output columns are named `{}`; rename one side's first",
+                w[0]
+            )));
+        }
+        Ok(join)
+    }
+
+    /// The right's columns in the output, by position: all but the keys
+    /// named as their left key.
+    fn right_kept(&self) -> Vec<usize> {
+        (0..self.right.fields().len())
+            .filter(|&i| {
+                let name = self.right.field(i).name();
+                !self
+                    .left_on
+                    .iter()
+                    .zip(&self.right_on)
+                    .any(|(l, r)| r == name && l == name)
+            })
+            .collect()
+    }
+
+    /// The output's schema: every column nullable (an input's batches may
+    /// differ in their columns' nullability, and outer joins add nulls).
+    pub fn schema(&self) -> SchemaRef {
+        let nullable = |f: &Field| f.clone().with_nullable(true);
+        let mut fields: Vec<Field> = self.left.fields().iter().map(|f| nullable(f)).collect();
+        if !matches!(self.how, JoinHow::Semi | JoinHow::Anti) {
+            for i in self.right_kept() {
+                let f = nullable(self.right.field(i));
+                fields.push(match self.left.field_with_name(f.name()) {
+                    Ok(_) => f.clone().with_name(format!("{}_right", f.name())),
+                    Err(_) => f,
+                });
+            }
+        }
+        Arc::new(Schema::new(fields))
+    }
+
+    /// The right's key column that a left key column `name` is coalesced
+    /// with (the right key of the same name), if any.
+    fn coalesced(&self, name: &str) -> Option<usize> {
+        self.left_on
+            .iter()
+            .zip(&self.right_on)
+            .find(|(l, r)| *l == name && *r == name)
+            .and_then(|(_, r)| self.right.index_of(r).ok())
+    }
+
+    /// Joins one destination's rows, `batches`: each a batch of one side,
+    /// tagged as the map side tagged it.
+    pub fn run(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+        let (left, right) = self.sides(batches)?;
+        let lkeys = JoinKeys::of(&left, &self.left_on)?;
+        let rkeys = JoinKeys::of(&right, &self.right_on)?;
+        // The right's rows by key: the first row of each key, and each
+        // row's next of the same key (u32::MAX ends a chain).
+        let mut first: HashMap<&[u8], u32, foldhash::fast::RandomState> = HashMap::default();
+        let mut next = vec![u32::MAX; right.num_rows()];
+        for j in (0..right.num_rows()).rev() {
+            if let Some(key) = rkeys.key(j) {
+                if let Some(after) = first.insert(key, j as u32) {
+                    next[j] = after;
+                }
+            }
+        }
+        let mut pairs = Pairs::default();
+        let mut right_matched = vec![false; right.num_rows()];
+        for i in 0..left.num_rows() {
+            let mut j = lkeys
+                .key(i)
+                .and_then(|k| first.get(k).copied())
+                .unwrap_or(u32::MAX);
+            let matched = j != u32::MAX;
+            match self.how {
+                JoinHow::Semi | JoinHow::Anti => {
+                    if matched == (self.how == JoinHow::Semi) {
+                        pairs.push(Some(i as u32), None);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            while j != u32::MAX {
+                pairs.push(Some(i as u32), Some(j));
+                right_matched[j as usize] = true;
+                j = next[j as usize];
+            }
+            if !matched && self.how.keeps_left_unmatched() {
+                pairs.push(Some(i as u32), None);
+            }
+        }
+        if self.how.keeps_right_unmatched() {
+            for (j, _) in right_matched.iter().enumerate().filter(|(_, m)| !**m) {
+                pairs.push(None, Some(j as u32));
+            }
+        }
+        pairs
+            .chunks()
+            .map(|(l, r)| self.output(&left, &right, l, r))
+            .collect()
+    }
+
+    /// The left and the right rows of `batches`, each concatenated.
+    fn sides(&self, batches: &[RecordBatch]) -> Result<(RecordBatch, RecordBatch)> {
+        let mut sides: [Vec<RecordBatch>; 2] = [Vec::new(), Vec::new()];
+        for batch in batches {
+            let tag = batch.schema().metadata().get(SIDE_TAG).cloned();
+            match tag.as_deref() {
+                Some("0") => sides[0].push(batch.clone()),
+                Some("1") => sides[1].push(batch.clone()),
+                _ => {
+                    return Err(Error::Invalid(
+                        "join: a reducer got rows that are not marked as either input's".into(),
+                    ));
+                }
+            }
+        }
+        let concat = |schema: &SchemaRef, batches: &[RecordBatch], side: &str| {
+            let columns = |s: &Schema| -> Vec<(String, arrow_schema::DataType)> {
+                s.fields()
+                    .iter()
+                    .map(|f| (f.name().clone(), f.data_type().clone()))
+                    .collect()
+            };
+            let schema = Arc::new(Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone().with_nullable(true))
+                    .collect::<Vec<_>>(),
+            ));
+            for b in batches {
+                if columns(&b.schema()) != columns(&schema) {
+                    return Err(Error::Invalid(format!(
+                        "join: the {side} input's rows have the columns {:?}, not those it \
+                         was planned with ({:?})",
+                        b.schema().fields(),
+                        schema.fields()
+                    )));
+                }
+            }
+            arrow_select::concat::concat_batches(&schema, batches)
+                .map_err(|e| Error::arrow("join", e))
+        };
+        let [l, r] = sides;
+        Ok((
+            concat(&self.left, &l, "left")?,
+            concat(&self.right, &r, "right")?,
+        ))
+    }
+
+    /// The output rows pairing `left` rows `li` with `right` rows `ri`
+    /// (null: none).
+    fn output(
+        &self,
+        left: &RecordBatch,
+        right: &RecordBatch,
+        li: UInt32Array,
+        ri: UInt32Array,
+    ) -> Result<RecordBatch> {
+        let take = |c: &ArrayRef, at: &UInt32Array| {
+            arrow_select::take::take(c.as_ref(), at, None).map_err(|e| Error::arrow("join", e))
+        };
+        let mut columns = Vec::new();
+        for (i, field) in self.left.fields().iter().enumerate() {
+            let mut column = take(left.column(i), &li)?;
+            if let (Some(r), true) = (
+                self.coalesced(field.name()),
+                self.how.keeps_right_unmatched(),
+            ) {
+                let from_left =
+                    BooleanArray::from_iter((0..li.len()).map(|k| Some(li.is_valid(k))));
+                let right_key = take(right.column(r), &ri)?;
+                column = arrow_select::zip::zip(&from_left, &column, &right_key)
+                    .map_err(|e| Error::arrow("join", e))?;
+            }
+            columns.push(column);
+        }
+        if !matches!(self.how, JoinHow::Semi | JoinHow::Anti) {
+            for j in self.right_kept() {
+                columns.push(take(right.column(j), &ri)?);
+            }
+        }
+        RecordBatch::try_new(self.schema(), columns).map_err(|e| Error::arrow("join", e))
+    }
+}
+
+/// One side's key columns as comparable rows, and which rows have a null
+/// key (matching nothing).
+struct JoinKeys {
+    rows: Rows,
+    null: Vec<bool>,
+}
+
+impl JoinKeys {
+    fn of(batch: &RecordBatch, keys: &[String]) -> Result<Self> {
+        let at = column_indices(batch, keys)?;
+        let mut null = vec![false; batch.num_rows()];
+        for &k in &at {
+            let column = batch.column(k);
+            if column.null_count() > 0 {
+                for (row, null) in null.iter_mut().enumerate() {
+                    *null |= column.is_null(row);
+                }
+            }
+        }
+        Ok(Self {
+            rows: key_rows(batch, &at, &[])?,
+            null,
+        })
+    }
+
+    fn key(&self, row: usize) -> Option<&[u8]> {
+        (!self.null[row]).then(|| self.rows.row(row).data())
+    }
+}
+
+/// Output rows as pairs of a left and a right row (either may be none).
+#[derive(Default)]
+struct Pairs {
+    left: Vec<Option<u32>>,
+    right: Vec<Option<u32>>,
+}
+
+impl Pairs {
+    fn push(&mut self, left: Option<u32>, right: Option<u32>) {
+        self.left.push(left);
+        self.right.push(right);
+    }
+
+    /// The pairs as index arrays of at most [`OUTPUT_ROWS`] rows each.
+    fn chunks(&self) -> impl Iterator<Item = (UInt32Array, UInt32Array)> + '_ {
+        self.left
+            .chunks(OUTPUT_ROWS)
+            .zip(self.right.chunks(OUTPUT_ROWS))
+            .map(|(l, r)| (UInt32Array::from(l.to_vec()), UInt32Array::from(r.to_vec())))
+    }
+}
+
+impl Dataset {
+    /// The rows of this dataset (the left) joined with `other`'s (the
+    /// right) on equal values of the columns `on` (named alike on both
+    /// sides), keeping the rows `how` says; see [`join_on`](Self::join_on).
+    ///
+    /// ```
+    /// # use streambatch_plan::{Dataset, JoinHow};
+    /// # fn named(orders: &Dataset, customers: &Dataset) -> streambatch_plan::Result<Dataset> {
+    /// orders.join(customers, &["customer"], JoinHow::Left)
+    /// # }
+    /// ```
+    pub fn join(&self, other: &Dataset, on: &[&str], how: JoinHow) -> Result<Dataset> {
+        self.join_on(other, on, on, how)
+    }
+
+    /// The rows of this dataset joined with `other`'s where each of the
+    /// left's columns `left_on` equals the right's column of the same place
+    /// in `right_on` (see [`Join`] for the output's columns). Both inputs
+    /// are read by one source stage (each must be a source and row-wise
+    /// operators, as for [`union`](Self::union)) and exchanged by a hash
+    /// of their keys to as many reducers as they have splits together, up
+    /// to 1,024; each reducer builds a hash table of its right rows and
+    /// probes it with its left rows. The inputs' schemas are needed now:
+    /// where the plan does not know one, its first batch is computed.
+    pub fn join_on(
+        &self,
+        other: &Dataset,
+        left_on: &[&str],
+        right_on: &[&str],
+        how: JoinHow,
+    ) -> Result<Dataset> {
+        let join = Join::new(how, left_on, right_on, self.schema()?, other.schema()?)?;
+        let cut = Cut::Join {
+            left: join.left_on.clone(),
+            right: join.right_on.clone(),
+        };
+        let name = format!("join[{}]", how.name());
+        let read = self.read_sides(&[self, other], &[Some(0), Some(1)], &name, None)?;
+        let partitions = read.exchange_partitions();
+        Ok(read.then(crate::plan::LogicalOp::Exchange(Exchange::new(
+            cut,
+            partitions,
+            Reduce::Join(join),
+        ))))
+    }
+}
