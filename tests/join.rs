@@ -282,3 +282,42 @@ fn a_join_then_a_groupby_and_a_sort() {
         "{explain}"
     );
 }
+
+#[test]
+fn a_toml_pipeline_joins_and_unions() {
+    let dir = tempfile::tempdir().unwrap();
+    // The right input: ids 0..100 with their squares, as Parquet.
+    let squares = ctx()
+        .range(100, 2)
+        .with_column("square", col("id") * col("id"));
+    squares.write_parquet(dir.path().join("squares")).unwrap();
+    let file = dir.path().join("p.toml");
+    std::fs::write(
+        &file,
+        "[node]\ncpus = 2\ngpus = 0\n\n[source]\nrange = { n = 1000, partitions = 4 }\n\n\
+         [[ops]]\nop = \"union\"\nwith = [{ range = { n = 50, partitions = 1 } }]\n\n\
+         [[ops]]\nop = \"join\"\nwith = { read_parquet = \"squares\" }\non = [\"id\"]\n\n\
+         [sink]\nwrite_parquet = \"out\"\n",
+    )
+    .unwrap();
+    let explained = streambatch::pipeline::explain_pipeline(&file, None).unwrap();
+    assert!(explained.contains("join[inner](union("), "{explained}");
+    streambatch::pipeline::run_pipeline(&file).unwrap();
+    let out = ctx()
+        .read_parquet(&dir.path().join("out").display().to_string())
+        .unwrap()
+        .collect()
+        .unwrap();
+    // Ids 0..50 twice (both inputs of the union), 50..100 once.
+    let mut expected: Vec<i64> = (0..100).chain(0..50).collect();
+    expected.sort();
+    assert_eq!(sorted_i64(&out, "id"), expected);
+    let mut squares: Vec<i64> = expected.iter().map(|v| v * v).collect();
+    squares.sort();
+    assert_eq!(sorted_i64(&out, "square"), squares);
+    // A join that is not one is named with the file.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("on = [", "how = \"outer\"\non = [")).unwrap();
+    let err = streambatch::pipeline::run_pipeline(&file).err().unwrap().to_string();
+    assert!(err.contains("p.toml") && err.contains("no join `outer`"), "{err}");
+}

@@ -6,7 +6,7 @@ mod common;
 
 use arrow_array::RecordBatch;
 use common::{Cluster, NodeSpec};
-use streambatch::{Agg, Context, Dataset, Resources};
+use streambatch::{Agg, Context, Dataset, JoinHow, Resources};
 use streambatch_bench::registry;
 
 const ROWS: u64 = 96;
@@ -54,6 +54,41 @@ fn single_node() -> Vec<Vec<i64>> {
     ids.sort_unstable();
     assert_eq!(ids, (0..ROWS as i64).collect::<Vec<_>>());
     out
+}
+
+/// The ids of the 96 produced rows joined with ids 0..48 (inner, left
+/// and anti), and of their union with those ids, each sorted.
+fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
+    let params = [0u64.to_le_bytes(), (1u64 << 10).to_le_bytes()].concat();
+    let produced = ctx
+        .range(ROWS, SPLITS)
+        .map_batches(
+            registry().udf("w1.produce", &params).unwrap(),
+            Resources::cpu(1.0).batch_rows(5),
+        )
+        .named("produce");
+    let first_half = ctx.range(ROWS / 2, 4);
+    let ids = |ds: Dataset| {
+        let mut ids: Vec<i64> = ds
+            .collect()
+            .unwrap()
+            .iter()
+            .flat_map(|b| {
+                let c = b.column_by_name("id").unwrap().as_any();
+                let c = c.downcast_ref::<arrow_array::Int64Array>().unwrap();
+                c.values().to_vec()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    let join = |how| produced.join(&first_half, &["id"], how).unwrap();
+    vec![
+        ids(join(JoinHow::Inner)),
+        ids(join(JoinHow::Left)),
+        ids(join(JoinHow::Anti)),
+        ids(produced.union(&[&first_half]).unwrap()),
+    ]
 }
 
 #[test]
@@ -119,6 +154,24 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         })
         .collect();
     assert_eq!(sorted, (0..n).rev().collect::<Vec<_>>());
+    // A join and a union read their two inputs on both nodes.
+    let local = Context::with_config(streambatch::NodeConfig {
+        cpus: 2.0,
+        gpus: Some(0.0),
+        ..Default::default()
+    })
+    .unwrap();
+    let got = join_and_union(&ctx);
+    assert_eq!(got, join_and_union(&local));
+    let mut union: Vec<i64> = (0..n).chain(0..n / 2).collect();
+    union.sort_unstable();
+    let expected = [
+        (0..n / 2).collect(),
+        (0..n).collect(),
+        (n / 2..n).collect(),
+        union,
+    ];
+    assert_eq!(got, expected);
     let stats = ds.stats().unwrap();
     for node in ["worker-1", "worker-2"] {
         let n = stats.nodes.iter().find(|n| n.name == node).unwrap();

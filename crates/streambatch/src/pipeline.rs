@@ -62,7 +62,26 @@ enum Op {
         keys: Vec<String>,
         aggs: Vec<String>,
     },
+    /// The rows so far joined with `with`'s on `on` (the right's keys
+    /// `right_on` where named otherwise); `how` as `JoinHow::parse` reads
+    /// it, inner by default.
+    Join {
+        with: Source,
+        on: Vec<String>,
+        #[serde(default)]
+        right_on: Option<Vec<String>>,
+        #[serde(default = "inner")]
+        how: String,
+    },
+    /// The rows so far and those of each of `with`.
+    Union {
+        with: Vec<Source>,
+    },
     Wgsl(Kernel),
+}
+
+fn inner() -> String {
+    "inner".into()
 }
 
 #[derive(Deserialize, Serialize, Clone)]
@@ -230,12 +249,19 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
         None => Context::with_config(node)?.with_progress(),
     };
     let registry = crate::registry();
-    let mut ds: Dataset = match &spec.source {
-        Source::ReadParquet(p) => ctx.read_parquet(&resolve(p))?,
-        Source::ReadCsv(p) => ctx.read_csv(&resolve(p))?,
-        Source::ReadBinaryFiles(p) => ctx.read_binary_files(&resolve(p))?,
-        Source::Range { n, partitions } => ctx.range(*n, *partitions),
+    let read = |source: &Source| -> Result<Dataset> {
+        Ok(match source {
+            Source::ReadParquet(p) => ctx.read_parquet(&resolve(p))?,
+            Source::ReadCsv(p) => ctx.read_csv(&resolve(p))?,
+            Source::ReadBinaryFiles(p) => ctx.read_binary_files(&resolve(p))?,
+            Source::Range { n, partitions } => ctx.range(*n, *partitions),
+        })
     };
+    let bad_file = |e: Error| Error::BadFile {
+        path: file.to_path_buf(),
+        message: e.to_string(),
+    };
+    let mut ds = read(&spec.source)?;
     for op in &spec.ops {
         ds = match op {
             Op::PreprocessImages => ds
@@ -262,6 +288,26 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
                     })?;
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 ds.groupby(&keys).aggregate(&aggs)
+            }
+            Op::Join {
+                with,
+                on,
+                right_on,
+                how,
+            } => {
+                let how = crate::JoinHow::parse(how).map_err(bad_file)?;
+                let left: Vec<&str> = on.iter().map(String::as_str).collect();
+                let right: Vec<&str> = match right_on {
+                    Some(keys) => keys.iter().map(String::as_str).collect(),
+                    None => left.clone(),
+                };
+                ds.join_on(&read(with)?, &left, &right, how)
+                    .map_err(bad_file)?
+            }
+            Op::Union { with } => {
+                let others = with.iter().map(&read).collect::<Result<Vec<_>>>()?;
+                let others: Vec<&Dataset> = others.iter().collect();
+                ds.union(&others).map_err(bad_file)?
             }
             Op::Wgsl(k) => {
                 let path = base.join(&k.file);

@@ -641,7 +641,7 @@ mod tests {
 
     use arrow_schema::{DataType, Field, Schema};
     use streambatch_plan::{
-        ExecPlan, ImageSize, Registry, RowSample, SourceSplit, Stage, StageKind,
+        ExecPlan, ImageSize, Registry, RowSample, Side, SourceSplit, Stage, StageKind,
     };
 
     use super::PlanSpec;
@@ -676,6 +676,52 @@ mod tests {
             StageKind::Source { splits, .. } => splits,
             _ => panic!("not a source"),
         }
+    }
+
+    #[test]
+    fn the_inputs_of_a_join_travel_once_each_with_their_splits() {
+        let side = |tag| {
+            Arc::new(Side {
+                ops: Vec::new(),
+                tag: Some(tag),
+            })
+        };
+        let (left, right) = (side(0), side(1));
+        let range = |start| SourceSplit::Range {
+            start,
+            end: start + 10,
+        };
+        let splits = [(0, &left), (10, &left), (20, &right), (30, &left)]
+            .map(|(start, side)| SourceSplit::Side {
+                inner: Arc::new(range(start)),
+                side: side.clone(),
+            })
+            .into_iter()
+            .chain([range(40)])
+            .collect();
+        let got = travelled(splits);
+        let read: Vec<(String, Option<u8>)> = got
+            .iter()
+            .map(|s| match s {
+                SourceSplit::Side { inner, side } => (inner.describe(), side.tag),
+                plain => (plain.describe(), None),
+            })
+            .collect();
+        let tags = [Some(0), Some(0), Some(1), Some(0), None];
+        let expected: Vec<(String, Option<u8>)> = (0..5)
+            .map(|i| (format!("range {}..{}", i * 10, i * 10 + 10), tags[i as usize]))
+            .collect();
+        assert_eq!(read, expected);
+        // One side per input, shared by its splits.
+        let sides: Vec<&Arc<Side>> = got
+            .iter()
+            .filter_map(|s| match s {
+                SourceSplit::Side { side, .. } => Some(side),
+                _ => None,
+            })
+            .collect();
+        assert!(Arc::ptr_eq(sides[0], sides[1]) && Arc::ptr_eq(sides[0], sides[3]));
+        assert!(!Arc::ptr_eq(sides[0], sides[2]));
     }
 
     #[test]
