@@ -318,6 +318,12 @@ fn a_toml_pipeline_joins_and_unions() {
     // A join that is not one is named with the file.
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, text.replace("on = [", "how = \"outer\"\non = [")).unwrap();
-    let err = streambatch::pipeline::run_pipeline(&file).err().unwrap().to_string();
-    assert!(err.contains("p.toml") && err.contains("no join `outer`"), "{err}");
+    let err = streambatch::pipeline::run_pipeline(&file)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("p.toml") && err.contains("no join `outer`"),
+        "{err}"
+    );
 }

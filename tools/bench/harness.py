@@ -1,6 +1,6 @@
-"""Runs W1 to W6, G1 and the binary-files benchmark (docs/workloads.md) in
-streambatch, Ray Data, (W3, W4, G1) Daft, (W6a) PyTorch's DataLoader and
-(G1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W6, G1, J1 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data, (W3, W4, G1, J1) Daft, (W6a) PyTorch's DataLoader and
+(G1, J1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -31,6 +31,8 @@ DAFT = [sys.executable, "tools/bench/daft_workloads.py"]
 TORCH = [sys.executable, "tools/bench/torch_workloads.py"]
 G1 = [sys.executable, "tools/bench/g1.py", "run"]
 G1_DATA = "data/g1"
+J1 = [sys.executable, "tools/bench/j1.py", "run"]
+J1_DATA = "data/j1"
 
 # What each workload reports and whether more of it is better.
 METRICS = {
@@ -45,6 +47,7 @@ METRICS = {
     "w6a": ("images_per_s", True),
     "w6b": ("efficiency", True),
     "g1": ("wall_s", False),
+    "j1": ("wall_s", False),
 }
 W1_ROWS = 800
 
@@ -168,6 +171,20 @@ def cases(w4_device):
                 "polars": G1 + ["polars", G1_DATA],
                 "ray-data": G1 + ["ray-data", G1_DATA],
                 "daft": G1 + ["daft", G1_DATA],
+            },
+        )
+    )
+    # J1: lineitem joined with orders, revenue by priority (made by j1.py).
+    out.append(
+        Case(
+            "j1",
+            "lineitem 6M x orders 1.5M",
+            {
+                "streambatch": SB + ["j1"],
+                "duckdb": J1 + ["duckdb", J1_DATA],
+                "polars": J1 + ["polars", J1_DATA],
+                "ray-data": J1 + ["ray-data", J1_DATA],
+                "daft": J1 + ["daft", J1_DATA],
             },
         )
     )
@@ -457,14 +474,14 @@ def targets(rows):
                 max(waits) <= 0.05,
                 f"wait fractions {waits}, trainers' bound {bound} images/s",
             )
-        elif case.workload == "g1":
+        elif case.workload in ("g1", "j1"):
             best = {p: pick_best(case, results, p) for p in ("duckdb", "polars")}
             values = {p: b[1]["value"] if b else None for p, b in best.items()}
             daft_v = daft[1]["value"] if daft else None
             v = sb["value"]
             ok = v and ray_v and daft_v and all(values.values())
             check(
-                "G1: at least 10x Ray Data, ahead of Daft, at least 0.5x DuckDB and Polars; every answer DuckDB's",
+                f"{case.workload.upper()}: at least 10x Ray Data, ahead of Daft, at least 0.5x DuckDB and Polars; every answer DuckDB's",
                 ok
                 and v * 10 <= ray_v
                 and v < daft_v
@@ -559,7 +576,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default="out/bench/benchmarks.png")
@@ -574,6 +591,10 @@ def main():
             from g1 import make
 
             make(G1_DATA)
+        if case.workload == "j1":
+            from j1 import make
+
+            make(J1_DATA)
         results = {}
         for system, cmd in case.commands.items():
             records, rss, pss, hwm, wall, timed_out = run(cmd, args.limit_s)
@@ -587,7 +608,7 @@ def main():
                 "timed_out": timed_out,
             }
             print(json.dumps({"workload": case.workload, "case": case.config, "system": system, **results[system]}), flush=True)
-        if case.workload == "g1":
+        if case.workload in ("g1", "j1"):
             same_answers(results)
         rows.append((case, results))
     total_s = time.perf_counter() - started

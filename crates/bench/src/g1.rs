@@ -36,7 +36,7 @@ fn questions() -> Vec<(Vec<&'static str>, Vec<Agg>)> {
 }
 
 /// The sum of a numeric column's values, as f64 (NaN for another type).
-fn column_sum(column: &dyn Array) -> f64 {
+pub(crate) fn column_sum(column: &dyn Array) -> f64 {
     if let Some(ints) = column.as_primitive_opt::<Int64Type>() {
         return ints.iter().flatten().map(|v| v as f64).sum();
     }

@@ -7,6 +7,7 @@
 
 mod files;
 mod g1;
+mod j1;
 mod net;
 mod nodes;
 mod shaped;
@@ -16,6 +17,7 @@ mod w6;
 
 pub use files::{FilesApi, FilesExpected, PIECE_BYTES, binary_files, binary_files_input};
 pub use g1::{G1_ROWS, g1};
+pub use j1::j1;
 pub use net::net_bench;
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};

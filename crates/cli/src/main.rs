@@ -174,6 +174,9 @@ enum Workload {
     /// The H2O db-benchmark's groupby questions 1-5 on its 10-million-row
     /// table (data/g1: `tools/bench/g1.py make data/g1`).
     G1,
+    /// TPC-H-shaped lineitem (6M rows) joined with orders (1.5M), revenue
+    /// by priority (data/j1: `tools/bench/j1.py make data/j1`).
+    J1,
     /// Training ingest: 8,000 JPEGs decoded, cropped, flipped and
     /// normalised, split equally between two trainer processes, 2 epochs.
     W6a,
@@ -382,6 +385,13 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                         ..base.clone()
                     };
                     vec![workloads::g1(std::path::Path::new("data/g1"), &base)?]
+                }
+                Workload::J1 => {
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(1 << 30),
+                        ..base.clone()
+                    };
+                    vec![workloads::j1(std::path::Path::new("data/j1"), &base)?]
                 }
                 Workload::W6b => {
                     let dir = base.spill_dir.join("w6b");

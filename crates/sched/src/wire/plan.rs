@@ -709,7 +709,12 @@ mod tests {
             .collect();
         let tags = [Some(0), Some(0), Some(1), Some(0), None];
         let expected: Vec<(String, Option<u8>)> = (0..5)
-            .map(|i| (format!("range {}..{}", i * 10, i * 10 + 10), tags[i as usize]))
+            .map(|i| {
+                (
+                    format!("range {}..{}", i * 10, i * 10 + 10),
+                    tags[i as usize],
+                )
+            })
             .collect();
         assert_eq!(read, expected);
         // One side per input, shared by its splits.
