@@ -327,3 +327,28 @@ fn a_toml_pipeline_joins_and_unions() {
         "{err}"
     );
 }
+
+#[test]
+fn the_stats_and_the_timeline_show_what_crossed_each_exchange() {
+    let ctx = ctx();
+    let left = ctx.range(10_000, 4);
+    let right = ctx.range(5_000, 2);
+    let joined = left.join(&right, &["id"], JoinHow::Inner).unwrap();
+    assert_eq!(joined.count().unwrap(), 5_000);
+    let stats = joined.stats().unwrap();
+    // One exchange: the two inputs' 15,000 ids (8 bytes each, and the
+    // partitions' framing) crossed it once.
+    assert_eq!(stats.exchanges.len(), 1, "{stats}");
+    let crossed = stats.exchanges[0];
+    assert_eq!(crossed.rows, 15_000);
+    assert!(crossed.bytes >= 15_000 * 8, "{crossed:?}");
+    let stage = &stats.operators[crossed.stage];
+    assert!(stage.name.starts_with("exchange("), "{}", stage.name);
+    assert_eq!((stage.rows, stage.bytes), (crossed.rows, crossed.bytes));
+    let trace = streambatch::timeline::chrome_trace(&stats).to_string();
+    assert!(trace.contains("\"exchanged bytes\""), "no exchange counter");
+    assert!(
+        trace.contains(&format!("\"bytes\":{}", crossed.bytes)),
+        "{trace}"
+    );
+}

@@ -579,9 +579,10 @@ def main():
     parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
-    parser.add_argument("--chart", default="out/bench/benchmarks.png")
+    parser.add_argument("--chart", default=None, help="the chart's path (default: benchmarks.png in --out)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    args.chart = args.chart or os.path.join(args.out, "benchmarks.png")
     started = time.perf_counter()
     rows = []
     for case in cases(args.w4_device):

@@ -217,10 +217,10 @@ impl Join {
         let mut first: HashMap<&[u8], u32, foldhash::fast::RandomState> = HashMap::default();
         let mut next = vec![u32::MAX; right.num_rows()];
         for j in (0..right.num_rows()).rev() {
-            if let Some(key) = rkeys.key(j) {
-                if let Some(after) = first.insert(key, j as u32) {
-                    next[j] = after;
-                }
+            if let Some(key) = rkeys.key(j)
+                && let Some(after) = first.insert(key, j as u32)
+            {
+                next[j] = after;
             }
         }
         let mut pairs = Pairs::default();

@@ -51,8 +51,8 @@ pub use row_sample::RowSample;
 pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{
-    ErroredTask, Event, EventKind, JobStats, MAX_EVENTS, NodeStats, OpStats, OperatorStats,
-    PauseCause, Pauses, RankWait, Recovery, StoreSample, Wait, WaitSpan,
+    ErroredTask, Event, EventKind, Exchanged, JobStats, MAX_EVENTS, NodeStats, OpStats,
+    OperatorStats, PauseCause, Pauses, RankWait, Recovery, StoreSample, Wait, WaitSpan,
 };
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,

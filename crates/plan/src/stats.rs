@@ -214,6 +214,22 @@ pub struct JobStats {
     /// For an epoch's job of a streaming split, the times its ranks'
     /// trainers waited for data (see `Split::epoch_stats`).
     pub rank_waits: Vec<RankWait>,
+    /// Each exchange's hand-over to its reducers: when, and what crossed.
+    pub exchanges: Vec<Exchanged>,
+}
+
+/// What crossed an exchange when it handed its map outputs to the
+/// reducers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Exchanged {
+    /// The exchange's stage.
+    pub stage: usize,
+    /// Since the job started.
+    pub at: Duration,
+    /// Rows that crossed it.
+    pub rows: u64,
+    /// Bytes that crossed it (the map outputs' partitions).
+    pub bytes: u64,
 }
 
 /// A time a trainer rank of a streaming split waited for its next rows.

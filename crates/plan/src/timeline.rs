@@ -3,8 +3,10 @@
 //! tasks it ran, each partition they yielded with its size) and tracks of
 //! paused tasks with their cause, a track per stage with the times it
 //! waited for a slot or memory, a track per trainer rank of a streaming
-//! split with the times it waited for data, and the job's store bytes
-//! against the store's capacity, with the bytes it spilled to disk so far.
+//! split with the times it waited for data, the job's store bytes against
+//! the store's capacity, with the bytes it spilled to disk so far, and
+//! each exchange's hand-over to its reducers with the bytes exchanged so
+//! far.
 //!
 //! Slots are laid out from the events: a task takes the lowest track of its
 //! node free when it starts or resumes, and gives it back when it pauses,
@@ -141,6 +143,21 @@ impl<'a> Trace<'a> {
         })];
         let capacity = stats.store_capacity;
         events.push(counter("store capacity", Duration::ZERO, capacity));
+        // Each exchange's hand-over, and the bytes exchanged so far.
+        let mut exchanged = 0;
+        for x in &stats.exchanges {
+            exchanged += x.bytes;
+            let name = stats
+                .operators
+                .get(x.stage)
+                .map_or("exchange", |o| o.name.as_str());
+            events.push(json!({
+                "ph": "i", "s": "p", "cat": "exchange", "name": name,
+                "pid": 0, "tid": 0, "ts": micros(x.at),
+                "args": {"stage": x.stage, "rows": x.rows, "bytes": x.bytes},
+            }));
+            events.push(counter("exchanged bytes", x.at, exchanged));
+        }
         let mut spilled = 0;
         for s in &stats.store_samples {
             events.push(counter("store bytes", s.at, s.used));

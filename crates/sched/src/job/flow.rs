@@ -260,7 +260,7 @@ impl<P: Part> JobState<P> {
                             self.exchanged.insert(piece.id.from, groups.to_vec());
                         }
                     }
-                    self.recorder.output(i, rows, bytes);
+                    self.recorder.exchanged(i, rows, bytes);
                     match by_destination(collected, n) {
                         Ok(groups) => {
                             if let Some(order) = self.order.as_mut().filter(|o| o.stage == i + 1) {

@@ -223,6 +223,18 @@ impl Recorder {
         stats.operators[stage].bytes += bytes;
     }
 
+    /// Exchange `stage` handed `rows` rows in `bytes` bytes to its reducers.
+    pub(crate) fn exchanged(&self, stage: usize, rows: usize, bytes: u64) {
+        self.output(stage, rows, bytes);
+        let at = self.started.elapsed();
+        self.stats().exchanges.push(streambatch_plan::Exchanged {
+            stage,
+            at,
+            rows: rows as u64,
+            bytes,
+        });
+    }
+
     /// A task was skipped after its operator failed.
     pub(crate) fn errored(&self, task: streambatch_plan::ErroredTask) {
         self.stats().errored.push(task);
