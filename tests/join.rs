@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
-use common::{ctx, sorted_i64};
+use common::{ctx, ctx_with, sorted_i64};
 use streambatch::prelude::*;
 
 type Row = (Option<i64>, Option<String>, Option<String>);
@@ -110,13 +110,27 @@ const HOWS: [JoinHow; 6] = [
     JoinHow::Anti,
 ];
 
+/// Every kind of join of `left` and `right` against the direct
+/// computation: exchanged (hash joins) and, where the kind allows, with
+/// the right input broadcast.
 fn check_every_kind(left: &[(Option<i64>, &str)], right: &[(Option<i64>, &str)], per_batch: usize) {
-    let ctx = ctx();
-    let l = ctx.from_batches(table("a", left, per_batch));
-    let r = ctx.from_batches(table("b", right, per_batch));
-    for how in HOWS {
-        let out = l.join(&r, &["k"], how).unwrap().collect().unwrap();
-        assert_eq!(joined(&out), direct(left, right, how), "{how:?}");
+    for broadcast in [0, 512 << 10] {
+        let ctx = ctx_with(|c| c.broadcast_join_bytes = broadcast);
+        let l = ctx.from_batches(table("a", left, per_batch));
+        let r = ctx.from_batches(table("b", right, per_batch));
+        for how in HOWS {
+            let ds = l.join(&r, &["k"], how).unwrap();
+            let explain = ds.explain().unwrap().to_string();
+            let broadcasts = broadcast > 0 && !matches!(how, JoinHow::Right | JoinHow::Full);
+            assert_eq!(explain.contains("broadcast"), broadcasts, "{explain}");
+            assert_eq!(!explain.contains("exchange("), broadcasts, "{explain}");
+            let out = ds.collect().unwrap();
+            assert_eq!(
+                joined(&out),
+                direct(left, right, how),
+                "{how:?} {broadcasts}"
+            );
+        }
     }
 }
 
@@ -161,6 +175,38 @@ fn joins_with_no_match_with_an_empty_side_and_on_many_rows() {
 }
 
 #[test]
+fn a_broadcast_join_after_an_aggregate_and_a_right_input_too_large_to_broadcast() {
+    // The left input is an aggregate, which only a broadcast join takes.
+    let ctx = ctx();
+    let per_bucket = ctx
+        .range(10_000, 4)
+        .with_column("bucket", col("id") % lit(100i64))
+        .groupby(&["bucket"])
+        .aggregate(&[Agg::count()]);
+    let names = ctx
+        .range(50, 1)
+        .with_column("bucket", col("id") * lit(2i64))
+        .select([col("bucket")]);
+    let even = per_bucket.join(&names, &["bucket"], JoinHow::Semi).unwrap();
+    let out = even.collect().unwrap();
+    let mut buckets = sorted_i64(&out, "bucket");
+    buckets.dedup();
+    assert_eq!(buckets, (0..50).map(|b| b * 2).collect::<Vec<_>>());
+    assert_eq!(sorted_i64(&out, "count()"), vec![100; 50]);
+    // Its right input over the limit: exchanged, and refused after the
+    // aggregate, naming it.
+    let small = ctx_with(|c| c.broadcast_join_bytes = 1 << 10);
+    let left = small.range(1_000, 2);
+    let right = small.range(1_000, 2);
+    let ds = left.join(&right, &["id"], JoinHow::Inner).unwrap();
+    assert!(ds.explain().unwrap().to_string().contains("exchange("));
+    assert_eq!(ds.count().unwrap(), 1_000);
+    let grouped = left.groupby(&["id"]).aggregate(&[Agg::count()]);
+    let err = grouped.join(&right, &["id"], JoinHow::Inner).err().unwrap();
+    assert!(err.to_string().contains("`aggregate`"), "{err}");
+}
+
+#[test]
 fn join_on_differently_named_keys_of_two_columns_renames_a_clash() {
     let ctx = ctx();
     let left = ctx.range(1_000, 4).with_column("g", col("id") % lit(10i64));
@@ -195,7 +241,8 @@ fn join_on_differently_named_keys_of_two_columns_renames_a_clash() {
 
 #[test]
 fn a_join_refuses_what_it_cannot_run_naming_it() {
-    let ctx = ctx();
+    // Exchanged: each input must fuse into a source task.
+    let ctx = ctx_with(|c| c.broadcast_join_bytes = 0);
     let ids = ctx.range(10, 1);
     let strs = ctx.from_batches(table("a", &[(Some(1), "x")], 1));
     let texts = strs.with_column("id", col("a"));
@@ -277,8 +324,9 @@ fn a_join_then_a_groupby_and_a_sort() {
     }
     assert_eq!(got, expected);
     let explain = by_category.explain().unwrap().to_string();
+    // The 40 products are broadcast to the sales' tasks.
     assert!(
-        explain.contains("by hash of product (left) and product (right)"),
+        explain.contains("with_column->join[inner, broadcast]"),
         "{explain}"
     );
 }
@@ -301,7 +349,10 @@ fn a_toml_pipeline_joins_and_unions() {
     )
     .unwrap();
     let explained = streambatch::pipeline::explain_pipeline(&file, None).unwrap();
-    assert!(explained.contains("join[inner](union("), "{explained}");
+    assert!(
+        explained.contains("union(range, range)->join[inner, broadcast]"),
+        "{explained}"
+    );
     streambatch::pipeline::run_pipeline(&file).unwrap();
     let out = ctx()
         .read_parquet(&dir.path().join("out").display().to_string())
@@ -330,7 +381,7 @@ fn a_toml_pipeline_joins_and_unions() {
 
 #[test]
 fn the_stats_and_the_timeline_show_what_crossed_each_exchange() {
-    let ctx = ctx();
+    let ctx = ctx_with(|c| c.broadcast_join_bytes = 0);
     let left = ctx.range(10_000, 4);
     let right = ctx.range(5_000, 2);
     let joined = left.join(&right, &["id"], JoinHow::Inner).unwrap();

@@ -56,8 +56,8 @@ fn single_node() -> Vec<Vec<i64>> {
     out
 }
 
-/// The ids of the 96 produced rows joined with ids 0..48 (inner, left
-/// and anti), and of their union with those ids, each sorted.
+/// The ids of the 96 produced rows joined with ids 0..48 (inner, left,
+/// anti, right and full), and of their union with those ids, each sorted.
 fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
     let params = [0u64.to_le_bytes(), (1u64 << 10).to_le_bytes()].concat();
     let produced = ctx
@@ -83,10 +83,17 @@ fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
         ids
     };
     let join = |how| produced.join(&first_half, &["id"], how).unwrap();
+    // The right input is small: broadcast (its rows travel in the plan),
+    // but for right and full joins.
+    let explain = |how| join(how).explain().unwrap().to_string();
+    assert!(explain(JoinHow::Inner).contains("produce->join[inner, broadcast]"));
+    assert!(explain(JoinHow::Full).contains("exchange("));
     vec![
         ids(join(JoinHow::Inner)),
         ids(join(JoinHow::Left)),
         ids(join(JoinHow::Anti)),
+        ids(join(JoinHow::Right)),
+        ids(join(JoinHow::Full)),
         ids(produced.union(&[&first_half]).unwrap()),
     ]
 }
@@ -169,6 +176,8 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         (0..n / 2).collect(),
         (0..n).collect(),
         (n / 2..n).collect(),
+        (0..n / 2).collect(),
+        (0..n).collect(),
         union,
     ];
     assert_eq!(got, expected);

@@ -74,6 +74,11 @@ pub struct NodeConfig {
     pub store_capacity: u64,
     /// A task yields a partition each time it has this many bytes. Default: 64 MiB.
     pub target_partition_bytes: u64,
+    /// A join whose right input holds at most this many bytes (as Arrow
+    /// batches) sends it whole to every task of the left instead of
+    /// exchanging both (inner, left, semi and anti joins). Default: 512
+    /// KiB, which a cluster's plan carries; 0 exchanges every join.
+    pub broadcast_join_bytes: u64,
     /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill-UID`
     /// (one per user: the store refuses a spill directory another user owns).
     pub spill_dir: PathBuf,
@@ -119,7 +124,7 @@ pub struct NodeConfig {
     pub metrics_addr: Option<SocketAddr>,
 }
 
-const KNOWN_KEYS: [&str; 20] = [
+const KNOWN_KEYS: [&str; 21] = [
     "cpus",
     "gpus",
     "gpu_software",
@@ -127,6 +132,7 @@ const KNOWN_KEYS: [&str; 20] = [
     "gpu_backend",
     "store_capacity",
     "target_partition_bytes",
+    "broadcast_join_bytes",
     "spill_dir",
     "max_task_retries",
     "retry_user_errors",
@@ -164,6 +170,7 @@ impl Default for NodeConfig {
             gpu_backend: None,
             store_capacity: default_store_capacity(),
             target_partition_bytes: 64 << 20,
+            broadcast_join_bytes: 512 << 10,
             spill_dir: std::env::temp_dir().join(default_spill_name()),
             max_task_retries: 3,
             retry_user_errors: false,
@@ -248,6 +255,8 @@ impl NodeConfig {
             store_capacity: reader.size("store_capacity", defaults.store_capacity)?,
             target_partition_bytes: reader
                 .size("target_partition_bytes", defaults.target_partition_bytes)?,
+            broadcast_join_bytes: reader
+                .size("broadcast_join_bytes", defaults.broadcast_join_bytes)?,
             spill_dir: reader.path("spill_dir", defaults.spill_dir)?,
             max_task_retries: reader.number("max_task_retries", defaults.max_task_retries as f64)?
                 as u32,

@@ -858,6 +858,7 @@ fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
                 }
                 Arc::new(Schema::new(fields))
             }
+            OpKind::BroadcastJoin(b) => b.join.schema(),
             _ => return Ok(None),
         }))
     };

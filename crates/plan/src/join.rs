@@ -17,6 +17,7 @@ use arrow_row::Rows;
 use arrow_schema::{Field, Schema, SchemaRef};
 
 use crate::dataset::Dataset;
+use crate::ops::{OpKind, OpSpec};
 use crate::partition::{column_indices, key_rows};
 use crate::union::SIDE_TAG;
 use crate::{Cut, Error, Exchange, Reduce, Result};
@@ -210,54 +211,87 @@ impl Join {
     /// tagged as the map side tagged it.
     pub fn run(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         let (left, right) = self.sides(batches)?;
-        let lkeys = JoinKeys::of(&left, &self.left_on)?;
-        let rkeys = JoinKeys::of(&right, &self.right_on)?;
-        // The right's rows by key: the first row of each key, and each
-        // row's next of the same key (u32::MAX ends a chain).
-        let mut first: HashMap<&[u8], u32, foldhash::fast::RandomState> = HashMap::default();
-        let mut next = vec![u32::MAX; right.num_rows()];
-        for j in (0..right.num_rows()).rev() {
-            if let Some(key) = rkeys.key(j)
-                && let Some(after) = first.insert(key, j as u32)
-            {
-                next[j] = after;
-            }
-        }
+        let table = Table::build(JoinKeys::of(&right, &self.right_on)?);
+        self.probe(&left, &right, &table, true)
+    }
+
+    /// `left`'s rows joined with `right`'s, whose keys `table` holds; with
+    /// `whole_right` (the right's rows are all there are), the right's
+    /// unmatched rows too where the join keeps them.
+    fn probe(
+        &self,
+        left: &RecordBatch,
+        right: &RecordBatch,
+        table: &Table,
+        whole_right: bool,
+    ) -> Result<Vec<RecordBatch>> {
+        let lkeys = JoinKeys::of(left, &self.left_on)?;
         let mut pairs = Pairs::default();
         let mut right_matched = vec![false; right.num_rows()];
         for i in 0..left.num_rows() {
-            let mut j = lkeys
-                .key(i)
-                .and_then(|k| first.get(k).copied())
-                .unwrap_or(u32::MAX);
-            let matched = j != u32::MAX;
-            match self.how {
-                JoinHow::Semi | JoinHow::Anti => {
-                    if matched == (self.how == JoinHow::Semi) {
-                        pairs.push(Some(i as u32), None);
+            let mut matched = false;
+            for j in lkeys.key(i).into_iter().flat_map(|k| table.matches(k)) {
+                matched = true;
+                match self.how {
+                    JoinHow::Semi | JoinHow::Anti => break,
+                    _ => {
+                        pairs.push(Some(i as u32), Some(j));
+                        right_matched[j as usize] = true;
                     }
-                    continue;
                 }
-                _ => {}
             }
-            while j != u32::MAX {
-                pairs.push(Some(i as u32), Some(j));
-                right_matched[j as usize] = true;
-                j = next[j as usize];
-            }
-            if !matched && self.how.keeps_left_unmatched() {
+            let keep_unmatched = match self.how {
+                JoinHow::Semi => matched,
+                JoinHow::Anti => !matched,
+                how => !matched && how.keeps_left_unmatched(),
+            };
+            if keep_unmatched {
                 pairs.push(Some(i as u32), None);
             }
         }
-        if self.how.keeps_right_unmatched() {
+        if whole_right && self.how.keeps_right_unmatched() {
             for (j, _) in right_matched.iter().enumerate().filter(|(_, m)| !**m) {
                 pairs.push(None, Some(j as u32));
             }
         }
         pairs
             .chunks()
-            .map(|(l, r)| self.output(&left, &right, l, r))
+            .map(|(l, r)| self.output(left, right, l, r))
             .collect()
+    }
+
+    /// `batches` of the `side` input, checked against the schema it was
+    /// planned with (nullability aside), as one batch.
+    fn conform(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        side: &str,
+    ) -> Result<RecordBatch> {
+        let columns = |s: &Schema| -> Vec<(String, arrow_schema::DataType)> {
+            s.fields()
+                .iter()
+                .map(|f| (f.name().clone(), f.data_type().clone()))
+                .collect()
+        };
+        let schema = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
+        for b in batches {
+            if columns(&b.schema()) != columns(&schema) {
+                return Err(Error::Invalid(format!(
+                    "join: the {side} input's rows have the columns {:?}, not those it was \
+                     planned with ({:?})",
+                    b.schema().fields(),
+                    schema.fields()
+                )));
+            }
+        }
+        arrow_select::concat::concat_batches(&schema, batches).map_err(|e| Error::arrow("join", e))
     }
 
     /// The left and the right rows of `batches`, each concatenated.
@@ -275,37 +309,10 @@ impl Join {
                 }
             }
         }
-        let concat = |schema: &SchemaRef, batches: &[RecordBatch], side: &str| {
-            let columns = |s: &Schema| -> Vec<(String, arrow_schema::DataType)> {
-                s.fields()
-                    .iter()
-                    .map(|f| (f.name().clone(), f.data_type().clone()))
-                    .collect()
-            };
-            let schema = Arc::new(Schema::new(
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.as_ref().clone().with_nullable(true))
-                    .collect::<Vec<_>>(),
-            ));
-            for b in batches {
-                if columns(&b.schema()) != columns(&schema) {
-                    return Err(Error::Invalid(format!(
-                        "join: the {side} input's rows have the columns {:?}, not those it \
-                         was planned with ({:?})",
-                        b.schema().fields(),
-                        schema.fields()
-                    )));
-                }
-            }
-            arrow_select::concat::concat_batches(&schema, batches)
-                .map_err(|e| Error::arrow("join", e))
-        };
         let [l, r] = sides;
         Ok((
-            concat(&self.left, &l, "left")?,
-            concat(&self.right, &r, "right")?,
+            self.conform(&self.left, &l, "left")?,
+            self.conform(&self.right, &r, "right")?,
         ))
     }
 
@@ -375,6 +382,101 @@ impl JoinKeys {
     }
 }
 
+/// A broadcast join: the right input's rows, whole, joined with each batch
+/// of the left in the left's own tasks (no exchange): for an inner, left,
+/// semi or anti join whose right input is small
+/// (`NodeConfig::broadcast_join_bytes`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Broadcast {
+    /// The join.
+    pub join: Join,
+    /// The right input's rows.
+    pub right: RecordBatch,
+}
+
+impl Broadcast {
+    /// `join` with the right input's rows `right`, checked against the
+    /// right's schema; refused for a right or full join (the right's
+    /// unmatched rows are known only once every left row has probed).
+    pub fn new(join: Join, right: &[RecordBatch]) -> Result<Self> {
+        if join.how.keeps_right_unmatched() {
+            return Err(Error::Invalid(format!(
+                "join: a {} join cannot broadcast its right input",
+                join.how.name()
+            )));
+        }
+        let right = join.conform(&join.right, right, "right")?;
+        Ok(Self { join, right })
+    }
+
+    /// `input`, batches of the left input, joined with the right's rows:
+    /// the right's table is built once per task, on its first batch.
+    pub(crate) fn stream(self: &Arc<Self>, input: crate::BatchIter) -> crate::BatchIter {
+        let this = self.clone();
+        let mut table: Option<Table> = None;
+        Box::new(input.flat_map(move |batch| {
+            let joined = || -> Result<Vec<RecordBatch>> {
+                let left = this.join.conform(&this.join.left, &[batch?], "left")?;
+                if table.is_none() {
+                    let keys = JoinKeys::of(&this.right, &this.join.right_on)?;
+                    table = Some(Table::build(keys));
+                }
+                let table = table.as_ref().expect("built above");
+                this.join.probe(&left, &this.right, table, false)
+            };
+            match joined() {
+                Ok(batches) => batches.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
+            }
+        }))
+    }
+}
+
+/// One side's rows by key: per hash of a key's bytes the first row, and
+/// each row's next of the same hash (`u32::MAX` ends a chain, which holds
+/// its rows in order); a probe compares the bytes.
+struct Table {
+    keys: JoinKeys,
+    first: HashMap<u64, u32, foldhash::fast::RandomState>,
+    next: Vec<u32>,
+}
+
+impl Table {
+    fn build(keys: JoinKeys) -> Self {
+        let rows = keys.null.len();
+        let mut first: HashMap<u64, u32, foldhash::fast::RandomState> = HashMap::default();
+        let mut next = vec![u32::MAX; rows];
+        for j in (0..rows).rev() {
+            if let Some(key) = keys.key(j)
+                && let Some(after) = first.insert(hash(key), j as u32)
+            {
+                next[j] = after;
+            }
+        }
+        Self { keys, first, next }
+    }
+
+    /// The rows whose key is `key`, in order.
+    fn matches<'a>(&'a self, key: &'a [u8]) -> impl Iterator<Item = u32> + 'a {
+        let mut j = self.first.get(&hash(key)).copied().unwrap_or(u32::MAX);
+        std::iter::from_fn(move || {
+            while j != u32::MAX {
+                let at = j;
+                j = self.next[at as usize];
+                if self.keys.key(at as usize) == Some(key) {
+                    return Some(at);
+                }
+            }
+            None
+        })
+    }
+}
+
+fn hash(key: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::quality::FixedState::with_seed(0x6a6f_696e).hash_one(key)
+}
+
 /// Output rows as pairs of a left and a right row (either may be none).
 #[derive(Default)]
 struct Pairs {
@@ -398,6 +500,25 @@ impl Pairs {
 }
 
 impl Dataset {
+    /// The rows, when they hold at most `limit` bytes as Arrow arrays;
+    /// `None` (the job stopped) as soon as they hold more.
+    fn collect_under(&self, limit: u64) -> Result<Option<Vec<RecordBatch>>> {
+        if limit == 0 {
+            return Ok(None);
+        }
+        let mut held = 0u64;
+        let mut rows = Vec::new();
+        for batch in self.iter_batches()? {
+            let batch = batch?;
+            held += batch.get_array_memory_size() as u64;
+            if held > limit {
+                return Ok(None);
+            }
+            rows.push(batch);
+        }
+        Ok(Some(rows))
+    }
+
     /// The rows of this dataset (the left) joined with `other`'s (the
     /// right) on equal values of the columns `on` (named alike on both
     /// sides), keeping the rows `how` says; see [`join_on`](Self::join_on).
@@ -421,6 +542,14 @@ impl Dataset {
     /// to 1,024; each reducer builds a hash table of its right rows and
     /// probes it with its left rows. The inputs' schemas are needed now:
     /// where the plan does not know one, its first batch is computed.
+    ///
+    /// An inner, left, semi or anti join whose right input holds at most
+    /// `NodeConfig::broadcast_join_bytes` (512 KiB by default) is a
+    /// broadcast join instead: the right input is run now, its rows carried
+    /// in the plan, and each task of the left (whatever operators come
+    /// before it: the left need not be a source and row-wise operators)
+    /// probes a table of them with its batches, with no exchange. A larger
+    /// right input stops that run as soon as it is over the limit.
     pub fn join_on(
         &self,
         other: &Dataset,
@@ -429,6 +558,18 @@ impl Dataset {
         how: JoinHow,
     ) -> Result<Dataset> {
         let join = Join::new(how, left_on, right_on, self.schema()?, other.schema()?)?;
+        let limit = self.runner().config().broadcast_join_bytes;
+        if !how.keeps_right_unmatched()
+            && let Some(right) = other.collect_under(limit)?
+        {
+            let name = format!("join[{}, broadcast]", how.name());
+            let kind = OpKind::BroadcastJoin(Arc::new(Broadcast::new(join, &right)?));
+            return Ok(self.then(crate::plan::LogicalOp::Op(OpSpec {
+                name,
+                kind,
+                options: streambatch_core::Resources::cpu(1.0).into(),
+            })));
+        }
         let cut = Cut::Join {
             left: join.left_on.clone(),
             right: join.right_on.clone(),

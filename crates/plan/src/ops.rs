@@ -79,6 +79,8 @@ pub enum OpKind {
     WriteFiles(FileSink),
     /// A reducer of an exchange: all of the task's input at once.
     Reduce(crate::exchange::Reduce),
+    /// A broadcast join: each batch joined with the right input's rows.
+    BroadcastJoin(Arc<crate::join::Broadcast>),
 }
 
 /// One operator of a plan: what it does, its name and how it runs.
@@ -231,6 +233,7 @@ pub fn apply(
                 out
             }))
         }
+        OpKind::BroadcastJoin(broadcast) => broadcast.stream(input),
         OpKind::Reduce(reduce) => {
             let reduce = reduce.clone();
             let mut input = Some(input);

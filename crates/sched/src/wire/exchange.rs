@@ -50,7 +50,7 @@ impl CutSpec {
                     keys: keys.clone(),
                     descending: order.descending,
                     nulls_first: order.nulls_first,
-                    boundaries: batch_bytes(boundaries)?,
+                    boundaries: batch_bytes(boundaries, "a sort's boundaries")?,
                 }
             }
         })
@@ -70,7 +70,7 @@ impl CutSpec {
                 nulls_first,
                 boundaries,
             } => {
-                let boundaries = batch_of(boundaries)?;
+                let boundaries = batch_of(boundaries, "a sort's boundaries")?;
                 let schema = boundaries.schema();
                 let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
                 if boundaries.num_rows() > 0 && names != keys.iter().collect::<Vec<_>>() {
@@ -245,22 +245,21 @@ impl ReduceSpec {
     }
 }
 
-/// One batch as an Arrow IPC stream.
-fn batch_bytes(batch: &arrow_array::RecordBatch) -> Result<Vec<u8>, Error> {
+/// One batch as an Arrow IPC stream; `what` names it in an error.
+pub(super) fn batch_bytes(batch: &arrow_array::RecordBatch, what: &str) -> Result<Vec<u8>, Error> {
     let encode = || {
         let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema())?;
         writer.write(batch)?;
         writer.finish()?;
         writer.into_inner()
     };
-    encode().map_err(|e| Error::Invalid(format!("cannot encode a sort's boundaries: {e}")))
+    encode().map_err(|e| Error::Invalid(format!("cannot encode {what}: {e}")))
 }
 
-/// The one batch of an IPC stream made by [`batch_bytes`], checked.
-fn batch_of(bytes: &[u8]) -> Result<arrow_array::RecordBatch, Error> {
-    let bad = |e: &dyn std::fmt::Display| {
-        Error::Invalid(format!("a sort's boundaries do not decode: {e}"))
-    };
+/// The one batch of an IPC stream made by [`batch_bytes`], checked (the
+/// IPC reader validates every array); `what` names it in an error.
+pub(super) fn batch_of(bytes: &[u8], what: &str) -> Result<arrow_array::RecordBatch, Error> {
+    let bad = |e: &dyn std::fmt::Display| Error::Invalid(format!("{what} does not decode: {e}"));
     let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
         .map_err(|e| bad(&e))?;
     let schema = reader.schema();

@@ -12,11 +12,11 @@ use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_core::{PoolSize, Resources, StageOptions};
 use streambatch_plan::sink::{FileFormat, FileSink, ParquetWriteOptions};
 use streambatch_plan::{
-    Error, ExecPlan, OpKind, OpSpec, Recipe, Registry, RowSample, Side, SourceSplit, Stage,
-    StageKind,
+    Broadcast, Error, ExecPlan, OpKind, OpSpec, Recipe, Reduce, Registry, RowSample, Side,
+    SourceSplit, Stage, StageKind,
 };
 
-use super::exchange::{CutSpec, ReduceSpec};
+use super::exchange::{CutSpec, ReduceSpec, batch_bytes, batch_of};
 
 /// A plan that can travel.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -79,6 +79,12 @@ pub(crate) enum OpKindSpec {
         max_row_group_rows: u64,
     },
     Reduce(ReduceSpec),
+    /// A broadcast join: the join (a `ReduceSpec::Join`) and the right
+    /// input's rows as an Arrow IPC stream of one batch.
+    BroadcastJoin {
+        join: ReduceSpec,
+        right: Vec<u8>,
+    },
 }
 
 /// An input of a union or a join ([`streambatch_plan::Side`]).
@@ -229,7 +235,9 @@ impl PlanSpec {
             })
             .filter_map(|op| match &op.kind {
                 OpKindSpec::Recipe { name, .. } => Some(name.clone()),
-                OpKindSpec::WriteFiles { .. } | OpKindSpec::Reduce(_) => None,
+                OpKindSpec::WriteFiles { .. }
+                | OpKindSpec::Reduce(_)
+                | OpKindSpec::BroadcastJoin { .. } => None,
             })
             .collect();
         names.sort();
@@ -578,6 +586,10 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
                     }
                 }
                 OpKind::Reduce(reduce) => OpKindSpec::Reduce(ReduceSpec::of(reduce)?),
+                OpKind::BroadcastJoin(b) => OpKindSpec::BroadcastJoin {
+                    join: ReduceSpec::of(&Reduce::Join(b.join.clone()))?,
+                    right: batch_bytes(&b.right, "a broadcast join's right input")?,
+                },
                 OpKind::Map(_) | OpKind::FlatMap(_) | OpKind::FlatMapBatches(_) => {
                     return Err(cannot_travel(&what(), "it is a closure"));
                 }
@@ -624,6 +636,15 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
                     })
                 }
                 OpKindSpec::Reduce(reduce) => OpKind::Reduce(reduce.reduce()?),
+                OpKindSpec::BroadcastJoin { join, right } => {
+                    let Reduce::Join(join) = join.reduce()? else {
+                        return Err(Error::Invalid(
+                            "a broadcast join's operator is not a join".into(),
+                        ));
+                    };
+                    let right = batch_of(right, "a broadcast join's right input")?;
+                    OpKind::BroadcastJoin(Arc::new(Broadcast::new(join, &[right])?))
+                }
             };
             let spec = OpSpec {
                 name: op.name.clone(),
