@@ -175,6 +175,56 @@ fn joins_with_no_match_with_an_empty_side_and_on_many_rows() {
 }
 
 #[test]
+fn a_key_on_hundreds_of_rows_of_both_sides_joins_in_batches_of_64_ki_rows() {
+    // 300 x 300 rows of key 7: 90,000 pairs, more than one output batch.
+    let left: Vec<(Option<i64>, &str)> = (0..400)
+        .map(|i| (Some(if i < 300 { 7 } else { i }), "l"))
+        .collect();
+    let right: Vec<(Option<i64>, &str)> = (0..350)
+        .map(|i| (Some(if i < 300 { 7 } else { 1_000 + i }), "r"))
+        .collect();
+    check_every_kind(&left, &right, 64);
+    for broadcast in [0, 512 << 10] {
+        let ctx = ctx_with(|c| c.broadcast_join_bytes = broadcast);
+        let l = ctx.from_batches(table("a", &left, 400));
+        let r = ctx.from_batches(table("b", &right, 350));
+        let out = l
+            .join(&r, &["k"], JoinHow::Inner)
+            .unwrap()
+            .collect()
+            .unwrap();
+        assert_eq!(out.iter().map(RecordBatch::num_rows).sum::<usize>(), 90_000);
+        assert!(out.iter().all(|b| b.num_rows() <= 64 << 10));
+    }
+}
+
+#[test]
+fn null_typed_keys_match_nothing_and_a_split_after_a_join_is_refused() {
+    let ctx = ctx_with(|c| c.broadcast_join_bytes = 0);
+    let nulls = |payload: &str, n: usize| {
+        let k: ArrayRef = Arc::new(arrow_array::NullArray::new(n));
+        let v: ArrayRef = Arc::new(StringArray::from(vec!["x"; n]));
+        RecordBatch::try_from_iter([("k", k), (payload, v)]).unwrap()
+    };
+    let l = ctx.from_batches(vec![nulls("a", 3)]);
+    let r = ctx.from_batches(vec![nulls("b", 2)]);
+    let rows = |how| {
+        let out = l.join(&r, &["k"], how).unwrap().collect().unwrap();
+        out.iter().map(RecordBatch::num_rows).sum::<usize>()
+    };
+    assert_eq!(
+        HOWS.map(rows),
+        [0, 3, 2, 5, 0, 3],
+        "inner, left, right, full, semi, anti"
+    );
+    // Each side of a train_test_split samples what its source reads: not
+    // a sample of a join's output.
+    let joined = l.join(&r, &["k"], JoinHow::Inner).unwrap();
+    let err = joined.train_test_split(0.5, 1).err().unwrap().to_string();
+    assert!(err.contains("after `join`"), "{err}");
+}
+
+#[test]
 fn a_broadcast_join_after_an_aggregate_and_a_right_input_too_large_to_broadcast() {
     // The left input is an aggregate, which only a broadcast join takes.
     let ctx = ctx();

@@ -56,8 +56,9 @@ fn single_node() -> Vec<Vec<i64>> {
     out
 }
 
-/// The ids of the 96 produced rows joined with ids 0..48 (inner, left,
-/// anti, right and full), and of their union with those ids, each sorted.
+/// The ids of the 96 produced rows joined with ids 0..48 (inner, left
+/// and anti) and 0..120 (right and full: the ids no produced row has come
+/// from the right), and of their union with ids 0..48, each sorted.
 fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
     let params = [0u64.to_le_bytes(), (1u64 << 10).to_le_bytes()].concat();
     let produced = ctx
@@ -68,6 +69,8 @@ fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
         )
         .named("produce");
     let first_half = ctx.range(ROWS / 2, 4);
+    // Ids 0..120: 24 that no produced row has.
+    let wider = ctx.range(ROWS + 24, 4);
     let ids = |ds: Dataset| {
         let mut ids: Vec<i64> = ds
             .collect()
@@ -76,24 +79,31 @@ fn join_and_union(ctx: &Context) -> Vec<Vec<i64>> {
             .flat_map(|b| {
                 let c = b.column_by_name("id").unwrap().as_any();
                 let c = c.downcast_ref::<arrow_array::Int64Array>().unwrap();
-                c.values().to_vec()
+                c.iter().map(|id| id.expect("an id")).collect::<Vec<_>>()
             })
             .collect();
         ids.sort_unstable();
         ids
     };
     let join = |how| produced.join(&first_half, &["id"], how).unwrap();
+    let join_wider = |how| produced.join(&wider, &["id"], how).unwrap();
     // The right input is small: broadcast (its rows travel in the plan),
     // but for right and full joins.
     let explain = |how| join(how).explain().unwrap().to_string();
     assert!(explain(JoinHow::Inner).contains("produce->join[inner, broadcast]"));
-    assert!(explain(JoinHow::Full).contains("exchange("));
+    assert!(
+        join_wider(JoinHow::Full)
+            .explain()
+            .unwrap()
+            .to_string()
+            .contains("exchange(")
+    );
     vec![
         ids(join(JoinHow::Inner)),
         ids(join(JoinHow::Left)),
         ids(join(JoinHow::Anti)),
-        ids(join(JoinHow::Right)),
-        ids(join(JoinHow::Full)),
+        ids(join_wider(JoinHow::Right)),
+        ids(join_wider(JoinHow::Full)),
         ids(produced.union(&[&first_half]).unwrap()),
     ]
 }
@@ -176,8 +186,8 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
         (0..n / 2).collect(),
         (0..n).collect(),
         (n / 2..n).collect(),
-        (0..n / 2).collect(),
-        (0..n).collect(),
+        (0..n + 24).collect(),
+        (0..n + 24).collect(),
         union,
     ];
     assert_eq!(got, expected);

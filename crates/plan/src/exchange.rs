@@ -219,7 +219,7 @@ impl Reduce {
     pub fn run_all(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
         let keys = match self {
             Reduce::Groups { keys } => keys,
-            Reduce::Join(join) => return join.run(batches),
+            Reduce::Join(join) => return join.run(batches)?.collect(),
             _ => return Ok(vec![self.run(schema, batches)?]),
         };
         let all = arrow_select::concat::concat_batches(schema, batches)
@@ -247,12 +247,37 @@ impl Reduce {
         Ok(groups)
     }
 
-    /// Reduces one destination's rows, `batches`, of schema `schema`.
+    /// [`run_all`](Self::run_all)'s batches as they are made (a join's
+    /// output never held whole).
+    pub fn stream_all(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<crate::BatchIter> {
+        Ok(match self {
+            Reduce::Join(join) => Box::new(join.run(batches)?),
+            _ => Box::new(self.run_all(schema, batches)?.into_iter().map(Ok)),
+        })
+    }
+
+    /// Reduces one destination's rows, `batches`, of schema `schema`
+    /// (a join's or `map_groups`' into one batch).
     pub fn run(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+        let whole = match self {
+            Reduce::Join(join) => Some(join.schema()),
+            Reduce::Groups { .. } => Some(schema.clone()),
+            _ => None,
+        };
+        if let Some(schema) = whole {
+            let out = self.run_all(&schema, batches)?;
+            return arrow_select::concat::concat_batches(&schema, &out)
+                .map_err(|e| self.arrow_error(e));
+        }
         let all = arrow_select::concat::concat_batches(schema, batches)
             .map_err(|e| self.arrow_error(e))?;
         match self {
             Reduce::Aggregate { keys, aggs, step } => return aggregate(&all, keys, aggs, *step),
+
             Reduce::Unique { column } => {
                 let at = column_indices(&all, std::slice::from_ref(column))?;
                 let values = all.project(&at).map_err(|e| self.arrow_error(e))?;

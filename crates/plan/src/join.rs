@@ -208,56 +208,13 @@ impl Join {
     }
 
     /// Joins one destination's rows, `batches`: each a batch of one side,
-    /// tagged as the map side tagged it.
-    pub fn run(&self, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    /// tagged as the map side tagged it. The output comes as it is made,
+    /// in batches of at most 64 Ki rows (a key on many rows of both sides
+    /// makes their product, never held whole).
+    pub fn run(&self, batches: &[RecordBatch]) -> Result<Probe> {
         let (left, right) = self.sides(batches)?;
-        let table = Table::build(JoinKeys::of(&right, &self.right_on)?);
-        self.probe(&left, &right, &table, true)
-    }
-
-    /// `left`'s rows joined with `right`'s, whose keys `table` holds; with
-    /// `whole_right` (the right's rows are all there are), the right's
-    /// unmatched rows too where the join keeps them.
-    fn probe(
-        &self,
-        left: &RecordBatch,
-        right: &RecordBatch,
-        table: &Table,
-        whole_right: bool,
-    ) -> Result<Vec<RecordBatch>> {
-        let lkeys = JoinKeys::of(left, &self.left_on)?;
-        let mut pairs = Pairs::default();
-        let mut right_matched = vec![false; right.num_rows()];
-        for i in 0..left.num_rows() {
-            let mut matched = false;
-            for j in lkeys.key(i).into_iter().flat_map(|k| table.matches(k)) {
-                matched = true;
-                match self.how {
-                    JoinHow::Semi | JoinHow::Anti => break,
-                    _ => {
-                        pairs.push(Some(i as u32), Some(j));
-                        right_matched[j as usize] = true;
-                    }
-                }
-            }
-            let keep_unmatched = match self.how {
-                JoinHow::Semi => matched,
-                JoinHow::Anti => !matched,
-                how => !matched && how.keeps_left_unmatched(),
-            };
-            if keep_unmatched {
-                pairs.push(Some(i as u32), None);
-            }
-        }
-        if whole_right && self.how.keeps_right_unmatched() {
-            for (j, _) in right_matched.iter().enumerate().filter(|(_, m)| !**m) {
-                pairs.push(None, Some(j as u32));
-            }
-        }
-        pairs
-            .chunks()
-            .map(|(l, r)| self.output(left, right, l, r))
-            .collect()
+        let table = Arc::new(Table::build(JoinKeys::of(&right, &self.right_on)?));
+        Probe::new(self.clone(), left, right, table, true)
     }
 
     /// `batches` of the `side` input, checked against the schema it was
@@ -361,13 +318,21 @@ struct JoinKeys {
 
 impl JoinKeys {
     fn of(batch: &RecordBatch, keys: &[String]) -> Result<Self> {
+        // Rows are u32 indices, u32::MAX ending a chain.
+        if batch.num_rows() >= u32::MAX as usize {
+            return Err(Error::Invalid(format!(
+                "join: {} rows on one side of one reducer; join more partitions",
+                batch.num_rows()
+            )));
+        }
         let at = column_indices(batch, keys)?;
         let mut null = vec![false; batch.num_rows()];
         for &k in &at {
-            let column = batch.column(k);
-            if column.null_count() > 0 {
+            // Logical nulls: a null-typed column, or a dictionary's null
+            // values, hold nulls without a null buffer.
+            if let Some(nulls) = batch.column(k).logical_nulls() {
                 for (row, null) in null.iter_mut().enumerate() {
-                    *null |= column.is_null(row);
+                    *null |= nulls.is_null(row);
                 }
             }
         }
@@ -413,22 +378,142 @@ impl Broadcast {
     /// the right's table is built once per task, on its first batch.
     pub(crate) fn stream(self: &Arc<Self>, input: crate::BatchIter) -> crate::BatchIter {
         let this = self.clone();
-        let mut table: Option<Table> = None;
-        Box::new(input.flat_map(move |batch| {
-            let joined = || -> Result<Vec<RecordBatch>> {
+        let mut table: Option<Arc<Table>> = None;
+        Box::new(input.flat_map(move |batch| -> crate::BatchIter {
+            let probe = || -> Result<Probe> {
                 let left = this.join.conform(&this.join.left, &[batch?], "left")?;
-                if table.is_none() {
-                    let keys = JoinKeys::of(&this.right, &this.join.right_on)?;
-                    table = Some(Table::build(keys));
-                }
-                let table = table.as_ref().expect("built above");
-                this.join.probe(&left, &this.right, table, false)
+                let table = match &table {
+                    Some(table) => table.clone(),
+                    None => {
+                        let keys = JoinKeys::of(&this.right, &this.join.right_on)?;
+                        table.insert(Arc::new(Table::build(keys))).clone()
+                    }
+                };
+                Probe::new(this.join.clone(), left, this.right.clone(), table, false)
             };
-            match joined() {
-                Ok(batches) => batches.into_iter().map(Ok).collect::<Vec<_>>(),
-                Err(e) => vec![Err(e)],
+            match probe() {
+                Ok(probe) => Box::new(probe),
+                Err(e) => Box::new(std::iter::once(Err(e))),
             }
         }))
+    }
+}
+
+/// A join in progress: each left row in turn with its matches in the
+/// right's table, then (where the join keeps them and the right is whole)
+/// the right's unmatched rows, as output batches of at most
+/// [`OUTPUT_ROWS`] rows, each made when asked for.
+pub struct Probe {
+    join: Join,
+    left: RecordBatch,
+    right: RecordBatch,
+    left_keys: JoinKeys,
+    table: Arc<Table>,
+    /// The right's unmatched rows are this probe's to emit.
+    whole_right: bool,
+    /// The next left row to probe.
+    next_left: usize,
+    /// A left row part-way through its matches: the row, the next place
+    /// in its chain, and whether it has matched yet.
+    chain: Option<(u32, u32, bool)>,
+    right_matched: Vec<bool>,
+    /// The next right row to check for a match, once the left is done.
+    next_right: usize,
+}
+
+impl Probe {
+    fn new(
+        join: Join,
+        left: RecordBatch,
+        right: RecordBatch,
+        table: Arc<Table>,
+        whole_right: bool,
+    ) -> Result<Self> {
+        let left_keys = JoinKeys::of(&left, &join.left_on)?;
+        let right_matched = vec![false; right.num_rows()];
+        Ok(Self {
+            join,
+            left,
+            right,
+            left_keys,
+            table,
+            whole_right,
+            next_left: 0,
+            chain: None,
+            right_matched,
+            next_right: 0,
+        })
+    }
+
+    /// Up to [`OUTPUT_ROWS`] more pairs.
+    fn fill(&mut self) -> Pairs {
+        let mut pairs = Pairs::default();
+        let how = self.join.how;
+        while pairs.len() < OUTPUT_ROWS {
+            if let Some((i, at, matched)) = self.chain {
+                let key = self.left_keys.key(i as usize).expect("a chain has a key");
+                match self.table.next_match(key, at) {
+                    Some(j) => {
+                        pairs.push(Some(i), Some(j));
+                        self.right_matched[j as usize] = true;
+                        self.chain = Some((i, self.table.next[j as usize], true));
+                    }
+                    None => {
+                        if !matched && how.keeps_left_unmatched() {
+                            pairs.push(Some(i), None);
+                        }
+                        self.chain = None;
+                    }
+                }
+                continue;
+            }
+            if self.next_left < self.left.num_rows() {
+                let i = self.next_left;
+                self.next_left += 1;
+                let key = self.left_keys.key(i);
+                let first = key.map_or(u32::MAX, |k| self.table.head(k));
+                match (how, key) {
+                    (JoinHow::Semi | JoinHow::Anti, _) => {
+                        let matched = key.and_then(|k| self.table.next_match(k, first));
+                        if matched.is_some() == (how == JoinHow::Semi) {
+                            pairs.push(Some(i as u32), None);
+                        }
+                    }
+                    (_, Some(_)) => self.chain = Some((i as u32, first, false)),
+                    (_, None) => {
+                        if how.keeps_left_unmatched() {
+                            pairs.push(Some(i as u32), None);
+                        }
+                    }
+                }
+                continue;
+            }
+            if !(self.whole_right && how.keeps_right_unmatched()) {
+                break;
+            }
+            let Some(j) =
+                (self.next_right..self.right.num_rows()).find(|&j| !self.right_matched[j])
+            else {
+                self.next_right = self.right.num_rows();
+                break;
+            };
+            pairs.push(None, Some(j as u32));
+            self.next_right = j + 1;
+        }
+        pairs
+    }
+}
+
+impl Iterator for Probe {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let pairs = self.fill();
+        if pairs.len() == 0 {
+            return None;
+        }
+        let (l, r) = pairs.arrays();
+        Some(self.join.output(&self.left, &self.right, l, r))
     }
 }
 
@@ -456,19 +541,20 @@ impl Table {
         Self { keys, first, next }
     }
 
-    /// The rows whose key is `key`, in order.
-    fn matches<'a>(&'a self, key: &'a [u8]) -> impl Iterator<Item = u32> + 'a {
-        let mut j = self.first.get(&hash(key)).copied().unwrap_or(u32::MAX);
-        std::iter::from_fn(move || {
-            while j != u32::MAX {
-                let at = j;
-                j = self.next[at as usize];
-                if self.keys.key(at as usize) == Some(key) {
-                    return Some(at);
-                }
+    /// Where the chain of `key`'s hash starts (`u32::MAX`: nowhere).
+    fn head(&self, key: &[u8]) -> u32 {
+        self.first.get(&hash(key)).copied().unwrap_or(u32::MAX)
+    }
+
+    /// The first row from `at` on along its chain whose key is `key`.
+    fn next_match(&self, key: &[u8], mut at: u32) -> Option<u32> {
+        while at != u32::MAX {
+            if self.keys.key(at as usize) == Some(key) {
+                return Some(at);
             }
-            None
-        })
+            at = self.next[at as usize];
+        }
+        None
     }
 }
 
@@ -490,12 +576,13 @@ impl Pairs {
         self.right.push(right);
     }
 
-    /// The pairs as index arrays of at most [`OUTPUT_ROWS`] rows each.
-    fn chunks(&self) -> impl Iterator<Item = (UInt32Array, UInt32Array)> + '_ {
-        self.left
-            .chunks(OUTPUT_ROWS)
-            .zip(self.right.chunks(OUTPUT_ROWS))
-            .map(|(l, r)| (UInt32Array::from(l.to_vec()), UInt32Array::from(r.to_vec())))
+    fn len(&self) -> usize {
+        self.left.len()
+    }
+
+    /// The pairs as two index arrays (null: no row).
+    fn arrays(self) -> (UInt32Array, UInt32Array) {
+        (UInt32Array::from(self.left), UInt32Array::from(self.right))
     }
 }
 
@@ -544,8 +631,8 @@ impl Dataset {
     /// where the plan does not know one, its first batch is computed.
     ///
     /// An inner, left, semi or anti join whose right input holds at most
-    /// `NodeConfig::broadcast_join_bytes` (512 KiB by default) is a
-    /// broadcast join instead: the right input is run now, its rows carried
+    /// `NodeConfig::broadcast_join_bytes` (512 KiB by default, less what
+    /// the broadcast joins before it carry) is a broadcast join instead: the right input is run now, its rows carried
     /// in the plan, and each task of the left (whatever operators come
     /// before it: the left need not be a source and row-wise operators)
     /// probes a table of them with its batches, with no exchange. A larger
@@ -558,7 +645,25 @@ impl Dataset {
         how: JoinHow,
     ) -> Result<Dataset> {
         let join = Join::new(how, left_on, right_on, self.schema()?, other.schema()?)?;
-        let limit = self.runner().config().broadcast_join_bytes;
+        // A cluster's plan carries every broadcast input: they share the
+        // limit.
+        let carried: u64 = self
+            .plan
+            .chain()
+            .iter()
+            .map(|op| match op {
+                crate::plan::LogicalOp::Op(OpSpec {
+                    kind: OpKind::BroadcastJoin(b),
+                    ..
+                }) => b.right.get_array_memory_size() as u64,
+                _ => 0,
+            })
+            .sum();
+        let limit = self
+            .runner()
+            .config()
+            .broadcast_join_bytes
+            .saturating_sub(carried);
         if !how.keeps_right_unmatched()
             && let Some(right) = other.collect_under(limit)?
         {

@@ -244,11 +244,11 @@ pub fn apply(
                         Err(e) => return Some(Err(e)),
                     };
                     let schema = batches.first()?.schema();
-                    Some(reduce.run_all(&schema, &batches))
+                    Some(reduce.stream_all(&schema, &batches))
                 })
                 .flat_map(|out| match out {
-                    Ok(batches) => batches.into_iter().map(Ok).collect::<Vec<_>>(),
-                    Err(e) => vec![Err(e)],
+                    Ok(batches) => batches,
+                    Err(e) => Box::new(std::iter::once(Err(e))),
                 }),
             )
         }

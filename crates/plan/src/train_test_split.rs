@@ -27,7 +27,9 @@ impl Dataset {
     /// each side's source tasks drop the other side's rows as they read.
     /// Operators after the source see only their side's rows (a row made
     /// by `flat_map_batches` goes with the row it came from). Refused after
-    /// a `limit` (which rows it keeps depends on the split).
+    /// a `limit` (which rows it keeps depends on the split) and after an
+    /// all-to-all operator (a side's rows would not be a sample of the
+    /// dataset's); a union's inputs are each sampled as they are read.
     ///
     /// ```
     /// # use streambatch_plan::{Dataset, Runner};
@@ -47,6 +49,18 @@ impl Dataset {
             return Err(Error::Invalid(
                 "train_test_split after a limit: split first, then limit each side".into(),
             ));
+        }
+        // Each side samples the rows its source reads: behind an exchange
+        // (a join's two inputs, a group's rows) a side's rows would not be
+        // a sample of the dataset's.
+        if let Some(LogicalOp::Exchange(e)) =
+            ops.iter().find(|op| matches!(op, LogicalOp::Exchange(_)))
+        {
+            return Err(Error::Invalid(format!(
+                "train_test_split after `{}`: split its input first, or write its output \
+                 and split that",
+                e.reduce.name()
+            )));
         }
         let side = |test: bool| {
             let mut ops = ops.clone();

@@ -43,6 +43,17 @@ impl std::fmt::Debug for Side {
 }
 
 impl Side {
+    /// An input of a union or a join running `ops` (each checked as the
+    /// union checks its inputs: a plan from a peer is refused, naming the
+    /// operator, where it would run one that a source task cannot), tagged
+    /// `tag`.
+    pub fn new(ops: Vec<(usize, OpSpec)>, tag: Option<u8>) -> Result<Self> {
+        for (_, op) in &ops {
+            check_op(op, "union")?;
+        }
+        Ok(Self { ops, tag })
+    }
+
     /// `input`, a split's rows, through the side's operators, tagged.
     pub(crate) fn run(
         &self,
@@ -157,16 +168,7 @@ fn side_splits(input: &Dataset, tag: Option<u8>, what: &str) -> Result<(Vec<Sour
             }
             LogicalOp::Source { .. } => unreachable!("a chain has one source, first"),
         };
-        if op.is_stateful() || op.options.resources != Resources::cpu(1.0) {
-            return Err(not_a_side(
-                what,
-                &op.name,
-                "it needs other resources than a source task (one CPU)",
-            ));
-        }
-        if matches!(op.kind, OpKind::WriteFiles(_)) {
-            return Err(not_a_side(what, &op.name, "it writes files"));
-        }
+        check_op(&op, what)?;
         names.push(op.name.clone());
         ops.push((index, op));
     }
@@ -202,6 +204,21 @@ fn side_splits(input: &Dataset, tag: Option<u8>, what: &str) -> Result<(Vec<Sour
         })
         .collect();
     Ok((splits, names.join("->")))
+}
+
+/// Refuses an operator a source task cannot run for an input of `what`.
+fn check_op(op: &OpSpec, what: &str) -> Result<()> {
+    if op.is_stateful() || op.options.resources != Resources::cpu(1.0) {
+        return Err(not_a_side(
+            what,
+            &op.name,
+            "it needs other resources than a source task (one CPU)",
+        ));
+    }
+    if matches!(op.kind, OpKind::WriteFiles(_) | OpKind::Reduce(_)) {
+        return Err(not_a_side(what, &op.name, "it writes files or reduces"));
+    }
+    Ok(())
 }
 
 fn not_a_side(what: &str, op: &str, why: &str) -> Error {

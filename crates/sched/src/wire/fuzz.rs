@@ -60,6 +60,13 @@ fn seeds() -> Vec<Vec<u8>> {
         };
         PlanSpec::of(&plan).expect("a range travels")
     };
+    let join_start = JobStart {
+        key: key(),
+        plan: join_plan(),
+        target_bytes: 64 << 20,
+        reserve: vec![1, 0, 1],
+        nodes: vec![("a".into(), "127.0.0.1:1".into())],
+    };
     vec![
         frame::encode(&info).to_vec(),
         frame::encode(&Members { nodes: vec![info] }).to_vec(),
@@ -124,7 +131,81 @@ fn seeds() -> Vec<Vec<u8>> {
             pulled: Pulled::default(),
         })
         .to_vec(),
+        frame::encode(&join_start).to_vec(),
     ]
+}
+
+/// A join's plan as it travels: its two inputs (each with a broadcast
+/// join) read side by side, cut by the join's keys, and the reducers.
+fn join_plan() -> PlanSpec {
+    use std::sync::Arc;
+
+    use arrow_schema::{DataType, Field, Schema};
+    use streambatch_core::Resources;
+    use streambatch_plan::{
+        Broadcast, Cut, ExecPlan, Join, JoinHow, OpKind, OpSpec, Reduce, Side, SourceSplit, Stage,
+        StageKind,
+    };
+
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let join = |how| Join::new(how, &["id"], &["id"], schema.clone(), schema.clone()).unwrap();
+    let ids: arrow_array::ArrayRef = Arc::new(arrow_array::Int64Array::from(vec![1, 2, 3]));
+    let right = arrow_array::RecordBatch::try_new(schema.clone(), vec![ids]).unwrap();
+    let op = |name: &str, kind| OpSpec {
+        name: name.into(),
+        kind,
+        options: Resources::cpu(1.0).into(),
+    };
+    let broadcast = Broadcast::new(join(JoinHow::Semi), &[right]).unwrap();
+    let semi = op(
+        "join[semi, broadcast]",
+        OpKind::BroadcastJoin(Arc::new(broadcast)),
+    );
+    let side = |tag| Arc::new(Side::new(vec![(1, semi.clone())], Some(tag)).unwrap());
+    let split = |start, tag| SourceSplit::Side {
+        inner: Arc::new(SourceSplit::Range {
+            start,
+            end: start + 10,
+        }),
+        side: side(tag),
+    };
+    let stage = |name: &str, kind, ops: usize| Stage {
+        name: name.into(),
+        kind,
+        options: Resources::cpu(1.0).into(),
+        op_names: vec![name.into(); ops],
+        counters: (0..ops).map(|_| Arc::default()).collect(),
+        cut: None,
+    };
+    let source = StageKind::Source {
+        splits: vec![split(0, 0), split(10, 1)],
+        ops: Vec::new(),
+    };
+    let reduce = op("join", OpKind::Reduce(Reduce::Join(join(JoinHow::Full))));
+    let keys = vec!["id".to_string()];
+    let plan = ExecPlan {
+        stages: vec![
+            Stage {
+                cut: Some((
+                    Cut::Join {
+                        left: keys.clone(),
+                        right: keys,
+                    },
+                    2,
+                )),
+                ..stage("join[full](range, range)", source, 1)
+            },
+            stage("exchange(2)", StageKind::Exchange(2), 0),
+            stage(
+                "join",
+                StageKind::Map {
+                    ops: vec![(3, reduce)],
+                },
+                1,
+            ),
+        ],
+    };
+    PlanSpec::of(&plan).expect("a join travels")
 }
 
 fn inputs() -> impl Strategy<Value = Vec<u8>> {
@@ -157,7 +238,11 @@ fn payload_decoders_never_panic() {
         .run(&inputs(), |bytes| {
             let _ = frame::decode::<NodeInfo>(&bytes);
             let _ = frame::decode::<Members>(&bytes);
-            let _ = frame::decode::<JobStart>(&bytes);
+            // A plan that decodes is rebuilt (its schemas, a sort's
+            // boundaries and broadcast rows decoded from IPC bytes).
+            if let Ok(start) = frame::decode::<JobStart>(&bytes) {
+                let _ = start.plan.build(&streambatch_plan::Registry::default());
+            }
             let _ = frame::decode::<Order>(&bytes);
             let _ = frame::decode::<NodeEvent>(&bytes);
             Ok(())
@@ -180,4 +265,11 @@ fn valid_payloads_round_trip() {
     let start = frame::decode::<JobStart>(&seeds()[2]).unwrap();
     assert_eq!(start.key, key());
     assert_eq!(start.plan.recipe_names(), Vec::<String>::new());
+    // The join's plan, its schemas and broadcast rows included, rebuilds.
+    let join = frame::decode::<JobStart>(seeds().last().unwrap()).unwrap();
+    let plan = join
+        .plan
+        .build(&streambatch_plan::Registry::default())
+        .unwrap();
+    assert_eq!(plan.stages.len(), 3);
 }

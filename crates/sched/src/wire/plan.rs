@@ -44,7 +44,7 @@ pub(crate) enum KindSpec {
         /// `inputs`), if any.
         input_of: Vec<Option<u32>>,
         /// The inputs of a union or join: their operators and tags.
-        inputs: Vec<InputSpec>,
+        inputs: Vec<UnionInputSpec>,
         ops: Vec<OpWire>,
     },
     Map {
@@ -89,7 +89,7 @@ pub(crate) enum OpKindSpec {
 
 /// An input of a union or a join ([`streambatch_plan::Side`]).
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub(crate) struct InputSpec {
+pub(crate) struct UnionInputSpec {
     ops: Vec<OpWire>,
     tag: Option<u8>,
 }
@@ -230,8 +230,12 @@ impl PlanSpec {
             .stages
             .iter()
             .flat_map(|s| match &s.kind {
-                KindSpec::Source { ops, .. } | KindSpec::Map { ops } => ops.as_slice(),
-                _ => &[],
+                KindSpec::Source { ops, inputs, .. } => {
+                    let of_inputs = inputs.iter().flat_map(|i| i.ops.iter());
+                    ops.iter().chain(of_inputs).collect::<Vec<_>>()
+                }
+                KindSpec::Map { ops } => ops.iter().collect(),
+                _ => Vec::new(),
             })
             .filter_map(|op| match &op.kind {
                 OpKindSpec::Recipe { name, .. } => Some(name.clone()),
@@ -324,7 +328,7 @@ fn cannot_travel(what: &str, why: &str) -> Error {
 #[allow(clippy::type_complexity)]
 fn input_specs(
     splits: &[SourceSplit],
-) -> Result<(Vec<Option<u32>>, Vec<InputSpec>, Vec<&SourceSplit>), Error> {
+) -> Result<(Vec<Option<u32>>, Vec<UnionInputSpec>, Vec<&SourceSplit>), Error> {
     let mut seen: Vec<&Arc<Side>> = Vec::new();
     let mut inputs = Vec::new();
     let mut input_of = Vec::new();
@@ -339,7 +343,7 @@ fn input_specs(
             Some(at) => at,
             None => {
                 seen.push(side);
-                inputs.push(InputSpec {
+                inputs.push(UnionInputSpec {
                     ops: ops_spec(&side.ops)?,
                     tag: side.tag,
                 });
@@ -356,7 +360,7 @@ fn input_specs(
 fn with_inputs(
     splits: Vec<SourceSplit>,
     input_of: &[Option<u32>],
-    inputs: &[InputSpec],
+    inputs: &[UnionInputSpec],
     registry: &Registry,
 ) -> Result<Vec<SourceSplit>, Error> {
     if input_of.len() != splits.len() {
@@ -369,10 +373,8 @@ fn with_inputs(
     let sides = inputs
         .iter()
         .map(|input| {
-            Ok(Arc::new(Side {
-                ops: ops_of(&input.ops, registry)?,
-                tag: input.tag,
-            }))
+            let ops = ops_of(&input.ops, registry)?;
+            Ok(Arc::new(Side::new(ops, input.tag)?))
         })
         .collect::<Result<Vec<_>, Error>>()?;
     splits
@@ -518,9 +520,14 @@ pub(super) fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, 
 
 /// The schema of an IPC stream made by [`schema_bytes`], checked.
 pub(super) fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
-    arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-        .map(|r| r.schema())
-        .map_err(|e| Error::Invalid(format!("a source's schema does not decode: {e}")))
+    let read = || {
+        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            .map(|r| r.schema())
+    };
+    // A panic of arrow's on malformed bytes is an error, as in `batch_of`.
+    std::panic::catch_unwind(read)
+        .map_err(|_| Error::Invalid("a schema does not decode: arrow panicked".into()))?
+        .map_err(|e| Error::Invalid(format!("a schema does not decode: {e}")))
 }
 
 fn split_of(spec: &SplitSpec) -> Result<SourceSplit, Error> {
