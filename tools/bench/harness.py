@@ -1,6 +1,6 @@
-"""Runs W1 to W6, G1, J1 and the binary-files benchmark (docs/workloads.md) in
-streambatch, Ray Data, (W3, W4, G1, J1) Daft, (W6a) PyTorch's DataLoader and
-(G1, J1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W6, G1, J1, S1 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data, (W3, W4, G1, J1, S1) Daft, (W6a) PyTorch's DataLoader and
+(G1, J1, S1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -33,6 +33,10 @@ G1 = [sys.executable, "tools/bench/g1.py", "run"]
 G1_DATA = "data/g1"
 J1 = [sys.executable, "tools/bench/j1.py", "run"]
 J1_DATA = "data/j1"
+S1 = [sys.executable, "tools/bench/s1.py", "run"]
+S1_DATA = "data/s1"
+# S1's store cap (`streambatch bench s1`) and the peak RSS allowed above it.
+S1_CAP_MIB, S1_RSS_ABOVE_CAP_MIB = 512, 512
 
 # What each workload reports and whether more of it is better.
 METRICS = {
@@ -48,6 +52,7 @@ METRICS = {
     "w6b": ("efficiency", True),
     "g1": ("wall_s", False),
     "j1": ("wall_s", False),
+    "s1": ("wall_s", False),
 }
 W1_ROWS = 800
 
@@ -65,6 +70,8 @@ class Case:
     outputs: dict = field(default_factory=dict)
     # W3: partitions in all, for the rate bound of a timed-out run.
     partitions: int = 0
+    # A time limit of its own per run (S1), instead of --limit-s.
+    limit_s: float = 0
 
 
 def cases(w4_device):
@@ -188,6 +195,16 @@ def cases(w4_device):
             },
         )
     )
+    # S1: 4 GB sorted through a 512 MiB store (made by s1.py), each
+    # system's output checked by s1.py; Ray Data gets 10 minutes.
+    out.append(
+        Case(
+            "s1",
+            "40M rows of 100 bytes, 512 MiB store",
+            {system: S1 + [system, S1_DATA] for system in ["streambatch", "duckdb", "polars", "ray-data", "daft"]},
+            limit_s=600,
+        )
+    )
     # W5 and W6b last: a multi-node Ray cluster that fails to stop cleanly
     # must not slow the other workloads.
     for n in [1, 2, 4]:
@@ -306,7 +323,7 @@ def result_of(case, system, records, timed_out, wall, limit_s):
     if finals and not timed_out:
         r = finals[-1]
         # W6's per-rank figures, for its targets and the table.
-        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums") if k in r}
+        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums", "peak_rss_mib") if k in r}
         return {**shown, "value": r[metric], "correct": r.get("correct"), "reached": None}
     if not timed_out:
         return {"value": None, "correct": False, "reached": "failed: no result line"}
@@ -493,6 +510,26 @@ def targets(rows):
                 + "; answers equal DuckDB's: "
                 + ", ".join(f"{s} {r['correct']}" for s, r in results.items()),
             )
+        elif case.workload == "s1":
+            duck = pick_best(case, results, "duckdb")
+            duck_v = duck[1]["value"] if duck else None
+            ray_r = results.get("ray-data", {})
+            v = sb["value"]
+            # Ray Data stopped at the case's limit is at least that slow.
+            ray_at_least = ray_v or (case.limit_s if ray_r.get("timed_out") else None)
+            rss = sb.get("peak_rss_mib")
+            check(
+                f"S1: at least 5x Ray Data's throughput, at least 0.5x DuckDB's, peak RSS within the cap + {S1_RSS_ABOVE_CAP_MIB} MiB; order and checksum checked",
+                v
+                and ray_at_least
+                and duck_v
+                and rss
+                and v * 5 <= ray_at_least
+                and v <= 2 * duck_v
+                and rss <= S1_CAP_MIB + S1_RSS_ABOVE_CAP_MIB,
+                f"streambatch {fmt(v)} s, peak RSS {fmt(rss)} MiB; Ray Data {fmt(ray_v) if ray_v else f'over {fmt(ray_at_least)}' if ray_at_least else '-'} s"
+                f" ({fmt(ray_at_least / v) if v and ray_at_least else '-'}x), DuckDB {fmt(duck_v)} s ({fmt(duck_v / v) if v and duck_v else '-'}x)",
+            )
         elif case.workload == "w6b":
             check(
                 f"W6b {case.config}: efficiency >= 0.9, every image once per epoch",
@@ -576,7 +613,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default=None, help="the chart's path (default: benchmarks.png in --out)")
@@ -596,10 +633,15 @@ def main():
             from j1 import make
 
             make(J1_DATA)
+        if case.workload == "s1":
+            from s1 import make
+
+            make(S1_DATA)
         results = {}
         for system, cmd in case.commands.items():
-            records, rss, pss, hwm, wall, timed_out = run(cmd, args.limit_s)
-            r = result_of(case, system, records, timed_out, wall, args.limit_s)
+            limit_s = case.limit_s or args.limit_s
+            records, rss, pss, hwm, wall, timed_out = run(cmd, limit_s)
+            r = result_of(case, system, records, timed_out, wall, limit_s)
             results[system] = {
                 **r,
                 "rss_mib": round(rss, 1),

@@ -130,9 +130,10 @@ def judged(correct):
             "pss_mib": pss,
             "hwm_mib": 100.0,
             "trainer_wait_fraction": [0.01, 0.01],
+            "peak_rss_mib": 100.0,
         }
 
-    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
+    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "s1": (1.0, 20.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -147,7 +148,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"G1:", "J1:", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
+    assert names == {"G1:", "J1:", "S1:", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)

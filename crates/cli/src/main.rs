@@ -177,6 +177,10 @@ enum Workload {
     /// TPC-H-shaped lineitem (6M rows) joined with orders (1.5M), revenue
     /// by priority (data/j1: `tools/bench/j1.py make data/j1`).
     J1,
+    /// 40M rows of 100 bytes sorted by a 10-byte key through a 512 MiB
+    /// store, written as Parquet (data/s1: `tools/bench/s1.py make
+    /// data/s1`; `tools/bench/s1.py run streambatch data/s1` checks it).
+    S1,
     /// Training ingest: 8,000 JPEGs decoded, cropped, flipped and
     /// normalised, split equally between two trainer processes, 2 epochs.
     W6a,
@@ -392,6 +396,15 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                         ..base.clone()
                     };
                     vec![workloads::j1(std::path::Path::new("data/j1"), &base)?]
+                }
+                Workload::S1 => {
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(512 << 20),
+                        ..base.clone()
+                    };
+                    let data = std::path::Path::new("data/s1");
+                    let (input, output) = (data.join("input"), data.join("out-streambatch"));
+                    vec![workloads::s1(&input, &output, &base)?]
                 }
                 Workload::W6b => {
                     let dir = base.spill_dir.join("w6b");

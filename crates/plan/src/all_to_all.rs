@@ -174,14 +174,23 @@ impl Dataset {
         }
     }
 
-    /// The reducers of an exchange over this dataset: one per source split
-    /// (at least one, at most 1,024), so that a reducer holds about what a
-    /// source task read.
+    /// The reducers of an exchange over this dataset: one per source split,
+    /// or more where the source's files hold more than a partition's
+    /// target bytes per split, so that a reducer holds about a partition
+    /// (at least one reducer, at most 1,024).
     pub fn exchange_partitions(&self) -> usize {
-        match self.plan.chain().first() {
-            Some(LogicalOp::Source { splits, .. }) => splits.len().clamp(1, 1024),
-            _ => 1,
-        }
+        let Some(LogicalOp::Source { splits, .. }) = self.plan.chain().into_iter().next() else {
+            return 1;
+        };
+        let bytes: u64 = splits
+            .iter()
+            .flat_map(|s| s.files())
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum();
+        let target = self.runner().config().target_partition_bytes.max(1);
+        let by_bytes = bytes.div_ceil(target) as usize;
+        splits.len().max(by_bytes).clamp(1, 1024)
     }
 }
 
