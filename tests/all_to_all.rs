@@ -72,6 +72,33 @@ fn an_exchange_cuts_reducer_outputs_at_the_target_size() {
 }
 
 #[test]
+fn an_exchange_over_large_files_has_a_reducer_per_partition_of_their_bytes() {
+    // One file of about 1.6 MB of ids read as one split, with 256 KiB
+    // partitions: reducers for its bytes, not one for its split.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ids.parquet");
+    let ctx = ctx_with(|c| c.target_partition_bytes = 256 << 10);
+    ctx.range(200_000, 1)
+        .with_column("x", col("id") * lit(7i64))
+        .write_parquet_file(&file)
+        .unwrap();
+    let bytes = std::fs::metadata(&file).unwrap().len();
+    let ds = ctx.read_parquet(&file.display().to_string()).unwrap();
+    let expected = bytes.div_ceil(256 << 10) as usize;
+    assert!(expected > 1, "{bytes} bytes");
+    assert_eq!(ds.exchange_partitions(), expected);
+    let out = ds.random_shuffle(2).collect().unwrap();
+    assert_eq!(sorted_i64(&out, "id"), (0..200_000).collect::<Vec<_>>());
+    assert!(
+        ds.random_shuffle(2)
+            .explain()
+            .unwrap()
+            .to_string()
+            .contains(&format!("exchange({expected})")),
+    );
+}
+
+#[test]
 fn random_shuffle_of_nothing_and_of_one_row() {
     let empty = ctx().range(0, 1).random_shuffle(3).collect().unwrap();
     assert_eq!(empty.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);

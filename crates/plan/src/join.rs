@@ -449,37 +449,40 @@ impl Probe {
     fn fill(&mut self) -> Pairs {
         let mut pairs = Pairs::default();
         let how = self.join.how;
-        while pairs.len() < OUTPUT_ROWS {
-            if let Some((i, at, matched)) = self.chain {
+        loop {
+            // A left row part-way through its chain first.
+            if let Some((i, mut at, mut matched)) = self.chain.take() {
                 let key = self.left_keys.key(i as usize).expect("a chain has a key");
-                match self.table.next_match(key, at) {
-                    Some(j) => {
-                        pairs.push(Some(i), Some(j));
-                        self.right_matched[j as usize] = true;
-                        self.chain = Some((i, self.table.next[j as usize], true));
-                    }
-                    None => {
-                        if !matched && how.keeps_left_unmatched() {
-                            pairs.push(Some(i), None);
-                        }
-                        self.chain = None;
+                while let Some(j) = self.table.next_match(key, at) {
+                    pairs.push(Some(i), Some(j));
+                    self.right_matched[j as usize] = true;
+                    matched = true;
+                    at = self.table.next[j as usize];
+                    if pairs.len() >= OUTPUT_ROWS {
+                        self.chain = Some((i, at, matched));
+                        return pairs;
                     }
                 }
-                continue;
+                if !matched && how.keeps_left_unmatched() {
+                    pairs.push(Some(i), None);
+                }
+            }
+            if pairs.len() >= OUTPUT_ROWS {
+                return pairs;
             }
             if self.next_left < self.left.num_rows() {
                 let i = self.next_left;
                 self.next_left += 1;
                 let key = self.left_keys.key(i);
-                let first = key.map_or(u32::MAX, |k| self.table.head(k));
                 match (how, key) {
                     (JoinHow::Semi | JoinHow::Anti, _) => {
-                        let matched = key.and_then(|k| self.table.next_match(k, first));
+                        let matched =
+                            key.and_then(|k| self.table.next_match(k, self.table.head(k)));
                         if matched.is_some() == (how == JoinHow::Semi) {
                             pairs.push(Some(i as u32), None);
                         }
                     }
-                    (_, Some(_)) => self.chain = Some((i as u32, first, false)),
+                    (_, Some(k)) => self.chain = Some((i as u32, self.table.head(k), false)),
                     (_, None) => {
                         if how.keeps_left_unmatched() {
                             pairs.push(Some(i as u32), None);
@@ -489,18 +492,17 @@ impl Probe {
                 continue;
             }
             if !(self.whole_right && how.keeps_right_unmatched()) {
-                break;
+                return pairs;
             }
             let Some(j) =
                 (self.next_right..self.right.num_rows()).find(|&j| !self.right_matched[j])
             else {
                 self.next_right = self.right.num_rows();
-                break;
+                return pairs;
             };
             pairs.push(None, Some(j as u32));
             self.next_right = j + 1;
         }
-        pairs
     }
 }
 
