@@ -309,11 +309,25 @@ impl Join {
     }
 }
 
-/// One side's key columns as comparable rows, and which rows have a null
-/// key (matching nothing).
+/// One side's key columns, and which rows have a null key (matching
+/// nothing): one integer column as its values, as `i64` (the common key,
+/// hashed and compared as a number), any other keys as `arrow-row` bytes.
+/// The two sides' key types are equal, so both take the same form.
 struct JoinKeys {
-    rows: Rows,
+    values: KeyValues,
     null: Vec<bool>,
+}
+
+enum KeyValues {
+    Ints(arrow_array::Int64Array),
+    Rows(Rows),
+}
+
+/// One row's key, as its side holds it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key<'a> {
+    Int(i64),
+    Bytes(&'a [u8]),
 }
 
 impl JoinKeys {
@@ -336,14 +350,35 @@ impl JoinKeys {
                 }
             }
         }
-        Ok(Self {
-            rows: key_rows(batch, &at, &[])?,
-            null,
-        })
+        use arrow_schema::DataType::*;
+        let values = match at.as_slice() {
+            [k] if matches!(
+                batch.column(*k).data_type(),
+                Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32
+            ) =>
+            {
+                let ints = arrow_cast::cast(batch.column(*k), &Int64)
+                    .map_err(|e| Error::arrow("join", e))?;
+                KeyValues::Ints(
+                    ints.as_any()
+                        .downcast_ref::<arrow_array::Int64Array>()
+                        .expect("cast to Int64")
+                        .clone(),
+                )
+            }
+            _ => KeyValues::Rows(key_rows(batch, &at, &[])?),
+        };
+        Ok(Self { values, null })
     }
 
-    fn key(&self, row: usize) -> Option<&[u8]> {
-        (!self.null[row]).then(|| self.rows.row(row).data())
+    fn key(&self, row: usize) -> Option<Key<'_>> {
+        if self.null[row] {
+            return None;
+        }
+        Some(match &self.values {
+            KeyValues::Ints(ints) => Key::Int(ints.value(row)),
+            KeyValues::Rows(rows) => Key::Bytes(rows.row(row).data()),
+        })
     }
 }
 
@@ -544,12 +579,12 @@ impl Table {
     }
 
     /// Where the chain of `key`'s hash starts (`u32::MAX`: nowhere).
-    fn head(&self, key: &[u8]) -> u32 {
+    fn head(&self, key: Key<'_>) -> u32 {
         self.first.get(&hash(key)).copied().unwrap_or(u32::MAX)
     }
 
     /// The first row from `at` on along its chain whose key is `key`.
-    fn next_match(&self, key: &[u8], mut at: u32) -> Option<u32> {
+    fn next_match(&self, key: Key<'_>, mut at: u32) -> Option<u32> {
         while at != u32::MAX {
             if self.keys.key(at as usize) == Some(key) {
                 return Some(at);
@@ -560,9 +595,13 @@ impl Table {
     }
 }
 
-fn hash(key: &[u8]) -> u64 {
+fn hash(key: Key<'_>) -> u64 {
     use std::hash::BuildHasher;
-    foldhash::quality::FixedState::with_seed(0x6a6f_696e).hash_one(key)
+    let state = foldhash::fast::FixedState::with_seed(0x6a6f_696e);
+    match key {
+        Key::Int(v) => state.hash_one(v),
+        Key::Bytes(bytes) => state.hash_one(bytes),
+    }
 }
 
 /// Output rows as pairs of a left and a right row (either may be none).
