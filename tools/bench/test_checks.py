@@ -117,6 +117,27 @@ def test_a_g1_answer_unlike_duckdbs_or_nan_is_not_correct():
         assert r["polars"]["correct"] is True
 
 
+def test_s1_misses_over_its_memory_bound_or_not_5x_a_ray_run_that_finished():
+    import harness
+
+    case = next(c for c in harness.cases("cpu") if c.workload == "s1")
+
+    def result(value, rss=100.0, timed_out=False):
+        return {"value": value, "correct": True, "rss_mib": rss, "pss_mib": rss, "hwm_mib": rss, "peak_rss_mib": rss, "timed_out": timed_out}
+
+    def met(sb, ray):
+        results = {"streambatch": sb, "duckdb": result(100.0), "polars": result(100.0), "ray-data": ray, "daft": result(None)}
+        return next(t for t in harness.targets([(case, results)]) if t["target"].startswith("S1"))["met"]
+
+    assert met(result(60.0), result(400.0))
+    # Over the cap + 512 MiB.
+    assert not met(result(60.0, rss=1100.0), result(400.0))
+    # Ray Data only 4x slower; stopped at the limit (600 s) it counts as 600.
+    assert not met(result(60.0), result(240.0))
+    assert met(result(60.0), {**result(None), "timed_out": True})
+    assert not met(result(150.0), {**result(None), "timed_out": True})
+
+
 def judged(correct):
     """The harness's targets for one of each case, streambatch far ahead of
     its peers and within every memory limit, its result `correct`."""
