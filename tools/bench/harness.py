@@ -167,34 +167,14 @@ def cases(w4_device):
             },
         )
     )
-    # G1: the H2O groupby questions 1-5 (the table made by g1.py first).
-    out.append(
-        Case(
-            "g1",
-            "H2O groupby q1-5, 10M rows",
-            {
-                "streambatch": SB + ["g1"],
-                "duckdb": G1 + ["duckdb", G1_DATA],
-                "polars": G1 + ["polars", G1_DATA],
-                "ray-data": G1 + ["ray-data", G1_DATA],
-                "daft": G1 + ["daft", G1_DATA],
-            },
-        )
-    )
-    # J1: lineitem joined with orders, revenue by priority (made by j1.py).
-    out.append(
-        Case(
-            "j1",
-            "lineitem 6M x orders 1.5M",
-            {
-                "streambatch": SB + ["j1"],
-                "duckdb": J1 + ["duckdb", J1_DATA],
-                "polars": J1 + ["polars", J1_DATA],
-                "ray-data": J1 + ["ray-data", J1_DATA],
-                "daft": J1 + ["daft", J1_DATA],
-            },
-        )
-    )
+    # G1: the H2O groupby questions 1-5; J1: lineitem joined with orders,
+    # revenue by priority (the tables made by g1.py and j1.py first).
+    for workload, config, script, data in [
+        ("g1", "H2O groupby q1-5, 10M rows", G1, G1_DATA),
+        ("j1", "lineitem 6M x orders 1.5M", J1, J1_DATA),
+    ]:
+        peers = {system: script + [system, data] for system in ["duckdb", "polars", "ray-data", "daft"]}
+        out.append(Case(workload, config, {"streambatch": SB + [workload], **peers}))
     # S1: 4 GB sorted through a 512 MiB store (made by s1.py), each
     # system's output checked by s1.py; Ray Data gets 10 minutes.
     out.append(

@@ -36,7 +36,7 @@ pub enum Cut {
     },
     /// A join's inputs by a hash of each side's key columns (as
     /// [`Cut::Hash`]), the side read from each batch's tag
-    /// ([`SIDE_TAG`](crate::SIDE_TAG)): equal keys of both sides meet.
+    /// ([`SIDE_TAG`](crate::hash_join::SIDE_TAG)): equal keys of both sides meet.
     Join {
         /// The left input's key columns.
         left: Vec<String>,
@@ -67,7 +67,11 @@ impl Cut {
                 by_hash(batch, &keys, n, 0)
             }
             Cut::Join { left, right } => {
-                let tag = batch.schema().metadata().get(crate::SIDE_TAG).cloned();
+                let tag = batch
+                    .schema()
+                    .metadata()
+                    .get(crate::hash_join::SIDE_TAG)
+                    .cloned();
                 let keys = match tag.as_deref() {
                     Some("0") => left,
                     Some("1") => right,
@@ -180,7 +184,7 @@ pub enum Reduce {
         keys: Vec<String>,
     },
     /// A join's left and right rows joined ([`Dataset::join`](crate::Dataset::join)).
-    Join(crate::Join),
+    Join(crate::hash_join::Join),
     /// Rows aggregated by keys ([`Dataset::groupby`](crate::Dataset::groupby)):
     /// a map task's rows to partial states, or partial states merged.
     Aggregate {

@@ -14,6 +14,7 @@ mod error;
 mod exchange;
 mod explain;
 mod expr;
+mod hash_join;
 mod images;
 mod join;
 pub mod ops;
@@ -24,6 +25,7 @@ mod recipe;
 mod row;
 mod row_sample;
 mod shuffle_window;
+mod side;
 pub mod sink;
 mod source;
 mod split;
@@ -41,13 +43,14 @@ pub use error::{BoxError, Error, Result};
 pub use exchange::{Cut, Exchange, Reduce};
 pub use explain::{Explain, StageExplain};
 pub use expr::{BinaryOp, Expr, Literal, col, lit};
+pub use hash_join::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
 pub use images::ImageSize;
-pub use join::{Broadcast, Join, JoinHow, Probe};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use row_sample::RowSample;
+pub use side::Side;
 pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{
@@ -57,7 +60,6 @@ pub use stats::{
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
 };
-pub use union::{SIDE_TAG, Side};
 
 /// A stream of batches: what sources yield and operators transform.
 pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

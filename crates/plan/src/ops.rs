@@ -80,7 +80,7 @@ pub enum OpKind {
     /// A reducer of an exchange: all of the task's input at once.
     Reduce(crate::exchange::Reduce),
     /// A broadcast join: each batch joined with the right input's rows.
-    BroadcastJoin(Arc<crate::join::Broadcast>),
+    BroadcastJoin(Arc<crate::hash_join::Broadcast>),
 }
 
 /// One operator of a plan: what it does, its name and how it runs.
@@ -469,7 +469,7 @@ mod tests {
     use arrow_array::types::Int64Type;
 
     use super::*;
-    use crate::source::SourceSplit;
+    use crate::SourceSplit;
 
     const PIECE: usize = 64 << 10;
 

@@ -83,12 +83,12 @@ pub enum SourceSplit {
         schema: SchemaRef,
     },
     /// A split of one input of a union or a join, run with that input's
-    /// operators (see [`Side`](crate::Side)).
+    /// operators (see [`Side`](crate::side::Side)).
     Side {
         /// The split read.
         inner: Arc<SourceSplit>,
         /// The input's operators and tag.
-        side: Arc<crate::Side>,
+        side: Arc<crate::side::Side>,
     },
     /// One side of a `train_test_split` of a split's rows.
     Sampled {
