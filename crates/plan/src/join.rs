@@ -53,18 +53,20 @@ impl Dataset {
     /// in `right_on` (see [`Join`] for the output's columns). Both inputs
     /// are read by one source stage (each must be a source and row-wise
     /// operators, as for [`union`](Self::union)) and exchanged by a hash
-    /// of their keys to as many reducers as they have splits together, up
-    /// to 1,024; each reducer builds a hash table of its right rows and
-    /// probes it with its left rows. The inputs' schemas are needed now:
-    /// where the plan does not know one, its first batch is computed.
+    /// of their keys to [`exchange_partitions`](Self::exchange_partitions)
+    /// reducers of the two together; each reducer builds a hash table of
+    /// its right rows and probes it with its left rows. The inputs'
+    /// schemas are needed now: where the plan does not know one, its first
+    /// batch is computed.
     ///
     /// An inner, left, semi or anti join whose right input holds at most
     /// `NodeConfig::broadcast_join_bytes` (512 KiB by default, less what
-    /// the broadcast joins before it carry) is a broadcast join instead: the right input is run now, its rows carried
-    /// in the plan, and each task of the left (whatever operators come
-    /// before it: the left need not be a source and row-wise operators)
-    /// probes a table of them with its batches, with no exchange. A larger
-    /// right input stops that run as soon as it is over the limit.
+    /// the broadcast joins before it carry) is a broadcast join instead:
+    /// the right input is run now, its rows carried in the plan, and each
+    /// task of the left (whatever operators come before it: the left need
+    /// not be a source and row-wise operators) probes a table of them with
+    /// its batches, with no exchange. A larger right input stops that run
+    /// as soon as it is over the limit.
     pub fn join_on(
         &self,
         other: &Dataset,
