@@ -15,8 +15,14 @@ use streambatch::{Context, Error, NodeConfig, Result};
 use crate::BenchResult;
 
 /// S1 from `input` into `output` (replaced), on an embedded node of
-/// `base`'s settings.
-pub fn s1(input: &Path, output: &Path, base: &NodeConfig) -> Result<BenchResult> {
+/// `base`'s settings; the sort job's timeline written to `timeline` when
+/// given (`base` must then record it).
+pub fn s1(
+    input: &Path,
+    output: &Path,
+    base: &NodeConfig,
+    timeline: Option<&Path>,
+) -> Result<BenchResult> {
     if !input.join("part-39.parquet").exists() {
         return Err(Error::Invalid(format!(
             "no S1 input in {}: make it with `.venv-bench/bin/python tools/bench/s1.py make {}`",
@@ -31,6 +37,9 @@ pub fn s1(input: &Path, output: &Path, base: &NodeConfig) -> Result<BenchResult>
     let sorted = source.sort(&["key"], false);
     let files = sorted.write_parquet(output)?;
     let wall = started.elapsed();
+    if let Some(path) = timeline {
+        sorted.write_timeline(path)?;
+    }
     let written = ctx.read_parquet(&output.display().to_string())?.count()?;
     let mut result = BenchResult::new(
         "s1",

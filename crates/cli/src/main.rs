@@ -106,7 +106,7 @@ enum Command {
         /// the spec its driver gave (the driver starts them).
         #[arg(long, hide = true)]
         trainer: Option<String>,
-        /// W1, W2, W3: record the timed job's timeline and write it here
+        /// W1, W2, W3, S1: record the timed job's timeline and write it here
         /// (W3's second shape to PATH with `-2` before its extension).
         /// Without it the workloads run with `record_timeline = false`, so
         /// the two runs measure what recording costs.
@@ -404,7 +404,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     };
                     let data = std::path::Path::new("data/s1");
                     let (input, output) = (data.join("input"), data.join("out-streambatch"));
-                    vec![workloads::s1(&input, &output, &base)?]
+                    vec![workloads::s1(&input, &output, &base, timeline.as_deref())?]
                 }
                 Workload::W6b => {
                     let dir = base.spill_dir.join("w6b");

@@ -5,6 +5,7 @@
 //! store, the planner and the scheduler can be embedded on its own.
 
 mod config;
+mod direct;
 mod hash;
 mod ids;
 mod meta;
@@ -12,6 +13,7 @@ mod resources;
 mod size;
 
 pub use config::{ConfigError, NodeConfig};
+pub use direct::{AlignedBlock, BLOCK, DirectWriter, open_direct};
 pub use hash::{fnv1a, mix64};
 pub use ids::{JobId, NodeId, PartitionId, StageId, TaskId};
 pub use meta::PartitionMeta;

@@ -176,8 +176,9 @@ impl Dataset {
 
     /// The reducers of an exchange over this dataset: one per source split,
     /// or more where the source's files hold more than a partition's
-    /// target bytes per split, so that a reducer holds about a partition
-    /// (at least one reducer, at most 1,024).
+    /// target bytes per split (`exchange_target`: at most a sixteenth of
+    /// the store), so that a reducer holds about a partition (at least one
+    /// reducer, at most 1,024).
     pub fn exchange_partitions(&self) -> usize {
         let Some(LogicalOp::Source { splits, .. }) = self.plan.chain().into_iter().next() else {
             return 1;
@@ -188,7 +189,9 @@ impl Dataset {
             .filter_map(|f| std::fs::metadata(f).ok())
             .map(|m| m.len())
             .sum();
-        let target = self.runner().config().target_partition_bytes.max(1);
+        let config = self.runner().config();
+        let target =
+            crate::plan::exchange_target(config.target_partition_bytes, config.store_capacity);
         let by_bytes = bytes.div_ceil(target) as usize;
         splits.len().max(by_bytes).clamp(1, 1024)
     }

@@ -18,6 +18,7 @@ use arrow_schema::{SchemaRef, SortOptions};
 
 use crate::aggregate::{Agg, Step, aggregate};
 use crate::partition::{Partitioned, by_hash, by_range, column_indices, group, key_rows};
+use crate::sorted::Sorted;
 use crate::{Error, Result};
 
 /// How the map side picks each row's destination.
@@ -251,8 +252,8 @@ impl Reduce {
         Ok(groups)
     }
 
-    /// [`run_all`](Self::run_all)'s batches as they are made (a join's
-    /// output never held whole).
+    /// [`run_all`](Self::run_all)'s batches as they are made (a join's or
+    /// a sort's output never held whole).
     pub fn stream_all(
         &self,
         schema: &SchemaRef,
@@ -260,6 +261,9 @@ impl Reduce {
     ) -> Result<crate::BatchIter> {
         Ok(match self {
             Reduce::Join(join) => Box::new(join.run(batches)?),
+            Reduce::Sort { keys, order } => {
+                Box::new(Sorted::new(schema, batches.to_vec(), keys, *order)?)
+            }
             _ => Box::new(self.run_all(schema, batches)?.into_iter().map(Ok)),
         })
     }
@@ -269,11 +273,12 @@ impl Reduce {
     pub fn run(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
         let whole = match self {
             Reduce::Join(join) => Some(join.schema()),
-            Reduce::Groups { .. } => Some(schema.clone()),
+            Reduce::Groups { .. } | Reduce::Sort { .. } => Some(schema.clone()),
             _ => None,
         };
         if let Some(schema) = whole {
-            let out = self.run_all(&schema, batches)?;
+            let out: Vec<RecordBatch> =
+                self.stream_all(&schema, batches)?.collect::<Result<_>>()?;
             return arrow_select::concat::concat_batches(&schema, &out)
                 .map_err(|e| self.arrow_error(e));
         }
@@ -319,15 +324,8 @@ impl Reduce {
                 });
                 order
             }
-            // Stable: rows with equal keys keep the order they came in.
-            Reduce::Sort { keys, order } => {
-                let at = column_indices(&all, keys)?;
-                let keys = key_rows(&all, &at, &vec![*order; at.len()])?;
-                let mut sorted: Vec<u32> = (0..all.num_rows() as u32).collect();
-                sorted.sort_by(|&a, &b| keys.row(a as usize).cmp(&keys.row(b as usize)));
-                sorted
-            }
-            Reduce::Aggregate { .. }
+            Reduce::Sort { .. }
+            | Reduce::Aggregate { .. }
             | Reduce::Join(_)
             | Reduce::SampleKeys { .. }
             | Reduce::Groups { .. }

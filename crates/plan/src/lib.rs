@@ -27,6 +27,7 @@ mod row_sample;
 mod shuffle_window;
 mod side;
 pub mod sink;
+mod sorted;
 mod source;
 mod split;
 mod stats;

@@ -217,6 +217,17 @@ impl Stage {
     }
 }
 
+/// The most bytes of a partition in a plan with an exchange, in a store of
+/// `capacity` bytes: `target`, or a sixteenth of the store if that is less.
+/// An exchange larger than the store spills every map output and reads
+/// them back, and its tasks' copies on the heap grow with the partition (a
+/// map task holds its input gathered and cut by destination, a reducer its
+/// range, its keys and a row group being written): partitions of a
+/// sixteenth keep the copies of two tasks per core within the store's size.
+pub fn exchange_target(target: u64, capacity: u64) -> u64 {
+    target.min(capacity / 16).max(1)
+}
+
 /// A physical plan: stages from source to sink.
 #[derive(Clone)]
 pub struct ExecPlan {
@@ -228,10 +239,15 @@ impl ExecPlan {
     /// Partition size and each stage's memory reserve in a store of
     /// `capacity` bytes: partitions of at most `target` bytes, small enough
     /// that every stage that runs tasks has one partition reserved and the
-    /// reserves take at most half the store.
+    /// reserves take at most half the store, and in a plan with an
+    /// exchange at most [`exchange_target`].
     pub fn sizing(&self, target: u64, capacity: u64) -> (u64, Vec<u64>) {
         let task_stages = self.stages.iter().filter(|s| s.runs_tasks()).count().max(1) as u64;
-        let target_bytes = target.min(capacity / (2 * task_stages)).max(1);
+        let mut target_bytes = target.min(capacity / (2 * task_stages));
+        if self.stages.iter().any(|s| s.cut.is_some()) {
+            target_bytes = target_bytes.min(exchange_target(target, capacity));
+        }
+        let target_bytes = target_bytes.max(1);
         let reserve = self
             .stages
             .iter()

@@ -19,6 +19,16 @@ pub enum StoreError {
         #[source]
         source: SpillError,
     },
+    /// Rows asked of a partition that does not hold them.
+    #[error("rows {}..{} asked of partition {id}, which holds {held}", rows.start, rows.end)]
+    RowsOutOfRange {
+        /// The partition.
+        id: PartitionId,
+        /// The rows asked for.
+        rows: std::ops::Range<usize>,
+        /// The rows it holds.
+        held: usize,
+    },
     /// Memory is full of partitions that are pinned or being read.
     #[error("no room to restore partition {id} ({} needed of {}): every partition in memory is pinned or in use", format_bytes(*needed), format_bytes(*capacity))]
     NoRoom {

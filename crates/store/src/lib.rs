@@ -79,6 +79,25 @@ pub trait ObjectStore: Send + Sync + 'static {
     /// Stores `batch`, spilling least recently used partitions (or, when
     /// none can go, this one) to disk to stay within capacity.
     fn put(&self, batch: RecordBatch) -> Result<PartitionRef, StoreError>;
+    /// [`ObjectStore::try_put`] of a batch whose rows are read in groups
+    /// (an exchange's map output, a group per destination): `groups` holds
+    /// where each starts, and the end. Spilled, each group is written to be
+    /// read back alone ([`PartitionRef::get_rows`]). Groups that do not cut
+    /// the rows in order are ignored.
+    fn try_put_grouped(
+        &self,
+        batch: RecordBatch,
+        groups: &[u32],
+    ) -> Result<PartitionRef, PutError> {
+        let _ = groups;
+        self.try_put(batch)
+    }
+    /// [`ObjectStore::put`] of a batch whose rows are read in groups (see
+    /// [`ObjectStore::try_put_grouped`]).
+    fn put_grouped(&self, batch: RecordBatch, groups: &[u32]) -> Result<PartitionRef, StoreError> {
+        let _ = groups;
+        self.put(batch)
+    }
     /// Reads a live partition.
     fn get(&self, id: PartitionId) -> Result<RecordBatch, StoreError>;
     /// Keeps a partition in memory (restoring it if spilled) until the
@@ -101,4 +120,22 @@ pub trait Release: Send + Sync {
     fn release(&self, id: PartitionId, bytes: u64);
     /// Reads the partition `id`.
     fn read(self: Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError>;
+    /// Reads rows `rows` of partition `id`; see [`PartitionRef::get_rows`].
+    fn read_rows(
+        self: Arc<Self>,
+        id: PartitionId,
+        rows: std::ops::Range<usize>,
+        alone: bool,
+    ) -> Result<RecordBatch, StoreError> {
+        let _ = alone;
+        let batch = self.read(id)?;
+        if rows.end > batch.num_rows() {
+            return Err(StoreError::RowsOutOfRange {
+                id,
+                held: batch.num_rows(),
+                rows,
+            });
+        }
+        Ok(batch.slice(rows.start, rows.len()))
+    }
 }

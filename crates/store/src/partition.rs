@@ -52,6 +52,23 @@ impl PartitionRef {
     pub fn get(&self) -> Result<RecordBatch, StoreError> {
         self.inner.store.clone().read(self.inner.id)
     }
+
+    /// Reads rows `rows` of it. A spilled partition stored with groups
+    /// (`ObjectStore::put_grouped`) reads only the groups that hold them.
+    /// With `alone`, the batch does not hold the rest of the partition
+    /// when the rows are a small part of it (they are copied): a reader
+    /// keeping a destination's rows of many partitions then keeps those
+    /// rows, not every partition whole.
+    pub fn get_rows(
+        &self,
+        rows: std::ops::Range<usize>,
+        alone: bool,
+    ) -> Result<RecordBatch, StoreError> {
+        self.inner
+            .store
+            .clone()
+            .read_rows(self.inner.id, rows, alone)
+    }
 }
 
 impl Drop for Inner {

@@ -15,7 +15,7 @@ use crate::alloc::{ALIGN, Allocator, aligned};
 use crate::ipc;
 use crate::output::OutputBuffer;
 use crate::segment::{self, Segment};
-use crate::spill::{self, SpillDir};
+use crate::spill::{self, SpillDir, SpillFile};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
 
 /// Settings of a [`SharedStore`].
@@ -118,6 +118,9 @@ struct Entry {
     /// The reserved region its bytes lie in (by its buffer's address), when
     /// the put adopted an [`OutputBuffer`] instead of copying.
     reserved: Option<usize>,
+    /// Where each group of rows read alone starts, and the end (see
+    /// [`ObjectStore::put_grouped`]): spilled, each is a stream of its own.
+    groups: Option<Arc<[u32]>>,
 }
 
 /// A region handed out as an [`OutputBuffer`]: room for the IPC framing
@@ -262,8 +265,18 @@ impl SharedStore {
         let id = part.id();
         match self.inner.encoded(id)? {
             Encoded::Memory(bytes) => Ok(bytes),
-            Encoded::Disk(file, path) => {
-                spill::map_file(&file, &path).map_err(|source| StoreError::Spill { id, source })
+            Encoded::Disk(file, None) => {
+                let bytes = file
+                    .single_stream()
+                    .map_err(|source| StoreError::Spill { id, source })?;
+                self.inner.state().restored += file.bytes_read();
+                Ok(bytes)
+            }
+            Encoded::Disk(file, Some(groups)) => {
+                let batch = read_groups(&file, &groups, 0..groups.len() - 1)
+                    .map_err(|source| StoreError::Spill { id, source })?;
+                self.inner.state().restored += file.bytes_read();
+                encode_to_buffer(&batch)
             }
         }
     }
@@ -273,10 +286,24 @@ impl SharedStore {
         self.inner.spill.path()
     }
 
-    fn store(&self, batch: RecordBatch, may_spill: bool) -> Result<PartitionRef, PutError> {
+    fn store(
+        &self,
+        batch: RecordBatch,
+        groups: Option<&[u32]>,
+        may_spill: bool,
+    ) -> Result<PartitionRef, PutError> {
         let rows = batch.num_rows();
+        // Groups that do not cut these rows in order are not kept.
+        let groups: Option<Arc<[u32]>> = groups
+            .filter(|g| {
+                g.len() >= 2
+                    && g[0] == 0
+                    && g[g.len() - 1] as usize == rows
+                    && g.windows(2).all(|w| w[0] <= w[1])
+            })
+            .map(Arc::from);
         let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Encode(e)))?;
-        if let Some(part) = self.adopt(&encoded, rows) {
+        if let Some(part) = self.adopt(&encoded, rows, &groups) {
             return Ok(part);
         }
         let len = encoded.len;
@@ -313,8 +340,8 @@ impl SharedStore {
                 None => {
                     // Nothing left to spill: this partition goes straight to disk.
                     let path = self.inner.spill_file(id).map_err(PutError::Store)?;
-                    spill::write(&path, encoded.pieces())
-                        .map_err(|e| PutError::Store(StoreError::io(&path, e)))?;
+                    write_spill(&path, &batch, &encoded, groups.as_deref())
+                        .map_err(PutError::Store)?;
                     state.spilled += len as u64;
                     let entry = Entry {
                         place: Place::Disk(path),
@@ -323,6 +350,7 @@ impl SharedStore {
                         last_use: state.tick(),
                         released: false,
                         reserved: None,
+                        groups,
                     };
                     state.entries.insert(id, entry);
                     return Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()));
@@ -344,6 +372,7 @@ impl SharedStore {
             last_use: state.tick(),
             released: false,
             reserved: None,
+            groups,
         };
         state.entries.insert(id, entry);
         Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()))
@@ -363,7 +392,12 @@ impl SharedStore {
     /// pieces before it are written in the room before, those after it in
     /// the room after, and the partition's bytes are exactly the stream a
     /// copying put would write. `None`: it must be copied.
-    fn adopt(&self, encoded: &ipc::Encoded, rows: usize) -> Option<PartitionRef> {
+    fn adopt(
+        &self,
+        encoded: &ipc::Encoded,
+        rows: usize,
+        groups: &Option<Arc<[u32]>>,
+    ) -> Option<PartitionRef> {
         if self.inner.reservations.load(Ordering::Relaxed) == 0 {
             return None;
         }
@@ -411,6 +445,7 @@ impl SharedStore {
             last_use: state.tick(),
             released: false,
             reserved: Some(addr),
+            groups: groups.clone(),
         };
         state.entries.insert(id, entry);
         Some(PartitionRef::new(
@@ -463,11 +498,23 @@ impl ObjectStore for SharedStore {
     }
 
     fn try_put(&self, batch: RecordBatch) -> Result<PartitionRef, PutError> {
-        self.store(batch, false)
+        self.store(batch, None, false)
     }
 
     fn put(&self, batch: RecordBatch) -> Result<PartitionRef, StoreError> {
-        self.store(batch, true).map_err(|e| match e {
+        self.put_grouped(batch, &[])
+    }
+
+    fn try_put_grouped(
+        &self,
+        batch: RecordBatch,
+        groups: &[u32],
+    ) -> Result<PartitionRef, PutError> {
+        self.store(batch, Some(groups), false)
+    }
+
+    fn put_grouped(&self, batch: RecordBatch, groups: &[u32]) -> Result<PartitionRef, StoreError> {
+        self.store(batch, Some(groups), true).map_err(|e| match e {
             PutError::Store(e) => e,
             PutError::Full { .. } | PutError::TooLarge { .. } => {
                 unreachable!("a put that may spill is never full: {e}")
@@ -476,7 +523,7 @@ impl ObjectStore for SharedStore {
     }
 
     fn get(&self, id: PartitionId) -> Result<RecordBatch, StoreError> {
-        self.inner.read_partition(id)
+        self.inner.read_range(id, None, false)
     }
 
     fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError> {
@@ -722,7 +769,19 @@ impl Inner {
         // SAFETY: the region belongs to this partition, which nobody reads
         // (no pins) or writes (written before it was listed).
         let bytes = unsafe { seg.region_mut(offset, len) };
-        spill::write(&path, [&*bytes]).map_err(|e| StoreError::io(&path, e))?;
+        match &entry.groups {
+            None => spill::write(&path, [[&*bytes]]).map_err(|e| StoreError::io(&path, e))?,
+            Some(groups) => {
+                let ptr = std::ptr::NonNull::new(bytes.as_mut_ptr()).expect("in a segment");
+                // SAFETY: the region stays allocated and unchanged while the
+                // lock is held, and the view is dropped before it is freed.
+                let view = unsafe { ipc::view(ptr, len, seg.clone()) };
+                // SAFETY: this store encoded these bytes from a valid batch.
+                let batch = unsafe { ipc::decode_trusted(&view) }
+                    .map_err(|source| StoreError::Decode { id, source })?;
+                write_groups(&path, &batch, groups)?;
+            }
+        }
         self.release_memory(state, segment, offset, len, reserved);
         state.spilled += len as u64;
         let entry = state.entries.get_mut(&id).expect("present");
@@ -738,13 +797,24 @@ impl Inner {
         id: PartitionId,
     ) -> Result<MutexGuard<'a, State>, StoreError> {
         let entry = state.entries.get(&id).ok_or(StoreError::Missing(id))?;
-        let (len, Place::Disk(path)) = (entry.len, entry.place.clone()) else {
+        let (Place::Disk(path), groups) = (entry.place.clone(), entry.groups.clone()) else {
             return Ok(state);
         };
-        let bytes = spill::map(&path).map_err(|source| StoreError::Spill { id, source })?;
         // In memory the store trusts its partitions: what comes in from a
         // file is validated once, here.
-        spill::decode(&bytes, &path).map_err(|source| StoreError::Spill { id, source })?;
+        let spilled = |source| StoreError::Spill { id, source };
+        let file = SpillFile::open(&path).map_err(spilled)?;
+        let bytes = match groups {
+            None => file.single_stream().map_err(spilled)?,
+            // Back to one stream, as a put of the whole writes it.
+            Some(groups) => {
+                let batch = read_groups(&file, &groups, 0..groups.len() - 1).map_err(spilled)?;
+                encode_to_buffer(&batch)?
+            }
+        };
+        // A group's streams joined may encode to other lengths than the
+        // whole did (a validity buffer kept or not): the entry takes the new one.
+        let len = bytes.len();
         let place = loop {
             let (guard, place) = self.allocate(state, len);
             state = guard;
@@ -778,22 +848,71 @@ impl Inner {
         unsafe { state.segments[&segment].segment.region_mut(offset, len) }
             .copy_from_slice(bytes.as_slice());
         state.restored += len as u64;
-        state.entries.get_mut(&id).expect("checked above").place = place;
+        let entry = state.entries.get_mut(&id).expect("checked above");
+        entry.place = place;
+        entry.len = len;
         let _ = std::fs::remove_file(path);
         Ok(state)
     }
 
-    fn read_partition(self: &Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
-        match self.encoded(id)? {
+    /// Rows `rows` of partition `id` (all of them when `None`). From
+    /// memory, a view that pins the partition while it lives; from a spill
+    /// file, only the groups that hold them are read. With `alone`, rows
+    /// that are a small part of what was read are copied out of it, so as
+    /// not to hold the rest (see [`PartitionRef::get_rows`]).
+    fn read_range(
+        self: &Arc<Self>,
+        id: PartitionId,
+        rows: Option<std::ops::Range<usize>>,
+        alone: bool,
+    ) -> Result<RecordBatch, StoreError> {
+        let (read, first) = match self.encoded(id)? {
             // SAFETY: this store encoded these bytes from a valid batch.
-            Encoded::Memory(bytes) => unsafe { ipc::decode_trusted(&bytes) }
-                .map_err(|source| StoreError::Decode { id, source }),
-            Encoded::Disk(file, path) => {
+            Encoded::Memory(bytes) => (
+                unsafe { ipc::decode_trusted(&bytes) }
+                    .map_err(|source| StoreError::Decode { id, source })?,
+                0,
+            ),
+            Encoded::Disk(file, groups) => {
                 #[cfg(test)]
                 tests::after_lookup();
-                spill::read(&file, &path).map_err(|source| StoreError::Spill { id, source })
+                let (groups, first, count) = match (groups, &rows) {
+                    (Some(groups), Some(rows)) => {
+                        let (first, count) = groups_holding(&groups, rows);
+                        (groups, first, count)
+                    }
+                    (Some(groups), None) => {
+                        let count = groups.len() - 1;
+                        (groups, 0, count)
+                    }
+                    (None, _) => (Arc::from([0, u32::MAX].as_slice()), 0, 1),
+                };
+                let read = read_groups(&file, &groups, first..first + count)
+                    .map_err(|source| StoreError::Spill { id, source })?;
+                self.state().restored += file.bytes_read();
+                (read, groups[first] as usize)
             }
+        };
+        let Some(rows) = rows else {
+            return Ok(read);
+        };
+        let Some(at) = rows
+            .start
+            .checked_sub(first)
+            .filter(|at| at + rows.len() <= read.num_rows())
+        else {
+            return Err(StoreError::RowsOutOfRange {
+                id,
+                rows,
+                held: read.num_rows(),
+            });
+        };
+        let slice = read.slice(at, rows.len());
+        if !alone || rows.len() * 2 > read.num_rows() {
+            return Ok(slice);
         }
+        let indices = arrow_array::UInt32Array::from_iter_values(0..rows.len() as u32);
+        arrow_select::take::take_record_batch(&slice, &indices).map_err(StoreError::Encode)
     }
 
     /// The partition's IPC stream bytes where they lie: in memory (a view
@@ -825,9 +944,9 @@ impl Inner {
                 }))
             }
             Place::Disk(path) => {
-                let file = spill::open(&path).map_err(|source| StoreError::Spill { id, source })?;
-                state.restored += len as u64;
-                Ok(Encoded::Disk(file, path))
+                let file =
+                    SpillFile::open(&path).map_err(|source| StoreError::Spill { id, source })?;
+                Ok(Encoded::Disk(file, entry.groups.clone()))
             }
         }
     }
@@ -836,8 +955,71 @@ impl Inner {
 /// Where a partition's encoded bytes are.
 enum Encoded {
     Memory(arrow_buffer::Buffer),
-    /// Its spill file, open, and where it was.
-    Disk(std::fs::File, PathBuf),
+    /// Its spill file, open, and its groups.
+    Disk(SpillFile, Option<Arc<[u32]>>),
+}
+
+/// The groups (first, count) of `groups` (starts and the end) that hold
+/// `rows`: at least one, so that even no rows read with their schema.
+fn groups_holding(groups: &[u32], rows: &std::ops::Range<usize>) -> (usize, usize) {
+    let n = groups.len() - 1;
+    let first = groups
+        .partition_point(|&s| s as usize <= rows.start)
+        .saturating_sub(1)
+        .min(n - 1);
+    let end = groups.partition_point(|&s| (s as usize) < rows.end).min(n);
+    (first, end.saturating_sub(first).max(1))
+}
+
+/// Groups `range` of a spill file cut at `groups`, as one batch.
+fn read_groups(
+    file: &SpillFile,
+    groups: &[u32],
+    range: std::ops::Range<usize>,
+) -> Result<RecordBatch, crate::SpillError> {
+    let mut batches = file.read(groups.len() - 1, range.start, range.len())?;
+    if batches.len() == 1 {
+        return Ok(batches.pop().expect("one"));
+    }
+    arrow_select::concat::concat_batches(&batches[0].schema(), &batches).map_err(|source| {
+        crate::SpillError::Decode {
+            path: file.path().to_path_buf(),
+            source,
+        }
+    })
+}
+
+/// `batch` as one IPC stream in a buffer of its own.
+fn encode_to_buffer(batch: &RecordBatch) -> Result<arrow_buffer::Buffer, StoreError> {
+    let encoded = ipc::encode(batch).map_err(StoreError::Encode)?;
+    let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(encoded.len);
+    encoded.write_to(bytes.as_slice_mut());
+    Ok(bytes.into())
+}
+
+/// Writes partition `batch` (`encoded`) to a new spill file at `path`: one
+/// stream per group where it has groups.
+fn write_spill(
+    path: &Path,
+    batch: &RecordBatch,
+    encoded: &ipc::Encoded,
+    groups: Option<&[u32]>,
+) -> Result<(), StoreError> {
+    match groups {
+        None => spill::write(path, [encoded.pieces()]).map_err(|e| StoreError::io(path, e)),
+        Some(groups) => write_groups(path, batch, groups),
+    }
+}
+
+/// Writes `batch` cut at `groups` as one stream per group to a new spill
+/// file at `path`.
+fn write_groups(path: &Path, batch: &RecordBatch, groups: &[u32]) -> Result<(), StoreError> {
+    let streams = groups
+        .windows(2)
+        .map(|w| ipc::encode(&batch.slice(w[0] as usize, (w[1] - w[0]) as usize)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StoreError::Encode)?;
+    spill::write(path, streams.iter().map(|s| s.pieces())).map_err(|e| StoreError::io(path, e))
 }
 
 impl State {
@@ -885,7 +1067,16 @@ impl Release for Inner {
     }
 
     fn read(self: Arc<Self>, id: PartitionId) -> Result<RecordBatch, StoreError> {
-        self.read_partition(id)
+        self.read_range(id, None, false)
+    }
+
+    fn read_rows(
+        self: Arc<Self>,
+        id: PartitionId,
+        rows: std::ops::Range<usize>,
+        alone: bool,
+    ) -> Result<RecordBatch, StoreError> {
+        self.read_range(id, Some(rows), alone)
     }
 }
 
@@ -1116,6 +1307,85 @@ mod tests {
         let mut config = StoreConfig::new(capacity, dir);
         config.namespace = "pinread".into();
         SharedStore::open(config).unwrap()
+    }
+
+    /// A partition cut in 4 groups (one empty) of `strings()`' rows.
+    const GROUPS: [u32; 5] = [0, 5_000, 5_000, 12_000, 20_000];
+
+    /// Fills a store of 4 MiB with a partition that spills `part` (the
+    /// first one put) and drops it.
+    fn spill_first(store: &SharedStore) {
+        let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+            vec![1u8; (4 << 20) - (64 << 10)].as_slice(),
+        ]));
+        drop(store.put(RecordBatch::try_from_iter([("data", data)]).unwrap()));
+    }
+
+    #[test]
+    fn a_spilled_grouped_partition_reads_each_group_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(4 << 20, dir.path());
+        let part = store.put_grouped(strings(), &GROUPS).unwrap();
+        spill_first(&store);
+        assert!(store.spill_path(part.id()).is_some(), "spilled");
+        let whole = strings();
+        let spilled = store.stats().spilled_bytes;
+        for w in GROUPS.windows(2) {
+            let rows = w[0] as usize..w[1] as usize;
+            let before = store.stats().restored_bytes;
+            let read = part.get_rows(rows.clone(), true).unwrap();
+            assert_eq!(read, whole.slice(rows.start, rows.len()));
+            let restored = store.stats().restored_bytes - before;
+            assert!(
+                restored * 2 < spilled,
+                "a group read {restored} of the {spilled} bytes spilled"
+            );
+        }
+        // Across groups, within one, and the whole: the same rows as memory holds.
+        for rows in [4_000..13_000, 6_000..7_000, 5_000..5_000, 0..20_000] {
+            let read = part.get_rows(rows.clone(), false).unwrap();
+            assert_eq!(read, whole.slice(rows.start, rows.len()), "{rows:?}");
+        }
+        assert!(matches!(
+            part.get_rows(19_000..20_001, false),
+            Err(StoreError::RowsOutOfRange { .. })
+        ));
+        assert_eq!(part.get().unwrap(), whole);
+        let sent = store.encoded_bytes(&part).unwrap();
+        assert_eq!(ipc::decode(&sent).unwrap(), whole);
+        // Back in memory, whole and in groups still.
+        drop(store.pin(part.id()).unwrap());
+        assert!(store.spill_path(part.id()).is_none(), "restored");
+        assert_eq!(part.get().unwrap(), whole);
+        assert_eq!(
+            part.get_rows(5_000..12_000, true).unwrap(),
+            whole.slice(5_000, 7_000)
+        );
+        spill_first(&store);
+        assert!(store.spill_path(part.id()).is_some(), "spilled again");
+        assert_eq!(
+            part.get_rows(12_000..20_000, true).unwrap(),
+            whole.slice(12_000, 8_000)
+        );
+    }
+
+    #[test]
+    fn groups_that_do_not_cut_the_rows_in_order_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(4 << 20, dir.path());
+        for groups in [
+            &[0, 30_000][..],
+            &[0, 7_000, 5_000, 20_000],
+            &[1, 20_000],
+            &[0],
+        ] {
+            let part = store.put_grouped(strings(), groups).unwrap();
+            spill_first(&store);
+            assert_eq!(
+                part.get_rows(100..200, true).unwrap(),
+                strings().slice(100, 100)
+            );
+        }
     }
 
     #[test]

@@ -1,8 +1,15 @@
-//! Spill files: a partition's IPC stream bytes on disk, followed by a
-//! trailer (length, CRC-32, magic), and read back by mapping the file,
-//! verifying the trailer and checksum, and validating the stream. Knows the
-//! file format and a store's spill directory; which partition spills when
-//! is the store's business.
+//! Spill files: a partition's IPC streams on disk (one, or one per group
+//! of rows that is read alone: an exchange's destination), each followed
+//! by padding to 64 bytes, then an index of the streams (where each lies
+//! and its CRC-32) and a trailer (the count, the index's CRC-32, magic).
+//! A group is read back alone, checked against its CRC and validated. Knows
+//! the file format and a store's spill directory; which partition spills
+//! when is the store's business.
+//!
+//! Files are written and read by direct I/O where the file system allows
+//! it (see `streambatch_core::DirectWriter`): a spill file is written once
+//! and read once or a few times, so the page cache would cost a copy each
+//! way and evict the job's input files' pages for nothing.
 //!
 //! A store's directory is refused unless it is the node user's own and
 //! 0700, and the node's spill directory holding it unless no other user
@@ -14,8 +21,7 @@
 //! make or keep) and as sound for memory safety; the directories' owner
 //! and mode keep other users from changing the data.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -23,13 +29,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
-use streambatch_core::PartitionId;
+use streambatch_core::{AlignedBlock, BLOCK, DirectWriter, PartitionId};
 
 use crate::error::{SpillError, StoreError};
 use crate::ipc;
-
-const MAGIC: &[u8; 8] = b"SBSPILL1";
-const TRAILER: usize = 8 + 4 + 8;
 
 /// A store's spill directory inside the node's (checked) spill directory,
 /// made 0700 on first use (or refused if someone made it otherwise) and
@@ -158,27 +161,48 @@ impl Drop for SpillDir {
     }
 }
 
-/// Writes stream bytes (given in pieces) and the trailer to a new file at
-/// `path`: never through a link, never over an existing file (either is an
-/// error), and a file left half-written is removed.
-pub fn write<'a>(path: &Path, pieces: impl IntoIterator<Item = &'a [u8]>) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(0o600)
-        .open(path)?;
+/// The trailer's magic.
+const MAGIC: &[u8; 8] = b"SBSPILL2";
+/// The trailer: the count of streams (u64), the index's CRC-32 (u32), magic.
+const TRAILER: usize = 8 + 4 + 8;
+/// An index entry: a stream's offset (u64), length (u64) and CRC-32 (u32),
+/// and 4 bytes of padding.
+const ENTRY: usize = 24;
+
+/// Writes `streams` (each an IPC stream given in pieces) to a new file at
+/// `path`, with their index and the trailer: never through a link, never
+/// over an existing file (either is an error), and a file left
+/// half-written is removed.
+pub fn write<'a, S>(path: &Path, streams: impl IntoIterator<Item = S>) -> std::io::Result<()>
+where
+    S: IntoIterator<Item = &'a [u8]>,
+{
+    use std::io::Write;
+    const ZEROS: [u8; 64] = [0; 64];
+    let mut out = DirectWriter::create_new(path, 0o600)?;
     let written = (|| {
-        let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
-        let mut crc = crc32fast::Hasher::new();
-        let mut len = 0;
-        for piece in pieces {
-            file.write_all(piece)?;
-            crc.update(piece);
-            len += piece.len();
+        let mut index = Vec::new();
+        for stream in streams {
+            let at = out.position();
+            let mut crc = crc32fast::Hasher::new();
+            for piece in stream {
+                crc.update(piece);
+                out.write_all(piece)?;
+            }
+            let len = out.position() - at;
+            // The next stream starts aligned, as its buffers were in memory.
+            let pad = len.next_multiple_of(crate::alloc::ALIGN as u64) - len;
+            out.write_all(&ZEROS[..pad as usize])?;
+            index.extend_from_slice(&at.to_le_bytes());
+            index.extend_from_slice(&len.to_le_bytes());
+            index.extend_from_slice(&crc.finalize().to_le_bytes());
+            index.extend_from_slice(&[0; 4]);
         }
-        file.write_all(&trailer(len, crc.finalize()))?;
-        file.flush()
+        out.write_all(&index)?;
+        out.write_all(&((index.len() / ENTRY) as u64).to_le_bytes())?;
+        out.write_all(&crc32fast::hash(&index).to_le_bytes())?;
+        out.write_all(MAGIC)?;
+        out.finish().map(drop)
     })();
     if written.is_err() {
         // Made by this call (create_new), so ours to remove.
@@ -187,80 +211,184 @@ pub fn write<'a>(path: &Path, pieces: impl IntoIterator<Item = &'a [u8]>) -> std
     written
 }
 
-fn trailer(len: usize, crc: u32) -> Vec<u8> {
-    let mut t = Vec::with_capacity(TRAILER);
-    t.extend_from_slice(&(len as u64).to_le_bytes());
-    t.extend_from_slice(&crc.to_le_bytes());
-    t.extend_from_slice(MAGIC);
-    t
+/// An open spill file, read a stream at a time.
+pub struct SpillFile {
+    file: std::fs::File,
+    path: PathBuf,
+    /// Stream bytes read so far.
+    read: std::sync::atomic::AtomicU64,
 }
 
-/// Maps a spill file and checks its trailer and CRC; returns the stream bytes.
-pub fn map(path: &Path) -> Result<Buffer, SpillError> {
-    map_file(&open(path)?, path)
+/// Where a stream lies in its file, and its CRC-32.
+#[derive(Clone, Copy)]
+struct Stream {
+    at: u64,
+    len: u64,
+    crc: u32,
 }
 
-/// Opens a spill file to read (never through a link). The open file keeps
-/// its bytes readable even once the partition is freed or restored and
-/// its name removed: a read that opened it under the store's lock
-/// finishes whatever happens to the partition meanwhile.
-pub fn open(path: &Path) -> Result<std::fs::File, SpillError> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|source| SpillError::Io {
+impl SpillFile {
+    /// Opens a spill file to read (never through a link; direct where the
+    /// file system allows it). The open file keeps its bytes readable even
+    /// once the partition is freed or restored and its name removed: a
+    /// read that opened it under the store's lock finishes whatever
+    /// happens to the partition meanwhile.
+    pub fn open(path: &Path) -> Result<Self, SpillError> {
+        let file = streambatch_core::open_direct(path).map_err(|source| SpillError::Io {
             path: path.to_path_buf(),
             source,
+        })?;
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            read: Default::default(),
         })
-}
-
-/// [`map`] of the open spill file `file`, found at `path`.
-pub fn map_file(file: &std::fs::File, path: &Path) -> Result<Buffer, SpillError> {
-    let io = |source| SpillError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    // SAFETY: spill files are written once, before they are mapped, and
-    // removed (never changed) when the partition is freed.
-    let map = unsafe { memmap2::Mmap::map(file) }.map_err(io)?;
-    if map.len() < TRAILER || &map[map.len() - 8..] != MAGIC {
-        return Err(SpillError::Truncated {
-            path: path.to_path_buf(),
-        });
     }
-    let body = map.len() - TRAILER;
-    let len = u64::from_le_bytes(map[body..body + 8].try_into().expect("8 bytes"));
-    let crc = u32::from_le_bytes(map[body + 8..body + 12].try_into().expect("4 bytes"));
-    if len != body as u64 || crc32fast::hash(&map[..body]) != crc {
-        return Err(SpillError::Corrupt {
-            path: path.to_path_buf(),
-        });
+
+    /// Stream bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
     }
-    let map = Arc::new(map);
-    let ptr = NonNull::new(map.as_ptr() as *mut u8).expect("a mapping is never at address 0");
-    // SAFETY: the mapping lives, unchanged, as long as the buffer holds `map`.
-    Ok(unsafe { ipc::view(ptr, body, map) })
-}
 
-/// Reads a spilled partition zero-copy from the mapping of its open file
-/// (found at `path`), validated.
-pub fn read(file: &std::fs::File, path: &Path) -> Result<RecordBatch, SpillError> {
-    decode(&map_file(file, path)?, path)
-}
+    /// Where it was found.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 
-/// Decodes a spill file's stream bytes with Arrow's full validation: a
-/// file is outside the process, so its bytes are not trusted.
-pub fn decode(bytes: &Buffer, path: &Path) -> Result<RecordBatch, SpillError> {
-    ipc::decode(bytes).map_err(|source| SpillError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
+    /// Reads streams `first..first + count` of the file, which holds
+    /// `streams` in all: each checked against its CRC-32 and decoded with
+    /// Arrow's full validation, since a file is outside the process and
+    /// its bytes are not trusted.
+    pub fn read(
+        &self,
+        streams: usize,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<RecordBatch>, SpillError> {
+        let index = self.index(streams)?;
+        index[first..first + count]
+            .iter()
+            .map(|s| self.decode(&self.stream_bytes(s)?))
+            .collect()
+    }
+
+    /// The bytes of the file's one stream (of `streams` = 1), checked
+    /// against its CRC-32 and validated: an IPC stream to send elsewhere.
+    pub fn single_stream(&self) -> Result<Buffer, SpillError> {
+        let index = self.index(1)?;
+        let bytes = self.stream_bytes(&index[0])?;
+        self.decode(&bytes)?;
+        Ok(bytes)
+    }
+
+    fn decode(&self, bytes: &Buffer) -> Result<RecordBatch, SpillError> {
+        ipc::decode(bytes).map_err(|source| SpillError::Decode {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// The index, checked: `streams` entries, each inside the file.
+    fn index(&self, streams: usize) -> Result<Vec<Stream>, SpillError> {
+        let truncated = || SpillError::Truncated {
+            path: self.path.clone(),
+        };
+        let size = self.file.metadata().map_err(|e| self.io(e))?.len();
+        let tail = (streams * ENTRY + TRAILER) as u64;
+        let Some(at) = size.checked_sub(tail) else {
+            return Err(truncated());
+        };
+        let bytes = self.read_at(at, tail as usize)?;
+        let (index, trailer) = bytes.as_slice().split_at(streams * ENTRY);
+        let count = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(trailer[8..12].try_into().expect("4 bytes"));
+        if &trailer[12..] != MAGIC || count != streams as u64 {
+            return Err(truncated());
+        }
+        if crc32fast::hash(index) != crc {
+            return Err(self.corrupt());
+        }
+        index
+            .chunks_exact(ENTRY)
+            .map(|e| {
+                let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+                let stream = Stream {
+                    at: word(0),
+                    len: word(8),
+                    crc: u32::from_le_bytes(e[16..20].try_into().expect("4 bytes")),
+                };
+                let inside = stream
+                    .at
+                    .checked_add(stream.len)
+                    .is_some_and(|end| end <= at);
+                if inside && stream.at.is_multiple_of(crate::alloc::ALIGN as u64) {
+                    Ok(stream)
+                } else {
+                    Err(self.corrupt())
+                }
+            })
+            .collect()
+    }
+
+    /// A stream's bytes, checked against its CRC-32.
+    fn stream_bytes(&self, stream: &Stream) -> Result<Buffer, SpillError> {
+        let len = usize::try_from(stream.len).map_err(|_| self.corrupt())?;
+        let bytes = self.read_at(stream.at, len)?;
+        if crc32fast::hash(bytes.as_slice()) != stream.crc {
+            return Err(self.corrupt());
+        }
+        self.read.fetch_add(stream.len, Ordering::Relaxed);
+        Ok(bytes)
+    }
+
+    /// `len` bytes at `at`, read in whole blocks into an aligned buffer (as
+    /// direct I/O requires) and viewed from there: a stream at a 64-byte
+    /// offset of the file lies at a 64-byte offset of the buffer.
+    fn read_at(&self, at: u64, len: usize) -> Result<Buffer, SpillError> {
+        let start = at - at % BLOCK as u64;
+        let skip = (at - start) as usize;
+        let mut block =
+            AlignedBlock::zeroed((skip + len).next_multiple_of(BLOCK)).map_err(|e| self.io(e))?;
+        if block.read_from(&self.file, start).map_err(|e| self.io(e))? < skip + len {
+            return Err(SpillError::Truncated {
+                path: self.path.clone(),
+            });
+        }
+        let ptr = NonNull::from(&block.as_slice()[skip..]).cast::<u8>();
+        // SAFETY: `skip..skip + len` lies inside the block, which the
+        // buffer owns (its heap bytes do not move with it) and nothing
+        // changes any more.
+        Ok(unsafe { ipc::view(ptr, len, Arc::new(block)) })
+    }
+
+    fn io(&self, source: std::io::Error) -> SpillError {
+        SpillError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn corrupt(&self) -> SpillError {
+        SpillError::Corrupt {
+            path: self.path.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::{ArrayRef, Int64Array};
+
+    fn ints(range: std::ops::Range<i64>) -> RecordBatch {
+        let column: ArrayRef = Arc::new(Int64Array::from_iter_values(range));
+        RecordBatch::try_from_iter([("x", column)]).unwrap()
+    }
+
+    fn stream(batch: &RecordBatch) -> Vec<u8> {
+        let encoded = ipc::encode(batch).unwrap();
+        encoded.pieces().flatten().copied().collect()
+    }
 
     #[test]
     fn spill_files_are_private_to_their_owner() {
@@ -268,27 +396,72 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spill = SpillDir::open(&dir.path().join("shared"), "store-1").unwrap();
         let path = spill.file(PartitionId(1)).unwrap();
-        write(&path, [b"bytes".as_slice()]).unwrap();
+        write(&path, [[stream(&ints(0..3)).as_slice()]]).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(spill.path()), 0o700);
         assert_eq!(mode(&path), 0o600);
     }
 
     #[test]
-    fn a_file_reads_back_and_a_flipped_byte_is_corrupt() {
+    fn each_stream_reads_back_alone_and_a_flipped_byte_is_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.arrows");
-        write(&path, [b"hello ".as_slice(), b"world".as_slice()]).unwrap();
-        assert_eq!(map(&path).unwrap().as_slice(), b"hello world");
+        // Larger than a write's chunk, so that several writes make the file.
+        let batches = [ints(0..3), ints(3..700_000), ints(0..0), ints(-5..5)];
+        let streams: Vec<Vec<u8>> = batches.iter().map(stream).collect();
+        write(&path, streams.iter().map(|s| [s.as_slice()])).unwrap();
+        let file = SpillFile::open(&path).unwrap();
+        for (i, batch) in batches.iter().enumerate() {
+            assert_eq!(&file.read(4, i, 1).unwrap()[0], batch);
+        }
+        assert_eq!(file.read(4, 1, 3).unwrap(), batches[1..]);
+        assert!(matches!(
+            file.read(3, 0, 1),
+            Err(SpillError::Truncated { .. })
+        ));
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[3] ^= 1;
-        std::fs::write(&path, &bytes).unwrap();
-        assert!(matches!(map(&path), Err(SpillError::Corrupt { .. })));
-        std::fs::write(&path, b"short").unwrap();
-        assert!(matches!(map(&path), Err(SpillError::Truncated { .. })));
         std::fs::remove_file(&path).unwrap();
-        let err = map(&path).unwrap_err();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = SpillFile::open(&path).unwrap();
+        assert!(matches!(
+            file.read(4, 0, 1),
+            Err(SpillError::Corrupt { .. })
+        ));
+        assert_eq!(
+            file.read(4, 3, 1).unwrap()[0],
+            batches[3],
+            "others are whole"
+        );
+        std::fs::write(&path, b"short").unwrap();
+        let file = SpillFile::open(&path).unwrap();
+        assert!(matches!(
+            file.read(1, 0, 1),
+            Err(SpillError::Truncated { .. })
+        ));
+        std::fs::remove_file(&path).unwrap();
+        let err = SpillFile::open(&path).err().unwrap();
         assert!(matches!(err, SpillError::Io { .. }));
         assert!(std::error::Error::source(&err).is_some());
+    }
+
+    #[test]
+    fn an_index_pointing_outside_the_file_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.arrows");
+        write(&path, [[stream(&ints(0..10)).as_slice()]]).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let index = bytes.len() - TRAILER - ENTRY;
+        bytes[index + 8..index + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[index..index + ENTRY]);
+        let at = bytes.len() - TRAILER + 8;
+        bytes[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = SpillFile::open(&path).unwrap();
+        assert!(matches!(
+            file.read(1, 0, 1),
+            Err(SpillError::Corrupt { .. })
+        ));
     }
 }

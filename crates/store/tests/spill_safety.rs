@@ -145,11 +145,18 @@ fn a_link_planted_at_a_spill_file_is_not_followed() {
     assert!(!target.exists());
 }
 
-/// Rewrites `path`'s trailer CRC-32 to match its (changed) contents.
+/// Rewrites a one-stream spill file's CRC-32s (the stream's, in the index,
+/// and the index's, in the trailer) to match its (changed) contents. The
+/// file: the stream, padding, an index entry (offset u64, length u64,
+/// CRC-32 u32, 4 bytes) and the trailer (count u64, CRC-32 u32, magic).
 fn fix_crc(bytes: &mut [u8]) {
-    let body = bytes.len() - 20;
-    let crc = crc32fast::hash(&bytes[..body]);
-    bytes[body + 8..body + 12].copy_from_slice(&crc.to_le_bytes());
+    let (entry, trailer) = (bytes.len() - 20 - 24, bytes.len() - 20);
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize;
+    let (at, len) = (word(bytes, entry), word(bytes, entry + 8));
+    let crc = crc32fast::hash(&bytes[at..at + len]);
+    bytes[entry + 16..entry + 20].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[entry..trailer]);
+    bytes[trailer + 8..trailer + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Makes the first `hello` in the file invalid UTF-8, with a valid CRC.

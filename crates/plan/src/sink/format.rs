@@ -2,13 +2,12 @@
 //! (with its codec and row groups), CSV with a header row,
 //! newline-delimited JSON, and Arrow IPC files.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::path::Path;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
+use streambatch_core::DirectWriter;
 
 use super::{ParquetWriteOptions, write_failed};
 use crate::Result;
@@ -49,12 +48,21 @@ impl FileFormat {
     }
 }
 
+/// The most bytes a Parquet row group holds in memory before it is written
+/// (it ends sooner at its row limit): two tasks writing wide rows would
+/// otherwise each hold up to a million of them.
+const ROW_GROUP_BYTES: usize = 32 << 20;
+
 /// A file being written in one of the formats.
+/// Files are written by direct I/O where the file system allows it: a job's
+/// output is written once and not read back by the job, so a copy into the
+/// page cache would only cost (see `streambatch_core::DirectWriter`, which
+/// also buffers).
 pub(crate) enum FormatWriter {
-    Parquet(ArrowWriter<File>),
-    Csv(arrow_csv::Writer<BufWriter<File>>),
-    Json(arrow_json::LineDelimitedWriter<BufWriter<File>>),
-    Ipc(arrow_ipc::writer::FileWriter<BufWriter<File>>),
+    Parquet(ArrowWriter<DirectWriter>),
+    Csv(arrow_csv::Writer<DirectWriter>),
+    Json(arrow_json::LineDelimitedWriter<DirectWriter>),
+    Ipc(arrow_ipc::writer::FileWriter<DirectWriter>),
 }
 
 impl FormatWriter {
@@ -66,7 +74,10 @@ impl FormatWriter {
         schema: SchemaRef,
         format: &FileFormat,
     ) -> Result<Self> {
-        let file = File::create(tmp).map_err(|e| write_failed(path, e))?;
+        // A file left by an attempt that failed is replaced (the name is
+        // the task's own, in the job's staging directory).
+        let _ = std::fs::remove_file(tmp);
+        let file = DirectWriter::create_new(tmp, 0o666).map_err(|e| write_failed(path, e))?;
         let failed = |e: arrow_schema::ArrowError| write_failed(path, e);
         Ok(match format {
             FileFormat::Parquet(options) => {
@@ -75,19 +86,17 @@ impl FormatWriter {
                 Self::Parquet(writer.map_err(|e| write_failed(path, e))?)
             }
             FileFormat::Csv => {
-                let mut writer = arrow_csv::Writer::new(BufWriter::new(file));
+                let mut writer = arrow_csv::Writer::new(file);
                 // The header, so that a file without rows still has it.
                 writer
                     .write(&RecordBatch::new_empty(schema))
                     .map_err(failed)?;
                 Self::Csv(writer)
             }
-            FileFormat::Json => {
-                Self::Json(arrow_json::LineDelimitedWriter::new(BufWriter::new(file)))
-            }
+            FileFormat::Json => Self::Json(arrow_json::LineDelimitedWriter::new(file)),
             FileFormat::Ipc => {
-                let writer = arrow_ipc::writer::FileWriter::try_new_buffered(file, &schema)
-                    .map_err(failed)?;
+                let writer =
+                    arrow_ipc::writer::FileWriter::try_new(file, &schema).map_err(failed)?;
                 Self::Ipc(writer)
             }
         })
@@ -96,7 +105,14 @@ impl FormatWriter {
     /// Appends `batch`; an error names `path`.
     pub(crate) fn write(&mut self, batch: &RecordBatch, path: &Path) -> Result<()> {
         match self {
-            Self::Parquet(w) => w.write(batch).map_err(|e| write_failed(path, e)),
+            Self::Parquet(w) => {
+                w.write(batch).map_err(|e| write_failed(path, e))?;
+                // A row group is held encoded in memory until it is written.
+                if w.in_progress_size() >= ROW_GROUP_BYTES {
+                    w.flush().map_err(|e| write_failed(path, e))?;
+                }
+                Ok(())
+            }
             Self::Csv(w) => w.write(batch).map_err(|e| write_failed(path, e)),
             Self::Json(w) => w.write(batch).map_err(|e| write_failed(path, e)),
             Self::Ipc(w) => w.write(batch).map_err(|e| write_failed(path, e)),
@@ -106,25 +122,18 @@ impl FormatWriter {
     /// Finishes the file (footer, flush) and closes it.
     pub(crate) fn close(self, path: &Path) -> Result<()> {
         let failed = |e: &dyn std::fmt::Display| write_failed(path, e);
-        match self {
-            Self::Parquet(w) => w.close().map(drop).map_err(|e| failed(&e)),
-            Self::Csv(w) => w
-                .into_inner()
-                .into_inner()
-                .map(drop)
-                .map_err(|e| failed(&e)),
+        let file = match self {
+            Self::Parquet(w) => w.into_inner().map_err(|e| failed(&e))?,
+            Self::Csv(w) => w.into_inner(),
             Self::Json(mut w) => {
                 w.finish().map_err(|e| failed(&e))?;
                 w.into_inner()
-                    .into_inner()
-                    .map(drop)
-                    .map_err(|e| failed(&e))
             }
             Self::Ipc(mut w) => {
                 w.finish().map_err(|e| failed(&e))?;
-                let inner = w.into_inner().map_err(|e| failed(&e))?;
-                inner.into_inner().map(drop).map_err(|e| failed(&e))
+                w.into_inner().map_err(|e| failed(&e))?
             }
-        }
+        };
+        file.finish().map(drop).map_err(|e| failed(&e))
     }
 }

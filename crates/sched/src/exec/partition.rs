@@ -206,16 +206,22 @@ impl Slice {
         }
     }
 
-    /// Reads the rows, copied out of their partition when they are a small
-    /// part of one (a reducer's slice of each map output): a partition read
-    /// back from a spill file is restored whole, and a reducer holding its
-    /// slices would hold every map output whole while it ran.
+    /// Reads the rows, not holding the rest of their partition when they
+    /// are a small part of it (a reducer's slice of each map output): a
+    /// reducer holding its slices would otherwise hold every map output
+    /// whole while it ran. A spilled map output reads only this slice's
+    /// rows (see `PartitionRef::get_rows`).
     pub fn read_alone(&self) -> Result<RecordBatch> {
+        if let Data::Stored(output) = &self.data {
+            return output
+                .part
+                .get_rows(self.offset..self.offset + self.len, true)
+                .map_err(|e| Error::store("reading a stored partition", e));
+        }
         let batch = self.read()?;
         let whole = match &self.data {
-            Data::Stored(output) => output.part.rows(),
             Data::Remote(part) => part.rows,
-            Data::Fetched(batch) => batch.num_rows(),
+            _ => batch.num_rows(),
         };
         if self.len * 2 > whole {
             return Ok(batch);

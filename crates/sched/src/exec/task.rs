@@ -351,11 +351,17 @@ impl TaskRun {
                 }
             }
         };
+        // An exchange's map output is stored cut by destination: spilled,
+        // each reducer reads its own rows alone.
+        let cut = groups.as_deref().unwrap_or(&[]);
         let stored = if self.may_spill {
-            self.job.store.put(batch).map_err(|e| self.store_error(e))?
+            self.job
+                .store
+                .put_grouped(batch, cut)
+                .map_err(|e| self.store_error(e))?
         } else {
             let frees = self.job.store.stats().frees;
-            match self.job.store.try_put(batch) {
+            match self.job.store.try_put_grouped(batch, cut) {
                 Ok(part) => part,
                 Err(PutError::Full { batch, .. }) => {
                     reservation.cancel();

@@ -265,6 +265,7 @@ impl<P: Part> JobState<P> {
                 again: BTreeSet::from([origin.seq]),
                 again_next: BTreeSet::new(),
                 placed: false,
+                spilling: false,
                 queued: false,
                 rerun: true,
                 reruns: made.reruns + u32::from(lost),

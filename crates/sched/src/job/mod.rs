@@ -292,6 +292,9 @@ struct TaskRecord<P> {
     /// Handed to `node` beyond its free slots, to start in the next one
     /// that frees: it holds none of the job's count of the node's slots.
     queued: bool,
+    /// Started or resumed to spill, memory being full (see
+    /// `force_if_stuck`).
+    spilling: bool,
     /// Run again after it had finished: its input was freed, not lost.
     rerun: bool,
     /// Times it was run again, after it had finished, because outputs of
@@ -557,7 +560,7 @@ impl<P: Part> JobState<P> {
     }
 
     /// Decides what runs next: starts and resumes what the policy allows,
-    /// settles finished stages, lets one task spill when nothing else can
+    /// settles finished stages, lets tasks spill when nothing else can
     /// progress, and ends the job once every stage is done. Returns the
     /// decisions taken since the last call.
     pub(crate) fn advance(&mut self, memory: &impl Memory) -> Vec<Action<P>> {

@@ -234,6 +234,9 @@ impl<P: Part> JobState<P> {
                     .map(|(at, _)| at)
                     .expect("the policy resumes a task paused on this node");
                 let task = paused.remove(at).task;
+                if let Some(record) = self.tasks.get_mut(&task) {
+                    record.spilling = may_spill;
+                }
                 self.actions.push(Action::Resume {
                     task,
                     node,
@@ -282,6 +285,7 @@ impl<P: Part> JobState<P> {
             record.node = node;
             record.placed = true;
             record.queued = false;
+            record.spilling = may_spill;
             self.actions.push(Action::Start {
                 task,
                 stage,
@@ -338,6 +342,7 @@ impl<P: Part> JobState<P> {
                 again_next: BTreeSet::new(),
                 placed: true,
                 queued: false,
+                spilling: may_spill,
                 rerun: false,
                 reruns: 0,
             },
@@ -376,10 +381,12 @@ impl<P: Part> JobState<P> {
         self.recorder.task_stopped(stage, s.running - s.queued);
     }
 
-    /// Nothing runs and the last stage holds nothing the driver has not
-    /// taken, yet work remains: memory is full of partitions that only more
-    /// input could consume (a repartition larger than the store). Runs one
-    /// task that may spill. True when it did.
+    /// Nothing runs but tasks let spill, and the last stage holds nothing
+    /// the driver has not taken, yet work remains: memory is full of
+    /// partitions that only more input could consume (a repartition or an
+    /// exchange larger than the store). Runs one more task that may spill,
+    /// where a slot is free: the spilling tasks use every slot, not one.
+    /// True when it did.
     pub(super) fn force_if_stuck(&mut self, memory: &impl Memory) -> bool {
         let last = self
             .shapes
@@ -396,7 +403,12 @@ impl<P: Part> JobState<P> {
             .map(Part::bytes)
             .sum();
         let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes()) + for_driver;
-        if self.running_anywhere() > 0 || memory.held(last) > waiting || self.finished() {
+        let spilling = self
+            .tasks
+            .values()
+            .filter(|r| r.placed && r.spilling)
+            .count();
+        if self.running_anywhere() > spilling || memory.held(last) > waiting || self.finished() {
             return false;
         }
         for node in 0..self.free.len() {
