@@ -52,19 +52,13 @@ impl DirectWriter {
     /// Creates the file at `path` with `mode` (before the umask): never
     /// over an existing file, never through a link at `path`.
     pub fn create_new(path: &Path, mode: u32) -> io::Result<Self> {
-        let open = |direct: bool| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 })
-                .mode(mode)
-                .open(path)
-        };
-        let (file, direct) = match open(true) {
-            Ok(file) => (file, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false)?, false),
-            Err(e) => return Err(e),
-        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(mode)
+            .open(path)?;
+        let direct = set_direct(&file);
         Ok(Self {
             file,
             direct,
@@ -114,7 +108,11 @@ impl Write for DirectWriter {
         self.buf.as_mut_slice()[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
         self.filled += n;
         if self.filled == CHUNK {
-            self.write_buffer()?;
+            if let Err(e) = self.write_buffer() {
+                // Not taken, as an error says: a retry writes them again.
+                self.filled -= n;
+                return Err(e);
+            }
             self.written += CHUNK as u64;
             self.filled = 0;
             self.flushed = 0;
@@ -182,7 +180,14 @@ impl AlignedBlock {
         while filled < self.len {
             match file.read_at(&mut self.as_mut_slice()[filled..], at + filled as u64) {
                 Ok(0) => break,
-                Ok(n) => filled += n,
+                Ok(n) => {
+                    filled += n;
+                    // A read short of a whole block ends at the end of the
+                    // file; another would start unaligned.
+                    if n % BLOCK != 0 {
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -202,15 +207,26 @@ impl Drop for AlignedBlock {
 /// Opens `path` to read, by direct I/O where the file system allows it
 /// (read with [`AlignedBlock::read_from`]), never through a link.
 pub fn open_direct(path: &Path) -> io::Result<File> {
-    let open = |direct: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | if direct { libc::O_DIRECT } else { 0 })
-            .open(path)
-    };
-    match open(true) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
-        opened => opened,
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    set_direct(&file);
+    Ok(file)
+}
+
+/// Turns direct I/O on for `file`; false where its file system refuses it
+/// (the file then goes through the page cache). Set after the open, not
+/// in it: an `open` with `O_CREAT | O_DIRECT` makes the file before it
+/// refuses the flag.
+fn set_direct(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on an open descriptor this function borrows; it only
+    // reads and sets the file's status flags.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) == 0
     }
 }
 

@@ -129,7 +129,7 @@ pub trait Release: Send + Sync {
     ) -> Result<RecordBatch, StoreError> {
         let _ = alone;
         let batch = self.read(id)?;
-        if rows.end > batch.num_rows() {
+        if rows.start > rows.end || rows.end > batch.num_rows() {
             return Err(StoreError::RowsOutOfRange {
                 id,
                 held: batch.num_rows(),

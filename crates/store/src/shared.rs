@@ -899,7 +899,7 @@ impl Inner {
         let Some(at) = rows
             .start
             .checked_sub(first)
-            .filter(|at| at + rows.len() <= read.num_rows())
+            .filter(|at| rows.start <= rows.end && at + rows.len() <= read.num_rows())
         else {
             return Err(StoreError::RowsOutOfRange {
                 id,
@@ -978,6 +978,18 @@ fn read_groups(
     range: std::ops::Range<usize>,
 ) -> Result<RecordBatch, crate::SpillError> {
     let mut batches = file.read(groups.len() - 1, range.start, range.len())?;
+    // A file whose groups hold other row counts than the store wrote is
+    // not this partition's.
+    let counts = groups[range.start..=range.end].windows(2);
+    if groups[range.end] != u32::MAX
+        && counts
+            .zip(&batches)
+            .any(|(w, b)| b.num_rows() != (w[1] - w[0]) as usize)
+    {
+        return Err(crate::SpillError::Corrupt {
+            path: file.path().to_path_buf(),
+        });
+    }
     if batches.len() == 1 {
         return Ok(batches.pop().expect("one"));
     }
@@ -1346,10 +1358,13 @@ mod tests {
             let read = part.get_rows(rows.clone(), false).unwrap();
             assert_eq!(read, whole.slice(rows.start, rows.len()), "{rows:?}");
         }
-        assert!(matches!(
-            part.get_rows(19_000..20_001, false),
-            Err(StoreError::RowsOutOfRange { .. })
-        ));
+        let (start, end) = (10, 5);
+        for rows in [19_000..20_001, start..end] {
+            assert!(matches!(
+                part.get_rows(rows, false),
+                Err(StoreError::RowsOutOfRange { .. })
+            ));
+        }
         assert_eq!(part.get().unwrap(), whole);
         let sent = store.encoded_bytes(&part).unwrap();
         assert_eq!(ipc::decode(&sent).unwrap(), whole);

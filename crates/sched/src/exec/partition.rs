@@ -212,17 +212,17 @@ impl Slice {
     /// whole while it ran. A spilled map output reads only this slice's
     /// rows (see `PartitionRef::get_rows`).
     pub fn read_alone(&self) -> Result<RecordBatch> {
-        if let Data::Stored(output) = &self.data {
-            return output
-                .part
-                .get_rows(self.offset..self.offset + self.len, true)
-                .map_err(|e| Error::store("reading a stored partition", e));
-        }
-        let batch = self.read()?;
         let whole = match &self.data {
+            Data::Stored(output) => {
+                return output
+                    .part
+                    .get_rows(self.offset..self.offset + self.len, true)
+                    .map_err(|e| Error::store("reading a stored partition", e));
+            }
             Data::Remote(part) => part.rows,
-            _ => batch.num_rows(),
+            Data::Fetched(whole) => whole.num_rows(),
         };
+        let batch = self.read()?;
         if self.len * 2 > whole {
             return Ok(batch);
         }
