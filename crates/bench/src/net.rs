@@ -400,6 +400,7 @@ fn kind(f: &Fetched) -> &'static str {
     match f {
         Fetched::Shared(..) => "shared",
         Fetched::Bytes(_) => "bytes",
+        Fetched::Rows(_) => "rows",
     }
 }
 

@@ -6,7 +6,9 @@
 //! holder answers with one [`FetchReply`]: the partition's shared-memory
 //! name when both run on the same host over the same store directory (the
 //! puller maps it; no byte is copied), else its length followed by the
-//! bytes. QUIC's stream flow control is the credit: the holder writes only
+//! bytes. A puller that needs only some rows (a reducer's slice of a map
+//! output) names them, and a holder that can serves those rows alone
+//! rather than the whole partition. QUIC's stream flow control is the credit: the holder writes only
 //! as far as the puller has read plus the stream window (16 MiB), so a slow
 //! reader slows the sender and nothing piles up in between.
 
@@ -47,6 +49,17 @@ pub struct FetchRequest {
     pub partition: u64,
     /// Where the puller runs.
     pub from: Locality,
+    /// The rows the puller needs, when not all of them.
+    pub rows: Option<RowRange>,
+}
+
+/// Rows `offset..offset + len` of a partition.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowRange {
+    /// The first row.
+    pub offset: u64,
+    /// How many.
+    pub len: u64,
 }
 
 pub use reply::FetchReply;
@@ -59,9 +72,14 @@ mod reply {
     /// The holder's answer.
     #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
     pub enum FetchReply {
-        /// `len` bytes follow on the stream.
+        /// `len` bytes follow on the stream: the whole partition.
         Bytes {
             /// The partition's length.
+            len: u64,
+        },
+        /// `len` bytes follow on the stream: the rows asked for, alone.
+        Rows {
+            /// Their length.
             len: u64,
         },
         /// Map it from shared memory under this name.
@@ -85,6 +103,8 @@ pub enum Served {
     Shared(String, Box<dyn std::any::Any + Send>),
     /// By its bytes; the value keeps them alive (pinned) while they are sent.
     Bytes(Box<dyn AsRef<[u8]> + Send>),
+    /// By the bytes of the rows asked for alone (an IPC stream of them).
+    Rows(Box<dyn AsRef<[u8]> + Send>),
 }
 
 /// What a node that holds partitions implements to serve them.
@@ -92,6 +112,18 @@ pub trait PartitionServer: Send + Sync + 'static {
     /// Serves `partition` to a puller, by shared name when `shares_memory`
     /// (and the partition is in memory), else by bytes.
     fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String>;
+    /// Serves rows `rows` of `partition`: by default the whole of it, as
+    /// [`PartitionServer::serve`] does; a server that can cut rows out
+    /// answers [`Served::Rows`].
+    fn serve_rows(
+        &self,
+        partition: u64,
+        rows: RowRange,
+        shares_memory: bool,
+    ) -> Result<Served, String> {
+        let _ = rows;
+        self.serve(partition, shares_memory)
+    }
 }
 
 /// What a fetch brought.
@@ -101,8 +133,10 @@ pub enum Fetched {
     /// keeps the bytes in place until it is dropped, so keep it as long as
     /// anything maps them.
     Shared(String, MappedLease),
-    /// The bytes.
+    /// The bytes of the whole partition.
     Bytes(Vec<u8>),
+    /// The bytes of the rows asked for alone.
+    Rows(Vec<u8>),
 }
 
 /// The reader's side of a partition mapped from another node's memory:
@@ -117,7 +151,7 @@ impl PartialEq for Fetched {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Fetched::Shared(a, _), Fetched::Shared(b, _)) => a == b,
-            (Fetched::Bytes(a), Fetched::Bytes(b)) => a == b,
+            (Fetched::Bytes(a), Fetched::Bytes(b)) | (Fetched::Rows(a), Fetched::Rows(b)) => a == b,
             _ => false,
         }
     }
@@ -130,12 +164,19 @@ const REPLY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 /// The largest partition a puller accepts over the network.
 pub const MAX_PARTITION_BYTES: u64 = 1 << 40;
 
-/// Pulls `partition` from `peer`; `here` says where this node runs.
-pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetched, NetError> {
+/// Pulls `partition` (only rows `rows` where the holder can cut them
+/// out) from `peer`; `here` says where this node runs.
+pub async fn fetch(
+    peer: &Peer,
+    partition: u64,
+    rows: Option<RowRange>,
+    here: &Locality,
+) -> Result<Fetched, NetError> {
     let (mut send, mut recv) = peer.open(StreamKind::Fetch).await?;
     let request = FetchRequest {
         partition,
         from: here.clone(),
+        rows,
     };
     write_frame(&mut send, &request)
         .await
@@ -174,13 +215,19 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
             partition,
             message,
         }),
-        FetchReply::Bytes { len } if len > MAX_PARTITION_BYTES => {
+        FetchReply::Bytes { len } | FetchReply::Rows { len } if len > MAX_PARTITION_BYTES => {
             Err(frame_error(FrameError::Oversized {
                 len,
                 max: MAX_PARTITION_BYTES,
             }))
         }
-        FetchReply::Bytes { len } => {
+        FetchReply::Rows { .. } if rows.is_none() => Err(NetError::Fetch {
+            peer: peer.name().to_string(),
+            partition,
+            message: "the holder sent rows that were not asked for".into(),
+        }),
+        FetchReply::Bytes { len } | FetchReply::Rows { len } => {
+            let alone = matches!(reply, FetchReply::Rows { .. });
             let _ = send.finish();
             // Room for the announced length up to 1 GiB (mapped lazily, so
             // it costs what arrives); past that it grows with the bytes.
@@ -204,7 +251,11 @@ pub async fn fetch(peer: &Peer, partition: u64, here: &Locality) -> Result<Fetch
                     expected: len,
                 }));
             }
-            Ok(Fetched::Bytes(bytes))
+            Ok(if alone {
+                Fetched::Rows(bytes)
+            } else {
+                Fetched::Bytes(bytes)
+            })
         }
     }
 }
@@ -224,7 +275,10 @@ pub async fn serve_fetch(
         Err(e) => return peer.refuse(&e),
     };
     let shares_memory = request.from == *here;
-    let reply = server.serve(request.partition, shares_memory);
+    let reply = match request.rows {
+        Some(rows) => server.serve_rows(request.partition, rows, shares_memory),
+        None => server.serve(request.partition, shares_memory),
+    };
     let result = async {
         match reply {
             Ok(Served::Shared(name, pin)) => {
@@ -238,6 +292,12 @@ pub async fn serve_fetch(
                 let bytes = (*bytes).as_ref();
                 let len = bytes.len() as u64;
                 write_frame(&mut send, &FetchReply::Bytes { len }).await?;
+                write_bytes(&mut send, bytes).await?;
+            }
+            Ok(Served::Rows(bytes)) => {
+                let bytes = (*bytes).as_ref();
+                let len = bytes.len() as u64;
+                write_frame(&mut send, &FetchReply::Rows { len }).await?;
                 write_bytes(&mut send, bytes).await?;
             }
             Err(message) => write_frame(&mut send, &FetchReply::Missing { message }).await?,

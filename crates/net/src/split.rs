@@ -179,7 +179,9 @@ pub async fn serve_split(
                 pinned.insert(piece, pin);
                 write_frame(&mut send, &ToTrainer::Shared { piece, name }).await
             }
-            Some(Ok(Served::Bytes(bytes))) => send_bytes(&mut send, piece, bytes).await,
+            Some(Ok(Served::Bytes(bytes) | Served::Rows(bytes))) => {
+                send_bytes(&mut send, piece, bytes).await
+            }
             Some(Err(message)) => write_frame(&mut send, &ToTrainer::Failed { message }).await,
             None => write_frame(&mut send, &ToTrainer::End).await,
         };

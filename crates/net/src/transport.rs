@@ -215,11 +215,22 @@ impl Transport {
     /// Pulls `partition` from node `holder`, connecting to it first (for
     /// data only, no actor session) when there is no connection yet.
     pub async fn fetch(&self, holder: &str, partition: u64) -> Result<Fetched, NetError> {
+        self.fetch_rows(holder, partition, None).await
+    }
+
+    /// [`Transport::fetch`] of rows `rows` of `partition`: the holder may
+    /// send those rows alone ([`Fetched::Rows`]) or the whole partition.
+    pub async fn fetch_rows(
+        &self,
+        holder: &str,
+        partition: u64,
+        rows: Option<fetch::RowRange>,
+    ) -> Result<Fetched, NetError> {
         let peer = match self.peer(holder) {
             Some(peer) => peer,
             None => self.connect_data(holder).await?,
         };
-        fetch::fetch(&peer, partition, &self.inner.here).await
+        fetch::fetch(&peer, partition, rows, &self.inner.here).await
     }
 
     async fn connect_data(&self, name: &str) -> Result<Peer, NetError> {

@@ -35,10 +35,21 @@ fn seeds() -> Vec<Vec<u8>> {
     vec![
         frame::encode(&FetchRequest {
             partition: 42,
+            from: here.clone(),
+            rows: None,
+        })
+        .to_vec(),
+        frame::encode(&FetchRequest {
+            partition: 42,
             from: here,
+            rows: Some(streambatch_net::RowRange {
+                offset: 1_000,
+                len: 64,
+            }),
         })
         .to_vec(),
         frame::encode(&FetchReply::Bytes { len: 1 << 20 }).to_vec(),
+        frame::encode(&FetchReply::Rows { len: 4096 }).to_vec(),
         frame::encode(&FetchReply::Shared {
             name: "sb-local-1-0-0@64+1024".into(),
         })

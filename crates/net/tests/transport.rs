@@ -11,8 +11,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage, RactorClusterMessage};
 use streambatch_net::{
-    Endpoint, Fetched, Identity, Locality, NetError, PartitionServer, Served, TlsFiles, Transport,
-    close_code, init_cluster,
+    Endpoint, Fetched, Identity, Locality, NetError, PartitionServer, RowRange, Served, TlsFiles,
+    Transport, close_code, init_cluster,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -29,6 +29,23 @@ impl PartitionServer for Fixed {
         } else {
             Served::Bytes(Box::new(bytes.clone()))
         })
+    }
+
+    /// A byte per row: the rows asked for alone, to a peer that does not
+    /// share memory.
+    fn serve_rows(
+        &self,
+        partition: u64,
+        rows: RowRange,
+        shares_memory: bool,
+    ) -> Result<Served, String> {
+        let bytes = self.0.get(&partition).ok_or("no such partition")?;
+        if shares_memory {
+            return self.serve(partition, true);
+        }
+        let (at, len) = (rows.offset as usize, rows.len as usize);
+        let rows = bytes.get(at..at + len).ok_or("no such rows")?;
+        Ok(Served::Rows(Box::new(rows.to_vec())))
     }
 }
 
@@ -71,8 +88,19 @@ async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
     sharing.join(head.local_addr()).await.unwrap();
     match sharing.fetch("head", 7).await.unwrap() {
         Fetched::Shared(name, _lease) => assert_eq!(name, "segment@0+3000000"),
-        Fetched::Bytes(_) => panic!("the same host and store directory: a name, not bytes"),
+        _ => panic!("the same host and store directory: a name, not bytes"),
     }
+    // Some rows: those alone over QUIC; by name where memory is shared.
+    let rows = Some(RowRange {
+        offset: 1_000,
+        len: 20,
+    });
+    let got = worker.fetch_rows("head", 7, rows).await.unwrap();
+    assert_eq!(got, Fetched::Rows(expected()[1_000..1_020].to_vec()));
+    assert!(matches!(
+        sharing.fetch_rows("head", 7, rows).await.unwrap(),
+        Fetched::Shared(..)
+    ));
     // A partition the holder lacks: an error naming both.
     let err = worker.fetch("head", 8).await.unwrap_err().to_string();
     assert!(

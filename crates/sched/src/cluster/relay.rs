@@ -587,16 +587,29 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
         node: part.holder.clone(),
         message: format!("fetching partition {}: {message}", part.id),
     };
-    let batch = match transport.fetch(&part.holder, part.id).await {
+    let rows = streambatch_net::RowRange {
+        offset: part.offset,
+        len: part.len,
+    };
+    let (batch, alone) = match transport
+        .fetch_rows(&part.holder, part.id, Some(rows))
+        .await
+    {
         Ok(Fetched::Shared(name, lease)) => {
             counts.shared.fetch_add(1, Ordering::Relaxed);
             // The batch holds the lease: the holder keeps the bytes until
             // the last buffer mapping them is gone.
-            streambatch_store::open_shared_keeping(&name, Arc::new(lease))
+            let batch = streambatch_store::open_shared_keeping(&name, Arc::new(lease))
                 .map_err(|e| failed(e.to_string()))?
-                .batch
+                .batch;
+            (batch, false)
         }
-        Ok(Fetched::Bytes(bytes)) => {
+        Ok(fetched @ (Fetched::Bytes(_) | Fetched::Rows(_))) => {
+            let (bytes, alone) = match fetched {
+                Fetched::Rows(bytes) => (bytes, true),
+                Fetched::Bytes(bytes) => (bytes, false),
+                Fetched::Shared(..) => unreachable!("matched above"),
+            };
             counts.quic.fetch_add(1, Ordering::Relaxed);
             counts
                 .quic_bytes
@@ -604,12 +617,24 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
             // Arrow needs its buffers aligned; bytes off the wire are not.
             let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
             aligned.extend_from_slice(&bytes);
-            streambatch_store::ipc::decode(&aligned.into()).map_err(|e| failed(e.to_string()))?
+            let batch = streambatch_store::ipc::decode(&aligned.into())
+                .map_err(|e| failed(e.to_string()))?;
+            (batch, alone)
         }
         Err(e) => return Err(failed(e.to_string())),
     };
+    // The rows alone are the slice itself: as many as asked, or the
+    // holder's answer is wrong.
+    let (offset, len) = if alone {
+        (0, part.len)
+    } else {
+        (part.offset, part.len)
+    };
+    if alone && batch.num_rows() as u64 != part.len {
+        return Err(rows_outside(part));
+    }
     Slice::fetched(batch)
-        .sub_within(part.offset, part.len)
+        .sub_within(offset, len)
         .ok_or_else(|| rows_outside(part))
 }
 

@@ -2,12 +2,12 @@
 //! transport answers fetches with. Only partitions the node has offered
 //! (outputs its jobs still need) can be fetched; a peer on the same host
 //! with the same store directory gets the shared-memory name, others the
-//! bytes.
+//! bytes (of the rows they need alone, where they name them).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use streambatch_net::{PartitionServer, Served};
+use streambatch_net::{PartitionServer, RowRange, Served};
 use streambatch_store::{ObjectStore, PartitionRef, SharedStore};
 
 /// Serves a node's offered partitions from its store.
@@ -60,6 +60,41 @@ impl PartitionServer for StoreServer {
         }
         let bytes = self.store.encoded_bytes(&part).map_err(|e| e.to_string())?;
         Ok(Served::Bytes(Box::new(BufferBytes(bytes))))
+    }
+
+    /// Rows of a partition: by shared memory as [`StoreServer::serve`]
+    /// does where the peer shares it and the partition is in memory (the
+    /// peer slices it in place), else those rows' bytes alone. A reducer's
+    /// slice of a spilled map output reads only its group from the spill
+    /// file, rather than the whole output restored or sent.
+    fn serve_rows(
+        &self,
+        partition: u64,
+        rows: RowRange,
+        shares_memory: bool,
+    ) -> Result<Served, String> {
+        let missing = || format!("partition {partition} is not offered by this node");
+        let part = self
+            .offered()
+            .get(&partition)
+            .cloned()
+            .ok_or_else(missing)?;
+        let whole = rows.offset == 0 && rows.len == part.rows() as u64;
+        if whole || (shares_memory && self.store.spill_path(part.id()).is_none()) {
+            return self.serve(partition, shares_memory);
+        }
+        let end = rows
+            .offset
+            .checked_add(rows.len)
+            .and_then(|end| usize::try_from(end).ok())
+            .ok_or_else(|| format!("rows {}+{} of partition {partition}", rows.offset, rows.len))?;
+        let batch = part
+            .get_rows(rows.offset as usize..end, true)
+            .map_err(|e| e.to_string())?;
+        let encoded = streambatch_store::ipc::encode(&batch).map_err(|e| e.to_string())?;
+        let mut bytes = vec![0; encoded.len];
+        encoded.write_to(&mut bytes);
+        Ok(Served::Rows(Box::new(bytes)))
     }
 }
 

@@ -491,6 +491,8 @@ impl RemoteSource for ClusterSource {
                     .map(|p| p.batch)
                     .map_err(|e| failed(e.to_string()))
             }
+            // Asked for whole: rows alone would not be the partition.
+            Fetched::Rows(_) => Err(failed("sent rows, not the partition".into())),
             Fetched::Bytes(bytes) => {
                 let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
                 aligned.extend_from_slice(&bytes);
