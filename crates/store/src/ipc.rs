@@ -35,6 +35,15 @@ pub fn encode(batch: &RecordBatch) -> Result<Encoded, ArrowError> {
     Ok(Encoded { pieces, len })
 }
 
+/// `batch` as one IPC stream in a buffer of its own (what [`decode`]
+/// reads back).
+pub fn encode_to_buffer(batch: &RecordBatch) -> Result<Buffer, ArrowError> {
+    let encoded = encode(batch)?;
+    let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(encoded.len);
+    encoded.write_to(bytes.as_slice_mut());
+    Ok(bytes.into())
+}
+
 impl Encoded {
     /// Copies the stream into `dst` (exactly `len` bytes).
     pub fn write_to(&self, dst: &mut [u8]) {

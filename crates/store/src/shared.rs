@@ -276,7 +276,7 @@ impl SharedStore {
                 let batch = read_groups(&file, &groups, 0..groups.len() - 1)
                     .map_err(|source| StoreError::Spill { id, source })?;
                 self.inner.state().restored += file.bytes_read();
-                encode_to_buffer(&batch)
+                ipc::encode_to_buffer(&batch).map_err(StoreError::Encode)
             }
         }
     }
@@ -809,7 +809,7 @@ impl Inner {
             // Back to one stream, as a put of the whole writes it.
             Some(groups) => {
                 let batch = read_groups(&file, &groups, 0..groups.len() - 1).map_err(spilled)?;
-                encode_to_buffer(&batch)?
+                ipc::encode_to_buffer(&batch).map_err(StoreError::Encode)?
             }
         };
         // A group's streams joined may encode to other lengths than the
@@ -999,14 +999,6 @@ fn read_groups(
             source,
         }
     })
-}
-
-/// `batch` as one IPC stream in a buffer of its own.
-fn encode_to_buffer(batch: &RecordBatch) -> Result<arrow_buffer::Buffer, StoreError> {
-    let encoded = ipc::encode(batch).map_err(StoreError::Encode)?;
-    let mut bytes = arrow_buffer::MutableBuffer::from_len_zeroed(encoded.len);
-    encoded.write_to(bytes.as_slice_mut());
-    Ok(bytes.into())
 }
 
 /// Writes partition `batch` (`encoded`) to a new spill file at `path`: one

@@ -39,16 +39,19 @@ impl StoreServer {
     fn offered(&self) -> std::sync::MutexGuard<'_, HashMap<u64, PartitionRef>> {
         self.offered.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Offered partition `partition`, or why a peer cannot have it.
+    fn offered_part(&self, partition: u64) -> Result<PartitionRef, String> {
+        self.offered()
+            .get(&partition)
+            .cloned()
+            .ok_or_else(|| format!("partition {partition} is not offered by this node"))
+    }
 }
 
 impl PartitionServer for StoreServer {
     fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String> {
-        let missing = || format!("partition {partition} is not offered by this node");
-        let part = self
-            .offered()
-            .get(&partition)
-            .cloned()
-            .ok_or_else(missing)?;
+        let part = self.offered_part(partition)?;
         if shares_memory {
             // A peer maps the bytes where they are: the pin keeps the store
             // from spilling, moving or freeing them (even once withdrawn)
@@ -73,12 +76,7 @@ impl PartitionServer for StoreServer {
         rows: RowRange,
         shares_memory: bool,
     ) -> Result<Served, String> {
-        let missing = || format!("partition {partition} is not offered by this node");
-        let part = self
-            .offered()
-            .get(&partition)
-            .cloned()
-            .ok_or_else(missing)?;
+        let part = self.offered_part(partition)?;
         let whole = rows.offset == 0 && rows.len == part.rows() as u64;
         if whole || (shares_memory && self.store.spill_path(part.id()).is_none()) {
             return self.serve(partition, shares_memory);
@@ -91,10 +89,8 @@ impl PartitionServer for StoreServer {
         let batch = part
             .get_rows(rows.offset as usize..end, true)
             .map_err(|e| e.to_string())?;
-        let encoded = streambatch_store::ipc::encode(&batch).map_err(|e| e.to_string())?;
-        let mut bytes = vec![0; encoded.len];
-        encoded.write_to(&mut bytes);
-        Ok(Served::Rows(Box::new(bytes)))
+        let bytes = streambatch_store::ipc::encode_to_buffer(&batch).map_err(|e| e.to_string())?;
+        Ok(Served::Rows(Box::new(BufferBytes(bytes))))
     }
 }
 

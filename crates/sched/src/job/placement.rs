@@ -403,12 +403,15 @@ impl<P: Part> JobState<P> {
             .map(Part::bytes)
             .sum();
         let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes()) + for_driver;
-        let spilling = self
-            .tasks
-            .values()
-            .filter(|r| r.placed && r.spilling)
-            .count();
-        if self.running_anywhere() > spilling || memory.held(last) > waiting || self.finished() {
+        let running = self.running_anywhere();
+        let only_spilling = running == 0
+            || running
+                <= self
+                    .tasks
+                    .values()
+                    .filter(|r| r.placed && r.spilling)
+                    .count();
+        if !only_spilling || memory.held(last) > waiting || self.finished() {
             return false;
         }
         for node in 0..self.free.len() {
