@@ -37,7 +37,6 @@ const CHUNK: usize = 4 << 20;
 /// may lack its last bytes (as with a `BufWriter` whose flush failed).
 pub struct DirectWriter {
     file: File,
-    direct: bool,
     buf: AlignedBlock,
     /// Bytes in `buf`, which starts at file offset `written`.
     filled: usize,
@@ -58,10 +57,9 @@ impl DirectWriter {
             .custom_flags(libc::O_NOFOLLOW)
             .mode(mode)
             .open(path)?;
-        let direct = set_direct(&file);
+        set_direct(&file);
         Ok(Self {
             file,
-            direct,
             buf: AlignedBlock::zeroed(CHUNK)?,
             filled: 0,
             flushed: 0,
@@ -72,11 +70,6 @@ impl DirectWriter {
     /// Bytes written so far.
     pub fn position(&self) -> u64 {
         self.written + self.filled as u64
-    }
-
-    /// Whether the file is written by direct I/O.
-    pub fn is_direct(&self) -> bool {
-        self.direct
     }
 
     /// Writes what is buffered (the last block padded, then the file cut to
@@ -215,18 +208,20 @@ pub fn open_direct(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// Turns direct I/O on for `file`; false where its file system refuses it
-/// (the file then goes through the page cache). Set after the open, not
-/// in it: an `open` with `O_CREAT | O_DIRECT` makes the file before it
-/// refuses the flag.
-fn set_direct(file: &File) -> bool {
+/// Turns direct I/O on for `file` where its file system allows it (else
+/// the file goes through the page cache). Set after the open, not in it:
+/// an `open` with `O_CREAT | O_DIRECT` makes the file before it refuses
+/// the flag.
+fn set_direct(file: &File) {
     use std::os::fd::AsRawFd;
     let fd = file.as_raw_fd();
     // SAFETY: fcntl on an open descriptor this function borrows; it only
     // reads and sets the file's status flags.
     unsafe {
         let flags = libc::fcntl(fd, libc::F_GETFL);
-        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) == 0
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT);
+        }
     }
 }
 
