@@ -602,7 +602,15 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
             let batch = streambatch_store::open_shared_keeping(&name, Arc::new(lease))
                 .map_err(|e| failed(e.to_string()))?
                 .batch;
-            (batch, false)
+            // A small part of it is copied out now, which drops the
+            // mapping: a mapping holds its fetch stream open (and the
+            // holder's pin), and a reducer pulling a slice of every map
+            // output would hold one per map output while it pulls the
+            // rest, past QUIC's limit of concurrent streams (a stall).
+            let slice = Slice::fetched(batch)
+                .sub_within(part.offset, part.len)
+                .ok_or_else(|| rows_outside(part))?;
+            return slice.read_alone().map(Slice::fetched);
         }
         Ok(fetched @ (Fetched::Bytes(_) | Fetched::Rows(_))) => {
             let (bytes, alone) = match fetched {
