@@ -53,6 +53,7 @@ METRICS = {
     "g1": ("wall_s", False),
     "j1": ("wall_s", False),
     "s1": ("wall_s", False),
+    "s1_cluster": ("wall_s", False),
 }
 W1_ROWS = 800
 
@@ -185,6 +186,17 @@ def cases(w4_device):
             limit_s=600,
         )
     )
+    # S1 on 3 node processes (512 MiB stores), a clean run, then one whose
+    # third node is SIGKILLed mid-exchange; the second run's output checked
+    # by s1.py as every system's.
+    out.append(
+        Case(
+            "s1_cluster",
+            "3 nodes, node-2 SIGKILLed mid-exchange",
+            {"streambatch": S1 + ["streambatch-cluster", S1_DATA]},
+            limit_s=600,
+        )
+    )
     # W5 and W6b last: a multi-node Ray cluster that fails to stop cleanly
     # must not slow the other workloads.
     for n in [1, 2, 4]:
@@ -303,7 +315,10 @@ def result_of(case, system, records, timed_out, wall, limit_s):
     if finals and not timed_out:
         r = finals[-1]
         # W6's per-rank figures, for its targets and the table.
-        shown = {k: r[k] for k in ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums", "peak_rss_mib") if k in r}
+        kept = ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums", "peak_rss_mib")
+        # S1 on a cluster: the clean run and what the killed node cost.
+        kept += ("clean_s", "killed_at_s", "nodes_lost", "remade_partitions", "rerun_tasks")
+        shown = {k: r[k] for k in kept if k in r}
         return {**shown, "value": r[metric], "correct": r.get("correct"), "reached": None}
     if not timed_out:
         return {"value": None, "correct": False, "reached": "failed: no result line"}
@@ -510,6 +525,14 @@ def targets(rows):
                 f"streambatch {fmt(v)} s, peak RSS {fmt(rss)} MiB; Ray Data {fmt(ray_v) if ray_v else f'over {fmt(ray_at_least)}' if ray_at_least else '-'} s"
                 f" ({fmt(ray_at_least / v) if v and ray_at_least else '-'}x), DuckDB {fmt(duck_v)} s ({fmt(duck_v / v) if v and duck_v else '-'}x)",
             )
+        elif case.workload == "s1_cluster":
+            check(
+                "S1 on 3 nodes, one SIGKILLed mid-exchange: every row, in order (checksum), its partitions made again",
+                sb["value"] is not None and sb.get("nodes_lost") == ["node-2"] and (sb.get("remade_partitions") or 0) > 0,
+                f"{fmt(sb['value'])} s with node-2 killed at {fmt(sb.get('killed_at_s'))} s "
+                f"({sb.get('remade_partitions')} partitions made again, {sb.get('rerun_tasks')} tasks run again); "
+                f"clean run {fmt(sb.get('clean_s'))} s",
+            )
         elif case.workload == "w6b":
             check(
                 f"W6b {case.config}: efficiency >= 0.9, every image once per epoch",
@@ -593,7 +616,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,s1_cluster,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default=None, help="the chart's path (default: benchmarks.png in --out)")
@@ -613,7 +636,7 @@ def main():
             from j1 import make
 
             make(J1_DATA)
-        if case.workload == "s1":
+        if case.workload in ("s1", "s1_cluster"):
             from s1 import make
 
             make(S1_DATA)

@@ -130,6 +130,15 @@ def run_streambatch(inp, out):
     return json.loads(line.strip().splitlines()[-1])
 
 
+def run_streambatch_cluster(inp, out):
+    # `streambatch bench s1-cluster`: 3 nodes, a clean run, then one node
+    # SIGKILLed mid-exchange; its second run writes data/s1/out-streambatch-cluster.
+    assert inp == os.path.abspath("data/s1/input") and out == os.path.abspath("data/s1/out-streambatch-cluster"), (inp, out)
+    binary = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "streambatch")
+    line = subprocess.run([binary, "bench", "s1-cluster"], check=True, capture_output=True, text=True).stdout
+    return json.loads(line.strip().splitlines()[-1])
+
+
 def run_duckdb(inp, out):
     import duckdb
 
@@ -167,6 +176,7 @@ def run_daft(inp, out):
 
 SYSTEMS = {
     "streambatch": run_streambatch,
+    "streambatch-cluster": run_streambatch_cluster,
     "duckdb": run_duckdb,
     "polars": run_polars,
     "ray-data": run_ray,

@@ -138,6 +138,22 @@ def test_s1_misses_over_its_memory_bound_or_not_5x_a_ray_run_that_finished():
     assert not met(result(150.0), {**result(None), "timed_out": True})
 
 
+def test_s1_cluster_misses_unless_the_killed_node_was_lost_and_its_partitions_made_again():
+    import harness
+
+    case = next(c for c in harness.cases("cpu") if c.workload == "s1_cluster")
+
+    def met(**over):
+        sb = {"value": 40.0, "correct": True, "nodes_lost": ["node-2"], "remade_partitions": 39, **over}
+        return harness.targets([(case, {"streambatch": sb})])[0]["met"]
+
+    assert met()
+    assert not met(nodes_lost=[])
+    assert not met(remade_partitions=0)
+    assert not met(correct=False)
+    assert not met(value=None)
+
+
 def judged(correct):
     """The harness's targets for one of each case, streambatch far ahead of
     its peers and within every memory limit, its result `correct`."""
@@ -152,9 +168,11 @@ def judged(correct):
             "hwm_mib": 100.0,
             "trainer_wait_fraction": [0.01, 0.01],
             "peak_rss_mib": 100.0,
+            "nodes_lost": ["node-2"],
+            "remade_partitions": 5,
         }
 
-    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "s1": (1.0, 20.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
+    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "s1": (1.0, 20.0), "s1_cluster": (30.0, 0.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -169,7 +187,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"G1:", "J1:", "S1:", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
+    assert names == {"G1:", "J1:", "S1:", "S1", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)

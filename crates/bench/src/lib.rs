@@ -20,7 +20,7 @@ pub use files::{FilesApi, FilesExpected, PIECE_BYTES, binary_files, binary_files
 pub use g1::{G1_ROWS, g1};
 pub use j1::j1;
 pub use net::net_bench;
-pub use s1::s1;
+pub use s1::{s1, s1_cluster};
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};
 pub use w5::{w5, w5_kill_one};

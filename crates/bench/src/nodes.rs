@@ -1,6 +1,6 @@
 //! Node processes of a benchmark's local cluster: each this binary's
 //! `streambatch node` on 127.0.0.1, started from a TOML config written
-//! here with certificates of a fresh cluster CA (W5, W6b).
+//! here with certificates of a fresh cluster CA (W5, W6b, S1 on a cluster).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -62,13 +62,25 @@ pub(crate) fn node_config(
     slots: (u32, u32),
     timeout_ms: Option<u32>,
 ) -> PathBuf {
+    node_config_with_store(dir, name, head, slots, timeout_ms, "300MiB")
+}
+
+/// [`node_config`] with a store of `store` (a size, as TOML takes it).
+pub(crate) fn node_config_with_store(
+    dir: &Path,
+    name: &str,
+    head: Option<&str>,
+    slots: (u32, u32),
+    timeout_ms: Option<u32>,
+    store: &str,
+) -> PathBuf {
     let head = head.map_or(String::new(), |h| format!("head = \"{h}\"\n"));
     let extra = timeout_ms.map_or(String::new(), |ms| format!("node_timeout_ms = {ms}\n"));
     let tls = dir.join("tls");
     let text = format!(
         "name = \"{name}\"\nlisten = \"127.0.0.1:0\"\n{head}\
          tls_ca = \"{tls}/ca.pem\"\ntls_cert = \"{tls}/{name}.pem\"\ntls_key = \"{tls}/{name}.key\"\n\
-         cpus = {}\ngpus = {}\nstore_capacity = \"300MiB\"\nspill_dir = \"{}\"\n{extra}",
+         cpus = {}\ngpus = {}\nstore_capacity = \"{store}\"\nspill_dir = \"{}\"\n{extra}",
         slots.0,
         slots.1,
         dir.join("store").display(),

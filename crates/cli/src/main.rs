@@ -181,6 +181,11 @@ enum Workload {
     /// store, written as Parquet (data/s1: `tools/bench/s1.py make
     /// data/s1`; `tools/bench/s1.py run streambatch data/s1` checks it).
     S1,
+    /// S1 on 3 node processes on 127.0.0.1, clean and then with one node
+    /// SIGKILLed mid-exchange (`tools/bench/s1.py run streambatch-cluster
+    /// data/s1` checks the second run's output).
+    #[value(name = "s1-cluster")]
+    S1Cluster,
     /// Training ingest: 8,000 JPEGs decoded, cropped, flipped and
     /// normalised, split equally between two trainer processes, 2 epochs.
     W6a,
@@ -405,6 +410,13 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     let data = std::path::Path::new("data/s1");
                     let (input, output) = (data.join("input"), data.join("out-streambatch"));
                     vec![workloads::s1(&input, &output, &base, timeline.as_deref())?]
+                }
+                Workload::S1Cluster => {
+                    let data = std::path::Path::new("data/s1");
+                    let (input, output) =
+                        (data.join("input"), data.join("out-streambatch-cluster"));
+                    let dir = base.spill_dir.join("s1");
+                    vec![workloads::s1_cluster(&input, &output, &dir)?]
                 }
                 Workload::W6b => {
                     let dir = base.spill_dir.join("w6b");

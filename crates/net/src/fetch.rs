@@ -306,7 +306,12 @@ pub async fn serve_fetch(
         std::io::Result::Ok(())
     }
     .await;
-    if let Err(error) = result {
-        tracing::debug!(peer = peer.name(), partition = request.partition, %error, "fetch not completed");
+    // Logged once the peer let go (a mapped partition is held till then).
+    let (peer, partition) = (peer.name(), request.partition);
+    match result {
+        Ok(()) => tracing::debug!(target: "streambatch::serve", peer, partition, "served"),
+        Err(error) => {
+            tracing::debug!(target: "streambatch::serve", peer, partition, %error, "fetch not completed")
+        }
     }
 }

@@ -662,7 +662,9 @@ impl Dataset {
         });
         let staged = self
             .start(plan)
-            .and_then(|stream| stream.collect::<Result<Vec<_>>>())
+            // Each task's output (its file's name and rows) is dropped as it
+            // is read: held, it would keep its share of a node's memory.
+            .and_then(|mut stream| stream.try_for_each(|output| output.map(drop)))
             .and_then(|_| self.stage_schema_if_empty(&staging, &format));
         match staged {
             Ok(()) => commit_staging(staging, &format),

@@ -497,7 +497,10 @@ impl RelayState {
                     let _ = relay.cast(RelayMsg::Task(TaskEvent::Errored { task, error }));
                     return;
                 }
-                match pull(&transport, &part, &counts).await {
+                let pulled = pull(&transport, &part, &counts).await;
+                let (id, holder, ok) = (part.id, &part.holder, pulled.is_ok());
+                tracing::debug!(target: "streambatch::pull", task = task.0, id, holder, ok, "pulled");
+                match pulled {
                     Ok(slice) => slices.push((at, slice)),
                     Err(error) => {
                         // A system failure: the driver may retry the task.
@@ -512,6 +515,7 @@ impl RelayState {
             let mut run = TaskRun::new(ctx.clone(), task, stage, input, keep);
             run.may_spill = may_spill;
             let pool = ctx.plan.stages[stage].options.pool.map(|p| p.max);
+            tracing::debug!(target: "streambatch::pull", task = task.0, "inputs pulled");
             let _ = manager.cast(NodeMsg::Run {
                 run: Box::new(run),
                 pool,

@@ -411,7 +411,12 @@ impl<P: Part> JobState<P> {
                     .values()
                     .filter(|r| r.placed && r.spilling)
                     .count();
-        if !only_spilling || memory.held(last) > waiting || self.finished() {
+        // With lineage the driver confirms each read: once it has read
+        // every output handed to it, what the last stage still holds is
+        // the driver's own (a `collect`, batches mapped from a node's
+        // memory) and no wait frees it.
+        let driver_reads_more = self.made.is_none() || self.unread > 0;
+        if !only_spilling || (memory.held(last) > waiting && driver_reads_more) || self.finished() {
             return false;
         }
         for node in 0..self.free.len() {

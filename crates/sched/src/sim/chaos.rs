@@ -58,6 +58,27 @@ fn chaos_every_row_once_whatever_nodes_fail_join_or_drain() {
     }
 }
 
+/// A sort four times the stores' size, its outputs kept by the driver as
+/// it reads them (a `collect`): the kept outputs hold memory no wait frees,
+/// so the job lets tasks spill rather than wait for them.
+#[test]
+fn a_sort_larger_than_the_stores_ends_while_the_driver_keeps_its_outputs() {
+    let scenario = Scenario {
+        nodes: 2,
+        cpus: 2.0,
+        split_rows: vec![12; 30],
+        pipeline: crate::sim::Pipeline::Exchange {
+            n: 6,
+            ordered: true,
+        },
+        faults: Vec::new(),
+        driver_keeps: true,
+        ..Scenario::seeded(0)
+    };
+    let run = run(&scenario).expect("the job ends");
+    run.check_exactly_once().and(run.check_in_order()).unwrap();
+}
+
 #[test]
 fn the_same_seed_replays_the_same_run() {
     for seed in [3, 17, 99] {

@@ -134,6 +134,9 @@ pub struct Scenario {
     pub max_task_retries: u32,
     /// Whether the job's recorder keeps its timeline (`record_timeline`).
     pub record_timeline: bool,
+    /// The driver keeps every output it reads (a `collect`), holding its
+    /// share of its node's budget until the job ends.
+    pub driver_keeps: bool,
 }
 
 impl Scenario {
@@ -165,6 +168,7 @@ impl Scenario {
                 (at, fault)
             })
             .collect();
+        let driver_keeps = rng.range(0, 2) == 1;
         Self {
             seed,
             nodes,
@@ -177,6 +181,7 @@ impl Scenario {
             capacity: CAPACITY,
             max_task_retries: 3,
             record_timeline: true,
+            driver_keeps,
         }
     }
 
@@ -206,6 +211,7 @@ impl Scenario {
             capacity: 1 << 40,
             max_task_retries: 3,
             record_timeline: true,
+            driver_keeps: false,
         }
     }
 }
@@ -392,6 +398,8 @@ struct Sim<'a> {
     moves: VecDeque<Moving>,
     next_read: u64,
     rows: Vec<u64>,
+    /// What the driver read and keeps (`Scenario::driver_keeps`).
+    kept: Vec<Rows>,
     clock: u64,
     events: u64,
     tasks: u64,
@@ -461,6 +469,7 @@ impl<'a> Sim<'a> {
             moves: VecDeque::new(),
             next_read: 0,
             rows: Vec::new(),
+            kept: Vec::new(),
             clock: 0,
             events: 0,
             tasks: 0,
@@ -747,6 +756,9 @@ impl<'a> Sim<'a> {
         let read = self.state[part.node] != NodeState::Gone;
         if read {
             self.rows.extend(part.start..part.start + part.len as u64);
+            if self.scenario.driver_keeps {
+                self.kept.push(part);
+            }
         }
         self.job.on_read(id, read);
         let gap = &self.scenario.read_gap;
