@@ -683,6 +683,69 @@ fn sort_of_nothing_of_one_key_and_in_outputs_cut_at_the_target() {
     assert!(missing.to_string().contains("nope"), "{missing}");
 }
 
+/// A hot key: nine rows in ten share one key, so one reducer's range is
+/// many times the target size; it sorts its range as runs written to the
+/// store's spill directory and merged (`sort_runs`), the output in order
+/// with every row, and no run file left behind.
+#[test]
+fn a_sort_whose_range_a_hot_key_swells_merges_runs_from_disk() {
+    let spill = tempfile::tempdir().unwrap();
+    let ctx = ctx_with(|c| {
+        c.target_partition_bytes = 64 << 10;
+        c.spill_dir = spill.path().to_path_buf();
+    });
+    let rows = 300_000i64;
+    let input: Vec<RecordBatch> = (0..6)
+        .map(|part| {
+            let ids: Vec<i64> = (part * rows / 6..(part + 1) * rows / 6).collect();
+            let keys: Vec<Option<i64>> = ids
+                .iter()
+                .map(|i| match i % 10 {
+                    0 => Some((i * 7_919) % 100_003),
+                    7 => None,
+                    _ => Some(50_000),
+                })
+                .collect();
+            RecordBatch::try_from_iter([
+                ("a", Arc::new(Int64Array::from(keys)) as _),
+                ("id", Arc::new(Int64Array::from(ids)) as _),
+            ])
+            .unwrap()
+        })
+        .collect();
+    for descending in [false, true] {
+        let out = ctx
+            .from_batches(input.clone())
+            .sort(&["a"], descending)
+            .collect()
+            .unwrap();
+        let got: Vec<Option<i64>> = out.iter().flat_map(|b| ints(b, 0)).collect();
+        let mut expected: Vec<Option<i64>> = input.iter().flat_map(|b| ints(b, 0)).collect();
+        expected.sort_by(|x, y| key_order(x, y, descending));
+        assert_eq!(got, expected, "descending {descending}");
+        assert_eq!(sorted_i64(&out, "id"), (0..rows).collect::<Vec<_>>());
+    }
+    let left: Vec<_> = walk(spill.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("sort-run"))
+        .collect();
+    assert!(left.is_empty(), "run files left: {left:?}");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| match e.path() {
+            p if p.is_dir() => walk(&p),
+            p => vec![p],
+        })
+        .collect()
+}
+
 #[test]
 fn map_groups_calls_its_function_once_per_whole_group() {
     let input = grouped_input(20_000);

@@ -27,6 +27,7 @@ mod row_sample;
 mod shuffle_window;
 mod side;
 pub mod sink;
+mod sort_runs;
 mod sorted;
 mod source;
 mod split;
@@ -52,6 +53,7 @@ pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use row_sample::RowSample;
 pub use side::Side;
+pub use sort_runs::Scratch;
 pub use source::SourceSplit;
 pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{

@@ -12,7 +12,7 @@ use streambatch_core::{StageOptions, TaskId, batch_bytes};
 use crate::row::{Row, Value, batch_into_rows, batch_to_rows, rows_into_batch};
 use crate::sink::{FileSink, write_part};
 use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
-use crate::{BatchIter, Error, Expr, Result};
+use crate::{BatchIter, Error, Expr, Reduce, Result};
 
 /// Rows, bytes and time of one operator inside a fused stage, summed over
 /// its tasks. Time is inclusive of the operators before it in the stage.
@@ -114,6 +114,9 @@ pub struct TaskEnv<'a> {
     /// Returns the worker's instance of a stateful operator (by its position
     /// in the plan), setting it up on first use.
     pub instance: &'a mut InstanceSource<'a>,
+    /// Where a sort reducer whose range outgrows its budget writes sorted
+    /// runs; `None`: it sorts its range in memory whatever its size.
+    pub scratch: Option<crate::Scratch>,
 }
 
 /// Chains `op` (the `index`-th operator of the plan) over `input`.
@@ -234,6 +237,10 @@ pub fn apply(
             }))
         }
         OpKind::BroadcastJoin(broadcast) => broadcast.stream(input),
+        OpKind::Reduce(Reduce::Sort { keys, order }) if env.scratch.is_some() => {
+            let scratch = env.scratch.clone().expect("matched above");
+            crate::sort_runs::sort(input, keys.clone(), *order, scratch)
+        }
         OpKind::Reduce(reduce) => {
             let reduce = reduce.clone();
             let mut input = Some(input);
@@ -506,6 +513,7 @@ mod tests {
         let mut env = TaskEnv {
             task: TaskId(1),
             instance: &mut no_instances,
+            scratch: None,
         };
         let input: BatchIter = Box::new(std::iter::once(Ok(input)));
         apply(&op, 0, input, &mut env)

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use streambatch_core::{Resources, StageOptions};
 
@@ -101,8 +100,9 @@ pub struct Stage {
 pub enum TaskInput {
     /// The i-th split of a source stage.
     Split(usize),
-    /// Batches read from the store (slices of upstream partitions).
-    Batches(Vec<RecordBatch>),
+    /// Batches read from the store (slices of upstream partitions), each
+    /// read when the task comes to it.
+    Batches(BatchIter),
 }
 
 impl Stage {
@@ -133,9 +133,7 @@ impl Stage {
                 }
                 (read, ops)
             }
-            (StageKind::Map { ops }, TaskInput::Batches(batches)) => {
-                (Box::new(batches.into_iter().map(Ok)), ops)
-            }
+            (StageKind::Map { ops }, TaskInput::Batches(batches)) => (batches, ops),
             _ => {
                 return Err(Error::Invalid(format!(
                     "stage {} cannot run this input",
@@ -207,6 +205,17 @@ impl Stage {
                 .cloned()
                 .collect(),
             _ => Vec::new(),
+        }
+    }
+
+    /// True when this stage reduces a sort (its tasks may write sorted runs
+    /// to scratch files, see [`crate::Scratch`]).
+    pub fn sorts(&self) -> bool {
+        match &self.kind {
+            StageKind::Map { ops } => ops
+                .iter()
+                .any(|(_, op)| matches!(op.kind, OpKind::Reduce(crate::Reduce::Sort { .. }))),
+            _ => false,
         }
     }
 

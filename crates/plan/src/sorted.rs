@@ -14,7 +14,7 @@ use crate::partition::column_indices;
 use crate::{Error, Result};
 
 /// Rows per emitted batch.
-const CHUNK_ROWS: usize = 64 * 1024;
+pub(crate) const CHUNK_ROWS: usize = 64 * 1024;
 
 /// `batches` sorted by `keys` in `order`, emitted in chunks (one empty
 /// batch of `schema` when there are no rows).

@@ -112,6 +112,12 @@ pub trait ObjectStore: Send + Sync + 'static {
         let _ = len;
         None
     }
+    /// A directory for a task's own scratch files (a sort's runs), on the
+    /// store's spill disk, made if it is not yet; `None` (the default)
+    /// when the store has none.
+    fn scratch_dir(&self) -> Result<Option<&std::path::Path>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Frees and reads partitions for [`PartitionRef`]. Implemented by stores.

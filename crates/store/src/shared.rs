@@ -458,6 +458,12 @@ impl SharedStore {
 }
 
 impl ObjectStore for SharedStore {
+    /// The store's own spill directory, removed with it (and as stale
+    /// after a crash, as its spill files are).
+    fn scratch_dir(&self) -> Result<Option<&Path>, StoreError> {
+        self.inner.spill.made().map(Some)
+    }
+
     fn reserve(&self, len: usize) -> Option<OutputBuffer> {
         if len < RESERVE_MIN {
             return None;

@@ -73,6 +73,11 @@ impl SpillDir {
 
     /// The spill file of partition `id`, making the directory if needed.
     pub fn file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
+        Ok(self.made()?.join(format!("{id}.arrows")))
+    }
+
+    /// Its path, the directory made (0700) if it is not yet.
+    pub fn made(&self) -> Result<&Path, StoreError> {
         if !self.made.load(Ordering::Acquire) {
             match std::fs::DirBuilder::new().mode(0o700).create(&self.dir) {
                 Ok(()) => {}
@@ -85,7 +90,7 @@ impl SpillDir {
             }
             self.made.store(true, Ordering::Release);
         }
-        Ok(self.dir.join(format!("{id}.arrows")))
+        Ok(&self.dir)
     }
 }
 

@@ -12,13 +12,20 @@ use arrow_array::RecordBatch;
 use ractor::DerivedActorRef;
 use streambatch_core::{JobId, TaskId};
 use streambatch_plan::{
-    BatchIter, BatchUdf, Error, ExecPlan, OpKind, SharedInstance, TaskEnv, TaskInput, UdfError,
+    BatchIter, BatchUdf, Error, ExecPlan, OpKind, Scratch, SharedInstance, TaskEnv, TaskInput,
+    UdfError,
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
 use crate::exec::budget::{Budgets, Hold};
 use crate::exec::partition::{Output, Partitioner, Slice};
 use crate::job::{Keep, RunInput};
+
+/// A sort reducer holds up to this many partitions' worth of its range
+/// (the job's target partition size) before it writes them as a sorted
+/// run: a range as the sampled boundaries meant it never spills; one that
+/// skewed keys made several times larger does, rather than filling memory.
+const SORT_RUN_PARTITIONS: u64 = 4;
 
 /// An output to store, with where each destination's rows start when the
 /// stage is an exchange's map side.
@@ -291,19 +298,29 @@ impl TaskRun {
                 }
                 TaskInput::Split(i)
             }
-            RunInput::Parts(slices) => TaskInput::Batches(
-                slices
-                    .iter()
-                    .map(Slice::read_alone)
-                    .collect::<Result<_, _>>()?,
-            ),
+            // Read as the task comes to each: a reducer that spills sorted
+            // runs never holds its whole range, and each input is let go
+            // once read.
+            RunInput::Parts(slices) => {
+                TaskInput::Batches(Box::new(slices.into_iter().map(|s| s.read_alone())))
+            }
         };
         let job = &self.job;
+        let scratch = match job.plan.stages[self.stage].sorts() {
+            true => job.store.scratch_dir(),
+            false => Ok(None),
+        }
+        .map_err(|e| Error::store("making a scratch directory", e))?
+        .map(|dir| Scratch {
+            dir: dir.to_path_buf(),
+            run_bytes: SORT_RUN_PARTITIONS * job.target_bytes,
+        });
         let mut instance =
             |op: usize, udf: &Arc<dyn BatchUdf>| instance_for(job, op, udf, instances);
         let mut env = TaskEnv {
             task: self.task,
             instance: &mut instance,
+            scratch,
         };
         self.stream = Some(self.job.plan.stages[self.stage].open(input, &mut env)?);
         Ok(())

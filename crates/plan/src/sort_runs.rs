@@ -1,0 +1,528 @@
+//! A sort reducer whose range outgrows its budget (keys skewed past what
+//! the sampled boundaries split): its input is read as it streams, sorted
+//! in runs of at most `run_bytes` ([`Sorted`]), each written to a scratch
+//! file as it fills, and the runs are merged k ways as the output is read.
+//! A range within the budget is sorted in memory as before, with no file.
+//!
+//! A run file is an Arrow IPC stream written by direct I/O (as spill files
+//! are) and unlinked as soon as it is opened again for reading, so that
+//! nothing is left on disk whatever becomes of the task; its batches are
+//! validated by Arrow's reader and its row count checked, as any bytes
+//! read back from disk are.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow_array::RecordBatch;
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::StreamWriter;
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{SchemaRef, SortOptions};
+use streambatch_core::{DirectWriter, batch_bytes};
+
+use crate::partition::column_indices;
+use crate::sorted::{CHUNK_ROWS, Sorted};
+use crate::{BatchIter, Error, Result};
+
+/// Where a sort reducer may write its runs, and how much it sorts in
+/// memory before it does.
+#[derive(Clone, Debug)]
+pub struct Scratch {
+    /// An existing directory (the store's spill directory).
+    pub dir: PathBuf,
+    /// Input bytes a reducer holds before it writes them as a sorted run.
+    pub run_bytes: u64,
+}
+
+/// `input` sorted by `keys` in `order`: in memory while it stays within
+/// `scratch.run_bytes`, else as runs written to `scratch.dir` and merged.
+/// Read lazily: nothing happens until the first batch is asked for.
+pub fn sort(
+    input: BatchIter,
+    keys: Vec<String>,
+    order: SortOptions,
+    scratch: Scratch,
+) -> BatchIter {
+    let mut input = Some(input);
+    let mut output: Option<BatchIter> = None;
+    Box::new(std::iter::from_fn(move || {
+        if let Some(input) = input.take() {
+            match sorted_in_runs(input, &keys, order, &scratch) {
+                Ok(Some(sorted)) => output = Some(sorted),
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        output.as_mut()?.next()
+    }))
+}
+
+/// Reads `input` whole, writing a sorted run whenever it holds more than
+/// `run_bytes`; `None` when it has no batch (nothing to emit, not even an
+/// empty batch: its schema is not known).
+fn sorted_in_runs(
+    input: BatchIter,
+    keys: &[String],
+    order: SortOptions,
+    scratch: &Scratch,
+) -> Result<Option<BatchIter>> {
+    let mut schema = None;
+    let mut held = Vec::new();
+    let mut held_bytes = 0u64;
+    let mut runs = Vec::new();
+    for batch in input {
+        let batch = batch?;
+        let schema = schema.get_or_insert_with(|| batch.schema());
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        held_bytes += batch_bytes(&batch);
+        held.push(batch);
+        if held_bytes > scratch.run_bytes {
+            let run = Sorted::new(schema, std::mem::take(&mut held), keys, order)?;
+            runs.push(RunFile::write(&scratch.dir, schema, run)?);
+            held_bytes = 0;
+        }
+    }
+    let Some(schema) = schema else {
+        return Ok(None);
+    };
+    let last = Sorted::new(&schema, held, keys, order)?;
+    if runs.is_empty() {
+        return Ok(Some(Box::new(last)));
+    }
+    // Earlier runs first: a tie goes to the run that came first, and
+    // each run is a stable sort, so the merge is one too.
+    let mut sources: Vec<BatchIter> = runs
+        .into_iter()
+        .map(|run| run.read())
+        .collect::<Result<_>>()?;
+    sources.push(Box::new(last));
+    Ok(Some(Box::new(Merge::new(schema, sources, keys, order)?)))
+}
+
+/// A sorted run on disk, until it is opened for reading.
+struct RunFile {
+    path: PathBuf,
+    rows: usize,
+}
+
+/// Names run files apart within a process (several reducers may write at
+/// once into the same directory).
+static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
+
+impl RunFile {
+    /// Writes `run` as an IPC stream in a new file of `dir`.
+    fn write(dir: &Path, schema: &SchemaRef, run: Sorted) -> Result<Self> {
+        let n = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("sort-run-{}-{n}.arrows", std::process::id()));
+        let file = DirectWriter::create_new(&path, 0o600)
+            .map_err(|e| Error::io("writing a sort's run", &path, e))?;
+        // From here on the file is removed on any failure.
+        let mut run_file = Self { path, rows: 0 };
+        let failed = |e: arrow_schema::ArrowError| Error::arrow("writing a sort's run", e);
+        let mut writer = StreamWriter::try_new(file, schema).map_err(failed)?;
+        for batch in run {
+            let batch = batch?;
+            run_file.rows += batch.num_rows();
+            writer.write(&batch).map_err(failed)?;
+        }
+        writer.finish().map_err(failed)?;
+        let file = writer.into_inner().map_err(failed)?;
+        file.finish()
+            .map_err(|e| Error::io("writing a sort's run", &run_file.path, e))?;
+        Ok(run_file)
+    }
+
+    /// The run's batches, read back and checked; the file is unlinked
+    /// once open (its blocks go when the reader does).
+    fn read(self) -> Result<BatchIter> {
+        let io = |e| Error::io("reading a sort's run", &self.path, e);
+        let file = File::open(&self.path).map_err(io)?;
+        std::fs::remove_file(&self.path).map_err(io)?;
+        let reader = StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
+            .map_err(|e| Error::arrow("reading a sort's run", e))?;
+        let (expected, path) = (self.rows, self.path.clone());
+        let (mut read, mut over) = (0, false);
+        let mut batches = reader.into_iter();
+        Ok(Box::new(std::iter::from_fn(move || {
+            if over {
+                return None;
+            }
+            let error = match batches.next() {
+                Some(Ok(batch)) => {
+                    read += batch.num_rows();
+                    return Some(Ok(batch));
+                }
+                Some(Err(e)) => Error::arrow("reading a sort's run", e),
+                None if read == expected => {
+                    over = true;
+                    return None;
+                }
+                // A run cut short (a full disk, a file changed under it)
+                // is an error, not fewer rows.
+                None => Error::Invalid(format!(
+                    "the sort's run {} holds {read} rows, {expected} were written",
+                    path.display()
+                )),
+            };
+            over = true;
+            Some(Err(error))
+        })))
+    }
+}
+
+impl Drop for RunFile {
+    /// A run never read (a failed task) leaves no file.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Sorted sources merged into one order, a chunk at a time; ties go to
+/// the earlier source.
+struct Merge {
+    sources: Vec<Source>,
+    converter: RowConverter,
+    keys: Vec<usize>,
+    /// The batches the next chunk takes rows from.
+    inputs: Vec<RecordBatch>,
+    done: bool,
+}
+
+/// A sorted source and where the merge is in it.
+struct Source {
+    batches: BatchIter,
+    /// Its current batch, that batch's keys and the next row.
+    now: Option<(RecordBatch, Rows, usize)>,
+    /// The current batch's place in `Merge::inputs`.
+    slot: usize,
+}
+
+impl Merge {
+    fn new(
+        schema: SchemaRef,
+        sources: Vec<BatchIter>,
+        keys: &[String],
+        order: SortOptions,
+    ) -> Result<Self> {
+        let empty = RecordBatch::new_empty(schema.clone());
+        let keys = column_indices(&empty, keys)?;
+        let fields = keys
+            .iter()
+            .map(|&k| SortField::new_with_options(schema.field(k).data_type().clone(), order))
+            .collect();
+        let converter = RowConverter::new(fields).map_err(|e| Error::arrow("sort", e))?;
+        let sources = sources
+            .into_iter()
+            .map(|batches| Source {
+                batches,
+                now: None,
+                slot: 0,
+            })
+            .collect();
+        let mut merge = Self {
+            sources,
+            converter,
+            keys,
+            inputs: Vec::new(),
+            done: false,
+        };
+        for i in 0..merge.sources.len() {
+            merge.advance(i)?;
+        }
+        Ok(merge)
+    }
+
+    /// Moves source `i` to its next non-empty batch (or its end), making
+    /// that batch one of the next chunk's inputs.
+    fn advance(&mut self, i: usize) -> Result<()> {
+        let source = &mut self.sources[i];
+        source.now = None;
+        for batch in source.batches.by_ref() {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let columns: Vec<_> = self.keys.iter().map(|&k| batch.column(k).clone()).collect();
+            let rows = self
+                .converter
+                .convert_columns(&columns)
+                .map_err(|e| Error::arrow("sort", e))?;
+            source.slot = self.inputs.len();
+            self.inputs.push(batch.clone());
+            source.now = Some((batch, rows, 0));
+            break;
+        }
+        Ok(())
+    }
+
+    /// The source whose next row comes first (the earliest among equals).
+    fn first(&self) -> Option<usize> {
+        let mut best: Option<(usize, arrow_row::Row<'_>)> = None;
+        for (i, source) in self.sources.iter().enumerate() {
+            let Some((_, rows, at)) = &source.now else {
+                continue;
+            };
+            let row = rows.row(*at);
+            if best.as_ref().is_none_or(|(_, b)| row < *b) {
+                best = Some((i, row));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    fn chunk(&mut self) -> Result<Option<RecordBatch>> {
+        let mut picks = Vec::with_capacity(CHUNK_ROWS);
+        while picks.len() < CHUNK_ROWS {
+            let Some(i) = self.first() else {
+                break;
+            };
+            let source = &mut self.sources[i];
+            let (batch, _, at) = source.now.as_mut().expect("first picks a live source");
+            picks.push((source.slot, *at));
+            *at += 1;
+            if *at == batch.num_rows() {
+                self.advance(i)?;
+            }
+        }
+        if picks.is_empty() {
+            return Ok(None);
+        }
+        let inputs: Vec<&RecordBatch> = self.inputs.iter().collect();
+        let chunk = arrow_select::interleave::interleave_record_batch(&inputs, &picks)
+            .map_err(|e| Error::arrow("sort", e))?;
+        // The next chunk starts from the sources' current batches alone.
+        let current: Vec<RecordBatch> = self
+            .sources
+            .iter()
+            .filter_map(|s| s.now.as_ref().map(|(b, _, _)| b.clone()))
+            .collect();
+        let mut slot = 0;
+        for source in &mut self.sources {
+            if source.now.is_some() {
+                source.slot = slot;
+                slot += 1;
+            }
+        }
+        self.inputs = current;
+        Ok(Some(chunk))
+    }
+}
+
+impl Iterator for Merge {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.chunk() {
+            Ok(Some(chunk)) => Some(Ok(chunk)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Array, ArrayRef, Int64Array, StringArray};
+
+    use super::*;
+
+    /// Batches of 7 rows: keys from a small set (ties across batches and
+    /// runs), some null; `tag` numbers the rows in arrival order.
+    fn input(batches: usize) -> Vec<RecordBatch> {
+        let keys = ["pear", "apple", "fig", "plum-long-key-a", "plum-long-key-b"];
+        (0..batches)
+            .map(|b| {
+                let rows = (0..7).map(|r| b * 7 + r);
+                let k: Vec<Option<&str>> = rows
+                    .clone()
+                    .map(|i| (i % 6 != 5).then(|| keys[(i * 7 + i / 3) % keys.len()]))
+                    .collect();
+                let k: ArrayRef = Arc::new(StringArray::from(k));
+                let t: ArrayRef = Arc::new(Int64Array::from_iter_values(rows.map(|i| i as i64)));
+                RecordBatch::try_from_iter([("k", k), ("tag", t)]).unwrap()
+            })
+            .collect()
+    }
+
+    fn rows(out: &[RecordBatch]) -> Vec<(Option<String>, i64)> {
+        out.iter()
+            .flat_map(|b| {
+                let k = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+                let t = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+                (0..b.num_rows())
+                    .map(|i| (k.is_valid(i).then(|| k.value(i).to_string()), t.value(i)))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn scratch(dir: &Path, run_bytes: u64) -> Scratch {
+        Scratch {
+            dir: dir.to_path_buf(),
+            run_bytes,
+        }
+    }
+
+    fn files_in(dir: &Path) -> usize {
+        std::fs::read_dir(dir).unwrap().count()
+    }
+
+    /// Every batch its own run (a budget of one byte): the merge gives the
+    /// order of a stable sort of the whole in memory, in both directions
+    /// and both null placements; the runs' files are gone once it starts.
+    #[test]
+    fn runs_merged_give_the_order_of_a_stable_sort_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let batches = input(9);
+        let schema = batches[0].schema();
+        let keys = vec!["k".to_string()];
+        for (descending, nulls_first) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
+            let order = SortOptions {
+                descending,
+                nulls_first,
+            };
+            let whole = Sorted::new(&schema, batches.clone(), &keys, order).unwrap();
+            let want = rows(&whole.collect::<Result<Vec<_>>>().unwrap());
+            let input: BatchIter = Box::new(batches.clone().into_iter().map(Ok));
+            let mut sorted = sort(input, keys.clone(), order, scratch(dir.path(), 1));
+            let first = sorted.next().unwrap().unwrap();
+            assert_eq!(files_in(dir.path()), 0, "a run file left on disk");
+            let mut out = vec![first];
+            out.extend(sorted.map(Result::unwrap));
+            assert_eq!(
+                rows(&out),
+                want,
+                "descending {descending}, nulls first {nulls_first}"
+            );
+        }
+    }
+
+    /// A merge emits chunks of at most `CHUNK_ROWS` rows, across runs.
+    #[test]
+    fn a_merge_emits_bounded_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = CHUNK_ROWS + CHUNK_ROWS / 2;
+        let k: ArrayRef = Arc::new(Int64Array::from_iter_values((0..n as i64).rev()));
+        let batch = RecordBatch::try_from_iter([("k", k)]).unwrap();
+        let halves = vec![batch.slice(0, n / 2), batch.slice(n / 2, n - n / 2)];
+        let input: BatchIter = Box::new(halves.into_iter().map(Ok));
+        let out: Vec<RecordBatch> = sort(
+            input,
+            vec!["k".into()],
+            SortOptions::default(),
+            scratch(dir.path(), 1),
+        )
+        .collect::<Result<_>>()
+        .unwrap();
+        assert_eq!(
+            out.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(),
+            [CHUNK_ROWS, n - CHUNK_ROWS]
+        );
+        let keys: Vec<i64> = out
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(keys, (0..n as i64).collect::<Vec<_>>());
+    }
+
+    /// Within its budget a range is sorted in memory: no file is written.
+    #[test]
+    fn a_range_within_its_budget_writes_no_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let input: BatchIter = Box::new(input(9).into_iter().map(Ok));
+        let mut sorted = sort(
+            input,
+            vec!["k".into()],
+            SortOptions::default(),
+            scratch(dir.path(), 1 << 30),
+        );
+        assert!(sorted.next().is_some());
+        assert_eq!(files_in(dir.path()), 0);
+    }
+
+    /// No input batch: no output (its schema is unknown); empty batches
+    /// only: one empty batch of their schema.
+    #[test]
+    fn no_rows_sort_to_nothing_or_one_empty_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let none: BatchIter = Box::new(std::iter::empty());
+        assert_eq!(
+            sort(
+                none,
+                vec!["k".into()],
+                SortOptions::default(),
+                scratch(dir.path(), 1)
+            )
+            .count(),
+            0
+        );
+        let empty = input(1)[0].slice(0, 0);
+        let only_empty: BatchIter = Box::new(std::iter::once(Ok(empty)));
+        let out: Vec<RecordBatch> = sort(
+            only_empty,
+            vec!["k".into()],
+            SortOptions::default(),
+            scratch(dir.path(), 1),
+        )
+        .collect::<Result<_>>()
+        .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].num_rows(), 0);
+    }
+
+    /// A run file cut short reads as an error naming it, not as fewer
+    /// rows; a run never read (a failed task) leaves no file.
+    #[test]
+    fn a_run_cut_short_is_an_error_and_an_unread_run_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let batches = input(40);
+        let schema = batches[0].schema();
+        let keys = vec!["k".to_string()];
+        let run = |batches: Vec<RecordBatch>| {
+            let sorted = Sorted::new(&schema, batches, &keys, SortOptions::default()).unwrap();
+            RunFile::write(dir.path(), &schema, sorted).unwrap()
+        };
+        let cut = run(batches.clone());
+        let len = std::fs::metadata(&cut.path).unwrap().len();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&cut.path)
+            .unwrap();
+        file.set_len(len / 2).unwrap();
+        let path = cut.path.clone();
+        let read: Result<Vec<RecordBatch>> = cut.read().and_then(|batches| batches.collect());
+        let error = read.expect_err("a run cut short").to_string();
+        assert!(error.contains("run"), "{error}");
+        assert!(!path.exists());
+
+        let unread = run(batches);
+        let path = unread.path.clone();
+        assert!(path.exists());
+        drop(unread);
+        assert!(!path.exists());
+    }
+}
