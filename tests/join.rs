@@ -191,6 +191,50 @@ fn a_key_on_hundreds_of_rows_of_both_sides_joins_in_batches_of_64_ki_rows() {
     }
 }
 
+/// A key on three quarters of the right's 20,000 rows: its reducer's
+/// input is many times its budget (four 16 KiB partitions), so it joins
+/// through buckets written to the store's spill directory (`join_spill`);
+/// every kind of join equals the direct computation, and no bucket file
+/// is left.
+#[test]
+fn a_reducer_whose_input_a_hot_key_swells_joins_through_buckets_on_disk() {
+    let spill = tempfile::tempdir().unwrap();
+    let ctx = ctx_with(|c| {
+        c.broadcast_join_bytes = 0;
+        c.target_partition_bytes = 16 << 10;
+        c.spill_dir = spill.path().to_path_buf();
+    });
+    let names: Vec<String> = (0..20_000).map(|i| format!("p{i}")).collect();
+    let left: Vec<(Option<i64>, &str)> = (0..2_000)
+        .map(|i| ((i % 13 != 0).then_some(i % 500), names[i as usize].as_str()))
+        .collect();
+    let right: Vec<(Option<i64>, &str)> = (0..20_000)
+        .map(|i| {
+            let key = if i % 4 != 0 { 7 } else { 300 + i % 900 };
+            ((i % 17 != 0).then_some(key), names[i as usize].as_str())
+        })
+        .collect();
+    let l = ctx.from_batches(table("a", &left, 500));
+    let r = ctx.from_batches(table("b", &right, 2_000));
+    for how in HOWS {
+        let out = l.join(&r, &["k"], how).unwrap().collect().unwrap();
+        assert_eq!(joined(&out), direct(&left, &right, how), "{how:?}");
+    }
+    let left_behind: Vec<_> = std::fs::read_dir(spill.path())
+        .unwrap()
+        .flatten()
+        .flat_map(|store| {
+            std::fs::read_dir(store.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|f| f.file_name().to_string_lossy().contains("join-bucket"))
+        .map(|f| f.path())
+        .collect();
+    assert!(left_behind.is_empty(), "{left_behind:?}");
+}
+
 #[test]
 fn null_typed_keys_match_nothing_and_a_split_after_a_join_is_refused() {
     let ctx = ctx_with(|c| c.broadcast_join_bytes = 0);

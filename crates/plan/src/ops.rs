@@ -237,9 +237,15 @@ pub fn apply(
             }))
         }
         OpKind::BroadcastJoin(broadcast) => broadcast.stream(input),
+        // Sort and join reducers write to scratch files rather than hold
+        // an input that outgrows their budget.
         OpKind::Reduce(Reduce::Sort { keys, order }) if env.scratch.is_some() => {
             let scratch = env.scratch.clone().expect("matched above");
             crate::sort_runs::sort(input, keys.clone(), *order, scratch)
+        }
+        OpKind::Reduce(Reduce::Join(join)) if env.scratch.is_some() => {
+            let scratch = env.scratch.clone().expect("matched above");
+            crate::join_spill::join(Arc::new(join.clone()), input, scratch)
         }
         OpKind::Reduce(reduce) => {
             let reduce = reduce.clone();

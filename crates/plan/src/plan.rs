@@ -208,13 +208,14 @@ impl Stage {
         }
     }
 
-    /// True when this stage reduces a sort (its tasks may write sorted runs
-    /// to scratch files, see [`crate::Scratch`]).
-    pub fn sorts(&self) -> bool {
+    /// True when this stage reduces a sort or a join, whose tasks may write
+    /// scratch files (see [`crate::Scratch`]).
+    pub fn writes_scratch(&self) -> bool {
+        use crate::Reduce::{Join, Sort};
         match &self.kind {
             StageKind::Map { ops } => ops
                 .iter()
-                .any(|(_, op)| matches!(op.kind, OpKind::Reduce(crate::Reduce::Sort { .. }))),
+                .any(|(_, op)| matches!(op.kind, OpKind::Reduce(Sort { .. } | Join(_)))),
             _ => false,
         }
     }

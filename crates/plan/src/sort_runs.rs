@@ -1,43 +1,21 @@
 //! A sort reducer whose range outgrows its budget (keys skewed past what
 //! the sampled boundaries split): its input is read as it streams, sorted
-//! in runs of at most `run_bytes` ([`Sorted`]), each written to a scratch
+//! in runs of at most the budget ([`Sorted`]), each written to a scratch
 //! file as it fills, and the runs are merged k ways as the output is read.
 //! A range within the budget is sorted in memory as before, with no file.
-//!
-//! A run file is an Arrow IPC stream written by direct I/O (as spill files
-//! are) and unlinked as soon as it is opened again for reading, so that
-//! nothing is left on disk whatever becomes of the task; its batches are
-//! validated by Arrow's reader and its row count checked, as any bytes
-//! read back from disk are.
-
-use std::fs::File;
-use std::io::BufReader;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
-use arrow_ipc::reader::StreamReader;
-use arrow_ipc::writer::StreamWriter;
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{SchemaRef, SortOptions};
-use streambatch_core::{DirectWriter, batch_bytes};
+use streambatch_core::batch_bytes;
 
 use crate::partition::column_indices;
+use crate::scratch::{Scratch, ScratchFile};
 use crate::sorted::{CHUNK_ROWS, Sorted};
 use crate::{BatchIter, Error, Result};
 
-/// Where a sort reducer may write its runs, and how much it sorts in
-/// memory before it does.
-#[derive(Clone, Debug)]
-pub struct Scratch {
-    /// An existing directory (the store's spill directory).
-    pub dir: PathBuf,
-    /// Input bytes a reducer holds before it writes them as a sorted run.
-    pub run_bytes: u64,
-}
-
 /// `input` sorted by `keys` in `order`: in memory while it stays within
-/// `scratch.run_bytes`, else as runs written to `scratch.dir` and merged.
+/// `scratch.budget_bytes`, else as runs written to `scratch.dir` and merged.
 /// Read lazily: nothing happens until the first batch is asked for.
 pub fn sort(
     input: BatchIter,
@@ -60,7 +38,7 @@ pub fn sort(
 }
 
 /// Reads `input` whole, writing a sorted run whenever it holds more than
-/// `run_bytes`; `None` when it has no batch (nothing to emit, not even an
+/// the budget; `None` when it has no batch (nothing to emit, not even an
 /// empty batch: its schema is not known).
 fn sorted_in_runs(
     input: BatchIter,
@@ -80,9 +58,9 @@ fn sorted_in_runs(
         }
         held_bytes += batch_bytes(&batch);
         held.push(batch);
-        if held_bytes > scratch.run_bytes {
+        if held_bytes > scratch.budget_bytes {
             let run = Sorted::new(schema, std::mem::take(&mut held), keys, order)?;
-            runs.push(RunFile::write(&scratch.dir, schema, run)?);
+            runs.push(ScratchFile::write(&scratch.dir, "sort-run", schema, run)?);
             held_bytes = 0;
         }
     }
@@ -101,84 +79,6 @@ fn sorted_in_runs(
         .collect::<Result<_>>()?;
     sources.push(Box::new(last));
     Ok(Some(Box::new(Merge::new(schema, sources, keys, order)?)))
-}
-
-/// A sorted run on disk, until it is opened for reading.
-struct RunFile {
-    path: PathBuf,
-    rows: usize,
-}
-
-/// Names run files apart within a process (several reducers may write at
-/// once into the same directory).
-static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
-
-impl RunFile {
-    /// Writes `run` as an IPC stream in a new file of `dir`.
-    fn write(dir: &Path, schema: &SchemaRef, run: Sorted) -> Result<Self> {
-        let n = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("sort-run-{}-{n}.arrows", std::process::id()));
-        let file = DirectWriter::create_new(&path, 0o600)
-            .map_err(|e| Error::io("writing a sort's run", &path, e))?;
-        // From here on the file is removed on any failure.
-        let mut run_file = Self { path, rows: 0 };
-        let failed = |e: arrow_schema::ArrowError| Error::arrow("writing a sort's run", e);
-        let mut writer = StreamWriter::try_new(file, schema).map_err(failed)?;
-        for batch in run {
-            let batch = batch?;
-            run_file.rows += batch.num_rows();
-            writer.write(&batch).map_err(failed)?;
-        }
-        writer.finish().map_err(failed)?;
-        let file = writer.into_inner().map_err(failed)?;
-        file.finish()
-            .map_err(|e| Error::io("writing a sort's run", &run_file.path, e))?;
-        Ok(run_file)
-    }
-
-    /// The run's batches, read back and checked; the file is unlinked
-    /// once open (its blocks go when the reader does).
-    fn read(self) -> Result<BatchIter> {
-        let io = |e| Error::io("reading a sort's run", &self.path, e);
-        let file = File::open(&self.path).map_err(io)?;
-        std::fs::remove_file(&self.path).map_err(io)?;
-        let reader = StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
-            .map_err(|e| Error::arrow("reading a sort's run", e))?;
-        let (expected, path) = (self.rows, self.path.clone());
-        let (mut read, mut over) = (0, false);
-        let mut batches = reader.into_iter();
-        Ok(Box::new(std::iter::from_fn(move || {
-            if over {
-                return None;
-            }
-            let error = match batches.next() {
-                Some(Ok(batch)) => {
-                    read += batch.num_rows();
-                    return Some(Ok(batch));
-                }
-                Some(Err(e)) => Error::arrow("reading a sort's run", e),
-                None if read == expected => {
-                    over = true;
-                    return None;
-                }
-                // A run cut short (a full disk, a file changed under it)
-                // is an error, not fewer rows.
-                None => Error::Invalid(format!(
-                    "the sort's run {} holds {read} rows, {expected} were written",
-                    path.display()
-                )),
-            };
-            over = true;
-            Some(Err(error))
-        })))
-    }
-}
-
-impl Drop for RunFile {
-    /// A run never read (a failed task) leaves no file.
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 /// Sorted sources merged into one order, a chunk at a time; ties go to
@@ -335,6 +235,7 @@ impl Iterator for Merge {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
     use std::sync::Arc;
 
     use arrow_array::{Array, ArrayRef, Int64Array, StringArray};
@@ -371,10 +272,10 @@ mod tests {
             .collect()
     }
 
-    fn scratch(dir: &Path, run_bytes: u64) -> Scratch {
+    fn scratch(dir: &Path, budget_bytes: u64) -> Scratch {
         Scratch {
             dir: dir.to_path_buf(),
-            run_bytes,
+            budget_bytes,
         }
     }
 
@@ -492,37 +393,5 @@ mod tests {
         .unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].num_rows(), 0);
-    }
-
-    /// A run file cut short reads as an error naming it, not as fewer
-    /// rows; a run never read (a failed task) leaves no file.
-    #[test]
-    fn a_run_cut_short_is_an_error_and_an_unread_run_leaves_no_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let batches = input(40);
-        let schema = batches[0].schema();
-        let keys = vec!["k".to_string()];
-        let run = |batches: Vec<RecordBatch>| {
-            let sorted = Sorted::new(&schema, batches, &keys, SortOptions::default()).unwrap();
-            RunFile::write(dir.path(), &schema, sorted).unwrap()
-        };
-        let cut = run(batches.clone());
-        let len = std::fs::metadata(&cut.path).unwrap().len();
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&cut.path)
-            .unwrap();
-        file.set_len(len / 2).unwrap();
-        let path = cut.path.clone();
-        let read: Result<Vec<RecordBatch>> = cut.read().and_then(|batches| batches.collect());
-        let error = read.expect_err("a run cut short").to_string();
-        assert!(error.contains("run"), "{error}");
-        assert!(!path.exists());
-
-        let unread = run(batches);
-        let path = unread.path.clone();
-        assert!(path.exists());
-        drop(unread);
-        assert!(!path.exists());
     }
 }

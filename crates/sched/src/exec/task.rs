@@ -21,11 +21,12 @@ use crate::exec::budget::{Budgets, Hold};
 use crate::exec::partition::{Output, Partitioner, Slice};
 use crate::job::{Keep, RunInput};
 
-/// A sort reducer holds up to this many partitions' worth of its range
-/// (the job's target partition size) before it writes them as a sorted
-/// run: a range as the sampled boundaries meant it never spills; one that
-/// skewed keys made several times larger does, rather than filling memory.
-const SORT_RUN_PARTITIONS: u64 = 4;
+/// A sort or join reducer holds up to this many partitions' worth of its
+/// input (the job's target partition size) before it writes to scratch
+/// files: an input of the size the exchange meant (about one) never
+/// does; one that skewed keys made several times larger does, rather
+/// than fill memory.
+const REDUCER_HELD_PARTITIONS: u64 = 4;
 
 /// An output to store, with where each destination's rows start when the
 /// stage is an exchange's map side.
@@ -306,14 +307,14 @@ impl TaskRun {
             }
         };
         let job = &self.job;
-        let scratch = match job.plan.stages[self.stage].sorts() {
+        let scratch = match job.plan.stages[self.stage].writes_scratch() {
             true => job.store.scratch_dir(),
             false => Ok(None),
         }
         .map_err(|e| Error::store("making a scratch directory", e))?
         .map(|dir| Scratch {
             dir: dir.to_path_buf(),
-            run_bytes: SORT_RUN_PARTITIONS * job.target_bytes,
+            budget_bytes: REDUCER_HELD_PARTITIONS * job.target_bytes,
         });
         let mut instance =
             |op: usize, udf: &Arc<dyn BatchUdf>| instance_for(job, op, udf, instances);
