@@ -714,11 +714,11 @@ fn a_sort_whose_range_a_hot_key_swells_merges_runs_from_disk() {
         })
         .collect();
     for descending in [false, true] {
-        let out = ctx
-            .from_batches(input.clone())
-            .sort(&["a"], descending)
-            .collect()
-            .unwrap();
+        let ds = ctx.from_batches(input.clone()).sort(&["a"], descending);
+        let out = ds.collect().unwrap();
+        // The store (1 GiB) spills nothing here: these are the runs' bytes.
+        let spilled = ds.stats().unwrap().spilled_bytes;
+        assert!(spilled > 1 << 20, "{spilled} bytes of runs written");
         let got: Vec<Option<i64>> = out.iter().flat_map(|b| ints(b, 0)).collect();
         let mut expected: Vec<Option<i64>> = input.iter().flat_map(|b| ints(b, 0)).collect();
         expected.sort_by(|x, y| key_order(x, y, descending));

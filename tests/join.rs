@@ -217,8 +217,15 @@ fn a_reducer_whose_input_a_hot_key_swells_joins_through_buckets_on_disk() {
     let l = ctx.from_batches(table("a", &left, 500));
     let r = ctx.from_batches(table("b", &right, 2_000));
     for how in HOWS {
-        let out = l.join(&r, &["k"], how).unwrap().collect().unwrap();
+        let ds = l.join(&r, &["k"], how).unwrap();
+        let out = ds.collect().unwrap();
         assert_eq!(joined(&out), direct(&left, &right, how), "{how:?}");
+        // The store (1 GiB) spills nothing here: these are the buckets' bytes.
+        let spilled = ds.stats().unwrap().spilled_bytes;
+        assert!(
+            spilled > 64 << 10,
+            "{how:?}: {spilled} bytes of buckets written"
+        );
     }
     let left_behind: Vec<_> = std::fs::read_dir(spill.path())
         .unwrap()

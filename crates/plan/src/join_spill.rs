@@ -85,7 +85,8 @@ struct Buckets {
     keys: [Vec<String>; 2],
     converter: RowConverter,
     files: Vec<Vec<ScratchFile>>,
-    held: Vec<Vec<RecordBatch>>,
+    /// Per bucket, each side's rows not yet written.
+    held: Vec<[Vec<RecordBatch>; 2]>,
 }
 
 impl Buckets {
@@ -105,7 +106,7 @@ impl Buckets {
             keys: [join.left_on.clone(), join.right_on.clone()],
             converter: RowConverter::new(fields).map_err(|e| Error::arrow("join", e))?,
             files: (0..BUCKETS).map(|_| Vec::new()).collect(),
-            held: (0..BUCKETS).map(|_| Vec::new()).collect(),
+            held: (0..BUCKETS).map(|_| [Vec::new(), Vec::new()]).collect(),
         })
     }
 
@@ -135,30 +136,26 @@ impl Buckets {
             if !rows.is_empty() {
                 let part = arrow_select::take::take_record_batch(batch, &UInt32Array::from(rows))
                     .map_err(|e| Error::arrow("join", e))?;
-                self.held[bucket].push(part);
+                self.held[bucket][side].push(part);
             }
         }
         Ok(())
     }
 
-    /// Writes what each bucket holds: a file per run of batches of one
-    /// schema (one per side, unless a side's batches differ in nullability).
+    /// Writes what each bucket holds: a file per side (more only where a
+    /// side's batches differ in nullability, a file per run of one schema).
     fn write(&mut self, scratch: &Scratch) -> Result<()> {
         for (held, files) in self.held.iter_mut().zip(&mut self.files) {
-            let mut held = std::mem::take(held).into_iter().peekable();
-            while let Some(first) = held.next() {
-                let schema = first.schema();
-                let mut same = vec![first];
-                while let Some(next) = held.next_if(|b| b.schema() == schema) {
-                    same.push(next);
+            for side in held.iter_mut() {
+                let mut side = std::mem::take(side).into_iter().peekable();
+                while let Some(first) = side.next() {
+                    let schema = first.schema();
+                    let mut same = vec![first];
+                    while let Some(next) = side.next_if(|b| b.schema() == schema) {
+                        same.push(next);
+                    }
+                    files.push(scratch.write("join-bucket", &schema, same.into_iter().map(Ok))?);
                 }
-                let batches = same.into_iter().map(Ok);
-                files.push(ScratchFile::write(
-                    &scratch.dir,
-                    "join-bucket",
-                    &schema,
-                    batches,
-                )?);
             }
         }
         Ok(())
@@ -178,14 +175,14 @@ impl Buckets {
 }
 
 /// One bucket's join: its files read back, with what it still holds.
-fn bucket(join: &Join, files: Vec<ScratchFile>, held: Vec<RecordBatch>) -> Result<BatchIter> {
+fn bucket(join: &Join, files: Vec<ScratchFile>, held: [Vec<RecordBatch>; 2]) -> Result<BatchIter> {
     let mut batches = Vec::new();
     for file in files {
         for batch in file.read()? {
             batches.push(batch?);
         }
     }
-    batches.extend(held);
+    batches.extend(held.into_iter().flatten());
     if batches.is_empty() {
         return Ok(Box::new(std::iter::empty()));
     }
@@ -269,10 +266,15 @@ mod tests {
         ] {
             let plan = Join::new(how, &["k"], &["k"], schema("l", "0"), schema("r", "1")).unwrap();
             let want: Vec<RecordBatch> = plan.run(&input).unwrap().collect::<Result<_>>().unwrap();
-            let scratch = Scratch {
-                dir: dir.path().to_path_buf(),
-                budget_bytes: 16 << 10,
-            };
+            let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let count = written.clone();
+            let scratch = Scratch::new(
+                dir.path().to_path_buf(),
+                16 << 10,
+                Arc::new(move |bytes| {
+                    count.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+                }),
+            );
             let batches: BatchIter = Box::new(input.clone().into_iter().map(Ok));
             let mut out = join(Arc::new(plan), batches, scratch);
             let first = out.next().unwrap().unwrap();
@@ -307,10 +309,7 @@ mod tests {
             schema("r", "1"),
         )
         .unwrap();
-        let scratch = Scratch {
-            dir: dir.path().to_path_buf(),
-            budget_bytes: 1 << 30,
-        };
+        let scratch = Scratch::new(dir.path().to_path_buf(), 1 << 30, Arc::new(|_| {}));
         let batches: BatchIter = Box::new(input.into_iter().map(Ok));
         let mut out = join(Arc::new(plan), batches, scratch);
         assert!(out.next().is_some());

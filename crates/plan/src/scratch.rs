@@ -9,9 +9,10 @@
 //! reader and its row count checked against what was written, as any
 //! bytes read back from disk are.
 
-use std::fs::File;
 use std::io::BufReader;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
@@ -24,19 +25,63 @@ use crate::{BatchIter, Error, Result};
 
 /// Where a reducer may write scratch files, and how much of its input it
 /// holds in memory before it does.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Scratch {
     /// An existing directory (the store's spill directory).
     pub dir: PathBuf,
     /// Input bytes a reducer holds before it writes to scratch files.
     pub budget_bytes: u64,
+    /// Told the bytes of each file written (the store counts them as
+    /// spilled).
+    wrote: Arc<dyn Fn(u64) + Send + Sync>,
+}
+
+impl Scratch {
+    /// Scratch files in `dir` past `budget_bytes` held, each file's bytes
+    /// told to `wrote`.
+    pub fn new(dir: PathBuf, budget_bytes: u64, wrote: Arc<dyn Fn(u64) + Send + Sync>) -> Self {
+        Self {
+            dir,
+            budget_bytes,
+            wrote,
+        }
+    }
+
+    /// Writes `batches` (of `schema`) to a new scratch file named for
+    /// `what` (see [`ScratchFile::write`]), and counts its bytes.
+    pub(crate) fn write(
+        &self,
+        what: &str,
+        schema: &SchemaRef,
+        batches: impl IntoIterator<Item = Result<RecordBatch>>,
+    ) -> Result<ScratchFile> {
+        let file = ScratchFile::write(&self.dir, what, schema, batches)?;
+        (self.wrote)(file.bytes);
+        Ok(file)
+    }
+}
+
+impl std::fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("dir", &self.dir)
+            .field("budget_bytes", &self.budget_bytes)
+            .finish()
+    }
 }
 
 /// Batches of one schema on disk, until they are opened for reading.
 pub(crate) struct ScratchFile {
     path: PathBuf,
+    schema: SchemaRef,
     rows: usize,
+    bytes: u64,
+    /// Opened for reading (and so unlinked already).
+    opened: bool,
 }
+
+/// A file's read buffer: a merge reads many at once.
+const READ_BUFFER: usize = 256 << 10;
 
 /// Names scratch files apart within a process (several reducers may write
 /// at once into the same directory).
@@ -56,8 +101,17 @@ impl ScratchFile {
         let file = DirectWriter::create_new(&path, 0o600)
             .map_err(|e| Error::io("writing a scratch file", &path, e))?;
         // From here on the file is removed on any failure (by `drop`).
-        let mut scratch = Self { path, rows: 0 };
-        let failed = |e| Error::arrow("writing a scratch file", e);
+        let mut scratch = Self {
+            path,
+            schema: schema.clone(),
+            rows: 0,
+            bytes: 0,
+            opened: false,
+        };
+        // A failure here is the disk's (full, failing), not the user's: a
+        // store error, so that the task may be retried elsewhere.
+        let context = format!("writing the scratch file {}", scratch.path.display());
+        let failed = |e| Error::store(context.clone(), e);
         let mut writer = StreamWriter::try_new(file, schema).map_err(failed)?;
         for batch in batches {
             let batch = batch?;
@@ -66,22 +120,31 @@ impl ScratchFile {
         }
         writer.finish().map_err(failed)?;
         let file = writer.into_inner().map_err(failed)?;
+        scratch.bytes = file.position();
         file.finish()
-            .map_err(|e| Error::io("writing a scratch file", &scratch.path, e))?;
+            .map_err(|e| Error::store(context.clone(), e))?;
         Ok(scratch)
     }
 
     /// The batches, read back and checked; the file is unlinked once open
     /// (its blocks go when the reader does).
-    pub(crate) fn read(self) -> Result<BatchIter> {
+    pub(crate) fn read(mut self) -> Result<BatchIter> {
         let io = |e| Error::io("reading a scratch file", &self.path, e);
-        let file = File::open(&self.path).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .map_err(io)?;
         std::fs::remove_file(&self.path).map_err(io)?;
+        self.opened = true;
         // Bytes read back are not trusted: a failure is the disk's, not
         // the user's (a store error, so that the task may be retried).
         let context = format!("reading the scratch file {}", self.path.display());
-        let reader = StreamReader::try_new(BufReader::with_capacity(1 << 20, file), None)
+        let reader = StreamReader::try_new(BufReader::with_capacity(READ_BUFFER, file), None)
             .map_err(|e| Error::store(context.clone(), e))?;
+        if reader.schema().fields() != self.schema.fields() {
+            return Err(Error::store(context, "its columns are not those written"));
+        }
         let expected = self.rows;
         let (mut read, mut over) = (0, false);
         let mut batches = reader.into_iter();
@@ -120,13 +183,17 @@ impl ScratchFile {
 impl Drop for ScratchFile {
     /// A file never read (a failed task) is removed.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if !self.opened {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use std::fs::File;
 
     use arrow_array::{ArrayRef, Int64Array};
 
@@ -173,6 +240,20 @@ mod tests {
         let read: Result<Vec<RecordBatch>> = cut.read().and_then(|b| b.collect());
         let error = read.expect_err("a file cut short").to_string();
         assert!(error.contains("scratch file"), "{error}");
+
+        let other = write(dir.path());
+        let v: ArrayRef = Arc::new(arrow_array::StringArray::from(vec!["x"]));
+        let batch = RecordBatch::try_from_iter([("v", v)]).unwrap();
+        let mut writer =
+            StreamWriter::try_new(File::create(other.path()).unwrap(), &batch.schema()).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+        let error = other
+            .read()
+            .err()
+            .expect("other columns refused")
+            .to_string();
+        assert!(error.contains("columns"), "{error}");
 
         let unread = write(dir.path());
         let path = unread.path().to_path_buf();

@@ -4,6 +4,8 @@
 //! file as it fills, and the runs are merged k ways as the output is read.
 //! A range within the budget is sorted in memory as before, with no file.
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{SchemaRef, SortOptions};
@@ -13,6 +15,12 @@ use crate::partition::column_indices;
 use crate::scratch::{Scratch, ScratchFile};
 use crate::sorted::{CHUNK_ROWS, Sorted};
 use crate::{BatchIter, Error, Result};
+
+/// Rows per batch of a run on disk: a merge holds one batch of each run.
+const RUN_CHUNK_ROWS: usize = 8 * 1024;
+
+/// Runs a merge reads at once; more are first merged into longer runs.
+const MERGE_WIDTH: usize = 32;
 
 /// `input` sorted by `keys` in `order`: in memory while it stays within
 /// `scratch.budget_bytes`, else as runs written to `scratch.dir` and merged.
@@ -52,16 +60,31 @@ fn sorted_in_runs(
     let mut runs = Vec::new();
     for batch in input {
         let batch = batch?;
-        let schema = schema.get_or_insert_with(|| batch.schema());
+        // One schema for all, nullable: an input's batches may differ in
+        // nullability alone, and a run is written under one schema.
+        let schema = schema.get_or_insert_with(|| nullable(&batch.schema()));
         if batch.num_rows() == 0 {
             continue;
         }
+        let batch = batch.with_schema(schema.clone()).map_err(|e| {
+            Error::Invalid(format!(
+                "sort: a reducer got batches of other columns ({e})"
+            ))
+        })?;
         held_bytes += batch_bytes(&batch);
         held.push(batch);
         if held_bytes > scratch.budget_bytes {
-            let run = Sorted::new(schema, std::mem::take(&mut held), keys, order)?;
-            runs.push(ScratchFile::write(&scratch.dir, "sort-run", schema, run)?);
+            let run = Sorted::new(schema, std::mem::take(&mut held), keys, order)?
+                .with_chunk_rows(RUN_CHUNK_ROWS);
+            runs.push(scratch.write("sort-run", schema, run)?);
             held_bytes = 0;
+        }
+        if runs.len() == MERGE_WIDTH {
+            // Merged into one longer run, so that a merge never reads more
+            // than this many files at once (a batch and a buffer each).
+            let merged = merge(schema, std::mem::take(&mut runs), None, keys, order)?
+                .with_chunk_rows(RUN_CHUNK_ROWS);
+            runs.push(scratch.write("sort-run", schema, merged)?);
         }
     }
     let Some(schema) = schema else {
@@ -71,14 +94,46 @@ fn sorted_in_runs(
     if runs.is_empty() {
         return Ok(Some(Box::new(last)));
     }
-    // Earlier runs first: a tie goes to the run that came first, and
-    // each run is a stable sort, so the merge is one too.
+    Ok(Some(Box::new(merge(
+        &schema,
+        runs,
+        Some(last),
+        keys,
+        order,
+    )?)))
+}
+
+/// Runs merged in the order they were written, then `last` (the part
+/// still in memory): a tie goes to the run that came first, and each run
+/// is a stable sort, so the merge is one too.
+fn merge(
+    schema: &SchemaRef,
+    runs: Vec<ScratchFile>,
+    last: Option<Sorted>,
+    keys: &[String],
+    order: SortOptions,
+) -> Result<Merge> {
     let mut sources: Vec<BatchIter> = runs
         .into_iter()
-        .map(|run| run.read())
+        .map(ScratchFile::read)
         .collect::<Result<_>>()?;
-    sources.push(Box::new(last));
-    Ok(Some(Box::new(Merge::new(schema, sources, keys, order)?)))
+    if let Some(last) = last {
+        sources.push(Box::new(last));
+    }
+    Merge::new(schema.clone(), sources, keys, order)
+}
+
+/// `schema` with every field nullable.
+fn nullable(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<_> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    Arc::new(arrow_schema::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ))
 }
 
 /// Sorted sources merged into one order, a chunk at a time; ties go to
@@ -89,6 +144,8 @@ struct Merge {
     keys: Vec<usize>,
     /// The batches the next chunk takes rows from.
     inputs: Vec<RecordBatch>,
+    /// Rows per emitted batch.
+    chunk_rows: usize,
     done: bool,
 }
 
@@ -128,12 +185,19 @@ impl Merge {
             converter,
             keys,
             inputs: Vec::new(),
+            chunk_rows: CHUNK_ROWS,
             done: false,
         };
         for i in 0..merge.sources.len() {
             merge.advance(i)?;
         }
         Ok(merge)
+    }
+
+    /// Emits batches of at most `rows` rows (a merge written as a run).
+    fn with_chunk_rows(mut self, rows: usize) -> Self {
+        self.chunk_rows = rows;
+        self
     }
 
     /// Moves source `i` to its next non-empty batch (or its end), making
@@ -175,8 +239,8 @@ impl Merge {
     }
 
     fn chunk(&mut self) -> Result<Option<RecordBatch>> {
-        let mut picks = Vec::with_capacity(CHUNK_ROWS);
-        while picks.len() < CHUNK_ROWS {
+        let mut picks = Vec::with_capacity(self.chunk_rows);
+        while picks.len() < self.chunk_rows {
             let Some(i) = self.first() else {
                 break;
             };
@@ -273,23 +337,21 @@ mod tests {
     }
 
     fn scratch(dir: &Path, budget_bytes: u64) -> Scratch {
-        Scratch {
-            dir: dir.to_path_buf(),
-            budget_bytes,
-        }
+        Scratch::new(dir.to_path_buf(), budget_bytes, Arc::new(|_| {}))
     }
 
     fn files_in(dir: &Path) -> usize {
         std::fs::read_dir(dir).unwrap().count()
     }
 
-    /// Every batch its own run (a budget of one byte): the merge gives the
-    /// order of a stable sort of the whole in memory, in both directions
-    /// and both null placements; the runs' files are gone once it starts.
+    /// Every batch its own run (a budget of one byte), 70 of them (merged
+    /// 32 at a time into longer runs first): the merge gives the order of
+    /// a stable sort of the whole in memory, in both directions and both
+    /// null placements; the runs' files are gone once it starts.
     #[test]
     fn runs_merged_give_the_order_of_a_stable_sort_in_memory() {
         let dir = tempfile::tempdir().unwrap();
-        let batches = input(9);
+        let batches = input(70);
         let schema = batches[0].schema();
         let keys = vec!["k".to_string()];
         for (descending, nulls_first) in

@@ -23,6 +23,8 @@ pub struct Sorted {
     /// (batch, row) of each output row, in order.
     order: Vec<(usize, usize)>,
     next: usize,
+    /// Rows per emitted batch.
+    chunk_rows: usize,
     /// The empty batch still to emit, when there are no rows.
     empty: Option<RecordBatch>,
 }
@@ -41,6 +43,7 @@ impl Sorted {
                 batches,
                 order: Vec::new(),
                 next: 0,
+                chunk_rows: CHUNK_ROWS,
                 empty: Some(RecordBatch::new_empty(schema.clone())),
             });
         };
@@ -67,8 +70,16 @@ impl Sorted {
             batches,
             order,
             next: 0,
+            chunk_rows: CHUNK_ROWS,
             empty: None,
         })
+    }
+
+    /// Emits batches of at most `rows` rows (a run written to be merged
+    /// with many others, whose merge holds a batch of each).
+    pub(crate) fn with_chunk_rows(mut self, rows: usize) -> Self {
+        self.chunk_rows = rows.max(1);
+        self
     }
 }
 
@@ -84,7 +95,7 @@ impl Iterator for Sorted {
             self.batches = Vec::new();
             return None;
         }
-        let end = (self.next + CHUNK_ROWS).min(self.order.len());
+        let end = (self.next + self.chunk_rows).min(self.order.len());
         let chunk = &self.order[self.next..end];
         self.next = end;
         let inputs: Vec<&RecordBatch> = self.batches.iter().collect();

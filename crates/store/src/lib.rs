@@ -118,6 +118,11 @@ pub trait ObjectStore: Send + Sync + 'static {
     fn scratch_dir(&self) -> Result<Option<&std::path::Path>, StoreError> {
         Ok(None)
     }
+    /// Counts `bytes` a task wrote to files of [`ObjectStore::scratch_dir`]
+    /// among the bytes spilled (the default counts nothing).
+    fn count_scratch(&self, bytes: u64) {
+        let _ = bytes;
+    }
 }
 
 /// Frees and reads partitions for [`PartitionRef`]. Implemented by stores.

@@ -464,6 +464,10 @@ impl ObjectStore for SharedStore {
         self.inner.spill.made().map(Some)
     }
 
+    fn count_scratch(&self, bytes: u64) {
+        self.inner.state().spilled += bytes;
+    }
+
     fn reserve(&self, len: usize) -> Option<OutputBuffer> {
         if len < RESERVE_MIN {
             return None;

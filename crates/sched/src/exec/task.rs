@@ -312,9 +312,14 @@ impl TaskRun {
             false => Ok(None),
         }
         .map_err(|e| Error::store("making a scratch directory", e))?
-        .map(|dir| Scratch {
-            dir: dir.to_path_buf(),
-            budget_bytes: REDUCER_HELD_PARTITIONS * job.target_bytes,
+        .map(|dir| {
+            let store = job.store.clone();
+            let budget = REDUCER_HELD_PARTITIONS * job.target_bytes;
+            Scratch::new(
+                dir.to_path_buf(),
+                budget,
+                Arc::new(move |bytes| store.count_scratch(bytes)),
+            )
         });
         let mut instance =
             |op: usize, udf: &Arc<dyn BatchUdf>| instance_for(job, op, udf, instances);
