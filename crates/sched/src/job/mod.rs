@@ -392,6 +392,9 @@ pub(crate) struct JobState<P> {
     /// made again must be cut the same, since reducers read their slices
     /// of it by these.
     exchanged: HashMap<Origin, Vec<u32>>,
+    /// Tasks running (placed) that were started or resumed to spill: kept
+    /// as a count, since `force_if_stuck` asks on every advance.
+    spilling_tasks: usize,
 }
 
 impl<P: Part> JobState<P> {
@@ -439,6 +442,7 @@ impl<P: Part> JobState<P> {
             order,
             to_driver: VecDeque::new(),
             exchanged: HashMap::new(),
+            spilling_tasks: 0,
         };
         (0..nodes).for_each(|node| job.reopen(node));
         job

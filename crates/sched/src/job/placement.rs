@@ -236,6 +236,7 @@ impl<P: Part> JobState<P> {
                 let task = paused.remove(at).task;
                 if let Some(record) = self.tasks.get_mut(&task) {
                     record.spilling = may_spill;
+                    self.spilling_tasks += usize::from(may_spill);
                 }
                 self.actions.push(Action::Resume {
                     task,
@@ -286,6 +287,7 @@ impl<P: Part> JobState<P> {
             record.placed = true;
             record.queued = false;
             record.spilling = may_spill;
+            self.spilling_tasks += usize::from(may_spill);
             self.actions.push(Action::Start {
                 task,
                 stage,
@@ -347,6 +349,7 @@ impl<P: Part> JobState<P> {
                 reruns: 0,
             },
         );
+        self.spilling_tasks += usize::from(may_spill);
         task
     }
 
@@ -367,6 +370,9 @@ impl<P: Part> JobState<P> {
             .expect("a placed task has a record");
         let (node, stage) = (record.node, record.stage);
         let queued = std::mem::take(&mut record.queued);
+        if std::mem::take(&mut record.spilling) {
+            self.spilling_tasks -= 1;
+        }
         if queued {
             self.queued[node] -= 1;
         } else {
@@ -388,6 +394,9 @@ impl<P: Part> JobState<P> {
     /// where a slot is free: the spilling tasks use every slot, not one.
     /// True when it did.
     pub(super) fn force_if_stuck(&mut self, memory: &impl Memory) -> bool {
+        if self.running_anywhere() > self.spilling_tasks || self.finished() {
+            return false;
+        }
         let last = self
             .shapes
             .iter()
@@ -403,20 +412,12 @@ impl<P: Part> JobState<P> {
             .map(Part::bytes)
             .sum();
         let waiting = self.order.as_ref().map_or(0, |o| o.held_bytes()) + for_driver;
-        let running = self.running_anywhere();
-        let only_spilling = running == 0
-            || running
-                <= self
-                    .tasks
-                    .values()
-                    .filter(|r| r.placed && r.spilling)
-                    .count();
         // With lineage the driver confirms each read: once it has read
         // every output handed to it, what the last stage still holds is
         // the driver's own (a `collect`, batches mapped from a node's
         // memory) and no wait frees it.
         let driver_reads_more = self.made.is_none() || self.unread > 0;
-        if !only_spilling || (memory.held(last) > waiting && driver_reads_more) || self.finished() {
+        if memory.held(last) > waiting && driver_reads_more {
             return false;
         }
         for node in 0..self.free.len() {
