@@ -6,7 +6,9 @@
 //! again like any other, see `JobState::for_each_unplaced_piece`), and
 //! counted as memory a stuck job cannot wait for (`force_if_stuck`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use super::HashMap;
 
 use streambatch_core::TaskId;
 
@@ -35,11 +37,11 @@ impl<P: Part> EmitOrder<P> {
     pub(super) fn new(stage: usize) -> Self {
         Self {
             stage,
-            by_input: HashMap::new(),
-            of_task: HashMap::new(),
+            by_input: HashMap::default(),
+            of_task: HashMap::default(),
             next: (0, 0),
             held: BTreeMap::new(),
-            made: HashMap::new(),
+            made: HashMap::default(),
         }
     }
 

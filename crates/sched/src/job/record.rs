@@ -1,7 +1,7 @@
 //! The one place a job's stats are written: the [`Recorder`]. The job's
 //! state machine reports to it; the driver reads the same stats live.
 
-use std::collections::HashMap;
+use super::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -64,8 +64,8 @@ impl Recorder {
             started: Instant::now(),
             first_start: vec![None; stages],
             timeline: true,
-            paused: HashMap::new(),
-            ran: HashMap::new(),
+            paused: HashMap::default(),
+            ran: HashMap::default(),
             waiting: vec![None; stages],
             pending: Vec::new(),
             recorded: 0,
