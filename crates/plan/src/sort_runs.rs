@@ -60,17 +60,11 @@ fn sorted_in_runs(
     let mut runs = Vec::new();
     for batch in input {
         let batch = batch?;
-        // One schema for all, nullable: an input's batches may differ in
-        // nullability alone, and a run is written under one schema.
-        let schema = schema.get_or_insert_with(|| nullable(&batch.schema()));
+        let schema = schema.get_or_insert_with(|| batch.schema());
         if batch.num_rows() == 0 {
             continue;
         }
-        let batch = batch.with_schema(schema.clone()).map_err(|e| {
-            Error::Invalid(format!(
-                "sort: a reducer got batches of other columns ({e})"
-            ))
-        })?;
+        let batch = conform(batch, schema, &mut held)?;
         held_bytes += batch_bytes(&batch);
         held.push(batch);
         if held_bytes > scratch.budget_bytes {
@@ -113,14 +107,51 @@ fn merge(
     keys: &[String],
     order: SortOptions,
 ) -> Result<Merge> {
+    // A run written before the schema was widened is widened as it is read.
     let mut sources: Vec<BatchIter> = runs
         .into_iter()
-        .map(ScratchFile::read)
+        .map(|run| {
+            let schema = schema.clone();
+            let widened = run.read()?.map(move |batch| {
+                batch?
+                    .with_schema(schema.clone())
+                    .map_err(|e| Error::arrow("sort: a run's batch", e))
+            });
+            Ok(Box::new(widened) as BatchIter)
+        })
         .collect::<Result<_>>()?;
     if let Some(last) = last {
         sources.push(Box::new(last));
     }
     Merge::new(schema.clone(), sources, keys, order)
+}
+
+/// `batch` under `schema`, the schema of the input's first batch. An
+/// input's batches may differ in nullability alone (outputs of different
+/// map tasks): then `schema` becomes all-nullable and the batches `held`
+/// are widened to it, since a merge and a run's file take one schema. An
+/// input whose batches agree keeps its schema.
+fn conform(
+    batch: RecordBatch,
+    schema: &mut SchemaRef,
+    held: &mut [RecordBatch],
+) -> Result<RecordBatch> {
+    if batch.schema() == *schema {
+        return Ok(batch);
+    }
+    let other = |e| {
+        Error::Invalid(format!(
+            "sort: a reducer got batches of other columns ({e})"
+        ))
+    };
+    let wide = nullable(schema);
+    if wide != *schema {
+        *schema = wide;
+        for held in held.iter_mut() {
+            *held = held.clone().with_schema(schema.clone()).map_err(other)?;
+        }
+    }
+    batch.with_schema(schema.clone()).map_err(other)
 }
 
 /// `schema` with every field nullable.
@@ -375,6 +406,74 @@ mod tests {
                 "descending {descending}, nulls first {nulls_first}"
             );
         }
+    }
+
+    /// Batches that differ in nullability alone (a first one declared
+    /// non-null, later ones with nulls) sort under the all-nullable
+    /// schema, in runs and in memory; batches that agree keep theirs.
+    #[test]
+    fn batches_differing_in_nullability_sort_under_a_nullable_schema() {
+        use arrow_schema::{DataType, Field, Schema};
+        let dir = tempfile::tempdir().unwrap();
+        let strict = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("tag", DataType::Int64, false),
+        ]));
+        let batch = |schema: &SchemaRef, keys: Vec<Option<&str>>, first: i64| {
+            let tags = Int64Array::from_iter_values(first..first + keys.len() as i64);
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(StringArray::from(keys)), Arc::new(tags)],
+            )
+            .unwrap()
+        };
+        let loose = nullable(&strict);
+        let batches = vec![
+            batch(&strict, vec![Some("b"), Some("a")], 0),
+            batch(&loose, vec![None, Some("a"), Some("c")], 2),
+            batch(&strict, vec![Some("a")], 5),
+        ];
+        let want = vec![
+            (None, 2),
+            (Some("a".to_string()), 1),
+            (Some("a".to_string()), 3),
+            (Some("a".to_string()), 5),
+            (Some("b".to_string()), 0),
+            (Some("c".to_string()), 4),
+        ];
+        let order = SortOptions {
+            descending: false,
+            nulls_first: true,
+        };
+        for budget_bytes in [1, 1 << 30] {
+            let input: BatchIter = Box::new(batches.clone().into_iter().map(Ok));
+            let out: Vec<RecordBatch> = sort(
+                input,
+                vec!["k".into()],
+                order,
+                scratch(dir.path(), budget_bytes),
+            )
+            .collect::<Result<_>>()
+            .unwrap();
+            assert_eq!(rows(&out), want, "budget {budget_bytes}");
+            assert!(
+                out.iter().all(|b| b.schema() == loose),
+                "budget {budget_bytes}"
+            );
+        }
+        let agreeing: BatchIter = Box::new(
+            vec![
+                batch(&strict, vec![Some("b")], 0),
+                batch(&strict, vec![Some("a")], 1),
+            ]
+            .into_iter()
+            .map(Ok),
+        );
+        let out: Vec<RecordBatch> = sort(agreeing, vec!["k".into()], order, scratch(dir.path(), 1))
+            .collect::<Result<_>>()
+            .unwrap();
+        assert!(out.iter().all(|b| b.schema() == strict));
+        assert_eq!(rows(&out), [(Some("a".into()), 1), (Some("b".into()), 0)]);
     }
 
     /// A merge emits chunks of at most `CHUNK_ROWS` rows, across runs.
