@@ -186,7 +186,7 @@ pub struct JobStats {
     pub store_capacity: u64,
     /// The most bytes the store held at once during the job.
     pub peak_store_bytes: u64,
-    /// Bytes spilled to disk.
+    /// Bytes spilled to disk: partitions, and reducers' scratch files.
     pub spilled_bytes: u64,
     /// Bytes restored from disk.
     pub restored_bytes: u64,

@@ -62,7 +62,8 @@ pub struct StoreStats {
     pub peak_bytes: u64,
     /// Partitions held (in memory or spilled).
     pub partitions: usize,
-    /// Bytes written to spill files.
+    /// Bytes written to spill files, and to reducers' scratch files (sort runs,
+    /// join buckets) in its spill directory.
     pub spilled_bytes: u64,
     /// Bytes read back from spill files.
     pub restored_bytes: u64,
