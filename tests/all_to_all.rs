@@ -683,6 +683,37 @@ fn sort_of_nothing_of_one_key_and_in_outputs_cut_at_the_target() {
     assert!(missing.to_string().contains("nope"), "{missing}");
 }
 
+/// A sort takes its ranges from samples its map tasks keep as the input
+/// streams: the pipeline before it runs once over each row (no sampling
+/// pass before the job), and the ranges hold about equal rows.
+#[test]
+fn a_sort_reads_its_input_once_and_cuts_even_ranges() {
+    let rows = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = rows.clone();
+    let count = move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+        seen.fetch_add(b.num_rows(), std::sync::atomic::Ordering::Relaxed);
+        Ok(b)
+    };
+    let ctx = ctx_with(|c| c.target_partition_bytes = 64 << 10);
+    let ds = ctx
+        .range(100_000, 8)
+        .random_shuffle(3)
+        .map_batches(count, Resources::cpu(1.0))
+        .sort(&["id"], false);
+    let out = ds.collect().unwrap();
+    let got: Vec<i64> = out.iter().flat_map(ids).collect();
+    assert_eq!(got, (0..100_000).collect::<Vec<_>>());
+    assert_eq!(rows.load(std::sync::atomic::Ordering::Relaxed), 100_000);
+    // Distinct keys: as many ranges as reducers asked for, one per split.
+    let stats = ds.stats().unwrap();
+    let sort = stats
+        .operators
+        .iter()
+        .find(|o| o.name.starts_with("sort"))
+        .unwrap_or_else(|| panic!("no sort in the stats: {stats}"));
+    assert_eq!((sort.tasks, sort.rows), (8, 100_000), "{stats}");
+}
+
 /// A hot key: nine rows in ten share one key, so one reducer's range is
 /// many times the target size; it sorts its range as runs written to the
 /// store's spill directory and merged (`sort_runs`), the output in order

@@ -155,8 +155,8 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
     }
     ids.sort_unstable();
     assert_eq!(ids, (0..n).collect::<Vec<_>>());
-    // A sort's sampling job and its ranges, on the nodes: the order of the
-    // single-node run.
+    // A sort, its ranges taken from its map outputs' samples on the nodes:
+    // the order of the single-node run.
     let sorted: Vec<i64> = shuffled(&ctx, 0)
         .sort(&["id"], true)
         .collect()

@@ -1,17 +1,13 @@
 //! The all-to-all operators of a [`Dataset`]: shuffle, distinct, sort and
-//! group-by, each an exchange (see `exchange.rs` for its two ends and
-//! docs/architecture.md for the executor's part), and the sampling job
-//! that finds a sort's boundaries before its own job.
+//! group-by, each an exchange (see `exchange.rs` for its two ends,
+//! `key_range.rs` for a sort's ranges, and docs/architecture.md for the
+//! executor's part).
 
-use std::sync::Arc;
-
-use arrow_array::RecordBatch;
 use streambatch_core::StageOptions;
 
 use crate::dataset::Dataset;
-use crate::ops::{OpKind, OpSpec};
-use crate::plan::{ExecPlan, LogicalOp};
-use crate::{Cut, Error, Exchange, Reduce, Result};
+use crate::plan::LogicalOp;
+use crate::{Cut, Exchange, Reduce};
 
 impl Dataset {
     /// Every row sent to a random place, the same for the same `seed`
@@ -70,11 +66,12 @@ impl Dataset {
     /// the second among equal firsts, ...), `descending` or not, nulls
     /// last ascending and first descending (see [`sort_with`](Self::sort_with)).
     ///
-    /// Before the sort's job, a sampling job runs the pipeline up to the
-    /// sort over up to 16 of the source's splits and keeps 256 rows of
-    /// keys of each task; their quantiles cut the keys into ranges, one per
-    /// reducer, each map task cuts its outputs by those ranges, and each
-    /// reducer sorts its range. The reducers' outputs go on in range
+    /// Each map task sorts each of its outputs and keeps a sample of its
+    /// keys (a key per chunk of rows) as it streams; once every output is
+    /// in, the quantiles of all the samples cut the keys into ranges, one
+    /// per reducer (at most [`exchange_partitions`](Self::exchange_partitions)),
+    /// and each reducer merges its range's rows of every output (nothing
+    /// runs before the sort's job). The reducers' outputs go on in range
     /// order, to the driver or to a `limit` after the sort (so
     /// `sort(..).limit(n)` is the first n), through operators fused into
     /// the reducers; a later stage that runs tasks of its own gets them in
@@ -102,67 +99,12 @@ impl Dataset {
         let cut = Cut::Range {
             keys: keys.clone(),
             order,
-            boundaries: None,
         };
         self.exchange(Exchange::new(
             cut,
             self.exchange_partitions(),
             Reduce::Sort { keys, order },
         ))
-    }
-
-    /// `chain` with each sort's boundaries sampled (by a job of its own,
-    /// see [`sort`](Self::sort)).
-    pub(crate) fn with_boundaries(&self, mut chain: Vec<LogicalOp>) -> Result<Vec<LogicalOp>> {
-        for at in 0..chain.len() {
-            let (before, rest) = chain.split_at_mut(at);
-            if let LogicalOp::Exchange(Exchange {
-                cut:
-                    Cut::Range {
-                        keys,
-                        order,
-                        boundaries: unsampled @ None,
-                    },
-                partitions,
-                ..
-            }) = &mut rest[0]
-            {
-                let samples = self.sample_keys(before, keys)?;
-                *unsampled = Some(crate::exchange::boundaries(&samples, *order, *partitions)?);
-            }
-        }
-        Ok(chain)
-    }
-
-    /// Up to 256 rows of the key columns `keys` of each task of the
-    /// pipeline `before` run over up to 16 of its source's splits, evenly
-    /// spaced, in one batch.
-    fn sample_keys(&self, before: &[LogicalOp], keys: &[String]) -> Result<RecordBatch> {
-        const SPLITS: usize = 16;
-        let mut chain = before.to_vec();
-        if let Some(LogicalOp::Source { splits, .. }) = chain.first_mut() {
-            let every = splits.len().div_ceil(SPLITS).max(1);
-            *splits = splits.iter().step_by(every).cloned().collect();
-        }
-        chain.push(LogicalOp::Op(OpSpec {
-            name: "sample_keys".into(),
-            kind: OpKind::Reduce(crate::Reduce::SampleKeys {
-                keys: keys.to_vec(),
-                rows: 256,
-            }),
-            options: streambatch_core::Resources::cpu(1.0).into(),
-        }));
-        let job = self.runner().run(ExecPlan::from_ops(chain)?)?;
-        let batches: Vec<RecordBatch> = job.collect::<Result<_>>()?;
-        let Some(first) = batches.first() else {
-            // No rows: no boundary, every row (none) to the first range.
-            let fields: Vec<arrow_schema::Field> = Vec::new();
-            return Ok(RecordBatch::new_empty(Arc::new(arrow_schema::Schema::new(
-                fields,
-            ))));
-        };
-        arrow_select::concat::concat_batches(&first.schema(), &batches)
-            .map_err(|e| Error::arrow("sampling a sort's keys", e))
     }
 
     /// The rows grouped by the values of `keys` (none: one group of every

@@ -529,7 +529,7 @@ impl Dataset {
     }
 
     fn start(&self, plan: Arc<LogicalPlan>) -> Result<BatchStream> {
-        let plan = ExecPlan::from_ops(self.with_boundaries(plan.chain())?)?;
+        let plan = ExecPlan::from_ops(plan.chain())?;
         let job = self.runner.run(plan)?;
         Ok(BatchStream {
             job,

@@ -17,7 +17,7 @@ use arrow_row::Rows;
 use arrow_schema::{SchemaRef, SortOptions};
 
 use crate::aggregate::{Agg, Step, aggregate};
-use crate::partition::{Partitioned, by_hash, by_range, column_indices, group, key_rows};
+use crate::partition::{Partitioned, by_hash, column_indices, group, key_rows};
 use crate::sorted::Sorted;
 use crate::{Error, Result};
 
@@ -44,18 +44,15 @@ pub enum Cut {
         /// The right input's, as many, of the same types.
         right: Vec<String>,
     },
-    /// By the key columns' order: destination `d` holds the keys after
-    /// boundary `d - 1` up to boundary `d`, so the destinations in turn
-    /// hold the keys in order.
+    /// By the key columns' order, for a sort: each output is sorted and
+    /// cut into chunks with a sample of its keys, and the reducers' ranges
+    /// are taken from every output's sample once all are in (see
+    /// `key_range.rs`).
     Range {
         /// The key columns.
         keys: Vec<String>,
         /// How they are ordered.
         order: SortOptions,
-        /// The boundaries, a batch of the key columns in ascending order
-        /// (as `order` orders them); `None` until a job samples them
-        /// ([`crate::Dataset::sort`]).
-        boundaries: Option<RecordBatch>,
     },
 }
 
@@ -91,60 +88,11 @@ impl Cut {
                     (seeded_hash(&rows, row, *seed) % n) as usize
                 })
             }
-            Cut::Range {
-                keys,
-                order,
-                boundaries,
-            } => {
-                let boundaries = boundaries.as_ref().ok_or_else(|| {
-                    Error::Invalid("a sort's boundaries were not sampled before its job".into())
-                })?;
-                if boundaries.num_rows() >= n.max(1) {
-                    return Err(Error::Invalid(format!(
-                        "{} sort boundaries for {n} destinations",
-                        boundaries.num_rows()
-                    )));
-                }
-                let at = column_indices(batch, keys)?;
-                if boundaries.num_rows() == 0 {
-                    // Nothing was sampled (no rows): one range.
-                    return group(batch, n.max(1), |_| 0);
-                }
-                let all: Vec<usize> = (0..keys.len()).collect();
-                let orders = vec![*order; keys.len()];
-                let bounds = key_rows(boundaries, &all, &orders)?;
-                let mut cut = by_range(batch, &at, &orders, &bounds)?;
-                // Fewer distinct boundaries than destinations: the last
-                // ones get no rows.
-                cut.starts.resize(n.max(1) + 1, batch.num_rows());
-                Ok(cut)
+            Cut::Range { keys, order } => {
+                crate::key_range::sorted_with_sample(batch, keys, *order, n)
             }
         }
     }
-}
-
-/// Up to `n - 1` boundaries cutting `samples` (rows of the key columns, in
-/// key order) into `n` ranges of about equal rows, as [`Cut::Range`] takes
-/// them: equal boundaries once.
-pub fn boundaries(samples: &RecordBatch, order: SortOptions, n: usize) -> Result<RecordBatch> {
-    let all: Vec<usize> = (0..samples.num_columns()).collect();
-    let rows = key_rows(samples, &all, &vec![order; all.len()])?;
-    let mut sorted: Vec<usize> = (0..samples.num_rows()).collect();
-    sorted.sort_unstable_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
-    let mut picked: Vec<u32> = Vec::new();
-    if !sorted.is_empty() {
-        for d in 1..n.max(1) {
-            let at = sorted[d * sorted.len() / n];
-            let same = picked
-                .last()
-                .is_some_and(|&last| rows.row(last as usize) == rows.row(at));
-            if !same {
-                picked.push(at as u32);
-            }
-        }
-    }
-    arrow_select::take::take_record_batch(samples, &UInt32Array::from(picked))
-        .map_err(|e| Error::arrow("sort", e))
 }
 
 /// What a reducer makes of its destination's rows.
@@ -169,14 +117,6 @@ pub enum Reduce {
         keys: Vec<String>,
         /// How they are ordered.
         order: SortOptions,
-    },
-    /// At most `rows` rows of the key columns, evenly spaced: what a
-    /// sort's sampling job keeps of each task.
-    SampleKeys {
-        /// The key columns.
-        keys: Vec<String>,
-        /// The most rows kept per task.
-        rows: usize,
     },
     /// Each group of equal keys as a batch of its own, the groups in key
     /// order ([`Grouped::map_groups`](crate::Grouped::map_groups)).
@@ -207,7 +147,6 @@ impl Reduce {
             Reduce::Unique { .. } => "unique",
             Reduce::Sort { .. } => "sort",
             Reduce::Groups { .. } => "groups",
-            Reduce::SampleKeys { .. } => "sample_keys",
             Reduce::Join(_) => "join",
             Reduce::Aggregate {
                 step: Step::Partial,
@@ -292,15 +231,6 @@ impl Reduce {
                 let values = all.project(&at).map_err(|e| self.arrow_error(e))?;
                 return Reduce::Distinct.run(&values.schema(), &[values]);
             }
-            Reduce::SampleKeys { keys, rows } => {
-                let at = column_indices(&all, keys)?;
-                let keys = all.project(&at).map_err(|e| self.arrow_error(e))?;
-                let step = keys.num_rows().div_ceil((*rows).max(1)).max(1);
-                let picked =
-                    UInt32Array::from_iter_values((0..keys.num_rows() as u32).step_by(step));
-                return arrow_select::take::take_record_batch(&keys, &picked)
-                    .map_err(|e| self.arrow_error(e));
-            }
             _ => {}
         }
         if all.num_rows() == 0 {
@@ -327,7 +257,6 @@ impl Reduce {
             Reduce::Sort { .. }
             | Reduce::Aggregate { .. }
             | Reduce::Join(_)
-            | Reduce::SampleKeys { .. }
             | Reduce::Groups { .. }
             | Reduce::Unique { .. } => {
                 unreachable!("handled above and in run_all")

@@ -117,6 +117,9 @@ pub struct TaskEnv<'a> {
     /// Where a sort reducer whose range outgrows its budget writes sorted
     /// runs; `None`: it sorts its range in memory whatever its size.
     pub scratch: Option<crate::Scratch>,
+    /// A sort reducer's range of keys: it keeps only those of its input's
+    /// rows (see `key_range.rs`).
+    pub range: Option<Arc<crate::KeyRange>>,
 }
 
 /// Chains `op` (the `index`-th operator of the plan) over `input`.
@@ -239,6 +242,11 @@ pub fn apply(
         OpKind::BroadcastJoin(broadcast) => broadcast.stream(input),
         // Sort and join reducers write to scratch files rather than hold
         // an input that outgrows their budget.
+        OpKind::Reduce(Reduce::Sort { keys, order }) if env.range.is_some() => {
+            let range = env.range.take().expect("matched above");
+            let input = crate::key_range::within(input, keys.clone(), *order, range);
+            apply(op, index, input, env)?
+        }
         OpKind::Reduce(Reduce::Sort { keys, order }) if env.scratch.is_some() => {
             let scratch = env.scratch.clone().expect("matched above");
             crate::sort_runs::sort(input, keys.clone(), *order, scratch)
@@ -520,6 +528,7 @@ mod tests {
             task: TaskId(1),
             instance: &mut no_instances,
             scratch: None,
+            range: None,
         };
         let input: BatchIter = Box::new(std::iter::once(Ok(input)));
         apply(&op, 0, input, &mut env)

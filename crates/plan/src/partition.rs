@@ -23,8 +23,12 @@ use crate::{Error, Result};
 pub struct Partitioned {
     /// The rows, grouped.
     pub batch: RecordBatch,
-    /// Where each destination's rows start, and the end: `n + 1` offsets.
+    /// Where each destination's rows start, and the end: `n + 1` offsets
+    /// (for a sort's map output, where each chunk starts: see `key_range`).
     pub starts: Vec<usize>,
+    /// A sort's map output's keys, as [`ranges`](crate::key_range::ranges)
+    /// takes them; `None` for other cuts.
+    pub sample: Option<crate::KeySample>,
 }
 
 impl Partitioned {
@@ -100,29 +104,6 @@ pub fn by_hash(batch: &RecordBatch, keys: &[usize], n: usize, seed: u64) -> Resu
     group(batch, n as usize, destination)
 }
 
-/// `batch`'s rows cut into `boundaries.num_rows() + 1` destinations by
-/// their key columns' order: destination `d` holds the keys from boundary
-/// `d - 1` (excluded) to boundary `d` (included), so that the destinations
-/// in turn hold the keys in order. `boundaries` are key rows made by the
-/// same [`key_rows`] conversion (the same columns' types and `order`),
-/// ascending.
-pub fn by_range(
-    batch: &RecordBatch,
-    keys: &[usize],
-    order: &[SortOptions],
-    boundaries: &Rows,
-) -> Result<Partitioned> {
-    let rows = key_rows(batch, keys, order)?;
-    let bounds: Vec<_> = (0..boundaries.num_rows())
-        .map(|i| boundaries.row(i))
-        .collect();
-    let destination = |row: usize| {
-        let key = rows.row(row);
-        bounds.partition_point(|b| *b < key)
-    };
-    group(batch, bounds.len() + 1, destination)
-}
-
 /// `batch`'s rows grouped by `destination` (below `n`), each group in the
 /// input's order: a counting sort, then one `take`.
 pub(crate) fn group(
@@ -146,7 +127,11 @@ pub(crate) fn group(
     }
     let indices = UInt32Array::from(order);
     let batch = arrow_select::take::take_record_batch(batch, &indices).map_err(arrow_error)?;
-    Ok(Partitioned { batch, starts })
+    Ok(Partitioned {
+        batch,
+        starts,
+        sample: None,
+    })
 }
 
 fn arrow_error(e: arrow_schema::ArrowError) -> Error {
@@ -217,53 +202,6 @@ mod tests {
             numbers(&by_hash(&input, &[0, 1], 4, 7).unwrap().batch),
             numbers(&cut.batch)
         );
-    }
-
-    #[test]
-    fn ranges_hold_the_keys_between_their_boundaries_in_either_order() {
-        let x: Vec<Option<i64>> = vec![
-            Some(5),
-            None,
-            Some(-3),
-            Some(10),
-            Some(7),
-            Some(0),
-            None,
-            Some(5),
-        ];
-        let name = vec!["-"; x.len()];
-        let input = batch(&x, &name);
-        for descending in [false, true] {
-            for nulls_first in [false, true] {
-                let order = [SortOptions {
-                    descending,
-                    nulls_first,
-                }];
-                let (low, high) = if descending { (5, 0) } else { (0, 5) };
-                let bounds = batch(&[Some(low), Some(high)], &["-", "-"]);
-                let rows = key_rows(&bounds, &[0], &order).unwrap();
-                let cut = by_range(&input, &[0], &order, &rows).unwrap();
-                // Directly: a key's place among the two boundaries, in the
-                // order asked (a null before every value or after).
-                let place = |v: Option<i64>| match v {
-                    None if nulls_first => 0,
-                    None => 2,
-                    Some(v) if !descending => usize::from(v > low) + usize::from(v > high),
-                    Some(v) => usize::from(v < low) + usize::from(v < high),
-                };
-                for d in 0..3 {
-                    for n in numbers(&cut.rows_for(d)) {
-                        assert_eq!(
-                            place(x[n as usize]),
-                            d,
-                            "row {n} ({:?}), {order:?}",
-                            x[n as usize]
-                        );
-                    }
-                }
-                assert_eq!(cut.batch.num_rows(), x.len());
-            }
-        }
     }
 
     #[test]

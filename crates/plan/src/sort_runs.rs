@@ -1,5 +1,5 @@
-//! A sort reducer whose range outgrows its budget (keys skewed past what
-//! the sampled boundaries split): its input is read as it streams, sorted
+//! A sort reducer whose range outgrows its budget (a hot key: equal keys
+//! are never split between ranges): its input is read as it streams, sorted
 //! in runs of at most the budget ([`Sorted`]), each written to a scratch
 //! file as it fills, and the runs are merged k ways as the output is read.
 //! A range within the budget is sorted in memory as before, with no file.

@@ -128,7 +128,7 @@ fn key_rows(batches: &[RecordBatch], at: &[usize], order: SortOptions) -> Result
 /// sorted by each row's first eight bytes as a number (zero-padded; the
 /// rows compare byte by byte), then runs whose prefixes are equal by the
 /// whole row.
-fn sorted_positions(rows: &Rows) -> Vec<u32> {
+pub(crate) fn sorted_positions(rows: &Rows) -> Vec<u32> {
     let mut keyed: Vec<(u64, u32)> = (0..rows.num_rows())
         .map(|i| {
             let row = rows.row(i);

@@ -16,7 +16,7 @@ use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
 use streambatch_net::{Fetched, Transport, frame};
-use streambatch_plan::{Error, ExecPlan, PauseCause, StageKind};
+use streambatch_plan::{Error, ExecPlan, KeyRange, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
 use crate::cluster::serve::StoreServer;
@@ -28,7 +28,9 @@ use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::{Keep, Part, RunInput};
 use crate::wire::groups::remote_member;
 use crate::wire::msg::PortMsg;
-use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, StoreView};
+use crate::wire::{
+    Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, Pulled, SampleSpec, StoreView,
+};
 
 /// The relay actor.
 pub(crate) struct JobRelay;
@@ -284,6 +286,10 @@ impl RelayState {
                     rows: slice.len as u64,
                     bytes,
                     groups: Part::groups(&slice).map_or_else(Vec::new, <[u32]>::to_vec),
+                    sample: Part::sample(&slice).map(|sample| {
+                        let (bytes, ends) = sample.clone().into_parts();
+                        SampleSpec { bytes, ends }
+                    }),
                 }
             }
             TaskEvent::Paused(run) => {
@@ -357,6 +363,7 @@ impl RelayState {
                 keep_from,
                 mut keep_again,
                 may_spill,
+                range,
             } => {
                 keep_again.sort_unstable();
                 keep_again.dedup();
@@ -364,7 +371,16 @@ impl RelayState {
                     from: keep_from,
                     again: keep_again,
                 };
-                self.run(TaskId(task), stage as usize, input, keep, may_spill, myself)
+                let range = range.map(|r| Arc::new(KeyRange { lo: r.lo, hi: r.hi }));
+                let task = TaskId(task);
+                self.run(
+                    task,
+                    stage as usize,
+                    (input, range),
+                    keep,
+                    may_spill,
+                    myself,
+                )
             }
             JobOrder::Resume { task, may_spill } => {
                 if let Some(mut run) = self.paused.remove(&TaskId(task)) {
@@ -436,7 +452,7 @@ impl RelayState {
         &mut self,
         task: TaskId,
         stage: usize,
-        input: InputSpec,
+        (input, range): (InputSpec, Option<Arc<KeyRange>>),
         keep: Keep,
         may_spill: bool,
         myself: &ActorRef<RelayMsg>,
@@ -511,7 +527,7 @@ impl RelayState {
                 }
             }
             slices.sort_by_key(|(at, _)| *at);
-            let input = RunInput::Parts(slices.into_iter().map(|(_, s)| s).collect());
+            let input = RunInput::Parts(slices.into_iter().map(|(_, s)| s).collect(), range);
             let mut run = TaskRun::new(ctx.clone(), task, stage, input, keep);
             run.may_spill = may_spill;
             let pool = ctx.plan.stages[stage].options.pool.map(|p| p.max);
@@ -769,6 +785,7 @@ mod tests {
             keep_from: 0,
             keep_again: Vec::new(),
             may_spill: false,
+            range: None,
         }
     }
 
@@ -862,7 +879,7 @@ mod tests {
             len: 20,
         };
         let input = InputSpec::Parts(vec![outside]);
-        state.run(TaskId(1), 1, input, Keep::all(), false, &myself);
+        state.run(TaskId(1), 1, (input, None), Keep::all(), false, &myself);
         assert!(state.running.is_empty(), "the failed task still runs here");
         transport.stop();
     }

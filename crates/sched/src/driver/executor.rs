@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, NodeConfig, TaskId};
-use streambatch_plan::{Error, ExecPlan, JobStats};
+use streambatch_plan::{Error, ExecPlan, JobStats, KeySample};
 use streambatch_store::ObjectStore;
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
@@ -25,7 +25,9 @@ use crate::exec::partition::{RemotePart, RemoteSource, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::record::Recorder;
 use crate::job::{Action, FailurePolicy, JobState, Memory, Origin, RunInput, StageShape};
-use crate::wire::{Happened, InputSpec, JobKey, JobOrder, NodeEvent, PartSpec, StoreView};
+use crate::wire::{
+    Happened, InputSpec, JobKey, JobOrder, KeyRangeSpec, NodeEvent, PartSpec, StoreView,
+};
 
 /// The Executor actor.
 pub(crate) struct Executor;
@@ -494,7 +496,16 @@ impl ExecState {
                 rows,
                 bytes,
                 groups,
+                sample,
             } => {
+                let sample = sample.map(|s| KeySample::from_parts(s.bytes, s.ends));
+                let sample = match sample.transpose() {
+                    Ok(sample) => sample,
+                    Err(message) => {
+                        let node = event.node;
+                        return job.fail(Error::OnNode { node, message });
+                    }
+                };
                 let task = TaskId(task);
                 let stage = job.stage_of(task);
                 let shadow = stage.map(|s| remote.shadows[node].force_admit(s, bytes));
@@ -509,6 +520,9 @@ impl ExecState {
                 // end); each start is kept within the rows as it is sliced.
                 if !groups.is_empty() {
                     slice = slice.with_groups(groups.into());
+                }
+                if let Some(sample) = sample {
+                    slice = slice.with_sample(Arc::new(sample));
                 }
                 job.on_output(task, seq, slice);
             }
@@ -736,25 +750,32 @@ impl Remote {
                 keep,
                 may_spill,
             } => {
-                let input = match input {
-                    RunInput::Split(i) => InputSpec::Split(i as u64),
-                    RunInput::Parts(parts) => InputSpec::Parts(
-                        parts
-                            .iter()
-                            .map(|slice| {
-                                let part = slice
-                                    .remote_part()
-                                    .expect("a cluster job's partitions are on its nodes");
-                                PartSpec {
-                                    holder: part.holder.clone(),
-                                    id: part.id,
-                                    offset: slice.offset as u64,
-                                    len: slice.len as u64,
-                                }
-                            })
-                            .collect(),
+                let (input, range) = match input {
+                    RunInput::Split(i) => (InputSpec::Split(i as u64), None),
+                    RunInput::Parts(parts, range) => (
+                        InputSpec::Parts(
+                            parts
+                                .iter()
+                                .map(|slice| {
+                                    let part = slice
+                                        .remote_part()
+                                        .expect("a cluster job's partitions are on its nodes");
+                                    PartSpec {
+                                        holder: part.holder.clone(),
+                                        id: part.id,
+                                        offset: slice.offset as u64,
+                                        len: slice.len as u64,
+                                    }
+                                })
+                                .collect(),
+                        ),
+                        range,
                     ),
                 };
+                let range = range.map(|r| KeyRangeSpec {
+                    lo: r.lo.clone(),
+                    hi: r.hi.clone(),
+                });
                 let order = JobOrder::Run {
                     task: task.0,
                     stage: stage as u64,
@@ -762,6 +783,7 @@ impl Remote {
                     keep_from: keep.from,
                     keep_again: keep.again,
                     may_spill,
+                    range,
                 };
                 self.tell(node, order, job);
             }

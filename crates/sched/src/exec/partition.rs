@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use streambatch_plan::{Error, Result};
+use streambatch_plan::{Error, KeySample, Result};
 use streambatch_store::{PartitionRef, batch_bytes};
 
 use crate::exec::budget::Reservation;
@@ -119,6 +119,8 @@ pub struct Slice {
     /// The whole output of an exchange's map side: where each
     /// destination's rows start, and the end.
     groups: Option<Arc<[u32]>>,
+    /// The whole output of a sort's map side: its keys' sample.
+    sample: Option<Arc<KeySample>>,
 }
 
 impl Slice {
@@ -130,6 +132,7 @@ impl Slice {
             offset: 0,
             len,
             groups: None,
+            sample: None,
         }
     }
 
@@ -141,6 +144,7 @@ impl Slice {
             offset: 0,
             len,
             groups: None,
+            sample: None,
         }
     }
 
@@ -152,6 +156,7 @@ impl Slice {
             offset: 0,
             len,
             groups: None,
+            sample: None,
         }
     }
 
@@ -159,6 +164,13 @@ impl Slice {
     /// [`Slice::groups`]).
     pub fn with_groups(mut self, groups: Arc<[u32]>) -> Self {
         self.groups = Some(groups);
+        self
+    }
+
+    /// This slice, a whole output of a sort's map side, with its keys'
+    /// `sample` (see [`streambatch_plan::key_range`]).
+    pub fn with_sample(mut self, sample: Arc<KeySample>) -> Self {
+        self.sample = Some(sample);
         self
     }
 
@@ -178,6 +190,7 @@ impl Slice {
             offset: self.offset + offset,
             len,
             groups: self.groups.clone().filter(|_| whole),
+            sample: self.sample.clone().filter(|_| whole),
         }
     }
 
@@ -288,9 +301,14 @@ impl Part for Slice {
         self.groups.as_deref()
     }
 
+    fn sample(&self) -> Option<&KeySample> {
+        self.sample.as_deref()
+    }
+
     fn keep_groups(&mut self, old: &Self) {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();
+            self.sample = old.sample.clone();
         }
     }
 }

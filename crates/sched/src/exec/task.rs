@@ -12,8 +12,8 @@ use arrow_array::RecordBatch;
 use ractor::DerivedActorRef;
 use streambatch_core::{JobId, TaskId};
 use streambatch_plan::{
-    BatchIter, BatchUdf, Error, ExecPlan, OpKind, Scratch, SharedInstance, TaskEnv, TaskInput,
-    UdfError,
+    BatchIter, BatchUdf, Error, ExecPlan, KeySample, OpKind, Scratch, SharedInstance, TaskEnv,
+    TaskInput, UdfError,
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
@@ -28,9 +28,17 @@ use crate::job::{Keep, RunInput};
 /// than fill memory.
 const REDUCER_HELD_PARTITIONS: u64 = 4;
 
-/// An output to store, with where each destination's rows start when the
-/// stage is an exchange's map side.
-type CutOutput = (RecordBatch, Option<Arc<[u32]>>);
+/// An output to store, with its groups when the stage is an exchange's
+/// map side.
+type CutOutput = (RecordBatch, Option<Groups>);
+
+/// How an exchange's map output is cut: where each destination's rows (a
+/// sort's: each chunk's) start, and the end; and a sort's key sample.
+#[derive(Clone)]
+struct Groups {
+    starts: Arc<[u32]>,
+    sample: Option<Arc<KeySample>>,
+}
 
 /// What a task (and the worker running it) tells its job. Tasks hold only
 /// this narrow sink, never the executor itself.
@@ -291,6 +299,7 @@ impl TaskRun {
     }
 
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
+        let mut range = None;
         let input = match self.input.take().expect("a task is opened once") {
             RunInput::Split(i) => {
                 let held = self.job.plan.stages[self.stage].split_held_bytes(i);
@@ -302,7 +311,8 @@ impl TaskRun {
             // Read as the task comes to each: a reducer that spills sorted
             // runs never holds its whole range, and each input is let go
             // once read.
-            RunInput::Parts(slices) => {
+            RunInput::Parts(slices, keys) => {
+                range = keys;
                 TaskInput::Batches(Box::new(slices.into_iter().map(|s| s.read_alone())))
             }
         };
@@ -327,6 +337,7 @@ impl TaskRun {
             task: self.task,
             instance: &mut instance,
             scratch,
+            range,
         };
         self.stream = Some(self.job.plan.stages[self.stage].open(input, &mut env)?);
         Ok(())
@@ -339,8 +350,11 @@ impl TaskRun {
             return Ok((batch, None));
         };
         let cut = cut.apply(&batch, *n)?;
-        let starts = cut.starts.iter().map(|&s| s as u32).collect();
-        Ok((cut.batch, Some(starts)))
+        let groups = Groups {
+            starts: cut.starts.iter().map(|&s| s as u32).collect(),
+            sample: cut.sample.map(Arc::new),
+        };
+        Ok((cut.batch, Some(groups)))
     }
 
     /// Stores one output and reports it; hands the batch back when it does
@@ -348,7 +362,7 @@ impl TaskRun {
     fn store(
         &mut self,
         batch: RecordBatch,
-        groups: Option<Arc<[u32]>>,
+        groups: Option<Groups>,
     ) -> Result<Option<RecordBatch>, Error> {
         let seq = self.next_seq;
         if !self.keep.stores(seq) {
@@ -376,7 +390,7 @@ impl TaskRun {
         };
         // An exchange's map output is stored cut by destination: spilled,
         // each reducer reads its own rows alone.
-        let cut = groups.as_deref().unwrap_or(&[]);
+        let cut = groups.as_ref().map_or(&[][..], |g| &g.starts[..]);
         let stored = if self.may_spill {
             self.job
                 .store
@@ -403,7 +417,10 @@ impl TaskRun {
         self.next_seq += 1;
         let mut slice = Slice::whole(Output::new(stored, bytes, Some(reservation)));
         if let Some(groups) = groups {
-            slice = slice.with_groups(groups);
+            slice = slice.with_groups(groups.starts);
+            if let Some(sample) = groups.sample {
+                slice = slice.with_sample(sample);
+            }
         }
         if self.exhausted && self.pending.is_empty() {
             // The task ends right after this output: one event tells both.

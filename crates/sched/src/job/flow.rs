@@ -137,7 +137,7 @@ impl<P: Part> JobState<P> {
                 self.stages[to].collected.push(piece)
             }
             ShapeKind::Source { .. } | ShapeKind::Map => {
-                self.stages[to].queue.push_back(vec![piece])
+                self.stages[to].queue.push_back(vec![piece].into())
             }
         }
     }
@@ -237,7 +237,9 @@ impl<P: Part> JobState<P> {
                             ShapeKind::Source { .. } | ShapeKind::Map
                         );
                     if runs_tasks {
-                        self.stages[next].queue.extend(groups);
+                        self.stages[next]
+                            .queue
+                            .extend(groups.into_iter().map(Pieces::from));
                     } else {
                         // A limit (or the driver) takes rows, not task inputs.
                         for piece in groups.into_iter().flatten() {
@@ -262,12 +264,7 @@ impl<P: Part> JobState<P> {
                     }
                     self.recorder.exchanged(i, rows, bytes);
                     match by_destination(collected, n) {
-                        Ok(groups) => {
-                            if let Some(order) = self.order.as_mut().filter(|o| o.stage == i + 1) {
-                                order.places(&groups);
-                            }
-                            self.stages[i + 1].queue.extend(groups)
-                        }
+                        Ok(inputs) => self.stages[i + 1].queue.extend(inputs),
                         Err(message) => {
                             let stage = self.shapes[i].name.clone();
                             self.fail(Error::Invalid(format!("{stage}: {message}")));

@@ -1,6 +1,8 @@
 //! Lineage and node loss: what a lost node took, which tasks run again to
 //! make it, what moves off a draining node, what the driver read.
 
+use streambatch_plan::key_range::{SampledOutput, ranges};
+
 use super::*;
 
 impl<P: Part> JobState<P> {
@@ -354,12 +356,19 @@ pub(super) fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece
 /// An exchange's map outputs, `pieces` (each whole, with its groups), as
 /// the reducers' inputs: destination `d`'s rows of every output, in the
 /// outputs' order of origin (not of arrival), for each of the `n`
-/// destinations that has rows.
+/// destinations that has rows; a sort's outputs by the ranges their
+/// samples give ([`by_key_range`]).
 pub(super) fn by_destination<P: Part>(
     mut pieces: Vec<Piece<P>>,
     n: usize,
-) -> Result<Vec<Vec<Piece<P>>>, String> {
+) -> Result<Vec<Pieces<P>>, String> {
     pieces.sort_by_key(|p| p.id.from);
+    if pieces
+        .iter()
+        .any(|p| p.part.as_ref().is_some_and(|p| p.sample().is_some()))
+    {
+        return by_key_range(&pieces, n);
+    }
     let mut inputs: Vec<Vec<Piece<P>>> = (0..n).map(|_| Vec::new()).collect();
     for piece in &pieces {
         let part = piece.part.as_ref().ok_or("a map output is not held")?;
@@ -387,5 +396,49 @@ pub(super) fn by_destination<P: Part>(
         }
     }
     inputs.retain(|input| !input.is_empty());
-    Ok(inputs)
+    Ok(reducers(inputs.into_iter().map(|input| (input, None))))
+}
+
+/// A sort's map outputs, each sorted and cut into chunks with its keys'
+/// sample, as the reducers' inputs: ranges of the keys taken from every
+/// sample, each reducer with the chunks of each output that may hold its
+/// keys (see `streambatch_plan::key_range`).
+fn by_key_range<P: Part>(pieces: &[Piece<P>], n: usize) -> Result<Vec<Pieces<P>>, String> {
+    let mut sampled = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        let part = piece.part.as_ref().ok_or("a map output is not held")?;
+        let (Some(starts), Some(sample)) = (part.groups(), part.sample()) else {
+            return Err(format!(
+                "a map output of {} rows of a sort has no sample of its keys",
+                piece.id.len
+            ));
+        };
+        sampled.push(SampledOutput {
+            rows: piece.id.len,
+            starts,
+            sample,
+        });
+    }
+    let inputs = ranges(&sampled, n)?.into_iter().map(|input| {
+        let list = input
+            .rows
+            .iter()
+            .map(|&(i, start, len)| pieces[i].sub(start as usize, len as usize))
+            .collect();
+        (list, Some(Arc::new(input.range)))
+    });
+    Ok(reducers(inputs))
+}
+
+/// Reducers' inputs, placed in the order given.
+fn reducers<P>(
+    inputs: impl Iterator<Item = (Vec<Piece<P>>, Option<Arc<KeyRange>>)>,
+) -> Vec<Pieces<P>> {
+    inputs
+        .enumerate()
+        .map(|(place, (list, range))| {
+            let place = place as u32;
+            Pieces::of_reducer(list, Reducer { place, range })
+        })
+        .collect()
 }

@@ -19,6 +19,7 @@ pub mod policy;
 pub(crate) mod record;
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
 
 /// The job's maps, keyed by its own task ids and origins: hashed by
 /// foldhash, since the scheduler looks them up on every event (SipHash was
@@ -27,10 +28,10 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
-use streambatch_plan::{Error, EventKind, OpStats, PauseCause, Stage, StageKind, Wait};
+use streambatch_plan::{Error, EventKind, KeyRange, OpStats, PauseCause, Stage, StageKind, Wait};
 
 pub(crate) use crate::job::piece::{Keep, Origin, Part, PieceId};
-use crate::job::piece::{LineageInput, Piece, all_held, missing};
+use crate::job::piece::{LineageInput, Piece, Pieces, Reducer, all_held, missing};
 use crate::job::record::{Recorder, StageNow};
 use policy::{Decision, Snapshot, StageView};
 
@@ -70,8 +71,8 @@ pub(crate) trait Memory {
 pub(crate) enum RunInput<P> {
     /// The i-th split of the source.
     Split(usize),
-    /// Upstream rows.
-    Parts(Vec<P>),
+    /// Upstream rows, and for a sort's reducer the keys it keeps of them.
+    Parts(Vec<P>, Option<Arc<KeyRange>>),
 }
 
 /// A decision for the executor to carry out, in order.
@@ -196,9 +197,9 @@ struct Paused {
 }
 
 struct StageState<P> {
-    queue: VecDeque<Vec<Piece<P>>>,
+    queue: VecDeque<Pieces<P>>,
     /// Queued inputs with lost pieces, waiting for them to be made again.
-    blocked: Vec<Vec<Piece<P>>>,
+    blocked: Vec<Pieces<P>>,
     retry: VecDeque<TaskId>,
     /// Tasks to run again whose input has lost pieces.
     blocked_tasks: Vec<TaskId>,
@@ -630,6 +631,7 @@ fn held_input<P: Part>(input: &LineageInput<P>) -> RunInput<P> {
                 .iter()
                 .map(|p| p.part.clone().expect("a task starts on held input"))
                 .collect(),
+            pieces.reducer.as_ref().and_then(|r| r.range.clone()),
         ),
     }
 }

@@ -12,13 +12,11 @@ use super::HashMap;
 
 use streambatch_core::TaskId;
 
-use crate::job::piece::{Part, Piece, PieceId};
+use crate::job::piece::{Part, Piece, Pieces};
 
 pub(super) struct EmitOrder<P> {
     /// The stage whose outputs are ordered: the sort's reducers.
     pub(super) stage: usize,
-    /// A reducer's input, by its first piece, to its place.
-    by_input: HashMap<PieceId, u32>,
     /// A reducer task's place.
     of_task: HashMap<TaskId, u32>,
     /// The next output to pass on: (place, its output number).
@@ -37,7 +35,6 @@ impl<P: Part> EmitOrder<P> {
     pub(super) fn new(stage: usize) -> Self {
         Self {
             stage,
-            by_input: HashMap::default(),
             of_task: HashMap::default(),
             next: (0, 0),
             held: BTreeMap::new(),
@@ -45,19 +42,11 @@ impl<P: Part> EmitOrder<P> {
         }
     }
 
-    /// The reducers' inputs, in the order their outputs go on.
-    pub(super) fn places(&mut self, inputs: &[Vec<Piece<P>>]) {
-        for (place, input) in inputs.iter().enumerate() {
-            if let Some(first) = input.first() {
-                self.by_input.insert(first.id, place as u32);
-            }
-        }
-    }
-
-    /// A task of the ordered stage starts over `input`.
-    pub(super) fn started(&mut self, task: TaskId, input: &[Piece<P>]) {
-        if let Some(place) = input.first().and_then(|p| self.by_input.remove(&p.id)) {
-            self.of_task.insert(task, place);
+    /// A task of the ordered stage starts over `input`: a reducer, whose
+    /// place its outputs take.
+    pub(super) fn started(&mut self, task: TaskId, input: &Pieces<P>) {
+        if let Some(reducer) = &input.reducer {
+            self.of_task.insert(task, reducer.place);
         }
     }
 
@@ -127,7 +116,7 @@ impl<P: Part> EmitOrder<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::piece::Origin;
+    use crate::job::piece::{Origin, Reducer};
 
     #[derive(Clone, Debug, PartialEq)]
     struct Rows(usize);
@@ -160,10 +149,11 @@ mod tests {
     /// Reducers at places 0, 1, 2 run as tasks 10, 11, 12.
     fn three() -> EmitOrder<Rows> {
         let mut order = EmitOrder::new(1);
-        let inputs: Vec<Vec<Piece<Rows>>> = (0..3).map(|i| vec![piece(i, 0)]).collect();
-        order.places(&inputs);
-        for (i, input) in inputs.iter().enumerate() {
-            order.started(TaskId(10 + i as u64), input);
+        // Started out of place order: each task takes its input's place.
+        for place in [2, 0, 1] {
+            let reducer = Reducer { place, range: None };
+            let input = Pieces::of_reducer(vec![piece(u64::from(place), 0)], reducer);
+            order.started(TaskId(10 + u64::from(place)), &input);
         }
         order
     }

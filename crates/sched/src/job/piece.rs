@@ -7,8 +7,11 @@
 //! Pure values: nothing here touches a node, a store or a clock.
 
 use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use streambatch_core::TaskId;
+use streambatch_plan::{KeyRange, KeySample};
 
 /// Rows of a stored partition, as the job state sees them.
 pub(crate) trait Part: Clone {
@@ -23,6 +26,11 @@ pub(crate) trait Part: Clone {
     /// Where each destination's rows start (and the end), when this is a
     /// whole output of an exchange's map side.
     fn groups(&self) -> Option<&[u32]> {
+        None
+    }
+    /// Its keys' sample, when this is a whole output of a sort's map side
+    /// (its groups are then chunks, see `streambatch_plan::key_range`).
+    fn sample(&self) -> Option<&KeySample> {
         None
     }
     /// Takes `old`'s groups: this is the same output, moved to another node.
@@ -121,6 +129,71 @@ pub(crate) fn missing<P: Part>(pieces: &[Piece<P>]) -> impl Iterator<Item = Orig
     pieces.iter().filter(|p| !p.held()).map(|p| p.id.from)
 }
 
+/// Upstream rows a task reads, and which reducer of an exchange it is,
+/// when it is one.
+#[derive(Clone)]
+pub(crate) struct Pieces<P> {
+    pub(crate) list: Vec<Piece<P>>,
+    pub(crate) reducer: Option<Reducer>,
+}
+
+/// Which reducer of an exchange a task is.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Reducer {
+    /// Its place among the reducers: a sort's outputs go on in this order.
+    pub(crate) place: u32,
+    /// A sort's reducer: the keys it keeps of its input.
+    pub(crate) range: Option<Arc<KeyRange>>,
+}
+
+impl<P> Pieces<P> {
+    /// The rows of reducer `reducer`.
+    pub(crate) fn of_reducer(list: Vec<Piece<P>>, reducer: Reducer) -> Self {
+        Self {
+            list,
+            reducer: Some(reducer),
+        }
+    }
+}
+
+impl<P> From<Vec<Piece<P>>> for Pieces<P> {
+    fn from(list: Vec<Piece<P>>) -> Self {
+        Self {
+            list,
+            reducer: None,
+        }
+    }
+}
+
+impl<P> Deref for Pieces<P> {
+    type Target = Vec<Piece<P>>;
+    fn deref(&self) -> &Self::Target {
+        &self.list
+    }
+}
+
+impl<P> DerefMut for Pieces<P> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.list
+    }
+}
+
+impl<'a, P> IntoIterator for &'a Pieces<P> {
+    type Item = &'a Piece<P>;
+    type IntoIter = std::slice::Iter<'a, Piece<P>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.iter()
+    }
+}
+
+impl<'a, P> IntoIterator for &'a mut Pieces<P> {
+    type Item = &'a mut Piece<P>;
+    type IntoIter = std::slice::IterMut<'a, Piece<P>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.list.iter_mut()
+    }
+}
+
 /// What a task reads as the job's lineage keeps it: a source split, or
 /// pieces of upstream outputs named by their origin, so that the task can
 /// run again after a loss (see [`RunInput`](super::RunInput) for what it is
@@ -130,7 +203,7 @@ pub(crate) enum LineageInput<P> {
     /// The i-th split of the source.
     Split(usize),
     /// Upstream rows.
-    Pieces(Vec<Piece<P>>),
+    Pieces(Pieces<P>),
 }
 
 impl<P: Part> LineageInput<P> {
@@ -165,9 +238,10 @@ impl<P: Part> LineageInput<P> {
     pub(crate) fn forget(&self) -> Self {
         match self {
             Self::Split(i) => Self::Split(*i),
-            Self::Pieces(pieces) => {
-                Self::Pieces(pieces.iter().map(|p| Piece::lost(p.id)).collect())
-            }
+            Self::Pieces(pieces) => Self::Pieces(Pieces {
+                list: pieces.iter().map(|p| Piece::lost(p.id)).collect(),
+                reducer: pieces.reducer.clone(),
+            }),
         }
     }
 
@@ -330,7 +404,7 @@ mod tests {
             offset: 0,
             len: 6,
         };
-        let input = LineageInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)]);
+        let input = LineageInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)].into());
         let lineage = input.forget();
         assert_eq!(lineage.missing(), vec![origin(1, 2)]);
         assert_eq!(lineage.describe(), "1 input partition(s), 4 rows");

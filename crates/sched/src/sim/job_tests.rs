@@ -114,7 +114,9 @@ fn simulate(
                 } => {
                     let outputs = match input {
                         RunInput::Split(i) => split_outputs(bases[i], split_rows[i]),
-                        RunInput::Parts(parts) => parts.iter().map(|p| (p.start, p.len)).collect(),
+                        RunInput::Parts(parts, _) => {
+                            parts.iter().map(|p| (p.start, p.len)).collect()
+                        }
                     };
                     running.insert(
                         task,

@@ -570,7 +570,7 @@ impl<'a> Sim<'a> {
                 }
                 let outputs = match input {
                     RunInput::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
-                    RunInput::Parts(parts) => {
+                    RunInput::Parts(parts, _) => {
                         if let Some(p) =
                             parts.iter().find(|p| self.state[p.node] == NodeState::Gone)
                         {

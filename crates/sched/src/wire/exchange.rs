@@ -1,5 +1,4 @@
-//! An exchange's ends as they travel in a plan: the map side's cut
-//! (a sort's boundaries as an Arrow IPC stream, checked on receipt) and
+//! An exchange's ends as they travel in a plan: the map side's cut and
 //! the reducers' operator.
 
 use arrow_schema::SortOptions;
@@ -20,8 +19,6 @@ pub(crate) enum CutSpec {
         keys: Vec<String>,
         descending: bool,
         nulls_first: bool,
-        /// The boundaries as an Arrow IPC stream of one batch.
-        boundaries: Vec<u8>,
     },
     Join {
         left: Vec<String>,
@@ -38,21 +35,11 @@ impl CutSpec {
                 left: left.clone(),
                 right: right.clone(),
             },
-            Cut::Range {
-                keys,
-                order,
-                boundaries,
-            } => {
-                let boundaries = boundaries.as_ref().ok_or_else(|| {
-                    Error::Invalid("a sort's boundaries were not sampled before its job".into())
-                })?;
-                Self::Range {
-                    keys: keys.clone(),
-                    descending: order.descending,
-                    nulls_first: order.nulls_first,
-                    boundaries: batch_bytes(boundaries, "a sort's boundaries")?,
-                }
-            }
+            Cut::Range { keys, order } => Self::Range {
+                keys: keys.clone(),
+                descending: order.descending,
+                nulls_first: order.nulls_first,
+            },
         })
     }
 
@@ -68,25 +55,13 @@ impl CutSpec {
                 keys,
                 descending,
                 nulls_first,
-                boundaries,
-            } => {
-                let boundaries = batch_of(boundaries, "a sort's boundaries")?;
-                let schema = boundaries.schema();
-                let names: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
-                if boundaries.num_rows() > 0 && names != keys.iter().collect::<Vec<_>>() {
-                    return Err(Error::Invalid(format!(
-                        "a sort's boundaries have columns {names:?}, not its keys {keys:?}"
-                    )));
-                }
-                Cut::Range {
-                    keys: keys.clone(),
-                    order: SortOptions {
-                        descending: *descending,
-                        nulls_first: *nulls_first,
-                    },
-                    boundaries: Some(boundaries),
-                }
-            }
+            } => Cut::Range {
+                keys: keys.clone(),
+                order: SortOptions {
+                    descending: *descending,
+                    nulls_first: *nulls_first,
+                },
+            },
         })
     }
 }
@@ -104,10 +79,6 @@ pub(crate) enum ReduceSpec {
         keys: Vec<String>,
         descending: bool,
         nulls_first: bool,
-    },
-    SampleKeys {
-        keys: Vec<String>,
-        rows: u64,
     },
     Groups {
         keys: Vec<String>,
@@ -153,10 +124,6 @@ impl ReduceSpec {
                 descending: order.descending,
                 nulls_first: order.nulls_first,
             },
-            Reduce::SampleKeys { keys, rows } => Self::SampleKeys {
-                keys: keys.clone(),
-                rows: *rows as u64,
-            },
             Reduce::Groups { keys } => Self::Groups { keys: keys.clone() },
             Reduce::Aggregate { keys, aggs, step } => Self::Aggregate {
                 keys: keys.clone(),
@@ -196,10 +163,6 @@ impl ReduceSpec {
                     descending: *descending,
                     nulls_first: *nulls_first,
                 },
-            },
-            Self::SampleKeys { keys, rows } => Reduce::SampleKeys {
-                keys: keys.clone(),
-                rows: *rows as usize,
             },
             Self::Groups { keys } => Reduce::Groups { keys: keys.clone() },
             Self::Aggregate {

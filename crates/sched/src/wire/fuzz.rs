@@ -10,8 +10,8 @@ use streambatch_net::{Locality, frame};
 
 use crate::wire::plan::PlanSpec;
 use crate::wire::{
-    Happened, InputSpec, JobKey, JobOrder, JobStart, Members, NodeEvent, NodeInfo, Order, PartSpec,
-    Pulled, StoreView,
+    Happened, InputSpec, JobKey, JobOrder, JobStart, KeyRangeSpec, Members, NodeEvent, NodeInfo,
+    Order, PartSpec, Pulled, SampleSpec, StoreView,
 };
 
 fn cases() -> u32 {
@@ -92,6 +92,10 @@ fn seeds() -> Vec<Vec<u8>> {
                 keep_from: 0,
                 keep_again: vec![1],
                 may_spill: false,
+                range: Some(KeyRangeSpec {
+                    lo: Some(vec![1, 2]),
+                    hi: None,
+                }),
             },
         })
         .to_vec(),
@@ -102,6 +106,25 @@ fn seeds() -> Vec<Vec<u8>> {
                 task: 1,
                 pending_bytes: 10,
                 store_full_at: Some(3),
+            },
+            store: StoreView::default(),
+            pulled: Pulled::default(),
+        })
+        .to_vec(),
+        frame::encode(&NodeEvent {
+            node: "a".into(),
+            job: 7,
+            happened: Happened::Output {
+                task: 2,
+                seq: 0,
+                id: 4,
+                rows: 3,
+                bytes: 24,
+                groups: vec![0, 1, 3],
+                sample: Some(SampleSpec {
+                    bytes: vec![1, 5, 1, 7, 1, 9],
+                    ends: vec![2, 4, 6],
+                }),
             },
             store: StoreView::default(),
             pulled: Pulled::default(),
@@ -238,8 +261,8 @@ fn payload_decoders_never_panic() {
         .run(&inputs(), |bytes| {
             let _ = frame::decode::<NodeInfo>(&bytes);
             let _ = frame::decode::<Members>(&bytes);
-            // A plan that decodes is rebuilt (its schemas, a sort's
-            // boundaries and broadcast rows decoded from IPC bytes).
+            // A plan that decodes is rebuilt (its schemas and broadcast
+            // rows decoded from IPC bytes).
             if let Ok(start) = frame::decode::<JobStart>(&bytes) {
                 let _ = start.plan.build(&streambatch_plan::Registry::default());
             }

@@ -103,6 +103,22 @@ pub(crate) enum InputSpec {
     Parts(Vec<PartSpec>),
 }
 
+/// Driver to node: the keys a sort's reducer keeps, as `arrow-row` bytes
+/// (`streambatch_plan::KeyRange`; compared, never decoded).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct KeyRangeSpec {
+    pub(crate) lo: Option<Vec<u8>>,
+    pub(crate) hi: Option<Vec<u8>>,
+}
+
+/// Node to driver: a sort's map output's key sample
+/// (`streambatch_plan::KeySample`, checked on receipt).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub(crate) struct SampleSpec {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) ends: Vec<u32>,
+}
+
 /// Driver to node: what the job asks of it.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum JobOrder {
@@ -116,6 +132,8 @@ pub(crate) enum JobOrder {
         keep_from: u32,
         keep_again: Vec<u32>,
         may_spill: bool,
+        /// A sort's reducer: the keys it keeps of its input.
+        range: Option<KeyRangeSpec>,
     },
     /// Resume a task paused here.
     Resume { task: u64, may_spill: bool },
@@ -168,6 +186,8 @@ pub(crate) enum Happened {
         /// An exchange's map side: where each destination's rows start
         /// (and the end); empty otherwise.
         groups: Vec<u32>,
+        /// A sort's map side: the output's key sample.
+        sample: Option<SampleSpec>,
     },
     Paused {
         task: u64,
