@@ -52,7 +52,9 @@ pub use hash_join::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
 pub use images::ImageSize;
 pub use key_range::{KeyRange, KeySample};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
-pub use plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
+pub use plan::{
+    ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,
+};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use row_sample::RowSample;

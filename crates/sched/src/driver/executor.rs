@@ -202,9 +202,9 @@ impl Actor for Executor {
             })
         };
         let names = plan.stages.iter().map(|s| s.name.clone()).collect();
-        let shapes = plan.stages.iter().map(StageShape::of).collect();
+        let mut shapes: Vec<StageShape> = plan.stages.iter().map(StageShape::of).collect();
         let failures = FailurePolicy::of(&args.config);
-        let (backend, free, capacity) = match args.nodes {
+        let (backend, free, capacity, target_bytes) = match args.nodes {
             Nodes::Local { manager, store } => {
                 let capacity = store.stats().capacity_bytes;
                 let (target_bytes, reserve) =
@@ -227,7 +227,7 @@ impl Actor for Executor {
                     paused: HashMap::new(),
                     manager_stopped: false,
                 };
-                (Backend::Local(local), free, capacity)
+                (Backend::Local(local), free, capacity, target_bytes)
             }
             Nodes::Remote {
                 key,
@@ -238,7 +238,8 @@ impl Actor for Executor {
             } => {
                 let _ = port.set(me.clone());
                 let smallest = nodes.iter().map(|n| n.capacity).min().unwrap_or(1);
-                let (_, reserve) = plan.sizing(args.config.target_partition_bytes, smallest);
+                let (target_bytes, reserve) =
+                    plan.sizing(args.config.target_partition_bytes, smallest);
                 let totals = StageTotals::new(reserve.len());
                 let shadow = |n: &RemoteNode| {
                     Budgets::adding_to(totals.clone(), n.capacity, reserve.clone(), notify())
@@ -266,9 +267,12 @@ impl Actor for Executor {
                     adopting: HashMap::new(),
                 };
                 let total = remote.nodes.iter().map(|n| n.capacity).sum();
-                (Backend::Remote(remote), free, total)
+                (Backend::Remote(remote), free, total, target_bytes)
             }
         };
+        for (shape, stage) in shapes.iter_mut().zip(&plan.stages) {
+            shape.input_held_cap = stage.input_held_cap(target_bytes);
+        }
         // A cluster node's relay counts spills from the job's start itself.
         let (spilled, restored) = match &backend {
             Backend::Local(local) => {

@@ -305,6 +305,16 @@ impl Part for Slice {
         self.sample.as_deref()
     }
 
+    fn sliced_bytes(&self) -> u64 {
+        let whole = match &self.data {
+            Data::Stored(output) => output.part.rows(),
+            Data::Remote(part) => part.rows,
+            Data::Fetched(batch) => batch.num_rows(),
+        };
+        let bytes = u128::from(self.partition_bytes()) * self.len as u128;
+        (bytes / whole.max(1) as u128) as u64
+    }
+
     fn keep_groups(&mut self, old: &Self) {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();

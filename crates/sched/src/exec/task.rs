@@ -19,14 +19,7 @@ use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_out
 
 use crate::exec::budget::{Budgets, Hold};
 use crate::exec::partition::{Output, Partitioner, Slice};
-use crate::job::{Keep, RunInput};
-
-/// A sort or join reducer holds up to this many partitions' worth of its
-/// input (the job's target partition size) before it writes to scratch
-/// files: an input of the size the exchange meant (about one) never
-/// does; one that skewed keys made several times larger does, rather
-/// than fill memory.
-const REDUCER_HELD_PARTITIONS: u64 = 4;
+use crate::job::{Keep, RunInput, input_hold};
 
 /// An output to store, with its groups when the stage is an exchange's
 /// map side.
@@ -140,8 +133,8 @@ pub struct TaskRun {
     /// may queue a task after the job state started it, so its timeline
     /// needs the worker's own times.
     pub ran: Option<(Instant, Instant)>,
-    /// The budget held for what the task's split keeps in memory outside
-    /// the store (a binary file read whole) until the task ends.
+    /// The budget held for what the task keeps in memory outside the store
+    /// (a binary file read whole, a reducer's input) until the task ends.
     _held: Option<Hold>,
 }
 
@@ -313,6 +306,11 @@ impl TaskRun {
             // once read.
             RunInput::Parts(slices, keys) => {
                 range = keys;
+                let cap = self.job.plan.stages[self.stage].input_held_cap(self.job.target_bytes);
+                let held = input_hold(cap, &slices);
+                if held > 0 {
+                    self._held = Some(self.job.budgets.hold(held));
+                }
                 TaskInput::Batches(Box::new(slices.into_iter().map(|s| s.read_alone())))
             }
         };
@@ -324,7 +322,7 @@ impl TaskRun {
         .map_err(|e| Error::store("making a scratch directory", e))?
         .map(|dir| {
             let store = job.store.clone();
-            let budget = REDUCER_HELD_PARTITIONS * job.target_bytes;
+            let budget = job.plan.stages[self.stage].input_held_cap(job.target_bytes);
             Scratch::new(
                 dir.to_path_buf(),
                 budget,

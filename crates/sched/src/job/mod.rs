@@ -131,6 +131,10 @@ pub(crate) struct StageShape {
     pub(crate) held_bytes: Vec<u64>,
     /// Its tasks reduce a sort's exchange: their outputs are in order.
     pub(crate) ordered: bool,
+    /// What a task holds of its input outside the store at most (a sort's
+    /// or join's reducer: [`streambatch_plan::Stage::input_held_cap`]); 0
+    /// for stages that stream their input.
+    pub(crate) input_held_cap: u64,
 }
 
 /// The kind of a stage, without its operators.
@@ -183,6 +187,7 @@ impl StageShape {
             max_running: stage.options.pool.map(|p| p.max),
             held_bytes,
             ordered,
+            input_held_cap: 0,
         }
     }
 }
@@ -619,6 +624,22 @@ impl<P: Part> JobState<P> {
         self.reemit.clear();
         self.to_driver.clear();
         self.actions.push(Action::End(result));
+    }
+}
+
+/// What a task over `parts` holds outside the store when its stage's tasks
+/// hold at most `cap` bytes of their input: their bytes, up to `cap`.
+pub(crate) fn input_hold<'a, P: Part + 'a>(
+    cap: u64,
+    parts: impl IntoIterator<Item = &'a P>,
+) -> u64 {
+    match cap {
+        0 => 0,
+        _ => parts
+            .into_iter()
+            .map(Part::sliced_bytes)
+            .sum::<u64>()
+            .min(cap),
     }
 }
 

@@ -33,6 +33,10 @@ pub(crate) trait Part: Clone {
     fn sample(&self) -> Option<&KeySample> {
         None
     }
+    /// Bytes of these rows: their share of the whole partition's.
+    fn sliced_bytes(&self) -> u64 {
+        self.bytes()
+    }
     /// Takes `old`'s groups: this is the same output, moved to another node.
     fn keep_groups(&mut self, old: &Self) {
         let _ = old;

@@ -202,20 +202,18 @@ impl<P: Part> JobState<P> {
     }
 
     /// Bytes the tasks placed on `node` (running or paused) hold outside
-    /// the store ([`StageShape::held_bytes`]); 0 without a source that
-    /// holds any, which costs nothing to find.
+    /// the store ([`StageShape::held_bytes`], [`StageShape::input_held_cap`]);
+    /// 0 without a stage whose tasks hold any, which costs nothing to find.
     pub(super) fn holding(&self, node: usize) -> Holding {
         let mut holding = Holding::default();
-        if self.shapes.iter().all(|s| s.held_bytes.is_empty()) {
+        let holds = |s: &StageShape| !s.held_bytes.is_empty() || s.input_held_cap > 0;
+        if !self.shapes.iter().any(holds) {
             return holding;
         }
         for r in self.tasks.values().filter(|r| r.placed && r.node == node) {
-            if let LineageInput::Split(i) = r.input {
-                let held = self.shapes[r.stage].held_bytes.get(i).copied();
-                let held = held.unwrap_or_default();
-                holding.all += held;
-                holding.largest = holding.largest.max(held);
-            }
+            let held = task_hold(&self.shapes[r.stage], &r.input);
+            holding.all += held;
+            holding.largest = holding.largest.max(held);
         }
         holding
     }
@@ -438,21 +436,36 @@ impl<P: Part> JobState<P> {
 }
 
 /// What the next task `start` gives `stage` holds outside the store while
-/// it runs: its split's held bytes, for a retry (which goes first) as for
-/// a new split.
-pub(super) fn next_held_bytes<P>(
+/// it runs, for a retry (which goes first) as for a new input: its split's
+/// held bytes, or a reducer's input up to its stage's cap.
+pub(super) fn next_held_bytes<P: Part>(
     stage: &StageState<P>,
     shape: &StageShape,
     tasks: &HashMap<TaskId, TaskRecord<P>>,
 ) -> u64 {
-    let split = match stage.retry.front() {
-        Some(task) => match tasks.get(task).map(|r| &r.input) {
-            Some(LineageInput::Split(i)) => *i,
-            _ => return 0,
-        },
-        None => stage.next_split,
-    };
-    shape.held_bytes.get(split).copied().unwrap_or(0)
+    match stage.retry.front() {
+        Some(task) => tasks.get(task).map_or(0, |r| task_hold(shape, &r.input)),
+        None if stage.next_split < stage.splits => {
+            shape.held_bytes.get(stage.next_split).copied().unwrap_or(0)
+        }
+        None => stage.queue.front().map_or(0, |pieces| {
+            input_hold(
+                shape.input_held_cap,
+                pieces.iter().filter_map(|p| p.part.as_ref()),
+            )
+        }),
+    }
+}
+
+/// What a task of a stage of `shape` over `input` holds outside the store.
+fn task_hold<P: Part>(shape: &StageShape, input: &LineageInput<P>) -> u64 {
+    match input {
+        LineageInput::Split(i) => shape.held_bytes.get(*i).copied().unwrap_or(0),
+        LineageInput::Pieces(pieces) => input_hold(
+            shape.input_held_cap,
+            pieces.iter().filter_map(|p| p.part.as_ref()),
+        ),
+    }
 }
 
 /// Whether a task holding `next` bytes outside the store may start on a

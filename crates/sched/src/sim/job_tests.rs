@@ -344,6 +344,70 @@ fn tasks_holding_large_inputs_take_turns() {
     assert_eq!(next, vec![2, 3]);
 }
 
+/// A sort's or join's reducers hold their input outside the store (up to
+/// their stage's cap): three reducers whose holds do not fit beside each
+/// other take turns on a node with slots for all, where reducers that
+/// stream their input start at once; every reducer runs in the end.
+#[test]
+fn reducers_holding_large_inputs_take_turns() {
+    for (cap, at_once) in [(0, 3), (CAPACITY / 2 + 1, 1)] {
+        let mut shapes = Pipeline::Exchange {
+            n: 3,
+            ordered: false,
+        }
+        .shapes(1);
+        shapes[3].input_held_cap = cap;
+        let names = shapes.iter().map(|s| s.name.clone()).collect();
+        let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+        let budgets = node_budgets(1, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
+        let forced = Arc::new(AtomicUsize::new(0));
+        let mut job = JobState::<Rows>::new(
+            shapes,
+            vec![Resources::cpu(4.0)],
+            FailurePolicy::default(),
+            recorder,
+        );
+        // One row to each reducer, in a map output whose partition says it
+        // is large (its budget takes a few bytes).
+        let output = |groups: Option<Arc<[u32]>>| Rows {
+            start: 0,
+            len: 3,
+            bytes: 2_100,
+            node: 0,
+            _held: Arc::new(Held::admit(&budgets[0], 1, 3, true, &forced).unwrap()),
+            groups,
+        };
+        let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
+            actions
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::Start { task, stage, .. } => Some((task, stage)),
+                    _ => None,
+                })
+                .collect()
+        };
+        let source = starts(job.advance(&SimMemory(&budgets)));
+        assert_eq!(source.len(), 1);
+        job.on_output(source[0].0, 0, output(None));
+        job.on_finished(source[0].0);
+        let map = starts(job.advance(&SimMemory(&budgets)));
+        assert_eq!(map, vec![(map[0].0, 1)]);
+        job.on_output(map[0].0, 0, output(Some(vec![0, 1, 2, 3].into())));
+        job.on_finished(map[0].0);
+        let mut ran = 0;
+        let mut started = starts(job.advance(&SimMemory(&budgets)));
+        assert_eq!(started.len(), at_once, "cap {cap}: {started:?}");
+        while let Some((task, stage)) = started.pop() {
+            assert_eq!(stage, 3);
+            ran += 1;
+            job.on_finished(task);
+            started.extend(starts(job.advance(&SimMemory(&budgets))));
+            assert!(started.len() <= at_once, "cap {cap}: {started:?}");
+        }
+        assert_eq!(ran, 3, "cap {cap}");
+    }
+}
+
 /// A large split retried after its node is lost waits while another large
 /// split runs on the node left, and starts once that one ended.
 #[test]

@@ -35,10 +35,11 @@ use std::time::{Duration, Instant};
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{JobStats, Recovery};
 
-use crate::exec::budget::Budgets;
+use crate::exec::budget::{Budgets, Hold};
 use crate::job::record::Recorder;
 use crate::job::{
     Action, FailurePolicy, JobState, Keep, Origin, PieceId, RunInput, ShapeKind, StageShape,
+    input_hold,
 };
 use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
@@ -102,6 +103,16 @@ impl Pipeline {
         match self {
             Pipeline::Exchange { n, .. } if stage == 1 => Some(n),
             _ => None,
+        }
+    }
+
+    /// What a task of stage `stage` holds of its input outside the store
+    /// at most: an exchange's reducer holds up to a quarter of a 4 KB
+    /// store, as a sort's or join's does up to its cap.
+    fn input_held_cap(self, stage: usize) -> u64 {
+        match self {
+            Pipeline::Exchange { .. } if stage == 3 => CAPACITY / 4,
+            _ => 0,
         }
     }
 }
@@ -227,6 +238,7 @@ impl Pipeline {
             max_running: None,
             held_bytes: Vec::new(),
             ordered: false,
+            input_held_cap: 0,
         };
         let mut out = vec![shape("source", ShapeKind::Source { splits })];
         match self {
@@ -246,6 +258,7 @@ impl Pipeline {
                 shape("exchange", ShapeKind::Exchange(n)),
                 StageShape {
                     ordered,
+                    input_held_cap: self.input_held_cap(3),
                     ..shape("reduce", ShapeKind::Map)
                 },
             ]),
@@ -343,6 +356,9 @@ struct SimTask {
     /// Tells this task's current entry in the queue of due steps from
     /// older ones.
     turn: u64,
+    /// What it holds of its input outside the store, as a node's reducer
+    /// does from its start to its end.
+    _hold: Option<Hold>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -568,6 +584,13 @@ impl<'a> Sim<'a> {
                 if self.state[node] != NodeState::Up {
                     return Err(format!("task {task} started on node {node}, not up"));
                 }
+                let cap = self.scenario.pipeline.input_held_cap(stage);
+                let hold = match &input {
+                    RunInput::Parts(parts, _) if cap > 0 => {
+                        Some(self.budgets[node].hold(input_hold(cap, parts)))
+                    }
+                    _ => None,
+                };
                 let outputs = match input {
                     RunInput::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
                     RunInput::Parts(parts, _) => {
@@ -592,6 +615,7 @@ impl<'a> Sim<'a> {
                     keep,
                     may_spill,
                     turn: 0,
+                    _hold: hold,
                 };
                 self.schedule_step(task, t);
             }
