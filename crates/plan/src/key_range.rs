@@ -30,6 +30,11 @@ const CHUNKS_PER_DESTINATION: usize = 16;
 /// per output until every output is in.
 const MAX_CHUNKS: usize = 4096;
 
+/// The most bytes of keys in one output's sample, fewer chunks for long
+/// keys: a sample travels in a node's report of the output, a control
+/// frame of at most 1 MiB.
+const MAX_SAMPLE_BYTES: usize = 256 << 10;
+
 /// Keys of a sorted map output, as `arrow-row` bytes: the first key of
 /// each chunk, then the output's last key (one more than the chunks; none
 /// for an output with no rows).
@@ -69,6 +74,17 @@ impl KeySample {
     /// True when there is no key.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
+    }
+
+    /// A hash of the keys: a map output made again must have the same
+    /// (the reducers' ranges were taken from the first).
+    pub fn fingerprint(&self) -> u64 {
+        let ends: Vec<u8> = self.ends.iter().flat_map(|e| e.to_le_bytes()).collect();
+        let (bytes, ends) = (
+            streambatch_core::fnv1a(&self.bytes),
+            streambatch_core::fnv1a(&ends),
+        );
+        streambatch_core::mix64(bytes ^ ends.rotate_left(1))
     }
 
     /// Bytes held.
@@ -120,15 +136,15 @@ pub(crate) fn sorted_with_sample(
     let at = column_indices(batch, keys)?;
     let encoded = key_rows(batch, &at, &vec![order; at.len()])?;
     let positions = crate::sorted::sorted_positions(&encoded);
-    let chunks = (CHUNKS_PER_DESTINATION * n.max(1))
+    let key = |at: usize| encoded.row(positions[at] as usize);
+    let mut chunks = (CHUNKS_PER_DESTINATION * n.max(1))
         .clamp(1, MAX_CHUNKS)
         .min(rows);
-    let starts: Vec<usize> = (0..=chunks).map(|c| c * rows / chunks).collect();
-    let mut sample = KeySample::default();
-    for &start in &starts[..chunks] {
-        sample.push(encoded.row(positions[start] as usize).as_ref());
+    let (mut starts, mut sample) = sampled(chunks, rows, &key);
+    if sample.bytes.len() > MAX_SAMPLE_BYTES {
+        chunks = (chunks * MAX_SAMPLE_BYTES / sample.bytes.len()).max(1);
+        (starts, sample) = sampled(chunks, rows, &key);
     }
-    sample.push(encoded.row(positions[rows - 1] as usize).as_ref());
     let sorted = arrow_select::take::take_record_batch(batch, &UInt32Array::from(positions))
         .map_err(|e| Error::arrow("sort", e))?;
     Ok(Partitioned {
@@ -136,6 +152,23 @@ pub(crate) fn sorted_with_sample(
         starts,
         sample: Some(sample),
     })
+}
+
+/// Where each of `chunks` chunks of `rows` sorted rows starts (and the
+/// end), and the sample of their first keys and the last (`key(i)`: the
+/// `i`-th row's key in order).
+fn sampled<'a>(
+    chunks: usize,
+    rows: usize,
+    key: &impl Fn(usize) -> arrow_row::Row<'a>,
+) -> (Vec<usize>, KeySample) {
+    let starts: Vec<usize> = (0..=chunks).map(|c| c * rows / chunks).collect();
+    let mut sample = KeySample::default();
+    for &start in &starts[..chunks] {
+        sample.push(key(start).as_ref());
+    }
+    sample.push(key(rows - 1).as_ref());
+    (starts, sample)
 }
 
 /// A map output as [`ranges`] reads it: its rows, where each chunk starts
@@ -573,6 +606,31 @@ mod tests {
         assert!(KeySample::from_parts(vec![1, 2, 3], vec![1, 2]).is_err());
         let sample = KeySample::from_parts(vec![1, 2, 3], vec![1, 3]).unwrap();
         assert_eq!((sample.key(0), sample.key(1)), (&[1u8][..], &[2u8, 3][..]));
+        let moved = KeySample::from_parts(vec![1, 2, 3], vec![2, 3]).unwrap();
+        assert_ne!(
+            sample.fingerprint(),
+            moved.fingerprint(),
+            "the same bytes, other keys"
+        );
+        assert_eq!(sample.fingerprint(), sample.clone().fingerprint());
+    }
+
+    #[test]
+    fn long_keys_make_fewer_chunks_so_that_a_sample_fits_its_report() {
+        let keys: Vec<String> = (0..4_000).map(|i| format!("{i:0>1000}")).collect();
+        let b = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(arrow_array::StringArray::from(keys)) as ArrayRef,
+        )])
+        .unwrap();
+        let p = sorted_with_sample(&b, &["k".to_string()], SortOptions::default(), 64).unwrap();
+        let sample = p.sample.unwrap();
+        let keys = sample.len();
+        let (bytes, _) = sample.into_parts();
+        // Within the bound give or take the last key (about 1 KB here).
+        assert!(bytes.len() <= MAX_SAMPLE_BYTES + 1_100, "{}", bytes.len());
+        assert!(keys > 100, "{keys} keys");
+        assert_eq!(p.starts.len(), keys);
     }
 
     #[test]

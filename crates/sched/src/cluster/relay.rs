@@ -286,10 +286,7 @@ impl RelayState {
                     rows: slice.len as u64,
                     bytes,
                     groups: Part::groups(&slice).map_or_else(Vec::new, <[u32]>::to_vec),
-                    sample: Part::sample(&slice).map(|sample| {
-                        let (bytes, ends) = sample.clone().into_parts();
-                        SampleSpec { bytes, ends }
-                    }),
+                    sample: Part::sample(&slice).map(SampleSpec::of),
                 }
             }
             TaskEvent::Paused(run) => {
@@ -371,16 +368,8 @@ impl RelayState {
                     from: keep_from,
                     again: keep_again,
                 };
-                let range = range.map(|r| Arc::new(KeyRange { lo: r.lo, hi: r.hi }));
-                let task = TaskId(task);
-                self.run(
-                    task,
-                    stage as usize,
-                    (input, range),
-                    keep,
-                    may_spill,
-                    myself,
-                )
+                let input = (input, range.map(|r| Arc::new(r.into())));
+                self.run(TaskId(task), stage as usize, input, keep, may_spill, myself)
             }
             JobOrder::Resume { task, may_spill } => {
                 if let Some(mut run) = self.paused.remove(&TaskId(task)) {

@@ -15,10 +15,14 @@ impl<P: Part> JobState<P> {
             if record.again.remove(&seq) {
                 let stage = record.stage;
                 let cut = self.exchanged.get(&origin);
-                if cut.is_some_and(|cut| part.groups() != Some(cut.as_slice())) {
+                let other = |(groups, sample): &(Vec<u32>, Option<u64>)| {
+                    part.groups() != Some(groups.as_slice())
+                        || part.sample().map(KeySample::fingerprint) != *sample
+                };
+                if cut.is_some_and(other) {
                     return self.end(Err(Error::PartitionLost {
                         operator: self.shapes[stage].name.clone(),
-                        why: "its output was made again with other destinations (is an operator not deterministic?)".into(),
+                        why: "its output was made again with other destinations or keys (is an operator not deterministic?)".into(),
                     }));
                 }
                 self.remade(stage, origin, part);

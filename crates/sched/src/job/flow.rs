@@ -259,7 +259,9 @@ impl<P: Part> JobState<P> {
                         rows += piece.id.len;
                         bytes += part.bytes();
                         if let Some(groups) = part.groups() {
-                            self.exchanged.insert(piece.id.from, groups.to_vec());
+                            let sample = part.sample().map(KeySample::fingerprint);
+                            self.exchanged
+                                .insert(piece.id.from, (groups.to_vec(), sample));
                         }
                     }
                     self.recorder.exchanged(i, rows, bytes);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use streambatch_core::{Resources, TaskId};
-use streambatch_plan::JobStats;
+use streambatch_plan::{JobStats, KeySample};
 
 use crate::exec::budget::Budgets;
 use crate::job::record::Recorder;
@@ -209,6 +209,7 @@ fn simulate(
             node,
             _held: Arc::new(held),
             groups: None,
+            sample: None,
         };
         job.on_output(id, seq, part);
     }
@@ -376,6 +377,7 @@ fn reducers_holding_large_inputs_take_turns() {
             node: 0,
             _held: Arc::new(Held::admit(&budgets[0], 1, 3, true, &forced).unwrap()),
             groups,
+            sample: None,
         };
         let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
             actions
@@ -406,6 +408,98 @@ fn reducers_holding_large_inputs_take_turns() {
         }
         assert_eq!(ran, 3, "cap {cap}");
     }
+}
+
+/// A sort's map output lost after its reducers got their ranges, made
+/// again with other keys (an operator that is not deterministic): the job
+/// ends with an error naming the stage, not with rows lost or twice.
+#[test]
+fn a_sort_output_made_again_with_other_keys_ends_the_job() {
+    let shapes = Pipeline::Exchange {
+        n: 2,
+        ordered: true,
+    }
+    .shapes(1);
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+    let budgets = node_budgets(2, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
+    let forced = Arc::new(AtomicUsize::new(0));
+    let mut job = JobState::<Rows>::new(
+        shapes,
+        vec![Resources::cpu(3.0), Resources::cpu(3.0)],
+        FailurePolicy {
+            max_task_retries: 3,
+            ..Default::default()
+        },
+        recorder,
+    )
+    .with_lineage();
+    let sample = |keys: [u8; 3]| {
+        let sample = KeySample::from_parts(keys.to_vec(), vec![1, 2, 3]).unwrap();
+        Some(Arc::new(sample))
+    };
+    let output = |node, groups: Option<Arc<[u32]>>, sample| Rows {
+        start: 0,
+        len: 2,
+        bytes: 200,
+        node,
+        _held: Arc::new(Held::admit(&budgets[node], 1, 200, true, &forced).unwrap()),
+        groups,
+        sample,
+    };
+    let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start {
+                    task, stage, node, ..
+                } => Some((task, stage, node)),
+                _ => None,
+            })
+            .map(|(task, stage, _)| (task, stage))
+            .collect()
+    };
+    let source = starts(job.advance(&SimMemory(&budgets)));
+    job.on_output(source[0].0, 0, output(0, None, None));
+    job.on_finished(source[0].0);
+    let map = starts(job.advance(&SimMemory(&budgets)));
+    assert_eq!(map.len(), 1);
+    // Two chunks of one row, keys 1 and 5, the last key 5: two ranges.
+    job.on_output(
+        map[0].0,
+        0,
+        output(1, Some(vec![0, 1, 2].into()), sample([1, 5, 5])),
+    );
+    job.on_finished(map[0].0);
+    let reducers = starts(job.advance(&SimMemory(&budgets)));
+    assert!(
+        reducers.iter().all(|&(_, stage)| stage == 3),
+        "{reducers:?}"
+    );
+    assert_eq!(reducers.len(), 2);
+    // Node 1 goes with the map output; its task runs again, on node 0.
+    job.on_node_lost(1, "node-1");
+    // Its input, freed once read, is made again first.
+    let again = starts(job.advance(&SimMemory(&budgets)));
+    assert_eq!(again, [source[0]]);
+    job.on_output(source[0].0, 0, output(0, None, None));
+    job.on_finished(source[0].0);
+    let again = starts(job.advance(&SimMemory(&budgets)));
+    assert_eq!(again, [map[0]]);
+    job.on_output(
+        map[0].0,
+        0,
+        output(0, Some(vec![0, 1, 2].into()), sample([1, 7, 7])),
+    );
+    let ended = job
+        .advance(&SimMemory(&budgets))
+        .into_iter()
+        .find_map(|a| match a {
+            Action::End(result) => Some(result),
+            _ => None,
+        });
+    let err = ended.expect("the job ended").unwrap_err().to_string();
+    assert!(err.contains("other destinations or keys"), "{err}");
 }
 
 /// A large split retried after its node is lost waits while another large
@@ -504,6 +598,7 @@ fn short_tasks_queue_beyond_the_slots_long_ones_do_not() {
                 node: 0,
                 _held: Arc::new(held),
                 groups: None,
+                sample: None,
             };
             job.on_output(task, 0, part);
             let stage = job.on_finished(task).unwrap();

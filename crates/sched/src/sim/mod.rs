@@ -687,6 +687,7 @@ impl<'a> Sim<'a> {
                 node: m.to,
                 _held: Arc::new(held),
                 groups: None,
+                sample: None,
             };
             self.job.on_moved(m.origin, whole);
             self.moved += 1;
@@ -867,6 +868,7 @@ impl<'a> Sim<'a> {
                     })
                     .collect()
             }),
+            sample: None,
         };
         self.schedule_step(id, t);
         self.job.on_output(id, seq, part);

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use streambatch_plan::KeySample;
+
 use crate::exec::budget::{Budgets, Reservation, StageTotals};
 use crate::job::{Memory, Part};
 
@@ -25,6 +27,8 @@ pub(crate) struct Rows {
     pub(crate) _held: Arc<Held>,
     /// An exchange's map output: where each destination's rows start.
     pub(crate) groups: Option<Arc<[u32]>>,
+    /// A sort's map output: its keys' sample.
+    pub(crate) sample: Option<Arc<KeySample>>,
 }
 
 pub(crate) struct Held {
@@ -92,6 +96,7 @@ impl Part for Rows {
             start: self.start + offset as u64,
             len,
             groups: self.groups.clone().filter(|_| whole),
+            sample: self.sample.clone().filter(|_| whole),
             ..self.clone()
         }
     }
@@ -104,9 +109,14 @@ impl Part for Rows {
         self.groups.as_deref()
     }
 
+    fn sample(&self) -> Option<&KeySample> {
+        self.sample.as_deref()
+    }
+
     fn keep_groups(&mut self, old: &Self) {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();
+            self.sample = old.sample.clone();
         }
     }
 }

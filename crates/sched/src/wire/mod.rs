@@ -12,6 +12,7 @@ pub(crate) mod plan;
 
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_net::Locality;
+use streambatch_plan::{KeyRange, KeySample};
 
 /// A node introducing itself to the head: its slots, its store, and the
 /// operators its binary registered.
@@ -111,12 +112,28 @@ pub(crate) struct KeyRangeSpec {
     pub(crate) hi: Option<Vec<u8>>,
 }
 
+impl From<KeyRangeSpec> for KeyRange {
+    fn from(spec: KeyRangeSpec) -> Self {
+        KeyRange {
+            lo: spec.lo,
+            hi: spec.hi,
+        }
+    }
+}
+
 /// Node to driver: a sort's map output's key sample
 /// (`streambatch_plan::KeySample`, checked on receipt).
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) struct SampleSpec {
     pub(crate) bytes: Vec<u8>,
     pub(crate) ends: Vec<u32>,
+}
+
+impl SampleSpec {
+    pub(crate) fn of(sample: &KeySample) -> Self {
+        let (bytes, ends) = sample.clone().into_parts();
+        Self { bytes, ends }
+    }
 }
 
 /// Driver to node: what the job asks of it.
