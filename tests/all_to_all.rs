@@ -712,6 +712,11 @@ fn a_sort_reads_its_input_once_and_cuts_even_ranges() {
         .find(|o| o.name.starts_with("sort"))
         .unwrap_or_else(|| panic!("no sort in the stats: {stats}"));
     assert_eq!((sort.tasks, sort.rows), (8, 100_000), "{stats}");
+    let explain = ds.explain().unwrap().to_string();
+    assert!(
+        explain.contains("ranges of id sampled as it streams"),
+        "{explain}"
+    );
 }
 
 /// A hot key: nine rows in ten share one key, so one reducer's range is

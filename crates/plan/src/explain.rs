@@ -74,7 +74,10 @@ impl Explain {
                         right.join(", ")
                     ),
                     crate::Cut::Range { keys, .. } => {
-                        format!("by sampled ranges of {} into {n}", keys.join(", "))
+                        let keys = keys.join(", ");
+                        format!(
+                            "sorted, by ranges of {keys} sampled as it streams, into at most {n}"
+                        )
                     }
                 }),
                 ops: s.op_names.clone(),
