@@ -19,6 +19,7 @@ mod images;
 mod join;
 mod join_spill;
 pub mod key_range;
+mod object_files;
 pub mod ops;
 pub mod partition;
 mod plan;
@@ -51,6 +52,7 @@ pub use expr::{BinaryOp, Expr, Literal, col, lit};
 pub use hash_join::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
 pub use images::ImageSize;
 pub use key_range::{KeyRange, KeySample};
+pub use object_files::url_of as object_url;
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{
     ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,

@@ -14,9 +14,11 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuilder};
+use parquet::file::reader::ChunkReader;
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
+use crate::object_files::ObjectReader;
 use crate::prune::RowGroupStats;
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
@@ -303,6 +305,9 @@ fn open_parquet(
     columns: Option<&Vec<String>>,
     prune: Option<&Expr>,
 ) -> Result<BatchIter> {
+    if let Some(url) = crate::object_files::url_of(path) {
+        return open_object_parquet(path, ObjectReader::open(url)?, columns, prune);
+    }
     let file = open_file(path)?;
     let meta = parquet_metadata(path, &file)?;
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
@@ -343,28 +348,99 @@ fn open_parquet(
     let columns = columns.cloned();
     Ok(Box::new(reader.map(move |b| {
         let batch = b.map_err(|e| decode_error(&path, &groups, &roots, e))?;
-        // A projection reads columns in file order; give them in the order asked.
-        match &columns {
-            Some(columns) => {
-                let schema = batch.schema();
-                let order = columns
-                    .iter()
-                    .map(|c| schema.index_of(c))
-                    .collect::<Result<Vec<_>, _>>();
-                order
-                    .and_then(|o| batch.project(&o))
-                    .map_err(|e| bad_file(&path, e))
-            }
-            None => Ok(batch),
-        }
+        in_order(&path, batch, columns.as_deref())
     })))
+}
+
+/// A Parquet file in an object store, read a row group at a time: the
+/// byte ranges of the columns read of each row group are fetched together
+/// before it decodes (`ObjectReader::prefetch`), so a read fetches only
+/// what it reads, and holds one row group's columns.
+fn open_object_parquet(
+    path: &Path,
+    reader: ObjectReader,
+    columns: Option<&Vec<String>>,
+    prune: Option<&Expr>,
+) -> Result<BatchIter> {
+    let meta = parquet_metadata(path, &reader)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
+    let groups = match prune {
+        Some(predicate) => RowGroupStats {
+            arrow: builder.schema(),
+            parquet: builder.parquet_schema(),
+            groups: builder.metadata().row_groups(),
+            orders: builder
+                .metadata()
+                .file_metadata()
+                .column_orders()
+                .map(Vec::as_slice),
+        }
+        .may_match(predicate),
+        None => (0..builder.metadata().num_row_groups()).collect(),
+    };
+    let roots = match columns {
+        Some(columns) => columns
+            .iter()
+            .map(|c| {
+                builder
+                    .schema()
+                    .index_of(c)
+                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..builder.schema().fields().len()).collect(),
+    };
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let (path, columns) = (path.to_path_buf(), columns.cloned());
+    let row_group = move |g: usize| -> Result<BatchIter> {
+        let group = meta.metadata().row_group(g);
+        let ranges = (0..group.num_columns())
+            .filter(|&leaf| mask.leaf_included(leaf))
+            .map(|leaf| {
+                let (start, len) = group.column(leaf).byte_range();
+                start..start + len
+            })
+            .collect();
+        reader.prefetch(ranges)?;
+        let batches =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone())
+                .with_row_groups(vec![g])
+                .with_projection(mask.clone())
+                .with_batch_size(READ_BATCH_ROWS)
+                .build()
+                .map_err(|e| bad_file(&path, e))?;
+        let (path, columns) = (path.clone(), columns.clone());
+        Ok(Box::new(batches.map(move |b| {
+            let batch = b.map_err(|e| bad_file(&path, e))?;
+            in_order(&path, batch, columns.as_deref())
+        })))
+    };
+    Ok(Box::new(groups.into_iter().flat_map(move |g| {
+        row_group(g).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
+    })))
+}
+
+/// `batch`'s columns in the order asked: a projection reads them in file
+/// order.
+fn in_order(path: &Path, batch: RecordBatch, columns: Option<&[String]>) -> Result<RecordBatch> {
+    let Some(columns) = columns else {
+        return Ok(batch);
+    };
+    let schema = batch.schema();
+    let order = columns
+        .iter()
+        .map(|c| schema.index_of(c))
+        .collect::<Result<Vec<_>, _>>();
+    order
+        .and_then(|o| batch.project(&o))
+        .map_err(|e| bad_file(path, e))
 }
 
 /// A Parquet file's footer, its row count taken from its row groups' (the
 /// rows it holds): an old writer left `num_rows` 0 in the footer of files
 /// with rows, which pyarrow reads, and the `parquet` crate sizes its
 /// batches by the footer's count, so such a file would read as empty.
-fn parquet_metadata(path: &Path, file: &File) -> Result<ArrowReaderMetadata> {
+fn parquet_metadata(path: &Path, file: &impl ChunkReader) -> Result<ArrowReaderMetadata> {
     let meta =
         ArrowReaderMetadata::load(file, Default::default()).map_err(|e| bad_file(path, e))?;
     let mut held: i64 = 0;
@@ -515,6 +591,11 @@ pub fn binary_files_schema() -> SchemaRef {
 /// Expands a path, a directory (its files, sorted) or a glob into files.
 pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
     let path = Path::new(pattern);
+    if crate::object_files::url_of(path).is_some() {
+        return Err(Error::Invalid(format!(
+            "{pattern}: only read_parquet reads object store URLs so far (issue 27)"
+        )));
+    }
     let mut files = if path.is_dir() {
         let entries = std::fs::read_dir(path).map_err(|e| Error::io("listing", path, e))?;
         entries
@@ -546,15 +627,27 @@ fn is_hidden(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
 }
 
+/// Expands a Parquet source's path: [`expand_paths`], or for an object
+/// store URL its object, the objects under it or those its glob matches.
+pub fn expand_parquet_paths(pattern: &str) -> Result<Vec<PathBuf>> {
+    match crate::object_files::url_of(Path::new(pattern)) {
+        Some(url) => crate::object_files::expand_url(url),
+        None => expand_paths(pattern),
+    }
+}
+
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.
 pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
     for path in files {
-        let file = open_file(path)?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad_file(path, e))?;
-        let schema = builder.schema().clone();
+        let schema = match crate::object_files::url_of(path) {
+            Some(url) => {
+                let reader = ObjectReader::open(url)?;
+                parquet_metadata(path, &reader)?.schema().clone()
+            }
+            None => parquet_metadata(path, &open_file(path)?)?.schema().clone(),
+        };
         match &first {
             None => first = Some((schema, path)),
             Some((expected, first_path)) => {

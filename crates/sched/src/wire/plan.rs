@@ -502,6 +502,9 @@ fn split_spec(split: &SourceSplit) -> Result<SplitSpec, Error> {
 
 /// A path as the driver means it: nodes run in other directories.
 fn absolute(path: &std::path::Path) -> String {
+    if let Some(url) = streambatch_plan::object_url(path) {
+        return url.to_string();
+    }
     std::path::absolute(path)
         .unwrap_or_else(|_| path.to_path_buf())
         .display()

@@ -1,0 +1,108 @@
+//! An S3-compatible server for tests and benchmarks: moto's, run from a
+//! Python that has it (`SB_PYTHON`, else `python3`; `.ci/run` installs it)
+//! on a free port of 127.0.0.1, and the environment that points the
+//! object store client at it.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// moto's S3 server, stopped when dropped.
+pub struct S3Server {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl S3Server {
+    /// Starts one; `None` when no Python here has moto's server.
+    pub fn start() -> Option<Self> {
+        let python = std::env::var("SB_PYTHON").unwrap_or_else(|_| "python3".into());
+        let found = Command::new(&python)
+            .args(["-c", "import moto.server"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new(&python)
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.request("GET", "/", &[]).is_none() {
+            assert!(Instant::now() < deadline, "moto's S3 server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(server)
+    }
+
+    /// The variables that point the object store client (and any S3
+    /// client) at this server, with test credentials.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// Makes bucket `bucket`.
+    pub fn make_bucket(&self, bucket: &str) {
+        let status = self.request("PUT", &format!("/{bucket}"), &[]);
+        assert_eq!(status, Some(200), "making bucket {bucket}");
+    }
+
+    /// Stores `bytes` as `key` of `bucket`.
+    pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) {
+        let status = self.request("PUT", &format!("/{bucket}/{key}"), bytes);
+        assert_eq!(status, Some(200), "putting {bucket}/{key}");
+    }
+
+    /// One plain HTTP request (moto takes unsigned ones): its status,
+    /// `None` when nothing answers.
+    fn request(&self, method: &str, path: &str, body: &[u8]) -> Option<u16> {
+        let port = self.port;
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).ok()?;
+        stream.write_all(body).ok()?;
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response.split(' ').nth(1)?.parse().ok()
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,255 @@
+//! Files in object stores (issue 27): `s3://`, `gs://`, `az://` (and
+//! `abfs://`) and `http(s)://` URLs where a Parquet source takes a path,
+//! through the `object_store` crate. Credentials and options come from
+//! each cloud's standard environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`):
+//! `AWS_ENDPOINT_URL` points S3 at an S3-compatible store, and
+//! `AWS_ALLOW_HTTP=true` lets that be plain HTTP.
+//!
+//! A URL travels in a plan as a source split's path, so each node of a
+//! cluster reads its own splits from the store, with its own environment.
+//! A Parquet file is read by ranges ([`ObjectReader`]): its footer, then
+//! for each row group read, the byte ranges of the columns read, fetched
+//! together (several requests in flight) and held while that row group
+//! decodes.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::file::reader::{ChunkReader, Length};
+use url::Url;
+
+use crate::{Error, Result};
+
+/// The URL schemes read through `object_store`.
+const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];
+
+/// `path` as an object store URL, when it is one (`s3://`, `gs://`,
+/// `az://`, `abfs(s)://`, `http(s)://`): such a path names the same object
+/// on every node.
+///
+/// ```
+/// use std::path::Path;
+/// assert_eq!(streambatch_plan::object_url(Path::new("s3://b/k.parquet")), Some("s3://b/k.parquet"));
+/// assert_eq!(streambatch_plan::object_url(Path::new("data/k.parquet")), None);
+/// ```
+pub fn url_of(path: &Path) -> Option<&str> {
+    let path = path.to_str()?;
+    let (scheme, _) = path.split_once("://")?;
+    SCHEMES.contains(&scheme).then_some(path)
+}
+
+/// An object: its store and its path there, and its URL for errors.
+#[derive(Clone)]
+struct Object {
+    store: Arc<dyn ObjectStore>,
+    path: ObjectPath,
+    url: String,
+}
+
+impl Object {
+    fn at(url: &str) -> Result<Self> {
+        let parsed = Url::parse(url).map_err(|e| invalid(url, e))?;
+        let (store, path) = store_for(&parsed)?;
+        Ok(Self {
+            store,
+            path,
+            url: url.to_string(),
+        })
+    }
+
+    fn error(&self, what: &str, e: object_store::Error) -> Error {
+        Error::Invalid(format!("{what} {}: {e}", self.url))
+    }
+}
+
+/// The store of `url` (one per scheme and bucket or host, kept: its
+/// connections are reused) and the object's path in it.
+fn store_for(url: &Url) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+    let key = url[..url::Position::BeforePath].to_string();
+    let stores = STORES.get_or_init(Default::default);
+    let (made, path) = object_store::parse_url_opts(url, std::env::vars())
+        .map_err(|e| invalid(url.as_str(), e))?;
+    let mut stores = stores.lock().unwrap_or_else(|p| p.into_inner());
+    let store = stores.entry(key).or_insert_with(|| Arc::from(made)).clone();
+    Ok((store, path))
+}
+
+fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("object store URL {url}: {e}"))
+}
+
+/// Runs `future` to its end on the object stores' runtime (two threads,
+/// made on first use), from any thread, a runtime's included.
+fn block_on<F>(future: F) -> F::Output
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sb-objects")
+            .enable_all()
+            .build()
+            .expect("a runtime for object store requests")
+    });
+    match tokio::runtime::Handle::try_current() {
+        // A runtime's thread may not block on another: a thread of its own.
+        Ok(_) => std::thread::scope(|s| {
+            s.spawn(|| runtime.block_on(future))
+                .join()
+                .expect("an object store request does not panic")
+        }),
+        Err(_) => runtime.block_on(future),
+    }
+}
+
+/// Expands an object store URL into the files it names, sorted: the
+/// object itself, every object under it as a prefix (names starting with
+/// `.` or `_` left out, as in a local directory), or the objects matching
+/// it as a glob (`*`, `?` or `[` in its path).
+pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
+    let object = Object::at(pattern)?;
+    let url = Url::parse(pattern).map_err(|e| invalid(pattern, e))?;
+    // The bucket (or host) that keys are relative to.
+    let base = &url[..url::Position::BeforePath];
+    let key = object.path.as_ref();
+    let glob_at = key.find(['*', '?', '[']);
+    let keys: Vec<String> = match glob_at {
+        Some(at) => {
+            let prefix = key[..at].rsplit_once('/').map_or("", |(dir, _)| dir);
+            let matcher = glob::Pattern::new(key).map_err(|e| invalid(pattern, e))?;
+            list(&object, prefix)?
+                .into_iter()
+                .filter(|k| matcher.matches(k))
+                .collect()
+        }
+        None => match block_on(object.store.head(&object.path)) {
+            Ok(_) => vec![key.to_string()],
+            Err(object_store::Error::NotFound { .. }) => list(&object, key)?,
+            Err(e) => return Err(object.error("reading", e)),
+        },
+    };
+    let mut files: Vec<PathBuf> = keys
+        .into_iter()
+        .filter(|k| !is_hidden(k))
+        .map(|k| PathBuf::from(format!("{base}/{k}")))
+        .collect();
+    if files.is_empty() {
+        return Err(Error::NoFiles {
+            pattern: pattern.to_string(),
+        });
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// The keys of every object under `prefix` (a folder: `a/b` lists `a/b/..`).
+fn list(object: &Object, prefix: &str) -> Result<Vec<String>> {
+    let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
+    block_on(async {
+        let mut listed = object.store.list(prefix.as_ref());
+        let mut keys = Vec::new();
+        while let Some(meta) = listed.next().await {
+            let meta = meta.map_err(|e| object.error("listing", e))?;
+            keys.push(meta.location.as_ref().to_string());
+        }
+        Ok(keys)
+    })
+}
+
+fn is_hidden(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    name.starts_with('.') || name.starts_with('_')
+}
+
+/// A Parquet file in an object store, as the `parquet` crate reads files:
+/// each read a range request, except what [`prefetch`](Self::prefetch)
+/// fetched (a row group's columns), which is read from memory.
+#[derive(Clone)]
+pub(crate) struct ObjectReader {
+    object: Object,
+    size: u64,
+    /// Ranges fetched ahead: (first byte, bytes).
+    fetched: Arc<Mutex<Vec<(u64, Bytes)>>>,
+}
+
+impl ObjectReader {
+    /// The file at `url` (its size asked of the store).
+    pub(crate) fn open(url: &str) -> Result<Self> {
+        let object = Object::at(url)?;
+        let meta =
+            block_on(object.store.head(&object.path)).map_err(|e| object.error("opening", e))?;
+        Ok(Self {
+            object,
+            size: meta.size,
+            fetched: Default::default(),
+        })
+    }
+
+    /// Fetches `ranges` together (several requests in flight), dropping
+    /// what was fetched before.
+    pub(crate) fn prefetch(&self, ranges: Vec<Range<u64>>) -> Result<()> {
+        let object = &self.object;
+        let bytes = block_on(object.store.get_ranges(&object.path, &ranges))
+            .map_err(|e| object.error("reading", e))?;
+        let fetched = ranges.iter().map(|r| r.start).zip(bytes).collect();
+        *self.fetched.lock().unwrap_or_else(|p| p.into_inner()) = fetched;
+        Ok(())
+    }
+
+    /// `len` bytes from `start`, from what was fetched ahead when it holds
+    /// them (`None` for `len`: to the end of that range).
+    fn held(&self, start: u64, len: Option<usize>) -> Option<Bytes> {
+        let fetched = self.fetched.lock().unwrap_or_else(|p| p.into_inner());
+        fetched.iter().find_map(|(at, bytes)| {
+            let from = usize::try_from(start.checked_sub(*at)?).ok()?;
+            // Read on from `start`: a range that ends there holds none of it.
+            let rest = bytes.len().checked_sub(from).filter(|&rest| rest > 0)?;
+            let to = from.checked_add(len.unwrap_or(rest))?;
+            (to <= bytes.len()).then(|| bytes.slice(from..to))
+        })
+    }
+
+    fn fetch(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
+        let object = &self.object;
+        block_on(object.store.get_range(&object.path, range))
+            .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+    }
+}
+
+impl Length for ObjectReader {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ChunkReader for ObjectReader {
+    type T = std::io::Cursor<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let bytes = match self.held(start, None) {
+            Some(bytes) => bytes,
+            None => self.fetch(start..self.size)?,
+        };
+        Ok(std::io::Cursor::new(bytes))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        if length == 0 {
+            return Ok(Bytes::new());
+        }
+        match self.held(start, Some(length)) {
+            Some(bytes) => Ok(bytes),
+            None => self.fetch(start..start + length as u64),
+        }
+    }
+}
