@@ -1,7 +1,8 @@
-//! Parquet read from an S3-compatible store: moto's server, started here on
+//! Files read from an S3-compatible store: moto's server, started here on
 //! 127.0.0.1 from a Python that has it (`SB_PYTHON`, else `python3`;
-//! `.ci/run` installs it). A prefix, a glob, columns with a filter that
-//! prunes row groups, and the errors for a missing object and bucket.
+//! `.ci/run` installs it). Parquet from a prefix, a glob, columns with a
+//! filter that prunes row groups, and the errors for a missing object and
+//! bucket; every other file format, read as from a local directory.
 
 mod common;
 
@@ -10,11 +11,12 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use common::ctx;
 use streambatch::prelude::*;
+use streambatch::{Context, Dataset};
 use streambatch_bench::{S3Server, skip_test};
 
 /// Four Parquet files of 2,500 rows (ids 0..10,000 in order, a name each),
 /// row groups of 500 rows, as local files.
-pub fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     (0..4)
         .map(|f| {
             let ids: Vec<i64> = (f * 2_500..(f + 1) * 2_500).collect();
@@ -50,11 +52,13 @@ fn ids(batches: &[RecordBatch]) -> Vec<i64> {
     ids
 }
 
+/// One test, one server: the client reads its endpoint from the
+/// environment, which tests running side by side would share.
 #[test]
-fn parquet_reads_from_an_s3_prefix_a_glob_and_with_pruning() {
+fn files_read_from_an_s3_compatible_store() {
     let Some(s3) = S3Server::start() else {
         return skip_test(
-            "parquet_reads_from_an_s3_prefix_a_glob_and_with_pruning",
+            "files_read_from_an_s3_compatible_store",
             "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
         );
     };
@@ -114,4 +118,102 @@ fn parquet_reads_from_an_s3_prefix_a_glob_and_with_pruning() {
         .unwrap_err()
         .to_string();
     assert!(bucket.contains("s3://no-such-bucket/x.parquet"), "{bucket}");
+    every_format_reads_from_s3_as_from_a_local_directory(&s3);
+}
+
+/// Every row of `batches`, as text, sorted: two reads compare equal when
+/// they hold the same rows whatever their order.
+fn rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut rows: Vec<String> = batches
+        .iter()
+        .flat_map(|b| {
+            let b = b.clone();
+            (0..b.num_rows()).map(move |i| {
+                let columns = (0..b.num_columns()).map(|c| {
+                    let value = arrow_cast::display::ArrayFormatter::try_new(
+                        b.column(c).as_ref(),
+                        &Default::default(),
+                    )
+                    .unwrap();
+                    value.value(i).to_string()
+                });
+                columns.collect::<Vec<_>>().join("|")
+            })
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// CSV, JSON, IPC, text, images and binary files written locally, stored
+/// in `s3`, read from there and from disk: the same rows.
+fn every_format_reads_from_s3_as_from_a_local_directory(s3: &S3Server) {
+    s3.make_bucket("formats");
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx();
+    let table = ctx
+        .range(3_000, 3)
+        .with_column("twice", col("id") * lit(2i64));
+    table.write_csv(dir.path().join("csv")).unwrap();
+    table.write_json(dir.path().join("json")).unwrap();
+    table.write_ipc(dir.path().join("ipc")).unwrap();
+    let text = dir.path().join("text");
+    std::fs::create_dir(&text).unwrap();
+    std::fs::write(text.join("a.txt"), "one\ntwo\r\nthree").unwrap();
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    image::RgbImage::from_fn(6, 4, |x, y| image::Rgb([x as u8 * 40, y as u8 * 60, 7]))
+        .save(images.join("a.png"))
+        .unwrap();
+    for folder in ["csv", "json", "ipc", "text", "images"] {
+        for entry in std::fs::read_dir(dir.path().join(folder)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            s3.put(
+                "formats",
+                &format!("{folder}/{name}"),
+                &std::fs::read(&path).unwrap(),
+            );
+        }
+    }
+    let local = |folder: &str| dir.path().join(folder).display().to_string();
+    let remote = |folder: &str| format!("s3://formats/{folder}/");
+    type Read = fn(&Context, &str) -> Dataset;
+    let readers: [(&str, Read); 5] = [
+        ("csv", |c, p| c.read_csv(p).unwrap()),
+        ("json", |c, p| c.read_json(p).unwrap()),
+        ("ipc", |c, p| c.read_ipc(p).unwrap()),
+        ("text", |c, p| c.read_text(p).unwrap()),
+        ("images", |c, p| c.read_images(p, 2, 3).unwrap()),
+    ];
+    for (folder, read) in readers {
+        let from_s3 = read(&ctx, &remote(folder)).collect().unwrap();
+        let from_disk = read(&ctx, &local(folder)).collect().unwrap();
+        // Rows name their file (text lines do not): compare without the path.
+        let strip = |batches: Vec<RecordBatch>| -> Vec<RecordBatch> {
+            batches
+                .into_iter()
+                .map(|b| match b.schema().index_of("path") {
+                    Ok(at) => {
+                        let keep: Vec<usize> = (0..b.num_columns()).filter(|&c| c != at).collect();
+                        b.project(&keep).unwrap()
+                    }
+                    Err(_) => b,
+                })
+                .collect()
+        };
+        let (from_s3, from_disk) = (strip(from_s3), strip(from_disk));
+        assert!(!rows(&from_disk).is_empty(), "{folder}");
+        assert_eq!(rows(&from_s3), rows(&from_disk), "{folder}");
+    }
+    let binary = ctx
+        .read_binary_files(&remote("text"))
+        .unwrap()
+        .collect()
+        .unwrap();
+    let bytes = binary[0]
+        .column_by_name("bytes")
+        .unwrap()
+        .as_binary::<i32>();
+    assert_eq!(bytes.value(0), b"one\ntwo\r\nthree");
 }

@@ -22,8 +22,8 @@ use crate::sink::{
     commit_staging, create_staging, write_whole,
 };
 use crate::source::{
-    binary_files_schema, csv_schema, expand_parquet_paths, expand_paths, ipc_schema, json_schema,
-    parquet_schema, text_schema,
+    binary_files_schema, csv_schema, expand_paths, ipc_schema, json_schema, parquet_schema,
+    text_schema,
 };
 use crate::udf::{BatchUdf, Predicate, UdfError};
 use crate::{Error, Expr, JobStats, Result, SourceSplit};
@@ -130,7 +130,7 @@ impl Dataset {
         path: &str,
         columns: Option<&[&str]>,
     ) -> Result<Self> {
-        let files = expand_parquet_paths(path)?;
+        let files = expand_paths(path)?;
         let columns: Option<Vec<String>> =
             columns.map(|c| c.iter().map(|s| s.to_string()).collect());
         let schema = parquet_schema(&files, columns.as_deref())?;
@@ -228,11 +228,7 @@ impl Dataset {
         let per_split = files_per_split(runner.as_ref(), files.len());
         let sizes = files
             .iter()
-            .map(|f| {
-                std::fs::metadata(f)
-                    .map(|m| m.len())
-                    .map_err(|e| Error::io("reading the size of", f, e))
-            })
+            .map(|f| crate::source::file_size(f))
             .collect::<Result<Vec<u64>>>()?;
         let splits = files
             .chunks(per_split)

@@ -10,9 +10,11 @@
 //! A Parquet file is read by ranges ([`ObjectReader`]): its footer, then
 //! for each row group read, the byte ranges of the columns read, fetched
 //! together (several requests in flight) and held while that row group
-//! decodes.
+//! decodes. Other files are read as files ([`ObjectFile`]: `Read` and
+//! `Seek` over range requests of up to 8 MiB).
 
 use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -251,5 +253,77 @@ impl ChunkReader for ObjectReader {
             Some(bytes) => Ok(bytes),
             None => self.fetch(start..start + length as u64),
         }
+    }
+}
+
+/// Bytes an [`ObjectFile`] fetches at once.
+const WINDOW: u64 = 8 << 20;
+
+/// An object read as a file: `Read` and `Seek`, each read served from a
+/// window of up to 8 MiB fetched by one range request (a file read
+/// through streams, one that is sought in reads what it seeks).
+pub(crate) struct ObjectFile {
+    object: Object,
+    size: u64,
+    at: u64,
+    /// The bytes fetched last, from this position.
+    window: (u64, Bytes),
+}
+
+impl ObjectFile {
+    /// The object at `url` (its size asked of the store).
+    pub(crate) fn open(url: &str) -> Result<Self> {
+        let object = Object::at(url)?;
+        let meta =
+            block_on(object.store.head(&object.path)).map_err(|e| object.error("opening", e))?;
+        Ok(Self {
+            object,
+            size: meta.size,
+            at: 0,
+            window: (0, Bytes::new()),
+        })
+    }
+
+    /// Its size in bytes.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Read for ObjectFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.at >= self.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let (start, bytes) = &self.window;
+        let inside = self.at >= *start && self.at < start + bytes.len() as u64;
+        if !inside {
+            let range = self.at..(self.at + WINDOW).min(self.size);
+            let object = &self.object;
+            let bytes = block_on(object.store.get_range(&object.path, range))
+                .map_err(|e| std::io::Error::other(object.error("reading", e)))?;
+            self.window = (self.at, bytes);
+        }
+        let (start, bytes) = &self.window;
+        let from = (self.at - start) as usize;
+        let n = buf.len().min(bytes.len() - from);
+        buf[..n].copy_from_slice(&bytes[from..from + n]);
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for ObjectFile {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let at = match to {
+            SeekFrom::Start(n) => Some(n),
+            SeekFrom::End(d) => self.size.checked_add_signed(d),
+            SeekFrom::Current(d) => self.at.checked_add_signed(d),
+        };
+        let at = at.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "a seek before the start")
+        })?;
+        self.at = at;
+        Ok(at)
     }
 }

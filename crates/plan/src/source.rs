@@ -18,7 +18,7 @@ use parquet::file::reader::ChunkReader;
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
-use crate::object_files::ObjectReader;
+use crate::object_files::{ObjectFile, ObjectReader};
 use crate::prune::RowGroupStats;
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
@@ -295,9 +295,49 @@ pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     Ok(Arc::new(schema))
 }
 
-/// Opens `path` to read it, an error naming it.
-fn open_file(path: &Path) -> Result<File> {
-    File::open(path).map_err(|e| Error::io("opening", path, e))
+/// A file to read: on a local disk or in an object store.
+pub(crate) enum Input {
+    Local(File),
+    Object(ObjectFile),
+}
+
+impl std::io::Read for Input {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Input::Local(file) => file.read(buf),
+            Input::Object(object) => object.read(buf),
+        }
+    }
+}
+
+impl std::io::Seek for Input {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        match self {
+            Input::Local(file) => file.seek(to),
+            Input::Object(object) => object.seek(to),
+        }
+    }
+}
+
+/// Opens `path` (a local path or an object store URL) to read it, an
+/// error naming it.
+pub(crate) fn open_file(path: &Path) -> Result<Input> {
+    match crate::object_files::url_of(path) {
+        Some(url) => Ok(Input::Object(ObjectFile::open(url)?)),
+        None => File::open(path)
+            .map(Input::Local)
+            .map_err(|e| Error::io("opening", path, e)),
+    }
+}
+
+/// The size of the file or object at `path`.
+pub(crate) fn file_size(path: &Path) -> Result<u64> {
+    match crate::object_files::url_of(path) {
+        Some(url) => Ok(ObjectFile::open(url)?.size()),
+        None => std::fs::metadata(path)
+            .map(|m| m.len())
+            .map_err(|e| Error::io("reading the size of", path, e)),
+    }
 }
 
 fn open_parquet(
@@ -308,7 +348,7 @@ fn open_parquet(
     if let Some(url) = crate::object_files::url_of(path) {
         return open_object_parquet(path, ObjectReader::open(url)?, columns, prune);
     }
-    let file = open_file(path)?;
+    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
     let meta = parquet_metadata(path, &file)?;
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
     let groups = match prune {
@@ -516,7 +556,9 @@ fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<(Str
 /// One file as a row: its path, and its bytes read straight into the
 /// buffer that becomes the Arrow array (no copy after the read).
 fn read_binary_file(path: &Path) -> Result<RecordBatch> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io("reading", path, e))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut open_file(path)?, &mut bytes)
+        .map_err(|e| Error::io("reading", path, e))?;
     let end = i32::try_from(bytes.len()).map_err(|_| {
         let len = bytes.len();
         bad_file(
@@ -591,10 +633,8 @@ pub fn binary_files_schema() -> SchemaRef {
 /// Expands a path, a directory (its files, sorted) or a glob into files.
 pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
     let path = Path::new(pattern);
-    if crate::object_files::url_of(path).is_some() {
-        return Err(Error::Invalid(format!(
-            "{pattern}: only read_parquet reads object store URLs so far (issue 27)"
-        )));
+    if let Some(url) = crate::object_files::url_of(path) {
+        return crate::object_files::expand_url(url);
     }
     let mut files = if path.is_dir() {
         let entries = std::fs::read_dir(path).map_err(|e| Error::io("listing", path, e))?;
@@ -627,15 +667,6 @@ fn is_hidden(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
 }
 
-/// Expands a Parquet source's path: [`expand_paths`], or for an object
-/// store URL its object, the objects under it or those its glob matches.
-pub fn expand_parquet_paths(pattern: &str) -> Result<Vec<PathBuf>> {
-    match crate::object_files::url_of(Path::new(pattern)) {
-        Some(url) => crate::object_files::expand_url(url),
-        None => expand_paths(pattern),
-    }
-}
-
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.
 pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
@@ -646,7 +677,10 @@ pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<S
                 let reader = ObjectReader::open(url)?;
                 parquet_metadata(path, &reader)?.schema().clone()
             }
-            None => parquet_metadata(path, &open_file(path)?)?.schema().clone(),
+            None => {
+                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                parquet_metadata(path, &file)?.schema().clone()
+            }
         };
         match &first {
             None => first = Some((schema, path)),
