@@ -556,9 +556,18 @@ fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<(Str
 /// One file as a row: its path, and its bytes read straight into the
 /// buffer that becomes the Arrow array (no copy after the read).
 fn read_binary_file(path: &Path) -> Result<RecordBatch> {
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut open_file(path)?, &mut bytes)
-        .map_err(|e| Error::io("reading", path, e))?;
+    // Sized before the read, so that a large file is never copied as the
+    // buffer grows.
+    let bytes = match crate::object_files::url_of(path) {
+        Some(url) => {
+            let mut object = ObjectFile::open(url)?;
+            let mut bytes = Vec::with_capacity(object.size() as usize);
+            std::io::Read::read_to_end(&mut object, &mut bytes)
+                .map_err(|e| Error::io("reading", path, e))?;
+            bytes
+        }
+        None => std::fs::read(path).map_err(|e| Error::io("reading", path, e))?,
+    };
     let end = i32::try_from(bytes.len()).map_err(|_| {
         let len = bytes.len();
         bad_file(
