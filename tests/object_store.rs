@@ -69,16 +69,19 @@ fn files_read_from_an_s3_compatible_store() {
     }
     s3.make_bucket("data");
     let dir = tempfile::tempdir().unwrap();
-    for path in parquet_files(dir.path()) {
+    let files = parquet_files(dir.path());
+    for path in &files {
         let name = path.file_name().unwrap().to_str().unwrap();
         s3.put(
             "data",
             &format!("events/{name}"),
-            &std::fs::read(&path).unwrap(),
+            &std::fs::read(path).unwrap(),
         );
     }
-    // Hidden and marker objects are not data.
+    // Hidden and marker objects are not data, nor a folder below.
     s3.put("data", "events/_SUCCESS", &[]);
+    s3.put("data", "events/_temporary/0/part-9.parquet", b"partial");
+    s3.put("data", "events/old/part-0.parquet", b"not this folder's");
     let ctx = ctx();
     let all = ctx.read_parquet("s3://data/events/").unwrap();
     assert_eq!(
@@ -97,12 +100,20 @@ fn files_read_from_an_s3_compatible_store() {
         ids(&one.collect().unwrap()),
         (7_500..10_000).collect::<Vec<_>>()
     );
-    // Only the id column, and only row groups that may hold ids >= 9,600.
+    // Only the id column, and only row groups that may hold ids >= 9,600:
+    // one row group's one column of the four files' 20, and the footers.
     let pruned = ctx
         .read_parquet_columns("s3://data/events/", &["id"])
         .unwrap()
         .filter(col("id").gt_eq(lit(9_600i64)));
+    let before = streambatch::object_bytes_read();
     let out = pruned.collect().unwrap();
+    let read = streambatch::object_bytes_read() - before;
+    let whole: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    assert!(read > 0 && read * 8 < whole, "read {read} of {whole} bytes");
     assert!(out.iter().all(|b| b.num_columns() == 1));
     assert_eq!(ids(&out), (9_600..10_000).collect::<Vec<_>>());
     // Missing: the URL named.
@@ -216,4 +227,16 @@ fn every_format_reads_from_s3_as_from_a_local_directory(s3: &S3Server) {
         .unwrap()
         .as_binary::<i32>();
     assert_eq!(bytes.value(0), b"one\ntwo\r\nthree");
+    // A file across several of the reader's 8 MiB windows, and a key a
+    // URL must encode.
+    let large: Vec<u8> = (0..(9u32 << 20)).map(|i| (i % 251) as u8).collect();
+    s3.put("formats", "large/a%23b.bin", &large);
+    let read = ctx.read_binary_files(&remote("large")).unwrap();
+    let read = read.collect().unwrap();
+    let bytes = read[0].column_by_name("bytes").unwrap().as_binary::<i32>();
+    assert!(
+        bytes.value(0) == large.as_slice(),
+        "{} bytes",
+        bytes.value(0).len()
+    );
 }

@@ -141,8 +141,15 @@ pub(crate) fn sorted_with_sample(
         .clamp(1, MAX_CHUNKS)
         .min(rows);
     let (mut starts, mut sample) = sampled(chunks, rows, &key);
-    if sample.bytes.len() > MAX_SAMPLE_BYTES {
-        chunks = (chunks * MAX_SAMPLE_BYTES / sample.bytes.len()).max(1);
+    while sample.bytes.len() > MAX_SAMPLE_BYTES {
+        if chunks == 1 {
+            return Err(Error::Invalid(format!(
+                "sort: keys of over {} KiB cannot be sorted (a first and a last key take {} bytes)",
+                MAX_SAMPLE_BYTES / 2048,
+                sample.bytes.len()
+            )));
+        }
+        chunks = (chunks * MAX_SAMPLE_BYTES / sample.bytes.len()).clamp(1, chunks - 1);
         (starts, sample) = sampled(chunks, rows, &key);
     }
     let sorted = arrow_select::take::take_record_batch(batch, &UInt32Array::from(positions))
@@ -249,18 +256,22 @@ pub fn ranges(
 /// The output's chunks are cut as a sorted output's must be.
 fn check(output: &SampledOutput<'_>) -> std::result::Result<(), String> {
     let starts = output.starts;
-    if output.rows == 0 && output.sample.is_empty() {
+    if output.rows == 0 && output.sample.is_empty() && starts == [0] {
         return Ok(());
     }
+    let sample = output.sample;
+    // Keys out of order would send rows to no reducer.
+    let keys_in_order = (1..sample.len()).all(|i| sample.key(i - 1) <= sample.key(i));
     let fits = starts.len() >= 2
-        && starts.len() == output.sample.len()
+        && starts.len() == sample.len()
         && starts[0] == 0
         && starts.last().map(|&s| s as usize) == Some(output.rows)
-        && starts.windows(2).all(|w| w[0] <= w[1]);
+        && starts.windows(2).all(|w| w[0] <= w[1])
+        && keys_in_order;
     match fits {
         true => Ok(()),
         false => Err(format!(
-            "{} rows cut at {} starts, with {} keys",
+            "{} rows cut at {} starts, with {} keys (in order or not)",
             output.rows,
             starts.len(),
             output.sample.len()
@@ -602,6 +613,23 @@ mod tests {
             err.contains("map output 0") && err.contains("2 starts"),
             "{err}"
         );
+        // From a peer: no rows but starts past them, or keys out of order.
+        let none = KeySample::default();
+        let past = [0u32, 5];
+        let sampled = [SampledOutput {
+            rows: 0,
+            starts: &past,
+            sample: &none,
+        }];
+        assert!(ranges(&sampled, 4).is_err());
+        let backwards = KeySample::from_parts(vec![9, 1, 1], vec![1, 2, 3]).unwrap();
+        let starts = [0u32, 1, 2];
+        let sampled = [SampledOutput {
+            rows: 2,
+            starts: &starts,
+            sample: &backwards,
+        }];
+        assert!(ranges(&sampled, 4).unwrap_err().contains("in order"));
         assert!(KeySample::from_parts(vec![1, 2, 3], vec![2, 1]).is_err());
         assert!(KeySample::from_parts(vec![1, 2, 3], vec![1, 2]).is_err());
         let sample = KeySample::from_parts(vec![1, 2, 3], vec![1, 3]).unwrap();
@@ -631,6 +659,18 @@ mod tests {
         assert!(bytes.len() <= MAX_SAMPLE_BYTES + 1_100, "{}", bytes.len());
         assert!(keys > 100, "{keys} keys");
         assert_eq!(p.starts.len(), keys);
+        // A key too long for any sample to fit: an error, not a frame a
+        // node cannot send.
+        let huge = vec!["x".repeat(300 << 10), "y".repeat(300 << 10)];
+        let b = RecordBatch::try_from_iter([(
+            "k",
+            Arc::new(arrow_array::StringArray::from(huge)) as ArrayRef,
+        )])
+        .unwrap();
+        let err = sorted_with_sample(&b, &["k".to_string()], SortOptions::default(), 4)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be sorted"), "{err}");
     }
 
     #[test]

@@ -70,17 +70,38 @@ impl Object {
     }
 }
 
-/// The store of `url` (one per scheme and bucket or host, kept: its
-/// connections are reused) and the object's path in it.
+/// The store of `url` and the object's path in it. A bucket's store (the
+/// bucket in the URL's host: `s3://`, `gs://`, `az://`, `abfs(s)://`) is
+/// kept, so that its connections are reused; an `http(s)://` URL's is
+/// made each time, since its bucket or container may be in its path.
 fn store_for(url: &Url) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+    let (made, path) = object_store::parse_url_opts(url, cloud_env(url.scheme()))
+        .map_err(|e| invalid(url.as_str(), e))?;
+    if url.scheme().starts_with("http") {
+        return Ok((Arc::from(made), path));
+    }
     let key = url[..url::Position::BeforePath].to_string();
     let stores = STORES.get_or_init(Default::default);
-    let (made, path) = object_store::parse_url_opts(url, std::env::vars())
-        .map_err(|e| invalid(url.as_str(), e))?;
     let mut stores = stores.lock().unwrap_or_else(|p| p.into_inner());
     let store = stores.entry(key).or_insert_with(|| Arc::from(made)).clone();
     Ok((store, path))
+}
+
+/// The environment's options for a store of `scheme`: its cloud's own
+/// variables only (`AWS_*`, `GOOGLE_*`, `AZURE_*`), so that a variable of
+/// another program (a `TOKEN`, an `ENDPOINT`) never reaches a store.
+fn cloud_env(scheme: &str) -> Vec<(String, String)> {
+    let prefix = match scheme {
+        "s3" | "s3a" => "AWS_",
+        "gs" => "GOOGLE_",
+        "az" | "abfs" | "abfss" => "AZURE_",
+        _ => return Vec::new(),
+    };
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with(prefix))
+        .collect()
 }
 
 fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
@@ -115,36 +136,55 @@ where
 }
 
 /// Expands an object store URL into the files it names, sorted: the
-/// object itself, every object under it as a prefix (names starting with
-/// `.` or `_` left out, as in a local directory), or the objects matching
-/// it as a glob (`*`, `?` or `[` in its path).
+/// object itself, the objects directly under it as a folder (not those in
+/// folders below; names starting with `.` or `_` left out, as in a local
+/// directory), or the objects matching it as a glob (`*` or `[..]` in its
+/// path, neither matching a `/`). An `http(s)://` URL names one file: an
+/// HTTP server has no listing.
 pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
     let object = Object::at(pattern)?;
     let url = Url::parse(pattern).map_err(|e| invalid(pattern, e))?;
-    // The bucket (or host) that keys are relative to.
-    let base = &url[..url::Position::BeforePath];
     let key = object.path.as_ref();
-    let glob_at = key.find(['*', '?', '[']);
+    let glob_at = key.find(['*', '[']);
     let keys: Vec<String> = match glob_at {
+        Some(_) if url.scheme().starts_with("http") => {
+            return Err(invalid(
+                pattern,
+                "an http(s) URL names one file, not a glob",
+            ));
+        }
         Some(at) => {
             let prefix = key[..at].rsplit_once('/').map_or("", |(dir, _)| dir);
             let matcher = glob::Pattern::new(key).map_err(|e| invalid(pattern, e))?;
-            list(&object, prefix)?
+            let within_folders = glob::MatchOptions {
+                require_literal_separator: true,
+                ..Default::default()
+            };
+            list(&object, prefix, true)?
                 .into_iter()
-                .filter(|k| matcher.matches(k))
+                .filter(|k| matcher.matches_with(k, within_folders))
                 .collect()
         }
         None => match block_on(object.store.head(&object.path)) {
             Ok(_) => vec![key.to_string()],
-            Err(object_store::Error::NotFound { .. }) => list(&object, key)?,
+            Err(object_store::Error::NotFound { .. }) if !url.scheme().starts_with("http") => {
+                list(&object, key, false)?
+            }
             Err(e) => return Err(object.error("reading", e)),
         },
     };
-    let mut files: Vec<PathBuf> = keys
-        .into_iter()
-        .filter(|k| !is_hidden(k))
-        .map(|k| PathBuf::from(format!("{base}/{k}")))
-        .collect();
+    let mut files = Vec::with_capacity(keys.len());
+    for key in keys.iter().filter(|k| !is_hidden(k)) {
+        // The key's parts percent-encoded where a URL needs it (`#`, `?`).
+        let mut file = url.clone();
+        file.set_query(None);
+        file.set_fragment(None);
+        file.path_segments_mut()
+            .map_err(|()| invalid(pattern, "no path"))?
+            .clear()
+            .extend(key.split('/'));
+        files.push(PathBuf::from(file.to_string()));
+    }
     if files.is_empty() {
         return Err(Error::NoFiles {
             pattern: pattern.to_string(),
@@ -154,23 +194,45 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The keys of every object under `prefix` (a folder: `a/b` lists `a/b/..`).
-fn list(object: &Object, prefix: &str) -> Result<Vec<String>> {
+/// The keys of the objects in folder `prefix` (`a/b` lists `a/b/..`): in
+/// the folders below it too when `deep`.
+fn list(object: &Object, prefix: &str, deep: bool) -> Result<Vec<String>> {
     let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
+    let key = |meta: object_store::ObjectMeta| meta.location.as_ref().to_string();
     block_on(async {
+        if !deep {
+            let listed = object.store.list_with_delimiter(prefix.as_ref()).await;
+            let listed = listed.map_err(|e| object.error("listing", e))?;
+            return Ok(listed.objects.into_iter().map(key).collect());
+        }
         let mut listed = object.store.list(prefix.as_ref());
         let mut keys = Vec::new();
         while let Some(meta) = listed.next().await {
-            let meta = meta.map_err(|e| object.error("listing", e))?;
-            keys.push(meta.location.as_ref().to_string());
+            keys.push(key(meta.map_err(|e| object.error("listing", e))?));
         }
         Ok(keys)
     })
 }
 
+/// A key with a part starting with `.` or `_` (`_SUCCESS`, a writer's
+/// `_temporary/` folder).
 fn is_hidden(key: &str) -> bool {
-    let name = key.rsplit('/').next().unwrap_or(key);
-    name.starts_with('.') || name.starts_with('_')
+    key.split('/')
+        .any(|part| part.starts_with('.') || part.starts_with('_'))
+}
+
+/// Bytes this process has read from object stores.
+static READ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes this process has read from object stores so far (every source's
+/// range requests; a Parquet read that prunes reads less).
+pub fn bytes_read() -> u64 {
+    READ.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn counted(bytes: Bytes) -> Bytes {
+    READ.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    bytes
 }
 
 /// A Parquet file in an object store, as the `parquet` crate reads files:
@@ -203,6 +265,7 @@ impl ObjectReader {
         let object = &self.object;
         let bytes = block_on(object.store.get_ranges(&object.path, &ranges))
             .map_err(|e| object.error("reading", e))?;
+        let bytes: Vec<Bytes> = bytes.into_iter().map(counted).collect();
         let fetched = ranges.iter().map(|r| r.start).zip(bytes).collect();
         *self.fetched.lock().unwrap_or_else(|p| p.into_inner()) = fetched;
         Ok(())
@@ -224,6 +287,7 @@ impl ObjectReader {
     fn fetch(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
         let object = &self.object;
         block_on(object.store.get_range(&object.path, range))
+            .map(counted)
             .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
     }
 }
@@ -301,6 +365,7 @@ impl Read for ObjectFile {
             let range = self.at..(self.at + WINDOW).min(self.size);
             let object = &self.object;
             let bytes = block_on(object.store.get_range(&object.path, range))
+                .map(counted)
                 .map_err(|e| std::io::Error::other(object.error("reading", e)))?;
             self.window = (self.at, bytes);
         }

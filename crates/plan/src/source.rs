@@ -561,7 +561,12 @@ fn read_binary_file(path: &Path) -> Result<RecordBatch> {
     let bytes = match crate::object_files::url_of(path) {
         Some(url) => {
             let mut object = ObjectFile::open(url)?;
-            let mut bytes = Vec::with_capacity(object.size() as usize);
+            let mut bytes = Vec::new();
+            // A size the store claims is not trusted to allocate.
+            let size = usize::try_from(object.size()).unwrap_or(usize::MAX);
+            bytes
+                .try_reserve_exact(size)
+                .map_err(|e| bad_file(path, format!("{} bytes: {e}", object.size())))?;
             std::io::Read::read_to_end(&mut object, &mut bytes)
                 .map_err(|e| Error::io("reading", path, e))?;
             bytes
