@@ -12,7 +12,7 @@ use arrow_array::{Int64Array, RecordBatch, StringArray};
 use common::ctx;
 use streambatch::prelude::*;
 use streambatch::{Context, Dataset};
-use streambatch_bench::{S3Server, skip_test};
+use streambatch_bench::{S3Server, Throttle, skip_test};
 
 /// Four Parquet files of 2,500 rows (ids 0..10,000 in order, a name each),
 /// row groups of 500 rows, as local files.
@@ -130,6 +130,28 @@ fn files_read_from_an_s3_compatible_store() {
         .to_string();
     assert!(bucket.contains("s3://no-such-bucket/x.parquet"), "{bucket}");
     every_format_reads_from_s3_as_from_a_local_directory(&s3);
+    throttled_requests_are_retried(&s3, &files);
+}
+
+/// A store that answers 503 (S3's "slow down") to its first requests: the
+/// client retries with backoff, and the read gets every row.
+fn throttled_requests_are_retried(s3: &S3Server, files: &[std::path::PathBuf]) {
+    s3.make_bucket("slow");
+    let bytes = std::fs::read(&files[0]).unwrap();
+    s3.put("slow", "events/part-0.parquet", &bytes);
+    let throttle = Throttle::start(s3, 3);
+    // SAFETY: as above; the bucket's store is made, with this endpoint,
+    // on its first use below.
+    unsafe {
+        std::env::set_var(
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{}", throttle.port),
+        )
+    };
+    let ds = ctx().read_parquet("s3://slow/events/").unwrap();
+    assert_eq!(ids(&ds.collect().unwrap()), (0..2_500).collect::<Vec<_>>());
+    let refused = throttle.refused.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(refused, 3, "every refused request was retried");
 }
 
 /// Every row of `batches`, as text, sorted: two reads compare equal when

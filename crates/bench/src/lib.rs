@@ -22,7 +22,7 @@ pub use g1::{G1_ROWS, g1};
 pub use j1::j1;
 pub use net::net_bench;
 pub use s1::{s1, s1_cluster};
-pub use s3::S3Server;
+pub use s3::{S3Server, Throttle};
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};
 pub use w5::{w5, w5_kill_one};

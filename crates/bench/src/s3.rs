@@ -106,3 +106,84 @@ impl Drop for S3Server {
         let _ = self.child.wait();
     }
 }
+
+/// A proxy in front of an [`S3Server`] that answers its first `fail`
+/// requests with `503 Slow Down`, as a throttled S3 does, and forwards the
+/// rest: a client that retries gets through.
+pub struct Throttle {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Requests answered 503 so far.
+    pub refused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Throttle {
+    /// Starts one in front of `server`, refusing its first `fail` requests.
+    pub fn start(server: &S3Server, fail: usize) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (count, upstream) = (refused.clone(), server.port);
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Some(request) = read_request(&client) else {
+                    continue;
+                };
+                let mut client = client;
+                if count.load(Ordering::SeqCst) < fail {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+                    let reply = format!(
+                        "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = client.write_all(reply.as_bytes());
+                    continue;
+                }
+                let Ok(mut moto) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let mut response = Vec::new();
+                if moto.write_all(&request).is_ok() && moto.read_to_end(&mut response).is_ok() {
+                    let _ = client.write_all(&response);
+                }
+            }
+        });
+        Self { port, refused }
+    }
+}
+
+/// One HTTP request read whole from `stream`, its `Connection` header made
+/// `close` (one request per connection: the proxy reads the reply to its
+/// end).
+fn read_request(mut stream: &TcpStream) -> Option<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        raw.push(byte[0]);
+    }
+    let head = String::from_utf8(raw).ok()?;
+    let mut lines: Vec<&str> = head
+        .trim_end()
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    let length: usize = lines
+        .iter()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    lines.push("Connection: close");
+    let mut request = format!("{}\r\n\r\n", lines.join("\r\n")).into_bytes();
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    request.extend(body);
+    Some(request)
+}
