@@ -21,6 +21,7 @@ mod join_spill;
 pub mod key_range;
 mod object_files;
 pub mod ops;
+mod parquet_source;
 pub mod partition;
 mod plan;
 mod prune;

@@ -11,20 +11,17 @@ use arrow_array::builder::{ArrayBuilder, StringBuilder};
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
-use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuilder};
-use parquet::file::reader::ChunkReader;
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
-use crate::object_files::{ObjectFile, ObjectReader};
-use crate::prune::RowGroupStats;
+use crate::object_files::ObjectFile;
+use crate::parquet_source::open_parquet;
+pub use crate::parquet_source::parquet_schema;
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
 
 /// Rows per batch that readers produce; partitions are cut from these.
-const READ_BATCH_ROWS: usize = 8192;
+pub(crate) const READ_BATCH_ROWS: usize = 8192;
 
 /// One unit of source input, read by one task.
 #[derive(Clone, Debug)]
@@ -340,219 +337,6 @@ pub(crate) fn file_size(path: &Path) -> Result<u64> {
     }
 }
 
-fn open_parquet(
-    path: &Path,
-    columns: Option<&Vec<String>>,
-    prune: Option<&Expr>,
-) -> Result<BatchIter> {
-    if let Some(url) = crate::object_files::url_of(path) {
-        return open_object_parquet(path, ObjectReader::open(url)?, columns, prune);
-    }
-    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-    let meta = parquet_metadata(path, &file)?;
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
-    let groups = match prune {
-        Some(predicate) => RowGroupStats {
-            arrow: builder.schema(),
-            parquet: builder.parquet_schema(),
-            groups: builder.metadata().row_groups(),
-            orders: builder
-                .metadata()
-                .file_metadata()
-                .column_orders()
-                .map(Vec::as_slice),
-        }
-        .may_match(predicate),
-        None => (0..builder.metadata().num_row_groups()).collect(),
-    };
-    let roots = match columns {
-        Some(columns) => columns
-            .iter()
-            .map(|c| {
-                builder
-                    .schema()
-                    .index_of(c)
-                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => (0..builder.schema().fields().len()).collect(),
-    };
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-    let reader = builder
-        .with_row_groups(groups.clone())
-        .with_projection(mask)
-        .with_batch_size(READ_BATCH_ROWS)
-        .build()
-        .map_err(|e| decode_error(path, &groups, &roots, e))?;
-    let path = path.to_path_buf();
-    let columns = columns.cloned();
-    Ok(Box::new(reader.map(move |b| {
-        let batch = b.map_err(|e| decode_error(&path, &groups, &roots, e))?;
-        in_order(&path, batch, columns.as_deref())
-    })))
-}
-
-/// A Parquet file in an object store, read a row group at a time: the
-/// byte ranges of the columns read of each row group are fetched together
-/// before it decodes (`ObjectReader::prefetch`), so a read fetches only
-/// what it reads, and holds one row group's columns.
-fn open_object_parquet(
-    path: &Path,
-    reader: ObjectReader,
-    columns: Option<&Vec<String>>,
-    prune: Option<&Expr>,
-) -> Result<BatchIter> {
-    let meta = parquet_metadata(path, &reader)?;
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
-    let groups = match prune {
-        Some(predicate) => RowGroupStats {
-            arrow: builder.schema(),
-            parquet: builder.parquet_schema(),
-            groups: builder.metadata().row_groups(),
-            orders: builder
-                .metadata()
-                .file_metadata()
-                .column_orders()
-                .map(Vec::as_slice),
-        }
-        .may_match(predicate),
-        None => (0..builder.metadata().num_row_groups()).collect(),
-    };
-    let roots = match columns {
-        Some(columns) => columns
-            .iter()
-            .map(|c| {
-                builder
-                    .schema()
-                    .index_of(c)
-                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => (0..builder.schema().fields().len()).collect(),
-    };
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let (path, columns) = (path.to_path_buf(), columns.cloned());
-    let row_group = move |g: usize| -> Result<BatchIter> {
-        let group = meta.metadata().row_group(g);
-        let ranges = (0..group.num_columns())
-            .filter(|&leaf| mask.leaf_included(leaf))
-            .map(|leaf| {
-                let (start, len) = group.column(leaf).byte_range();
-                start..start + len
-            })
-            .collect();
-        reader.prefetch(ranges)?;
-        let batches =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone())
-                .with_row_groups(vec![g])
-                .with_projection(mask.clone())
-                .with_batch_size(READ_BATCH_ROWS)
-                .build()
-                .map_err(|e| bad_file(&path, e))?;
-        let (path, columns) = (path.clone(), columns.clone());
-        Ok(Box::new(batches.map(move |b| {
-            let batch = b.map_err(|e| bad_file(&path, e))?;
-            in_order(&path, batch, columns.as_deref())
-        })))
-    };
-    Ok(Box::new(groups.into_iter().flat_map(move |g| {
-        row_group(g).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
-    })))
-}
-
-/// `batch`'s columns in the order asked: a projection reads them in file
-/// order.
-fn in_order(path: &Path, batch: RecordBatch, columns: Option<&[String]>) -> Result<RecordBatch> {
-    let Some(columns) = columns else {
-        return Ok(batch);
-    };
-    let schema = batch.schema();
-    let order = columns
-        .iter()
-        .map(|c| schema.index_of(c))
-        .collect::<Result<Vec<_>, _>>();
-    order
-        .and_then(|o| batch.project(&o))
-        .map_err(|e| bad_file(path, e))
-}
-
-/// A Parquet file's footer, its row count taken from its row groups' (the
-/// rows it holds): an old writer left `num_rows` 0 in the footer of files
-/// with rows, which pyarrow reads, and the `parquet` crate sizes its
-/// batches by the footer's count, so such a file would read as empty.
-fn parquet_metadata(path: &Path, file: &impl ChunkReader) -> Result<ArrowReaderMetadata> {
-    let meta =
-        ArrowReaderMetadata::load(file, Default::default()).map_err(|e| bad_file(path, e))?;
-    let mut held: i64 = 0;
-    for (i, group) in meta.metadata().row_groups().iter().enumerate() {
-        let rows = group.num_rows();
-        held = (rows >= 0)
-            .then(|| held.checked_add(rows))
-            .flatten()
-            .ok_or_else(|| bad_file(path, format!("row group {i} counts {rows} rows")))?;
-    }
-    let footer = meta.metadata().file_metadata();
-    if footer.num_rows() == held {
-        return Ok(meta);
-    }
-    let counted = FileMetaData::new(
-        footer.version(),
-        held,
-        footer.created_by().map(str::to_owned),
-        footer.key_value_metadata().cloned(),
-        footer.schema_descr_ptr(),
-        footer.column_orders().cloned(),
-    );
-    let mut old = ParquetMetaData::clone(meta.metadata()).into_builder();
-    let fixed = ParquetMetaDataBuilder::new(counted)
-        .set_row_groups(old.take_row_groups())
-        .set_page_index(old.take_page_index())
-        .build();
-    ArrowReaderMetadata::try_new(Arc::new(fixed), Default::default()).map_err(|e| bad_file(path, e))
-}
-
-/// A Parquet file that failed to decode: the error names the column whose
-/// pages fail when each of the columns read is read again alone, with that
-/// read's own error (only on this path, so a good file pays nothing).
-fn decode_error(
-    path: &Path,
-    groups: &[usize],
-    roots: &[usize],
-    e: impl std::fmt::Display,
-) -> Error {
-    match failing_column(path, groups, roots) {
-        Some((column, why)) => bad_file(path, format!("column `{column}`: {why}")),
-        None => bad_file(path, e),
-    }
-}
-
-/// The first of the columns `roots` whose row groups `groups` fail to
-/// decode, read one column at a time, and why it fails.
-fn failing_column(path: &Path, groups: &[usize], roots: &[usize]) -> Option<(String, String)> {
-    let file = File::open(path).ok()?;
-    let meta = parquet_metadata(path, &file).ok()?;
-    for &root in roots {
-        let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            file.try_clone().ok()?,
-            meta.clone(),
-        );
-        let name = builder.schema().field(root).name().clone();
-        let mask = ProjectionMask::roots(builder.parquet_schema(), [root]);
-        let failure = match builder
-            .with_row_groups(groups.to_vec())
-            .with_projection(mask)
-            .build()
-        {
-            Ok(reader) => reader.filter_map(|b| b.err()).next().map(|e| e.to_string()),
-            Err(e) => Some(e.to_string()),
-        };
-        if let Some(why) = failure {
-            return Some((name, why));
-        }
-    }
-    None
-}
-
 /// One file as a row: its path, and its bytes read straight into the
 /// buffer that becomes the Arrow array (no copy after the read).
 fn read_binary_file(path: &Path) -> Result<RecordBatch> {
@@ -681,39 +465,6 @@ fn is_hidden(path: &Path) -> bool {
         .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
 }
 
-/// Reads every file's footer and checks that all schemas agree; returns the
-/// (projected) schema.
-pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
-    let mut first: Option<(SchemaRef, &PathBuf)> = None;
-    for path in files {
-        let schema = match crate::object_files::url_of(path) {
-            Some(url) => {
-                let reader = ObjectReader::open(url)?;
-                parquet_metadata(path, &reader)?.schema().clone()
-            }
-            None => {
-                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-                parquet_metadata(path, &file)?.schema().clone()
-            }
-        };
-        match &first {
-            None => first = Some((schema, path)),
-            Some((expected, first_path)) => {
-                if expected.fields() != schema.fields() {
-                    return Err(Error::SchemaMismatch {
-                        path: path.clone(),
-                        first: (*first_path).clone(),
-                        expected: describe_schema(expected),
-                        found: describe_schema(&schema),
-                    });
-                }
-            }
-        }
-    }
-    let (schema, path) = first.ok_or_else(|| Error::Invalid("no Parquet files".into()))?;
-    project(&schema, columns).map_err(|m| bad_file(path, m))
-}
-
 /// Infers a CSV schema from the first file and checks every file's header.
 pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let format = arrow_csv::reader::Format::default().with_header(true);
@@ -747,7 +498,7 @@ pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     Ok(first.expect("expand_paths never returns no files").0)
 }
 
-fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, String> {
+pub(crate) fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, String> {
     let Some(columns) = columns else {
         return Ok(schema.clone());
     };
@@ -763,7 +514,7 @@ fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, 
     Ok(Arc::new(Schema::new(fields)))
 }
 
-fn describe_schema(schema: &Schema) -> String {
+pub(crate) fn describe_schema(schema: &Schema) -> String {
     let fields: Vec<_> = schema
         .fields()
         .iter()
