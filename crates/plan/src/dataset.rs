@@ -228,7 +228,7 @@ impl Dataset {
         let per_split = files_per_split(runner.as_ref(), files.len());
         let sizes = files
             .iter()
-            .map(|f| crate::source::file_size(f))
+            .map(|f| crate::reading::file_size(f))
             .collect::<Result<Vec<u64>>>()?;
         let splits = files
             .chunks(per_split)

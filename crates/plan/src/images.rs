@@ -97,7 +97,7 @@ fn decode_batch(paths: &[PathBuf], size: ImageSize) -> Result<RecordBatch> {
 /// converted to 8-bit RGB first, then resized with a triangle filter when
 /// its own size differs.
 fn decode(path: &Path, size: ImageSize) -> Result<Vec<u8>> {
-    let file = crate::source::open_file(path)?;
+    let file = crate::reading::open_file(path)?;
     let reader = image::ImageReader::new(BufReader::new(file))
         .with_guessed_format()
         .map_err(|e| bad_file(path, e))?;

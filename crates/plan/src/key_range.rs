@@ -19,6 +19,7 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::SortOptions;
 
+use crate::key_sample::KeySample;
 use crate::partition::{Partitioned, column_indices, key_rows};
 use crate::{BatchIter, Error, Result};
 
@@ -34,78 +35,6 @@ const MAX_CHUNKS: usize = 4096;
 /// keys: a sample travels in a node's report of the output, a control
 /// frame of at most 1 MiB.
 const MAX_SAMPLE_BYTES: usize = 256 << 10;
-
-/// Keys of a sorted map output, as `arrow-row` bytes: the first key of
-/// each chunk, then the output's last key (one more than the chunks; none
-/// for an output with no rows).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KeySample {
-    bytes: Vec<u8>,
-    /// Where each key ends in `bytes`.
-    ends: Vec<u32>,
-}
-
-impl KeySample {
-    /// A sample from its parts as [`into_parts`](Self::into_parts) gave
-    /// them (from a peer: checked, since each key is sliced by `ends`).
-    pub fn from_parts(bytes: Vec<u8>, ends: Vec<u32>) -> std::result::Result<Self, String> {
-        let ascending = ends.windows(2).all(|w| w[0] <= w[1]);
-        let whole = ends.last().map_or(0, |&e| e as usize) == bytes.len();
-        if !ascending || !whole {
-            return Err(format!(
-                "a sort's key sample of {} bytes does not end its {} keys in order",
-                bytes.len(),
-                ends.len()
-            ));
-        }
-        Ok(Self { bytes, ends })
-    }
-
-    /// The keys' bytes and where each ends.
-    pub fn into_parts(self) -> (Vec<u8>, Vec<u32>) {
-        (self.bytes, self.ends)
-    }
-
-    /// How many keys.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    /// True when there is no key.
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// A hash of the keys: a map output made again must have the same
-    /// (the reducers' ranges were taken from the first).
-    pub fn fingerprint(&self) -> u64 {
-        let ends: Vec<u8> = self.ends.iter().flat_map(|e| e.to_le_bytes()).collect();
-        let (bytes, ends) = (
-            streambatch_core::fnv1a(&self.bytes),
-            streambatch_core::fnv1a(&ends),
-        );
-        streambatch_core::mix64(bytes ^ ends.rotate_left(1))
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.bytes.len() + 4 * self.ends.len()
-    }
-
-    /// The `i`-th key.
-    pub fn key(&self, i: usize) -> &[u8] {
-        let start = match i {
-            0 => 0,
-            _ => self.ends[i - 1] as usize,
-        };
-        &self.bytes[start..self.ends[i] as usize]
-    }
-
-    fn push(&mut self, key: &[u8]) {
-        self.bytes.extend_from_slice(key);
-        self.ends.push(self.bytes.len() as u32);
-    }
-}
 
 /// The keys a reducer keeps, as `arrow-row` bytes: from `lo` (included;
 /// `None`: the first) to `hi` (excluded; `None`: past the last).
@@ -141,15 +70,15 @@ pub(crate) fn sorted_with_sample(
         .clamp(1, MAX_CHUNKS)
         .min(rows);
     let (mut starts, mut sample) = sampled(chunks, rows, &key);
-    while sample.bytes.len() > MAX_SAMPLE_BYTES {
+    while sample.key_bytes() > MAX_SAMPLE_BYTES {
         if chunks == 1 {
             return Err(Error::Invalid(format!(
                 "sort: keys of over {} KiB cannot be sorted (a first and a last key take {} bytes)",
                 MAX_SAMPLE_BYTES / 2048,
-                sample.bytes.len()
+                sample.key_bytes()
             )));
         }
-        chunks = (chunks * MAX_SAMPLE_BYTES / sample.bytes.len()).clamp(1, chunks - 1);
+        chunks = (chunks * MAX_SAMPLE_BYTES / sample.key_bytes()).clamp(1, chunks - 1);
         (starts, sample) = sampled(chunks, rows, &key);
     }
     let sorted = arrow_select::take::take_record_batch(batch, &UInt32Array::from(positions))

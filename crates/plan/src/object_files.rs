@@ -65,6 +65,12 @@ impl Object {
         })
     }
 
+    /// Its size, asked of the store.
+    fn size(&self) -> Result<u64> {
+        let meta = block_on(self.store.head(&self.path)).map_err(|e| self.error("opening", e))?;
+        Ok(meta.size)
+    }
+
     fn error(&self, what: &str, e: object_store::Error) -> Error {
         Error::Invalid(format!("{what} {}: {e}", self.url))
     }
@@ -250,11 +256,9 @@ impl ObjectReader {
     /// The file at `url` (its size asked of the store).
     pub(crate) fn open(url: &str) -> Result<Self> {
         let object = Object::at(url)?;
-        let meta =
-            block_on(object.store.head(&object.path)).map_err(|e| object.error("opening", e))?;
         Ok(Self {
+            size: object.size()?,
             object,
-            size: meta.size,
             fetched: Default::default(),
         })
     }
@@ -338,11 +342,9 @@ impl ObjectFile {
     /// The object at `url` (its size asked of the store).
     pub(crate) fn open(url: &str) -> Result<Self> {
         let object = Object::at(url)?;
-        let meta =
-            block_on(object.store.head(&object.path)).map_err(|e| object.error("opening", e))?;
         Ok(Self {
+            size: object.size()?,
             object,
-            size: meta.size,
             at: 0,
             window: (0, Bytes::new()),
         })

@@ -18,7 +18,7 @@ use parquet::file::reader::ChunkReader;
 use crate::error::bad_file;
 use crate::object_files::ObjectReader;
 use crate::prune::RowGroupStats;
-use crate::source::{READ_BATCH_ROWS, describe_schema, project};
+use crate::reading::{READ_BATCH_ROWS, describe_schema, project};
 use crate::{BatchIter, Error, Expr, Result};
 
 /// Reads every file's footer and checks that all schemas agree; returns the
@@ -67,32 +67,7 @@ pub(crate) fn open_parquet(
     let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
     let meta = parquet_metadata(path, &file)?;
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta);
-    let groups = match prune {
-        Some(predicate) => RowGroupStats {
-            arrow: builder.schema(),
-            parquet: builder.parquet_schema(),
-            groups: builder.metadata().row_groups(),
-            orders: builder
-                .metadata()
-                .file_metadata()
-                .column_orders()
-                .map(Vec::as_slice),
-        }
-        .may_match(predicate),
-        None => (0..builder.metadata().num_row_groups()).collect(),
-    };
-    let roots = match columns {
-        Some(columns) => columns
-            .iter()
-            .map(|c| {
-                builder
-                    .schema()
-                    .index_of(c)
-                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => (0..builder.schema().fields().len()).collect(),
-    };
+    let (groups, roots) = selection(path, &builder, columns, prune)?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
     let reader = builder
         .with_row_groups(groups.clone())
@@ -120,32 +95,7 @@ fn open_object_parquet(
 ) -> Result<BatchIter> {
     let meta = parquet_metadata(path, &reader)?;
     let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
-    let groups = match prune {
-        Some(predicate) => RowGroupStats {
-            arrow: builder.schema(),
-            parquet: builder.parquet_schema(),
-            groups: builder.metadata().row_groups(),
-            orders: builder
-                .metadata()
-                .file_metadata()
-                .column_orders()
-                .map(Vec::as_slice),
-        }
-        .may_match(predicate),
-        None => (0..builder.metadata().num_row_groups()).collect(),
-    };
-    let roots = match columns {
-        Some(columns) => columns
-            .iter()
-            .map(|c| {
-                builder
-                    .schema()
-                    .index_of(c)
-                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
-            })
-            .collect::<Result<Vec<_>>>()?,
-        None => (0..builder.schema().fields().len()).collect(),
-    };
+    let (groups, roots) = selection(path, &builder, columns, prune)?;
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let (path, columns) = (path.to_path_buf(), columns.cloned());
     let row_group = move |g: usize| -> Result<BatchIter> {
@@ -174,6 +124,43 @@ fn open_object_parquet(
     Ok(Box::new(groups.into_iter().flat_map(move |g| {
         row_group(g).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
     })))
+}
+
+/// The row groups `prune` may match and the root columns of `columns`
+/// (all when `None`) of the file `builder` reads.
+fn selection<T: ChunkReader>(
+    path: &Path,
+    builder: &ParquetRecordBatchReaderBuilder<T>,
+    columns: Option<&Vec<String>>,
+    prune: Option<&Expr>,
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let groups = match prune {
+        Some(predicate) => RowGroupStats {
+            arrow: builder.schema(),
+            parquet: builder.parquet_schema(),
+            groups: builder.metadata().row_groups(),
+            orders: builder
+                .metadata()
+                .file_metadata()
+                .column_orders()
+                .map(Vec::as_slice),
+        }
+        .may_match(predicate),
+        None => (0..builder.metadata().num_row_groups()).collect(),
+    };
+    let roots = match columns {
+        Some(columns) => columns
+            .iter()
+            .map(|c| {
+                builder
+                    .schema()
+                    .index_of(c)
+                    .map_err(|_| bad_file(path, format!("no column `{c}`")))
+            })
+            .collect::<Result<Vec<_>>>()?,
+        None => (0..builder.schema().fields().len()).collect(),
+    };
+    Ok((groups, roots))
 }
 
 /// `batch`'s columns in the order asked: a projection reads them in file

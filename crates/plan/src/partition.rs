@@ -28,7 +28,7 @@ pub struct Partitioned {
     pub starts: Vec<usize>,
     /// A sort's map output's keys, as [`ranges`](crate::key_range::ranges)
     /// takes them; `None` for other cuts.
-    pub sample: Option<crate::KeySample>,
+    pub sample: Option<crate::key_sample::KeySample>,
 }
 
 impl Partitioned {

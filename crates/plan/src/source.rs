@@ -2,7 +2,6 @@
 //! before the job runs (one split per file or row range); each split is read
 //! by one task, which yields partitions as it reads.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,11 +16,9 @@ use crate::images::{ImageSize, open_images};
 use crate::object_files::ObjectFile;
 use crate::parquet_source::open_parquet;
 pub use crate::parquet_source::parquet_schema;
+use crate::reading::{READ_BATCH_ROWS, describe_schema, open_file};
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
-
-/// Rows per batch that readers produce; partitions are cut from these.
-pub(crate) const READ_BATCH_ROWS: usize = 8192;
 
 /// One unit of source input, read by one task.
 #[derive(Clone, Debug)]
@@ -292,51 +289,6 @@ pub fn json_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     Ok(Arc::new(schema))
 }
 
-/// A file to read: on a local disk or in an object store.
-pub(crate) enum Input {
-    Local(File),
-    Object(ObjectFile),
-}
-
-impl std::io::Read for Input {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Input::Local(file) => file.read(buf),
-            Input::Object(object) => object.read(buf),
-        }
-    }
-}
-
-impl std::io::Seek for Input {
-    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
-        match self {
-            Input::Local(file) => file.seek(to),
-            Input::Object(object) => object.seek(to),
-        }
-    }
-}
-
-/// Opens `path` (a local path or an object store URL) to read it, an
-/// error naming it.
-pub(crate) fn open_file(path: &Path) -> Result<Input> {
-    match crate::object_files::url_of(path) {
-        Some(url) => Ok(Input::Object(ObjectFile::open(url)?)),
-        None => File::open(path)
-            .map(Input::Local)
-            .map_err(|e| Error::io("opening", path, e)),
-    }
-}
-
-/// The size of the file or object at `path`.
-pub(crate) fn file_size(path: &Path) -> Result<u64> {
-    match crate::object_files::url_of(path) {
-        Some(url) => Ok(ObjectFile::open(url)?.size()),
-        None => std::fs::metadata(path)
-            .map(|m| m.len())
-            .map_err(|e| Error::io("reading the size of", path, e)),
-    }
-}
-
 /// One file as a row: its path, and its bytes read straight into the
 /// buffer that becomes the Arrow array (no copy after the read).
 fn read_binary_file(path: &Path) -> Result<RecordBatch> {
@@ -498,33 +450,10 @@ pub fn csv_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     Ok(first.expect("expand_paths never returns no files").0)
 }
 
-pub(crate) fn project(schema: &SchemaRef, columns: Option<&[String]>) -> Result<SchemaRef, String> {
-    let Some(columns) = columns else {
-        return Ok(schema.clone());
-    };
-    let fields = columns
-        .iter()
-        .map(|c| {
-            schema
-                .field_with_name(c)
-                .cloned()
-                .map_err(|_| format!("no column `{c}`"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(Schema::new(fields)))
-}
-
-pub(crate) fn describe_schema(schema: &Schema) -> String {
-    let fields: Vec<_> = schema
-        .fields()
-        .iter()
-        .map(|f| format!("{}: {}", f.name(), f.data_type()))
-        .collect();
-    format!("[{}]", fields.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::ParquetMetaDataReader;
 
