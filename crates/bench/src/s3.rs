@@ -83,9 +83,40 @@ impl S3Server {
         assert_eq!(status, Some(200), "putting {bucket}/{key}");
     }
 
+    /// The keys in `bucket` under `prefix`, sorted.
+    pub fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let (status, body) = self
+            .exchange(
+                "GET",
+                &format!("/{bucket}?list-type=2&prefix={prefix}"),
+                &[],
+            )
+            .expect("moto answers");
+        assert_eq!(status, 200, "listing {bucket}/{prefix}: {body}");
+        assert!(!body.contains("<IsTruncated>true"), "one page: {body}");
+        let mut keys: Vec<String> = elements(&body, "Key");
+        keys.sort();
+        keys
+    }
+
+    /// The multipart uploads started in `bucket` and neither completed nor
+    /// aborted: their keys.
+    pub fn pending_uploads(&self, bucket: &str) -> Vec<String> {
+        let (status, body) = self
+            .exchange("GET", &format!("/{bucket}?uploads"), &[])
+            .expect("moto answers");
+        assert_eq!(status, 200, "listing {bucket}'s uploads: {body}");
+        elements(&body, "Key")
+    }
+
     /// One plain HTTP request (moto takes unsigned ones): its status,
     /// `None` when nothing answers.
     fn request(&self, method: &str, path: &str, body: &[u8]) -> Option<u16> {
+        self.exchange(method, path, body).map(|(status, _)| status)
+    }
+
+    /// One plain HTTP request: its status and body.
+    fn exchange(&self, method: &str, path: &str, body: &[u8]) -> Option<(u16, String)> {
         let port = self.port;
         let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
         let head = format!(
@@ -96,8 +127,19 @@ impl S3Server {
         stream.write_all(body).ok()?;
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        response.split(' ').nth(1)?.parse().ok()
+        let status = response.split(' ').nth(1)?.parse().ok()?;
+        let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, body.to_string()))
     }
+}
+
+/// The texts of an XML answer's `<tag>` elements.
+fn elements(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(&open)
+        .skip(1)
+        .filter_map(|rest| rest.split_once(&close).map(|(text, _)| text.to_string()))
+        .collect()
 }
 
 impl Drop for S3Server {

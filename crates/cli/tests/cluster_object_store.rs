@@ -1,6 +1,8 @@
 //! Parquet in an S3-compatible store (moto's server on 127.0.0.1) read on
 //! two node processes: each node reads its own splits from the store, with
-//! its own environment, and the driver plans from the objects' footers.
+//! its own environment, and the driver plans from the objects' footers;
+//! then the nodes write a result back, each uploading its own parts, and
+//! the driver commits the write.
 
 mod common;
 
@@ -64,4 +66,28 @@ fn both_nodes_read_their_splits_of_an_s3_prefix() {
         let n = stats.nodes.iter().find(|n| n.name == name).unwrap();
         assert!(n.tasks > 0, "{name} read no split: {stats}");
     }
+    let written = ds.write_parquet("s3://lake/copy/").unwrap();
+    assert_eq!(written.len(), 8, "a part per split: {written:?}");
+    let stats = ds.stats().unwrap();
+    for name in ["worker-1", "worker-2"] {
+        let n = stats.nodes.iter().find(|n| n.name == name).unwrap();
+        assert!(n.tasks > 0, "{name} wrote no part: {stats}");
+    }
+    let back = local
+        .read_parquet("s3://lake/copy/")
+        .unwrap()
+        .collect()
+        .unwrap();
+    let mut copied: Vec<i64> = back
+        .iter()
+        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+        .collect();
+    copied.sort_unstable();
+    assert_eq!(copied, ids);
+    let keys = s3.keys("lake", "copy/");
+    assert_eq!(
+        keys.len(),
+        9,
+        "the parts and the manifest, no staging: {keys:?}"
+    );
 }

@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::reader::{ChunkReader, Length};
 use url::Url;
 
-use crate::{Error, Result};
+use crate::{Error, Result, manifest};
 
 /// The URL schemes read through `object_store`.
 const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];
@@ -48,14 +48,14 @@ pub fn url_of(path: &Path) -> Option<&str> {
 
 /// An object: its store and its path there, and its URL for errors.
 #[derive(Clone)]
-struct Object {
-    store: Arc<dyn ObjectStore>,
-    path: ObjectPath,
-    url: String,
+pub(crate) struct Object {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) path: ObjectPath,
+    pub(crate) url: String,
 }
 
 impl Object {
-    fn at(url: &str) -> Result<Self> {
+    pub(crate) fn at(url: &str) -> Result<Self> {
         let parsed = Url::parse(url).map_err(|e| invalid(url, e))?;
         let (store, path) = store_for(&parsed)?;
         Ok(Self {
@@ -65,13 +65,23 @@ impl Object {
         })
     }
 
+    /// The object `key` of the same store, at `url`.
+    pub(crate) fn sibling(&self, url: String, key: &str) -> Result<Self> {
+        let path = ObjectPath::parse(key).map_err(|e| invalid(&url, e))?;
+        Ok(Self {
+            store: self.store.clone(),
+            path,
+            url,
+        })
+    }
+
     /// Its size, asked of the store.
     fn size(&self) -> Result<u64> {
         let meta = block_on(self.store.head(&self.path)).map_err(|e| self.error("opening", e))?;
         Ok(meta.size)
     }
 
-    fn error(&self, what: &str, e: object_store::Error) -> Error {
+    pub(crate) fn error(&self, what: &str, e: object_store::Error) -> Error {
         Error::Invalid(format!("{what} {}: {e}", self.url))
     }
 }
@@ -116,7 +126,7 @@ fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
 
 /// Runs `future` to its end on the object stores' runtime (two threads,
 /// made on first use), from any thread, a runtime's included.
-fn block_on<F>(future: F) -> F::Output
+pub(crate) fn block_on<F>(future: F) -> F::Output
 where
     F: std::future::Future + Send,
     F::Output: Send,
@@ -179,17 +189,16 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
             Err(e) => return Err(object.error("reading", e)),
         },
     };
+    // Parts a committed write's manifest does not list are not its output.
+    let keys = manifest::honour(keys, |key| {
+        let object = object.sibling(key_url(&url, key)?, key)?;
+        block_on(object.store.get(&object.path))
+            .and_then(|got| block_on(got.bytes()))
+            .map_err(|e| object.error("reading", e))
+    })?;
     let mut files = Vec::with_capacity(keys.len());
     for key in keys.iter().filter(|k| !is_hidden(k)) {
-        // The key's parts percent-encoded where a URL needs it (`#`, `?`).
-        let mut file = url.clone();
-        file.set_query(None);
-        file.set_fragment(None);
-        file.path_segments_mut()
-            .map_err(|()| invalid(pattern, "no path"))?
-            .clear()
-            .extend(key.split('/'));
-        files.push(PathBuf::from(file.to_string()));
+        files.push(PathBuf::from(key_url(&url, key)?));
     }
     if files.is_empty() {
         return Err(Error::NoFiles {
@@ -200,9 +209,22 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The URL of `key` in `url`'s bucket, its parts percent-encoded where a
+/// URL needs it (`#`, `?`).
+pub(crate) fn key_url(url: &Url, key: &str) -> Result<String> {
+    let mut file = url.clone();
+    file.set_query(None);
+    file.set_fragment(None);
+    file.path_segments_mut()
+        .map_err(|()| invalid(url.as_str(), "no path"))?
+        .clear()
+        .extend(key.split('/'));
+    Ok(file.to_string())
+}
+
 /// The keys of the objects in folder `prefix` (`a/b` lists `a/b/..`): in
 /// the folders below it too when `deep`.
-fn list(object: &Object, prefix: &str, deep: bool) -> Result<Vec<String>> {
+pub(crate) fn list(object: &Object, prefix: &str, deep: bool) -> Result<Vec<String>> {
     let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
     let key = |meta: object_store::ObjectMeta| meta.location.as_ref().to_string();
     block_on(async {

@@ -18,10 +18,12 @@ use parquet::basic::Compression;
 use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
 use streambatch_core::TaskId;
 
+use crate::object_files::url_of;
 use crate::{BatchIter, Error, Result};
 
 mod durable;
 mod format;
+mod object_commit;
 
 pub use format::FileFormat;
 pub(crate) use format::FormatWriter;
@@ -125,7 +127,12 @@ pub fn write_part(
 ) -> Result<Vec<(PathBuf, usize)>> {
     let (dir, ext) = (&sink.dir, sink.format.extension());
     let path = dir.join(format!("part-{:06}.{ext}", task.0));
-    let tmp = dir.join(format!(".part-{:06}.{ext}.tmp", task.0));
+    // An object appears whole when its upload completes: no rename.
+    let object = url_of(dir).is_some();
+    let tmp = match object {
+        true => path.clone(),
+        false => dir.join(format!(".part-{:06}.{ext}.tmp", task.0)),
+    };
     let mut writer: Option<FormatWriter> = None;
     let mut schema: Option<SchemaRef> = None;
     let mut rows = 0;
@@ -149,7 +156,9 @@ pub fn write_part(
         Ok(())
     })();
     let Some(writer) = writer else {
-        let _ = std::fs::remove_file(&tmp);
+        if !object {
+            let _ = std::fs::remove_file(&tmp);
+        }
         result?;
         if let Some(schema) = schema {
             let empty = dir.join(format!("{EMPTY_PREFIX}{:06}.{ext}", task.0));
@@ -157,20 +166,25 @@ pub fn write_part(
         }
         return Ok(Vec::new());
     };
+    // Dropped on an error, an object's upload is aborted.
     let finished = result.and_then(|()| {
         writer.close(&path)?;
-        durable::sync_file(&tmp)?;
-        durable::rename(&tmp, &path)
+        match object {
+            true => Ok(()),
+            false => durable::sync_file(&tmp).and_then(|()| durable::rename(&tmp, &path)),
+        }
     });
     if let Err(e) = finished {
-        let _ = std::fs::remove_file(&tmp);
+        if !object {
+            let _ = std::fs::remove_file(&tmp);
+        }
         return Err(e);
     }
     Ok(vec![(path, rows)])
 }
 
 /// Names of the files without rows that tasks without rows leave in staging.
-const EMPTY_PREFIX: &str = ".empty-";
+pub(crate) const EMPTY_PREFIX: &str = ".empty-";
 
 /// `path` could not be written, for `why`.
 pub(crate) fn write_failed(path: &Path, why: impl std::fmt::Display) -> Error {
@@ -189,8 +203,12 @@ pub(crate) fn write_empty(path: &Path, schema: SchemaRef, format: &FileFormat) -
 
 /// Writes `path` through `write` (given where to write), beside it first,
 /// then synced and renamed into place: whole or not at all, before and
-/// after a power loss.
+/// after a power loss. An object (`path` a URL) is written in place: it
+/// appears when its upload completes.
 pub(crate) fn write_whole(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if url_of(path).is_some() {
+        return write(path);
+    }
     let tmp = staging_name(path);
     let written = write(&tmp)
         .and_then(|()| durable::sync_file(&tmp))
@@ -233,6 +251,9 @@ pub struct Staging {
 /// directories that writers killed before they finished left in `dir`
 /// (their process is gone) are removed first.
 pub fn create_staging(dir: &Path) -> Result<Staging> {
+    if url_of(dir).is_some() {
+        return object_commit::create(dir);
+    }
     let made = (dir.ancestors())
         .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
         .last();
@@ -271,6 +292,9 @@ impl Staging {
 
     /// True when no task staged a file, not even a schema-only one.
     pub fn is_empty(&self) -> Result<bool> {
+        if url_of(&self.dir).is_some() {
+            return object_commit::is_empty(self);
+        }
         let mut entries =
             std::fs::read_dir(&self.path).map_err(|e| Error::io("listing", &self.path, e))?;
         Ok(entries.all(|e| {
@@ -314,6 +338,13 @@ fn remove_abandoned(dir: &Path) {
 /// `part-*` files of `format`, and removes the staging directory. When no
 /// task wrote rows, one task's file without rows becomes `part-000000`.
 pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathBuf>> {
+    if url_of(&staging.dir).is_some() {
+        let committed = object_commit::commit(&staging, format.extension());
+        if committed.is_err() {
+            object_commit::abort(&staging);
+        }
+        return committed;
+    }
     let committed = move_staged(&staging, format.extension());
     // Whatever happened, the staging directory goes.
     let _ = std::fs::remove_dir_all(&staging.path);
@@ -400,6 +431,9 @@ fn sync_made_dirs(staging: &Staging) -> Result<()> {
 /// write made on the way to its output directory when nothing else is in
 /// them.
 pub fn abort_staging(staging: Staging) {
+    if url_of(&staging.dir).is_some() {
+        return object_commit::abort(&staging);
+    }
     // A cancelled task may still be creating a file as the directory goes:
     // a second pass removes what the first one missed (once the directory
     // is gone, no file can be made in it).

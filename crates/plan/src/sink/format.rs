@@ -2,6 +2,7 @@
 //! (with its codec and row groups), CSV with a header row,
 //! newline-delimited JSON, and Arrow IPC files.
 
+use std::io::Write;
 use std::path::Path;
 
 use arrow_array::RecordBatch;
@@ -11,6 +12,8 @@ use streambatch_core::DirectWriter;
 
 use super::{ParquetWriteOptions, write_failed};
 use crate::Result;
+use crate::object_files::url_of;
+use crate::object_writes::ObjectUpload;
 
 /// The format of a write's files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,31 +56,72 @@ impl FileFormat {
 /// otherwise each hold up to a million of them.
 const ROW_GROUP_BYTES: usize = 32 << 20;
 
+/// Where a written file's bytes go: a local file, written by direct I/O
+/// where the file system allows it (a job's output is written once and not
+/// read back by the job, so a copy into the page cache would only cost; see
+/// `streambatch_core::DirectWriter`, which also buffers), or an object,
+/// uploaded as it is written.
+pub(crate) enum Output {
+    File(DirectWriter),
+    Object(Box<ObjectUpload>),
+}
+
+impl Output {
+    /// A new file at `path`, or a new object when `path` is a URL; an error
+    /// names `target`, what it becomes.
+    fn create(path: &Path, target: &Path) -> Result<Self> {
+        if let Some(url) = url_of(path) {
+            return Ok(Self::Object(Box::new(ObjectUpload::create(url)?)));
+        }
+        // A file left by an attempt that failed is replaced (the name is
+        // the task's own, in the job's staging directory).
+        let _ = std::fs::remove_file(path);
+        let file = DirectWriter::create_new(path, 0o666).map_err(|e| write_failed(target, e))?;
+        Ok(Self::File(file))
+    }
+
+    fn finish(self, target: &Path) -> Result<()> {
+        match self {
+            Self::File(file) => file.finish().map(drop).map_err(|e| write_failed(target, e)),
+            Self::Object(upload) => upload.finish(),
+        }
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Self::File(file) => file.write(buf),
+            Self::Object(upload) => upload.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Self::File(file) => file.flush(),
+            Self::Object(upload) => upload.flush(),
+        }
+    }
+}
+
 /// A file being written in one of the formats.
-/// Files are written by direct I/O where the file system allows it: a job's
-/// output is written once and not read back by the job, so a copy into the
-/// page cache would only cost (see `streambatch_core::DirectWriter`, which
-/// also buffers).
 pub(crate) enum FormatWriter {
-    Parquet(ArrowWriter<DirectWriter>),
-    Csv(arrow_csv::Writer<DirectWriter>),
-    Json(arrow_json::LineDelimitedWriter<DirectWriter>),
-    Ipc(arrow_ipc::writer::FileWriter<DirectWriter>),
+    Parquet(ArrowWriter<Output>),
+    Csv(arrow_csv::Writer<Output>),
+    Json(arrow_json::LineDelimitedWriter<Output>),
+    Ipc(arrow_ipc::writer::FileWriter<Output>),
 }
 
 impl FormatWriter {
-    /// A writer of `schema` into a new file at `tmp`, its errors naming
-    /// `path`, the file it becomes.
+    /// A writer of `schema` into a new file at `tmp` (an object when it is
+    /// a URL), its errors naming `path`, the file it becomes.
     pub(crate) fn create(
         tmp: &Path,
         path: &Path,
         schema: SchemaRef,
         format: &FileFormat,
     ) -> Result<Self> {
-        // A file left by an attempt that failed is replaced (the name is
-        // the task's own, in the job's staging directory).
-        let _ = std::fs::remove_file(tmp);
-        let file = DirectWriter::create_new(tmp, 0o666).map_err(|e| write_failed(path, e))?;
+        let file = Output::create(tmp, path)?;
         let failed = |e: arrow_schema::ArrowError| write_failed(path, e);
         Ok(match format {
             FileFormat::Parquet(options) => {
@@ -134,6 +178,6 @@ impl FormatWriter {
                 w.into_inner().map_err(|e| failed(&e))?
             }
         };
-        file.finish().map(drop).map_err(|e| failed(&e))
+        file.finish(path)
     }
 }

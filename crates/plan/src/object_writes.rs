@@ -1,0 +1,155 @@
+//! Writing objects (issue 27): a new object written as a file is uploaded
+//! as it is written, in parts of 8 MiB (a multipart upload, two parts in
+//! flight), or in one request when it is smaller. An object store shows
+//! an object only once its upload completes, so it appears whole or not
+//! at all; an upload dropped before its end is aborted, so that no part
+//! is left stored (and billed) in the bucket.
+
+use std::io::Write;
+
+use bytes::Bytes;
+use object_store::ObjectStoreExt;
+use object_store::buffered::BufWriter;
+use tokio::io::AsyncWriteExt;
+
+use crate::object_files::{Object, block_on};
+use crate::{Error, Result};
+
+/// Bytes gathered before each part is sent (S3's parts are 5 MiB at least).
+const PART: usize = 8 << 20;
+
+/// A new object at a URL, written as a file: see the module's text. Call
+/// [`ObjectUpload::finish`] at the end; dropped without it, nothing is
+/// written.
+pub(crate) struct ObjectUpload {
+    object: Object,
+    /// `None` once finished.
+    writer: Option<BufWriter>,
+    gathered: Vec<u8>,
+}
+
+impl ObjectUpload {
+    /// An upload to `url`, replacing the object there when it finishes.
+    pub(crate) fn create(url: &str) -> Result<Self> {
+        let object = Object::at(url)?;
+        let writer = BufWriter::with_capacity(object.store.clone(), object.path.clone(), PART)
+            .with_max_concurrency(2);
+        Ok(Self {
+            object,
+            writer: Some(writer),
+            gathered: Vec::new(),
+        })
+    }
+
+    /// Sends what was gathered.
+    fn send(&mut self) -> std::io::Result<()> {
+        let bytes = Bytes::from(std::mem::take(&mut self.gathered));
+        let Some(writer) = self.writer.as_mut() else {
+            return Err(std::io::Error::other("written after its end"));
+        };
+        block_on(writer.put(bytes)).map_err(|e| self.failed(e))
+    }
+
+    fn failed(&self, e: object_store::Error) -> std::io::Error {
+        std::io::Error::other(self.object.error("writing", e))
+    }
+
+    /// Sends the rest and completes the upload: the object appears.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        self.send().map_err(|e| write_error(&self.object, e))?;
+        let mut writer = self.writer.take().expect("finished once");
+        match block_on(writer.shutdown()) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = block_on(writer.abort());
+                Err(write_error(&self.object, e))
+            }
+        }
+    }
+}
+
+fn write_error(object: &Object, e: impl std::fmt::Display) -> Error {
+    Error::WriteFailed {
+        path: object.url.clone().into(),
+        message: e.to_string(),
+    }
+}
+
+impl Write for ObjectUpload {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.gathered.extend_from_slice(buf);
+        if self.gathered.len() >= PART {
+            self.send()?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ObjectUpload {
+    fn drop(&mut self) {
+        if let Some(mut writer) = self.writer.take() {
+            let _ = block_on(writer.abort());
+        }
+    }
+}
+
+/// Stores `bytes` as the object at `url`, in one request.
+pub(crate) fn put(url: &str, bytes: Vec<u8>) -> Result<()> {
+    let object = Object::at(url)?;
+    block_on(object.store.put(&object.path, bytes.into()))
+        .map(drop)
+        .map_err(|e| write_error(&object, e))
+}
+
+/// Copies the object at `from` to `to` in the same store (the store copies
+/// it: its bytes do not pass through this process).
+pub(crate) fn copy(from: &str, to: &str) -> Result<()> {
+    let (from, to) = (Object::at(from)?, Object::at(to)?);
+    block_on(from.store.copy(&from.path, &to.path)).map_err(|e| write_error(&to, e))
+}
+
+/// Deletes the object at `url` (gone already is no error).
+pub(crate) fn delete(url: &str) -> Result<()> {
+    let object = Object::at(url)?;
+    match block_on(object.store.delete(&object.path)) {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(object.error("deleting", e)),
+    }
+}
+
+/// The URLs of the objects in folder `url`, with their names there: those
+/// directly in it, or also those in the folders below when `deep` (their
+/// names then paths from it). An absent folder is empty.
+pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<(String, String)>> {
+    let folder = Object::at(url)?;
+    let parsed = url::Url::parse(url).map_err(|e| Error::Invalid(format!("{url}: {e}")))?;
+    let prefix = folder.path.as_ref().to_string();
+    let mut found = Vec::new();
+    for key in crate::object_files::list(&folder, &prefix, deep)? {
+        let name = key
+            .strip_prefix(&prefix)
+            .map_or(key.as_str(), |n| n.trim_start_matches('/'));
+        found.push((
+            crate::object_files::key_url(&parsed, &key)?,
+            name.to_string(),
+        ));
+    }
+    Ok(found)
+}
+
+/// The folders directly in folder `url` (their names).
+pub(crate) fn folders(url: &str) -> Result<Vec<String>> {
+    let folder = Object::at(url)?;
+    let prefix = folder.path.clone();
+    let listed = block_on(folder.store.list_with_delimiter(Some(&prefix)))
+        .map_err(|e| folder.error("listing", e))?;
+    Ok(listed
+        .common_prefixes
+        .iter()
+        .filter_map(|p| p.filename().map(str::to_string))
+        .collect())
+}

@@ -1,0 +1,172 @@
+//! A write to an object store folder (`s3://bucket/out/`), with a local
+//! write's promise: nothing of it is output until the job has succeeded.
+//! Object stores have no rename, so:
+//!
+//! - Tasks upload their parts into a staging folder inside the output,
+//!   `.streambatch-staging-<pid>-<id>-<host>/` (the leading `.` hides it
+//!   from readers: streambatch, Spark, pyarrow and Ray Data skip names
+//!   starting with `.` or `_`). A retried task uploads the same name again.
+//! - When the job has succeeded, the store copies each part to
+//!   `part-<task>-<id>.<extension>` in the output (a name no earlier write
+//!   used), then the manifest `_streambatch-manifest.<extension>.json`
+//!   listing them is written in one request: that is the commit. Then the
+//!   earlier writes' parts of that format and the staging folder go.
+//! - When the job fails, the staging folder goes; a writer killed before
+//!   its end leaves it, and the next write into the folder from the same
+//!   host removes it (its process is gone).
+//!
+//! What a reader of the bucket sees: until the commit, the output as it
+//! was. Readers here honour the manifest, so they switch from the earlier
+//! write's parts to this one's at once. A reader that does not know the
+//! manifest sees the new parts appear beside the earlier ones while they
+//! are copied (seconds: the copies are the store's), and the earlier ones
+//! go once the manifest is written.
+
+use std::path::{Path, PathBuf};
+
+use super::{EMPTY_PREFIX, Staging};
+use crate::manifest::{self, Manifest};
+use crate::object_writes::{copy, delete, folders, list, put};
+use crate::{Error, Result};
+
+/// The start of a staging folder's name.
+const STAGING: &str = ".streambatch-staging-";
+
+/// A staging folder for one write into the object store folder `dir`,
+/// after removing those that dead writers on this host left.
+pub(super) fn create(dir: &Path) -> Result<Staging> {
+    let url = url_text(dir)?;
+    remove_abandoned(url)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = format!("{STAGING}{}-{stamp:x}-{}", std::process::id(), host());
+    Ok(Staging {
+        path: dir.join(name),
+        dir: dir.to_path_buf(),
+        made: None,
+    })
+}
+
+fn url_text(path: &Path) -> Result<&str> {
+    path.to_str()
+        .ok_or_else(|| Error::Invalid(format!("{}: not a URL", path.display())))
+}
+
+/// This host's name, as a staging folder's name carries it.
+fn host() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = name
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    if name.is_empty() { "host".into() } else { name }
+}
+
+/// Removes the staging folders in `url` of writers on this host whose
+/// process is gone.
+fn remove_abandoned(url: &str) -> Result<()> {
+    let (me, here) = (std::process::id(), host());
+    for folder in folders(url)? {
+        let Some(rest) = folder.strip_prefix(STAGING) else {
+            continue;
+        };
+        let mut fields = rest.splitn(3, '-');
+        let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        let (Some(pid), Some(_), Some(host)) = (pid, fields.next(), fields.next()) else {
+            continue;
+        };
+        let dead = host == here && pid != me && !Path::new(&format!("/proc/{pid}")).exists();
+        if dead {
+            remove_all(&join(url, &folder))?;
+        }
+    }
+    Ok(())
+}
+
+fn join(folder: &str, name: &str) -> String {
+    format!("{}/{name}", folder.trim_end_matches('/'))
+}
+
+/// Deletes every object under folder `url`.
+fn remove_all(url: &str) -> Result<()> {
+    for (object, _) in list(url, true)? {
+        delete(&object)?;
+    }
+    Ok(())
+}
+
+/// Whether no task staged a file, not even a schema-only one.
+pub(super) fn is_empty(staging: &Staging) -> Result<bool> {
+    Ok(list(url_text(&staging.path)?, false)?.is_empty())
+}
+
+/// Commits the staged parts (see the module's text); returns their URLs.
+pub(super) fn commit(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
+    let (dir, staged) = (url_text(&staging.dir)?, url_text(&staging.path)?);
+    let write = staged
+        .rsplit_once(STAGING)
+        .and_then(|(_, rest)| rest.split('-').nth(1))
+        .unwrap_or("0")
+        .to_string();
+    let mut parts = Vec::new();
+    let mut empty = None;
+    for (url, name) in list(staged, false)? {
+        if name.starts_with(EMPTY_PREFIX) {
+            empty.get_or_insert(url);
+        } else if let Some(task) = name
+            .strip_prefix("part-")
+            .and_then(|n| n.strip_suffix(&format!(".{extension}")))
+        {
+            parts.push((url, format!("part-{task}-{write}.{extension}")));
+        }
+    }
+    if let (true, Some(empty)) = (parts.is_empty(), empty) {
+        parts.push((empty, format!("part-000000-{write}.{extension}")));
+    }
+    parts.sort_by(|a, b| a.1.cmp(&b.1));
+    let copied = parts
+        .iter()
+        .try_for_each(|(from, name)| copy(from, &join(dir, name)));
+    let manifest = Manifest {
+        write,
+        files: parts.iter().map(|(_, name)| name.clone()).collect(),
+    };
+    let committed =
+        copied.and_then(|()| put(&join(dir, &manifest::name(extension)), manifest.to_json()));
+    if let Err(e) = committed {
+        for (_, name) in &parts {
+            let _ = delete(&join(dir, name));
+        }
+        return Err(e);
+    }
+    // Committed: the earlier writes' parts of this format, and the staging.
+    for (url, name) in list(dir, false)? {
+        let earlier = manifest::is_part(&name, extension) && !manifest.files.contains(&name);
+        if earlier {
+            delete(&url)?;
+        }
+    }
+    remove_all(staged)?;
+    Ok(manifest
+        .files
+        .iter()
+        .map(|name| join(dir, name).into())
+        .collect())
+}
+
+/// Removes a failed write's staging folder.
+pub(super) fn abort(staging: &Staging) {
+    // A cancelled task may still be uploading as the folder goes: a second
+    // pass removes what the first one missed.
+    for _ in 0..3 {
+        let Ok(url) = url_text(&staging.path) else {
+            return;
+        };
+        if remove_all(url).is_ok() && is_empty(staging).unwrap_or(false) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,184 @@
+//! Writes to an S3-compatible store (moto's server, started here as in
+//! `object_store.rs`): every format's round trip, a write replacing an
+//! earlier one, a part file uploaded in parts, the manifest that readers
+//! honour, and failed writes leaving the bucket as it was, with no upload
+//! left pending.
+
+mod common;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use common::{ctx, sorted_i64};
+use streambatch::prelude::*;
+use streambatch::{Context, Dataset};
+use streambatch_bench::{S3Server, skip_test};
+
+/// `n` rows in `partitions` partitions: `id`, and a 100-byte `payload`.
+fn table(ctx: &Context, n: u64, partitions: usize) -> Dataset {
+    ctx.range(n, partitions).map_batches(
+        |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+            let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+            let payload: StringArray = ids.iter().map(|i| Some(format!("p{:0>99}", i?))).collect();
+            let columns = [
+                ("id", b.column(0).clone()),
+                ("payload", std::sync::Arc::new(payload) as ArrayRef),
+            ];
+            Ok(RecordBatch::try_from_iter(columns)?)
+        },
+        Resources::cpu(1.0),
+    )
+}
+
+/// The same table, its task failing once it reaches `fail_at`.
+fn failing(ctx: &Context, n: u64, partitions: usize, fail_at: i64) -> Dataset {
+    table(ctx, n, partitions).map_batches(
+        move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+            let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+            match ids.value(0) >= fail_at {
+                true => Err(UdfError::from("a bad row")),
+                false => Ok(b),
+            }
+        },
+        Resources::cpu(1.0),
+    )
+}
+
+/// One test, one server: the client reads its endpoint from the
+/// environment, which tests running side by side would share.
+#[test]
+fn files_written_to_an_s3_compatible_store() {
+    let Some(s3) = S3Server::start() else {
+        return skip_test(
+            "files_written_to_an_s3_compatible_store",
+            "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
+        );
+    };
+    for (key, value) in s3.env() {
+        // SAFETY: this binary's one test sets these before any thread
+        // reads the environment (the store's builder reads it on use).
+        unsafe { std::env::set_var(key, value) };
+    }
+    s3.make_bucket("out");
+    let ctx = ctx();
+    every_format_round_trips(&s3, &ctx);
+    a_write_replaces_the_last_and_readers_follow_the_manifest(&s3, &ctx);
+    a_large_part_is_uploaded_in_parts(&s3, &ctx);
+    failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
+    let missing = table(&ctx, 10, 1)
+        .write_parquet("s3://no-such-bucket/out/")
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("s3://no-such-bucket/out"), "{missing}");
+}
+
+fn every_format_round_trips(s3: &S3Server, ctx: &Context) {
+    let data = table(ctx, 3_000, 3);
+    let expected = sorted_i64(&data.collect().unwrap(), "id");
+    type Write = fn(&Dataset, &str) -> Vec<std::path::PathBuf>;
+    type Read = fn(&Context, &str) -> Dataset;
+    let formats: [(&str, &str, Write, Read); 4] = [
+        (
+            "parquet",
+            "parquet",
+            |d, p| d.write_parquet(p).unwrap(),
+            |c, p| c.read_parquet(p).unwrap(),
+        ),
+        (
+            "csv",
+            "csv",
+            |d, p| d.write_csv(p).unwrap(),
+            |c, p| c.read_csv(p).unwrap(),
+        ),
+        (
+            "json",
+            "json",
+            |d, p| d.write_json(p).unwrap(),
+            |c, p| c.read_json(p).unwrap(),
+        ),
+        (
+            "ipc",
+            "arrow",
+            |d, p| d.write_ipc(p).unwrap(),
+            |c, p| c.read_ipc(p).unwrap(),
+        ),
+    ];
+    for (folder, extension, write, read) in formats {
+        let url = format!("s3://out/{folder}/");
+        let written = write(&data, &url);
+        assert_eq!(written.len(), 3, "{folder}: a file per task");
+        let back = read(ctx, &url).collect().unwrap();
+        assert_eq!(sorted_i64(&back, "id"), expected, "{folder}");
+        let payload = back[0]
+            .column_by_name("payload")
+            .unwrap()
+            .as_string::<i32>();
+        assert_eq!(payload.value(0).len(), 100, "{folder}");
+        // The parts and the manifest; no staging left.
+        let keys = s3.keys("out", &format!("{folder}/"));
+        let manifest = format!("{folder}/_streambatch-manifest.{extension}.json");
+        assert_eq!(keys.len(), 4, "{keys:?}");
+        assert!(keys.contains(&manifest), "{keys:?}");
+        for path in &written {
+            let key = path.to_str().unwrap().strip_prefix("s3://out/").unwrap();
+            assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
+        }
+    }
+}
+
+fn a_write_replaces_the_last_and_readers_follow_the_manifest(s3: &S3Server, ctx: &Context) {
+    let url = "s3://out/parquet/";
+    let earlier = s3.keys("out", "parquet/");
+    let written = table(ctx, 10, 2).write_parquet(url).unwrap();
+    assert_eq!(ctx.read_parquet(url).unwrap().count().unwrap(), 10);
+    let keys = s3.keys("out", "parquet/");
+    assert_eq!(keys.len(), 3, "two parts and the manifest: {keys:?}");
+    assert!(
+        earlier
+            .iter()
+            .all(|k| k.contains("manifest") || !keys.contains(k))
+    );
+    // A part no manifest lists (another write's, being committed) is not
+    // read; a reader that does not know manifests would read it.
+    assert_eq!(written.len(), 2);
+    let local = tempfile::tempdir().unwrap();
+    let stray = local.path().join("stray.parquet");
+    table(ctx, 7, 1).write_parquet_file(&stray).unwrap();
+    let stray = std::fs::read(stray).unwrap();
+    s3.put("out", "parquet/part-000009-other.parquet", &stray);
+    assert_eq!(ctx.read_parquet(url).unwrap().count().unwrap(), 10);
+    // One file, written in place: it appears whole when its upload ends.
+    let one = table(ctx, 500, 2)
+        .write_parquet_file("s3://out/one/all.parquet")
+        .unwrap();
+    assert_eq!(one.to_str(), Some("s3://out/one/all.parquet"));
+    let back = ctx.read_parquet("s3://out/one/all.parquet").unwrap();
+    assert_eq!(back.count().unwrap(), 500);
+}
+
+fn a_large_part_is_uploaded_in_parts(s3: &S3Server, ctx: &Context) {
+    // One task, about 21 MB of CSV: three parts of a multipart upload.
+    let data = table(ctx, 200_000, 1);
+    let written = data.write_csv("s3://out/large/").unwrap();
+    assert_eq!(written.len(), 1);
+    let back = ctx.read_csv("s3://out/large/").unwrap().collect().unwrap();
+    assert_eq!(sorted_i64(&back, "id"), (0..200_000).collect::<Vec<_>>());
+    assert!(s3.pending_uploads("out").is_empty());
+}
+
+fn failed_writes_leave_the_bucket_as_it_was(s3: &S3Server, ctx: &Context) {
+    let before = s3.keys("out", "");
+    // Into a folder with an earlier write, and into a new one: the task
+    // fails after uploading more than one part (about 15 MB of CSV).
+    for url in ["s3://out/csv/", "s3://out/fresh/"] {
+        let err = failing(ctx, 200_000, 1, 150_000)
+            .write_csv(url)
+            .unwrap_err();
+        assert!(err.to_string().contains("a bad row"), "{err}");
+        assert_eq!(s3.keys("out", ""), before, "{url}");
+        assert_eq!(s3.pending_uploads("out"), Vec::<String>::new(), "{url}");
+    }
+    assert_eq!(
+        ctx.read_csv("s3://out/csv/").unwrap().count().unwrap(),
+        3_000
+    );
+}
