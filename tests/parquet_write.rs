@@ -244,3 +244,52 @@ fn a_codec_it_does_not_know_is_refused_naming_the_choices() {
         "{err}"
     );
 }
+
+#[test]
+fn a_resumable_write_writes_every_row_and_refuses_plans_that_mix_splits() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx();
+    let resume = ParquetWriteOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let out = dir.path().join("out");
+    let files = ctx
+        .range(1_000, 10)
+        .write_parquet_with(&out, &resume)
+        .unwrap();
+    assert_eq!(files.len(), 10, "a part per split: {files:?}");
+    let read = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    assert_eq!(
+        sorted_i64(&read.collect().unwrap(), "id"),
+        (0..1_000).collect::<Vec<_>>()
+    );
+    // Nothing left: the journal goes with the commit.
+    assert_eq!(visible_files(&out).len(), 10, "{:?}", visible_files(&out));
+    // A result with no rows: one file with the schema.
+    let none = ctx.range(100, 4).filter(col("id").lt(lit(0i64)));
+    let empty = dir.path().join("empty");
+    assert_eq!(none.write_parquet_with(&empty, &resume).unwrap().len(), 1);
+    assert_eq!(
+        ctx.read_parquet(empty.to_str().unwrap())
+            .unwrap()
+            .count()
+            .unwrap(),
+        0
+    );
+    // Rows that depend on which splits ran, or mix them: refused, named.
+    for (plan, why) in [
+        (ctx.range(100, 4).sort(&["id"], true), "all-to-all"),
+        (ctx.range(100, 4).limit(5), "`limit`"),
+    ] {
+        let e = plan
+            .write_parquet_with(dir.path().join("no"), &resume)
+            .unwrap_err();
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    let e = ctx
+        .range(10, 1)
+        .write_parquet_with("s3://bucket/out/", &resume)
+        .unwrap_err();
+    assert!(e.to_string().contains("local directory"), "{e}");
+}

@@ -39,6 +39,12 @@ enum Command {
         /// and pools, memory reserves) instead of running it.
         #[arg(long, conflicts_with = "timeline")]
         explain: bool,
+        /// Resume a `write_parquet` sink's write that was killed part way:
+        /// run only the source splits whose output it had not recorded
+        /// (the plan and input must be unchanged; a first run with it is
+        /// resumable too).
+        #[arg(long, conflicts_with = "explain")]
+        resume: bool,
     },
     /// Runs a cluster node configured by a TOML file (configs/head.toml,
     /// configs/worker.toml), until it is stopped (Ctrl-C, SIGTERM).
@@ -267,6 +273,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             cluster,
             timeline,
             explain,
+            resume,
         } => {
             if explain {
                 let plan = streambatch::pipeline::explain_pipeline(&pipeline, cluster.as_deref())?;
@@ -278,7 +285,10 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             if cluster.is_none() && !pipeline.kernels().is_empty() {
                 say_where_kernels_run(pipeline.kernels());
             }
-            let run = pipeline.run()?;
+            let run = match resume {
+                true => pipeline.run_resuming()?,
+                false => pipeline.run()?,
+            };
             if let Some(stats) = run.stats {
                 if let Some(path) = &timeline {
                     streambatch::timeline::write(&stats, path)?;

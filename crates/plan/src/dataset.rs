@@ -17,10 +17,6 @@ use crate::images::{ImageSize, images_schema, is_image};
 use crate::ops::{OpKind, OpSpec};
 use crate::plan::{ExecPlan, LogicalOp, LogicalPlan};
 use crate::row::{Row, batch_to_rows};
-use crate::sink::{
-    FileFormat, FileSink, FormatWriter, ParquetWriteOptions, Staging, abort_staging,
-    commit_staging, create_staging, write_whole,
-};
 use crate::source::{
     binary_files_schema, csv_schema, expand_paths, ipc_schema, json_schema, parquet_schema,
     text_schema,
@@ -524,7 +520,7 @@ impl Dataset {
         }
     }
 
-    fn start(&self, plan: Arc<LogicalPlan>) -> Result<BatchStream> {
+    pub(crate) fn start(&self, plan: Arc<LogicalPlan>) -> Result<BatchStream> {
         let plan = ExecPlan::from_ops(plan.chain())?;
         let job = self.runner.run(plan)?;
         Ok(BatchStream {
@@ -600,138 +596,6 @@ impl Dataset {
         static_schema(&self.plan).ok().flatten()
     }
 
-    /// Writes the rows as Snappy Parquet files `part-*.parquet` in `dir`,
-    /// one per task, replacing an earlier write's part files (see
-    /// [`Dataset::write_parquet_with`] for the codec and row groups).
-    pub fn write_parquet(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
-        self.write_parquet_with(dir, &ParquetWriteOptions::default())
-    }
-
-    /// Writes the rows as Parquet files `part-*.parquet` in `dir`, one per
-    /// task, with `options`' codec and row groups, replacing an earlier
-    /// write's part files. All or nothing: files appear only when the whole
-    /// job has succeeded, and a failed write leaves `dir` as it was (it is
-    /// removed if the write made it). A result with no rows is one file
-    /// with the schema.
-    pub fn write_parquet_with(
-        &self,
-        dir: impl AsRef<Path>,
-        options: &ParquetWriteOptions,
-    ) -> Result<Vec<PathBuf>> {
-        self.write_files(dir.as_ref(), FileFormat::Parquet(*options), "write_parquet")
-    }
-
-    /// Writes the rows as CSV files with a header row, `part-*.csv` in
-    /// `dir`, one per task, as [`Dataset::write_parquet_with`] writes
-    /// Parquet (all or nothing; a result with no rows is a file with the
-    /// header).
-    pub fn write_csv(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
-        self.write_files(dir.as_ref(), FileFormat::Csv, "write_csv")
-    }
-
-    /// Writes the rows as newline-delimited JSON, `part-*.json` in `dir`,
-    /// one object per row and a file per task, as
-    /// [`Dataset::write_parquet_with`] writes Parquet.
-    pub fn write_json(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
-        self.write_files(dir.as_ref(), FileFormat::Json, "write_json")
-    }
-
-    /// Writes the rows as Arrow IPC files, `part-*.arrow` in `dir`, a file
-    /// per task, as [`Dataset::write_parquet_with`] writes Parquet.
-    pub fn write_ipc(&self, dir: impl AsRef<Path>) -> Result<Vec<PathBuf>> {
-        self.write_files(dir.as_ref(), FileFormat::Ipc, "write_ipc")
-    }
-
-    fn write_files(&self, dir: &Path, format: FileFormat, name: &str) -> Result<Vec<PathBuf>> {
-        let staging = create_staging(dir)?;
-        let op = LogicalOp::Op(OpSpec {
-            name: name.into(),
-            kind: OpKind::WriteFiles(FileSink {
-                dir: staging.path.clone(),
-                format,
-            }),
-            options: StageOptions::default(),
-        });
-        let plan = Arc::new(LogicalPlan {
-            input: Some(self.plan.clone()),
-            op,
-        });
-        let staged = self
-            .start(plan)
-            // Each task's output (its file's name and rows) is dropped as it
-            // is read: held, it would keep its share of a node's memory.
-            .and_then(|mut stream| stream.try_for_each(|output| output.map(drop)))
-            .and_then(|_| self.stage_schema_if_empty(&staging, &format));
-        match staged {
-            Ok(()) => commit_staging(staging, &format),
-            Err(e) => {
-                abort_staging(staging);
-                Err(e)
-            }
-        }
-    }
-
-    /// When no task staged a file (there was no input at all), stages one
-    /// with the plan's schema, or fails when that is known only from rows:
-    /// a write always leaves a file with the schema.
-    fn stage_schema_if_empty(&self, staging: &Staging, format: &FileFormat) -> Result<()> {
-        if !staging.is_empty()? {
-            return Ok(());
-        }
-        let schema = self.schema_without_rows(staging.dir())?;
-        staging.stage_empty(schema, format)
-    }
-
-    /// The schema of a write with no rows, for its schema-only file: known
-    /// from the plan, or an error naming `target`.
-    fn schema_without_rows(&self, target: &Path) -> Result<SchemaRef> {
-        static_schema(&self.plan)?.ok_or_else(|| {
-            Error::Invalid(format!(
-                "cannot write {}: the dataset has no rows, and its schema is known only from rows",
-                target.display()
-            ))
-        })
-    }
-
-    /// Writes the rows to the one Snappy Parquet file `path` (see
-    /// [`Dataset::write_parquet_file_with`]).
-    pub fn write_parquet_file(&self, path: impl AsRef<Path>) -> Result<PathBuf> {
-        self.write_parquet_file_with(path, &ParquetWriteOptions::default())
-    }
-
-    /// Writes the rows to the one Parquet file `path`, in the order the job
-    /// yields them, with `options`' codec and row groups: the batches
-    /// stream to this process, which writes them as they come. The file
-    /// appears whole or not at all (it is written beside `path`, then
-    /// renamed), replacing an earlier one. A result with no rows is a file
-    /// with the schema.
-    pub fn write_parquet_file_with(
-        &self,
-        path: impl AsRef<Path>,
-        options: &ParquetWriteOptions,
-    ) -> Result<PathBuf> {
-        let path = path.as_ref();
-        let format = FileFormat::Parquet(*options);
-        write_whole(path, |tmp| {
-            let mut writer = None;
-            for batch in self.iter_batches()? {
-                let batch = batch?;
-                if writer.is_none() {
-                    writer = Some(FormatWriter::create(tmp, path, batch.schema(), &format)?);
-                }
-                writer.as_mut().expect("opened above").write(&batch, path)?;
-            }
-            match writer {
-                Some(w) => w.close(path),
-                None => {
-                    let schema = self.schema_without_rows(path)?;
-                    FormatWriter::create(tmp, path, schema, &format)?.close(path)
-                }
-            }
-        })?;
-        Ok(path.to_path_buf())
-    }
-
     /// Runs the plan and keeps its output in memory as a new dataset.
     pub fn materialize(&self) -> Result<Dataset> {
         let batches = self.collect()?;
@@ -805,7 +669,7 @@ impl Dataset {
     }
 }
 
-fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
+pub(crate) fn static_schema(plan: &Arc<LogicalPlan>) -> Result<Option<SchemaRef>> {
     if let LogicalOp::Exchange(crate::Exchange {
         reduce: crate::Reduce::Join(join),
         ..

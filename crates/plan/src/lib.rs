@@ -45,6 +45,7 @@ pub mod timeline;
 mod train_test_split;
 mod udf;
 mod union;
+mod write;
 
 pub use aggregate::{Agg, AggKind, Step};
 pub use all_to_all::Grouped;
@@ -77,6 +78,7 @@ pub use stats::{
 pub use udf::{
     BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
 };
+pub use write::ResumedWrite;
 
 /// A stream of batches: what sources yield and operators transform.
 pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

@@ -24,9 +24,11 @@ use crate::{BatchIter, Error, Result};
 mod durable;
 mod format;
 mod object_commit;
+mod resume;
 
 pub use format::FileFormat;
 pub(crate) use format::FormatWriter;
+pub use resume::{Journal, Opened, WriteIdentity, open_journal};
 
 /// How a Parquet write compresses and groups its rows.
 ///
@@ -37,6 +39,7 @@ pub(crate) use format::FormatWriter;
 /// let options = ParquetWriteOptions {
 ///     compression: Compression::ZSTD(ZstdLevel::try_new(9).unwrap()),
 ///     max_row_group_rows: 10_000,
+///     ..Default::default()
 /// };
 /// assert_eq!(options.codec_name(), "zstd(9)");
 /// assert_eq!(ParquetWriteOptions::default().with_codec("zstd(9)").unwrap().compression, options.compression);
@@ -50,6 +53,10 @@ pub struct ParquetWriteOptions {
     /// Rows in a row group at most (the `parquet` crate's default,
     /// 1,048,576): smaller groups let readers skip more by statistics.
     pub max_row_group_rows: usize,
+    /// A write killed part way, started again with the same plan, input
+    /// and output, runs only what it had not done (see
+    /// `Dataset::write_parquet_with`).
+    pub resume: bool,
 }
 
 impl Default for ParquetWriteOptions {
@@ -57,6 +64,7 @@ impl Default for ParquetWriteOptions {
         Self {
             compression: Compression::SNAPPY,
             max_row_group_rows: DEFAULT_MAX_ROW_GROUP_ROW_COUNT,
+            resume: false,
         }
     }
 }

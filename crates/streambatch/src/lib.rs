@@ -48,8 +48,8 @@ pub use streambatch_plan::sink::ParquetWriteOptions;
 pub use streambatch_plan::{
     Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream,
     Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named, NodeStats, OpStats,
-    OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, Row, Split,
-    SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit,
+    OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, ResumedWrite, Row,
+    Split, SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit,
     object_bytes_read, timeline,
 };
 pub use streambatch_sched::{

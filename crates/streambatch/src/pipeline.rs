@@ -172,12 +172,29 @@ impl Pipeline {
 
     /// Runs it to its sink.
     pub fn run(self) -> Result<PipelineRun> {
-        run_built(self.ds, self.sink)
+        run_built(self.ds, self.sink, false)
+    }
+
+    /// Runs it to its sink, resuming a `write_parquet` sink's write that
+    /// was killed part way (see `ParquetWriteOptions::resume`): only what
+    /// it had not done runs.
+    pub fn run_resuming(self) -> Result<PipelineRun> {
+        run_built(self.ds, self.sink, true)
     }
 }
 
-fn run_built(ds: Dataset, sink: Sink) -> Result<PipelineRun> {
+fn run_built(ds: Dataset, sink: Sink, resume: bool) -> Result<PipelineRun> {
     let summary = match sink {
+        Sink::WriteParquet(dir) if resume => {
+            let format = streambatch_plan::sink::FileFormat::Parquet(Default::default());
+            let written = ds.write_resumable(dir.as_ref(), format)?;
+            format!(
+                "wrote {} files to {dir}; this run read {} of the {} source splits",
+                written.files.len(),
+                written.splits_run,
+                written.splits
+            )
+        }
         Sink::WriteParquet(dir) => {
             let files = ds.write_parquet(&dir)?;
             format!("wrote {} files to {dir}", files.len())
