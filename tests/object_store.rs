@@ -14,12 +14,12 @@ use streambatch::prelude::*;
 use streambatch::{Context, Dataset};
 use streambatch_bench::{S3Server, Throttle, skip_test};
 
-/// Four Parquet files of 2,500 rows (ids 0..10,000 in order, a name each),
-/// row groups of 500 rows, as local files.
+/// Four Parquet files of 25,000 rows (ids 0..100,000 in order, a name each),
+/// row groups of 5,000 rows, as local files.
 fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     (0..4)
         .map(|f| {
-            let ids: Vec<i64> = (f * 2_500..(f + 1) * 2_500).collect();
+            let ids: Vec<i64> = (f * 25_000..(f + 1) * 25_000).collect();
             let names: Vec<String> = ids.iter().map(|i| format!("n{i}")).collect();
             let batch = RecordBatch::try_from_iter([
                 ("id", std::sync::Arc::new(Int64Array::from(ids)) as _),
@@ -28,7 +28,7 @@ fn parquet_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
             .unwrap();
             let path = dir.join(format!("part-{f}.parquet"));
             let props = parquet::file::properties::WriterProperties::builder()
-                .set_max_row_group_row_count(Some(500))
+                .set_max_row_group_row_count(Some(5_000))
                 .build();
             let file = std::fs::File::create(&path).unwrap();
             let mut writer =
@@ -86,26 +86,27 @@ fn files_read_from_an_s3_compatible_store() {
     let all = ctx.read_parquet("s3://data/events/").unwrap();
     assert_eq!(
         ids(&all.collect().unwrap()),
-        (0..10_000).collect::<Vec<_>>()
+        (0..100_000).collect::<Vec<_>>()
     );
     let two = ctx
         .read_parquet("s3://data/events/part-[12].parquet")
         .unwrap();
     assert_eq!(
         ids(&two.collect().unwrap()),
-        (2_500..7_500).collect::<Vec<_>>()
+        (25_000..75_000).collect::<Vec<_>>()
     );
     let one = ctx.read_parquet("s3://data/events/part-3.parquet").unwrap();
     assert_eq!(
         ids(&one.collect().unwrap()),
-        (7_500..10_000).collect::<Vec<_>>()
+        (75_000..100_000).collect::<Vec<_>>()
     );
-    // Only the id column, and only row groups that may hold ids >= 9,600:
-    // one row group's one column of the four files' 20, and the footers.
+    // Only the id column, and only row groups that may hold ids >= 96,000:
+    // one row group's one column of the four files' 20, and the footers (each
+    // fetched with the last 16 KiB of its file).
     let pruned = ctx
         .read_parquet_columns("s3://data/events/", &["id"])
         .unwrap()
-        .filter(col("id").gt_eq(lit(9_600i64)));
+        .filter(col("id").gt_eq(lit(96_000i64)));
     let before = streambatch::object_bytes_read();
     let out = pruned.collect().unwrap();
     let read = streambatch::object_bytes_read() - before;
@@ -115,7 +116,7 @@ fn files_read_from_an_s3_compatible_store() {
         .sum();
     assert!(read > 0 && read * 8 < whole, "read {read} of {whole} bytes");
     assert!(out.iter().all(|b| b.num_columns() == 1));
-    assert_eq!(ids(&out), (9_600..10_000).collect::<Vec<_>>());
+    assert_eq!(ids(&out), (96_000..100_000).collect::<Vec<_>>());
     // Missing: the URL named.
     let missing = ctx
         .read_parquet("s3://data/nothing/")
@@ -149,7 +150,7 @@ fn throttled_requests_are_retried(s3: &S3Server, files: &[std::path::PathBuf]) {
         )
     };
     let ds = ctx().read_parquet("s3://slow/events/").unwrap();
-    assert_eq!(ids(&ds.collect().unwrap()), (0..2_500).collect::<Vec<_>>());
+    assert_eq!(ids(&ds.collect().unwrap()), (0..25_000).collect::<Vec<_>>());
     let refused = throttle.refused.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(refused, 3, "every refused request was retried");
 }

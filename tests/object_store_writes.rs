@@ -64,6 +64,7 @@ fn files_written_to_an_s3_compatible_store() {
     a_write_replaces_the_last_and_readers_follow_the_manifest(&s3, &ctx);
     a_large_part_is_uploaded_in_parts(&s3, &ctx);
     failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
+    a_toml_pipeline_reads_and_writes_urls(&ctx);
     let missing = table(&ctx, 10, 1)
         .write_parquet("s3://no-such-bucket/out/")
         .unwrap_err()
@@ -181,4 +182,28 @@ fn failed_writes_leave_the_bucket_as_it_was(s3: &S3Server, ctx: &Context) {
         ctx.read_csv("s3://out/csv/").unwrap().count().unwrap(),
         3_000
     );
+}
+
+/// A pipeline file's URLs are not paths relative to the file.
+fn a_toml_pipeline_reads_and_writes_urls(ctx: &Context) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("copy.toml");
+    let text = "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"s3://out/parquet/\"\n\n\
+                [sink]\nwrite_parquet = \"s3://out/from-toml/\"\n";
+    std::fs::write(&file, text).unwrap();
+    let run = streambatch::pipeline::Pipeline::load(&file, None)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert!(
+        run.summary.contains("s3://out/from-toml/"),
+        "{}",
+        run.summary
+    );
+    let copied = ctx
+        .read_parquet("s3://out/from-toml/")
+        .unwrap()
+        .collect()
+        .unwrap();
+    assert_eq!(sorted_i64(&copied, "id"), (0..10).collect::<Vec<_>>());
 }

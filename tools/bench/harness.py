@@ -10,6 +10,7 @@ chart (PNG).
 """
 
 import argparse
+import contextlib
 import platform
 import json
 import os
@@ -35,6 +36,10 @@ J1 = [sys.executable, "tools/bench/j1.py", "run"]
 J1_DATA = "data/j1"
 S1 = [sys.executable, "tools/bench/s1.py", "run"]
 S1_DATA = "data/s1"
+# W4 from an S3-compatible store: moto's server on 127.0.0.1, which the
+# harness starts and fills with W4's files (W4_S3_URL).
+W4_DATA = "data/w4-images"
+W4_S3_URL = "s3://w4-bench/images/"
 # S1's store cap (`streambatch bench s1`) and the peak RSS allowed above it.
 S1_CAP_MIB, S1_RSS_ABOVE_CAP_MIB = 512, 512
 
@@ -44,6 +49,7 @@ METRICS = {
     "w2": ("wall_s", False),
     "w3": ("partitions_per_s", True),
     "w4": ("rows_per_s", True),
+    "w4_s3": ("rows_per_s", True),
     "w5": ("efficiency", True),
     "binary_files": ("wall_s", False),
     "binary_files_rows": ("wall_s", False),
@@ -127,6 +133,22 @@ def cases(w4_device):
             },
             pick=f"device={w4_device}",
             outputs={"streambatch": f"out/w4-{w4_device}", "ray-data": "out/w4-ray", "daft": "out/w4-daft"},
+        )
+    )
+    # W4 read from S3 (moto's server on 127.0.0.1, the files uploaded by
+    # the harness) against W4 from local disk, in the same run; Ray Data
+    # reads the same bucket through pyarrow's S3 filesystem.
+    out.append(
+        Case(
+            "w4_s3",
+            "2,000 images read from S3 (moto, 127.0.0.1), CPU model",
+            {
+                "streambatch": SB + ["w4", "--device", "cpu", "--input", W4_S3_URL],
+                "streambatch local disk": SB + ["w4", "--device", "cpu"],
+                "ray-data": RAY + ["w4", "--input", W4_S3_URL, "--output", "out/w4-ray-s3"],
+            },
+            pick="device=cpu",
+            outputs={"streambatch": "out/w4-cpu", "streambatch local disk": "out/w4-cpu", "ray-data": "out/w4-ray-s3"},
         )
     )
     # streambatch first: it makes the files (data/binary-files) if absent.
@@ -335,7 +357,7 @@ def result_of(case, system, records, timed_out, wall, limit_s):
         else:
             value = None
         return {"value": value, "correct": None, "reached": reached}
-    if case.workload == "w4":
+    if case.workload in ("w4", "w4_s3"):
         rows = rows_written(case.outputs[system])
         return {"value": round(rows / wall, 1), "correct": None, "reached": f"{rows} rows written in {wall:.0f} s"}
     bound = case.partitions / limit_s if case.partitions else None
@@ -556,6 +578,17 @@ def targets(rows):
                 sb["value"] is not None and sb["value"] >= 350_000,
                 f"streambatch {fmt(sb['value'])} tasks/s",
             )
+        elif case.workload == "w4_s3":
+            local = results.get("streambatch local disk", {})
+            local_v = local.get("value")
+            v = sb["value"]
+            check(
+                "W4 read from S3 (moto on 127.0.0.1): rows/s >= 0.8x W4 from local disk in the same run",
+                v and local_v and v >= 0.8 * local_v and local.get("correct") is True,
+                f"streambatch from S3 {fmt(v)} rows/s, from local disk {fmt(local_v)} rows/s "
+                f"({fmt(v / local_v) if v and local_v else '-'}x); Ray Data from S3 {fmt(ray_v)} rows/s "
+                f"({fmt(v / ray_v) if v and ray_v else '-'}x)",
+            )
         elif case.workload == "w4":
             daft_v = daft[1]["value"] if daft else None
             peers_pss = [r["pss_mib"] for s, r in results.items() if s != "streambatch"]
@@ -616,7 +649,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,s1_cluster,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,w4_s3,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,s1_cluster,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default=None, help="the chart's path (default: benchmarks.png in --out)")
@@ -640,23 +673,91 @@ def main():
             from s1 import make
 
             make(S1_DATA)
-        results = {}
-        for system, cmd in case.commands.items():
-            limit_s = case.limit_s or args.limit_s
-            records, rss, pss, hwm, wall, timed_out = run(cmd, limit_s)
-            r = result_of(case, system, records, timed_out, wall, limit_s)
-            results[system] = {
-                **r,
-                "rss_mib": round(rss, 1),
-                "pss_mib": round(pss, 1),
-                "hwm_mib": round(hwm, 1),
-                "wall_s": round(wall, 2),
-                "timed_out": timed_out,
-            }
-            print(json.dumps({"workload": case.workload, "case": case.config, "system": system, **results[system]}), flush=True)
+        s3 = w4_in_s3(case) if case.workload == "w4_s3" else contextlib.nullcontext()
+        with s3:
+            results = run_case(case, args)
         if case.workload in ("g1", "j1"):
             same_answers(results)
         rows.append((case, results))
+    report(rows, args, started)
+
+
+@contextlib.contextmanager
+def w4_in_s3(case):
+    """W4's files (made by a local W4 run if absent) in W4_S3_URL's bucket of a
+    moto S3 server on 127.0.0.1 started for the case, and the environment
+    that points every client at it (streambatch's `AWS_*` variables, read
+    by Ray's pyarrow filesystem too); the server stopped after."""
+    import socket
+    import urllib.request
+
+    import boto3
+
+    if not os.path.exists(os.path.join(W4_DATA, "images-019.parquet")):
+        subprocess.run(case.commands["streambatch local disk"], check=True, stdout=subprocess.DEVNULL)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(endpoint, timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        os.environ.update(env)
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        bucket, prefix = W4_S3_URL[len("s3://") :].split("/", 1)
+        client.create_bucket(Bucket=bucket)
+        for name in sorted(os.listdir(W4_DATA)):
+            if name.endswith(".parquet"):
+                client.upload_file(os.path.join(W4_DATA, name), bucket, prefix + name)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.kill()
+        server.wait()
+
+
+def run_case(case, args):
+    """Runs each system of `case`, printing a JSON line for each; their results."""
+    results = {}
+    for system, cmd in case.commands.items():
+        limit_s = case.limit_s or args.limit_s
+        records, rss, pss, hwm, wall, timed_out = run(cmd, limit_s)
+        r = result_of(case, system, records, timed_out, wall, limit_s)
+        results[system] = {
+            **r,
+            "rss_mib": round(rss, 1),
+            "pss_mib": round(pss, 1),
+            "hwm_mib": round(hwm, 1),
+            "wall_s": round(wall, 2),
+            "timed_out": timed_out,
+        }
+        print(json.dumps({"workload": case.workload, "case": case.config, "system": system, **results[system]}), flush=True)
+    return results
+
+
+def report(rows, args, started):
+    """Prints the table and the targets; writes the results, table and chart."""
     total_s = time.perf_counter() - started
     text = table(rows)
     checks = targets(rows)

@@ -7,6 +7,7 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py w2 --store-cap 512MiB
     python tools/bench/ray_workloads.py w3
     python tools/bench/ray_workloads.py w4 --input data/w4-images --output out/w4-ray
+    python tools/bench/ray_workloads.py w4 --input s3://w4-bench/images/ --output out/w4-ray-s3   (AWS_ENDPOINT_URL, keys)
     python tools/bench/ray_workloads.py w5 --nodes 4
     python tools/bench/ray_workloads.py binary_files --store-cap 256MiB
     python tools/bench/ray_workloads.py w6a --step-ms 110
@@ -161,9 +162,10 @@ class Embed:
 def w4(args):
     shutil.rmtree(args.output, ignore_errors=True)  # Ray appends to an existing directory
     start(args)
+    path, fs = input_files(args.input)
     started = time.perf_counter()
     ds = (
-        ray.data.read_parquet(args.input)
+        ray.data.read_parquet(path, filesystem=fs)
         .map_batches(preprocess)
         # An autoscaling pool of 1 to one actor per CPU (2 here), as
         # streambatch's pool of 1..CPU slots. Each actor declares half a CPU:
@@ -176,10 +178,32 @@ def w4(args):
     ds.write_parquet(args.output)
     wall = time.perf_counter() - started
     out = ray.data.read_parquet(args.output).to_pandas()
-    images = ray.data.read_parquet(args.input).to_pandas()
+    images = ray.data.read_parquet(path, filesystem=fs).to_pandas()
     by_id = dict(zip(images["id"].to_numpy(dtype=np.int64), images["image"]))
     correct = embeddings_correct(out["id"].to_numpy(dtype=np.int64), out["embedding"], by_id)
-    line("ray-data", "w4", "device=cpu", wall, len(out), len(os.listdir(args.input)), correct)
+    files = len(ray.data.read_parquet(path, filesystem=fs).input_files())
+    line("ray-data", "w4", "device=cpu", wall, len(out), files, correct)
+
+
+def input_files(path):
+    """(path, filesystem) for Ray Data's readers: a local directory as it
+    is, or an `s3://` URL through pyarrow's S3 filesystem, pointed at the
+    endpoint and credentials of the environment (`AWS_ENDPOINT_URL`, as
+    streambatch's client reads them)."""
+    if not path.startswith("s3://"):
+        return path, None
+    import pyarrow.fs
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    scheme = "http" if endpoint and endpoint.startswith("http://") else "https"
+    fs = pyarrow.fs.S3FileSystem(
+        endpoint_override=endpoint.split("://", 1)[1] if endpoint else None,
+        scheme=scheme,
+        access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
+        secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        region=os.environ.get("AWS_REGION", "us-east-1"),
+    )
+    return path[len("s3://") :], fs
 
 
 def w5(args):

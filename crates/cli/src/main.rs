@@ -78,6 +78,12 @@ enum Command {
         /// W4 only: run the embedding on the CPU, the GPU, or both.
         #[arg(long, value_enum, default_value_t = W4Devices::Both)]
         device: W4Devices,
+        /// W4 only: the images to read, a directory (made with W4's 2,000
+        /// images when absent) or an object store URL such as
+        /// `s3://bucket/w4-images/` (read as it is; see the README for the
+        /// credentials).
+        #[arg(long, default_value = "data/w4-images")]
+        input: String,
         /// W1, W2: print a JSON progress line each second (for tools/bench).
         #[arg(long)]
         progress_lines: bool,
@@ -304,6 +310,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             store_cap,
             config,
             device,
+            input,
             api,
             progress_lines,
             rows,
@@ -335,9 +342,11 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     &mut progress,
                 )?],
                 Workload::W4 => {
-                    let data = std::path::Path::new("data/w4-images");
-                    let run =
-                        |d, out: &str| workloads::w4(d, data, std::path::Path::new(out), &base);
+                    let data = std::path::Path::new(&input);
+                    let run = |d, out: &str| match streambatch::object_url(data) {
+                        Some(_) => workloads::w4_on(d, data, std::path::Path::new(out), &base),
+                        None => workloads::w4(d, data, std::path::Path::new(out), &base),
+                    };
                     if device == W4Devices::Gpu && streambatch::GpuPool::global().is_empty() {
                         return Err(streambatch::Error::Invalid(
                             "no GPU adapter found for `--device gpu`".into(),

@@ -181,6 +181,8 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
                 .filter(|k| matcher.matches_with(k, within_folders))
                 .collect()
         }
+        // A URL ending in `/` names a folder: no request for an object.
+        None if pattern.ends_with('/') => list(&object, key, false)?,
         None => match block_on(object.store.head(&object.path)) {
             Ok(_) => vec![key.to_string()],
             Err(object_store::Error::NotFound { .. }) if !url.scheme().starts_with("http") => {
@@ -263,6 +265,61 @@ fn counted(bytes: Bytes) -> Bytes {
     bytes
 }
 
+/// Bytes from the end of a Parquet object fetched on opening it: its
+/// footer, for all but the widest schemas.
+const TAIL: u64 = 16 << 10;
+
+/// The end of an object as one request fetched it.
+#[derive(Clone)]
+struct Tail {
+    size: u64,
+    e_tag: Option<String>,
+    /// Where `bytes` start in the object.
+    start: u64,
+    bytes: Bytes,
+}
+
+/// Tails kept, by URL, at most: 16 KiB each.
+const TAILS_KEPT: usize = 1024;
+
+fn tails() -> &'static Mutex<HashMap<String, Tail>> {
+    static TAILS: OnceLock<Mutex<HashMap<String, Tail>>> = OnceLock::new();
+    TAILS.get_or_init(Default::default)
+}
+
+/// Keeps `tail` of `url` (all are dropped when too many are kept); a tail
+/// whose object has no version tag is not kept, since it could not be
+/// told from a newer one.
+fn remember(url: &str, tail: &Tail) {
+    if tail.e_tag.is_none() {
+        return;
+    }
+    let mut tails = tails().lock().unwrap_or_else(|p| p.into_inner());
+    if tails.len() >= TAILS_KEPT && !tails.contains_key(url) {
+        tails.clear();
+    }
+    tails.insert(url.to_string(), tail.clone());
+}
+
+/// The last `TAIL` bytes of `object`, with its size and version tag.
+fn fetch_tail(object: &Object) -> Result<Tail> {
+    let options = object_store::GetOptions {
+        range: Some(object_store::GetRange::Suffix(TAIL)),
+        ..Default::default()
+    };
+    let tail = block_on(async {
+        let got = object.store.get_opts(&object.path, options).await?;
+        let (size, e_tag, start) = (got.meta.size, got.meta.e_tag.clone(), got.range.start);
+        Ok(Tail {
+            size,
+            e_tag,
+            start,
+            bytes: counted(got.bytes().await?),
+        })
+    });
+    tail.map_err(|e| object.error("opening", e))
+}
+
 /// A Parquet file in an object store, as the `parquet` crate reads files:
 /// each read a range request, except what [`prefetch`](Self::prefetch)
 /// fetched (a row group's columns), which is read from memory.
@@ -270,31 +327,80 @@ fn counted(bytes: Bytes) -> Bytes {
 pub(crate) struct ObjectReader {
     object: Object,
     size: u64,
+    /// The version of the object whose footer was read, when the store
+    /// tags versions: every later range must come from it.
+    e_tag: Option<String>,
     /// Ranges fetched ahead: (first byte, bytes).
     fetched: Arc<Mutex<Vec<(u64, Bytes)>>>,
 }
 
 impl ObjectReader {
-    /// The file at `url` (its size asked of the store).
+    /// The file at `url`: its last 16 KiB fetched in one request, which
+    /// tells its size too and holds a footer of up to that size (a larger
+    /// one is fetched as it is read). The tail is kept for this process's
+    /// next opening of the same URL (planning a dataset reads each file's
+    /// footer, and its task reads it again): its row groups are then
+    /// fetched only if the object is still the one the tail came from.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let object = Object::at(url)?;
+        let tail = match tails().lock().unwrap_or_else(|p| p.into_inner()).get(url) {
+            Some(tail) => tail.clone(),
+            None => fetch_tail(&object)?,
+        };
+        remember(url, &tail);
         Ok(Self {
-            size: object.size()?,
+            size: tail.size,
+            e_tag: tail.e_tag,
             object,
-            fetched: Default::default(),
+            fetched: Arc::new(Mutex::new(vec![(tail.start, tail.bytes)])),
         })
     }
 
-    /// Fetches `ranges` together (several requests in flight), dropping
-    /// what was fetched before.
+    /// Fetches `ranges` together (near ones in one request, several
+    /// requests in flight), dropping what was fetched before.
     pub(crate) fn prefetch(&self, ranges: Vec<Range<u64>>) -> Result<()> {
-        let object = &self.object;
-        let bytes = block_on(object.store.get_ranges(&object.path, &ranges))
-            .map_err(|e| object.error("reading", e))?;
-        let bytes: Vec<Bytes> = bytes.into_iter().map(counted).collect();
+        let fetch = |range: Range<u64>| self.fetch_async(range);
+        let bytes = block_on(object_store::coalesce_ranges(
+            &ranges,
+            fetch,
+            object_store::OBJECT_STORE_COALESCE_DEFAULT,
+        ))
+        .map_err(|e| self.error(e))?;
         let fetched = ranges.iter().map(|r| r.start).zip(bytes).collect();
         *self.fetched.lock().unwrap_or_else(|p| p.into_inner()) = fetched;
         Ok(())
+    }
+
+    /// A failed read's error; an object changed since its footer was read
+    /// is said to be, and its tail is no longer kept.
+    fn error(&self, e: object_store::Error) -> Error {
+        let object = &self.object;
+        if let object_store::Error::Precondition { .. } = e {
+            tails()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&object.url);
+            return Error::Invalid(format!(
+                "{} changed while it was read (its footer is of an earlier version): read it again",
+                object.url
+            ));
+        }
+        object.error("reading", e)
+    }
+
+    /// The bytes of `range`, of the version whose footer was read.
+    async fn fetch_async(&self, range: Range<u64>) -> object_store::Result<Bytes> {
+        let options = object_store::GetOptions {
+            range: Some(range.into()),
+            if_match: self.e_tag.clone(),
+            ..Default::default()
+        };
+        let got = self
+            .object
+            .store
+            .get_opts(&self.object.path, options)
+            .await?;
+        got.bytes().await.map(counted)
     }
 
     /// `len` bytes from `start`, from what was fetched ahead when it holds
@@ -311,10 +417,8 @@ impl ObjectReader {
     }
 
     fn fetch(&self, range: Range<u64>) -> parquet::errors::Result<Bytes> {
-        let object = &self.object;
-        block_on(object.store.get_range(&object.path, range))
-            .map(counted)
-            .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        block_on(self.fetch_async(range))
+            .map_err(|e| parquet::errors::ParquetError::External(Box::new(self.error(e))))
     }
 }
 

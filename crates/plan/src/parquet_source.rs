@@ -24,18 +24,9 @@ use crate::{BatchIter, Error, Expr, Result};
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.
 pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<SchemaRef> {
+    let schemas = file_schemas(files)?;
     let mut first: Option<(SchemaRef, &PathBuf)> = None;
-    for path in files {
-        let schema = match crate::object_files::url_of(path) {
-            Some(url) => {
-                let reader = ObjectReader::open(url)?;
-                parquet_metadata(path, &reader)?.schema().clone()
-            }
-            None => {
-                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
-                parquet_metadata(path, &file)?.schema().clone()
-            }
-        };
+    for (path, schema) in files.iter().zip(schemas) {
         match &first {
             None => first = Some((schema, path)),
             Some((expected, first_path)) => {
@@ -53,6 +44,44 @@ pub fn parquet_schema(files: &[PathBuf], columns: Option<&[String]>) -> Result<S
     let (schema, path) = first.ok_or_else(|| Error::Invalid("no Parquet files".into()))?;
     project(&schema, columns).map_err(|m| bad_file(path, m))
 }
+
+/// The schema of each Parquet file of `files`. Objects' footers are
+/// fetched several at once: each is a request's round trip.
+fn file_schemas(files: &[PathBuf]) -> Result<Vec<SchemaRef>> {
+    let schema_of = |path: &PathBuf| -> Result<SchemaRef> {
+        Ok(match crate::object_files::url_of(path) {
+            Some(url) => {
+                let reader = ObjectReader::open(url)?;
+                parquet_metadata(path, &reader)?.schema().clone()
+            }
+            None => {
+                let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+                parquet_metadata(path, &file)?.schema().clone()
+            }
+        })
+    };
+    if !files
+        .iter()
+        .any(|f| crate::object_files::url_of(f).is_some())
+    {
+        return files.iter().map(schema_of).collect();
+    }
+    let per_thread = files.len().div_ceil(FOOTERS_IN_FLIGHT).max(1);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = files
+            .chunks(per_thread)
+            .map(|chunk| s.spawn(move || chunk.iter().map(schema_of).collect::<Vec<_>>()))
+            .collect();
+        let mut schemas = Vec::with_capacity(files.len());
+        for thread in threads {
+            schemas.extend(thread.join().expect("reading a footer does not panic"));
+        }
+        schemas.into_iter().collect()
+    })
+}
+
+/// Objects whose footers are fetched at once when a dataset is made.
+const FOOTERS_IN_FLIGHT: usize = 16;
 
 /// The batches of Parquet file `path`, a local path or an object store
 /// URL: the columns asked for, of the row groups `prune` may match.

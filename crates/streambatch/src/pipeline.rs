@@ -235,9 +235,10 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
         message: e.to_string(),
     })?;
     let base = file.parent().unwrap_or(Path::new("."));
+    // An object store URL names the same object from anywhere.
     let resolve = |p: &str| -> String {
         let path = Path::new(p);
-        if path.is_absolute() {
+        if path.is_absolute() || crate::object_url(path).is_some() {
             p.to_string()
         } else {
             base.join(path).display().to_string()
