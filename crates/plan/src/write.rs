@@ -178,6 +178,7 @@ impl Dataset {
     ///
     /// Only plans whose rows each come from one source split resume (no
     /// `limit`, `repartition` or all-to-all step), into a local directory.
+    /// [`Dataset::stats`] is then the last wave's job's.
     ///
     /// ```
     /// # use streambatch_plan::sink::FileFormat;

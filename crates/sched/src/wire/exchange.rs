@@ -5,7 +5,7 @@ use arrow_schema::SortOptions;
 use rkyv::{Archive, Deserialize, Serialize};
 use streambatch_plan::{Agg, AggKind, Cut, Error, Join, JoinHow, Reduce, Step};
 
-use super::plan::{schema_bytes, schema_of};
+use super::ipc::{schema_bytes, schema_of};
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum CutSpec {
@@ -206,34 +206,4 @@ impl ReduceSpec {
             }
         })
     }
-}
-
-/// One batch as an Arrow IPC stream; `what` names it in an error.
-pub(super) fn batch_bytes(batch: &arrow_array::RecordBatch, what: &str) -> Result<Vec<u8>, Error> {
-    let encode = || {
-        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema())?;
-        writer.write(batch)?;
-        writer.finish()?;
-        writer.into_inner()
-    };
-    encode().map_err(|e| Error::Invalid(format!("cannot encode {what}: {e}")))
-}
-
-/// The one batch of an IPC stream made by [`batch_bytes`], checked (the
-/// IPC reader validates every array); `what` names it in an error.
-pub(super) fn batch_of(bytes: &[u8], what: &str) -> Result<arrow_array::RecordBatch, Error> {
-    let bad = |e: &dyn std::fmt::Display| Error::Invalid(format!("{what} does not decode: {e}"));
-    // arrow 60 still asserts on some malformed input (see
-    // `streambatch_store::ipc::decode`): a panic is an error here too.
-    let read = || {
-        let mut reader =
-            arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-        let schema = reader.schema();
-        reader
-            .next()
-            .unwrap_or_else(|| Ok(arrow_array::RecordBatch::new_empty(schema)))
-    };
-    std::panic::catch_unwind(read)
-        .map_err(|_| bad(&"arrow rejected it with a panic"))?
-        .map_err(|e| bad(&e))
 }

@@ -6,6 +6,7 @@ pub(crate) mod exchange;
 #[cfg(test)]
 mod fuzz;
 pub(crate) mod groups;
+mod ipc;
 pub(crate) mod join;
 pub(crate) mod msg;
 pub(crate) mod plan;

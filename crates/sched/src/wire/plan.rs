@@ -16,7 +16,8 @@ use streambatch_plan::{
     SourceSplit, Stage, StageKind,
 };
 
-use super::exchange::{CutSpec, ReduceSpec, batch_bytes, batch_of};
+use super::exchange::{CutSpec, ReduceSpec};
+use super::ipc::{batch_bytes, batch_of, schema_bytes, schema_of};
 
 /// A plan that can travel.
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -509,28 +510,6 @@ fn absolute(path: &std::path::Path) -> String {
         .unwrap_or_else(|_| path.to_path_buf())
         .display()
         .to_string()
-}
-
-/// `schema` as an Arrow IPC stream holding no batch.
-pub(super) fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
-    let encode = || {
-        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
-        writer.finish()?;
-        writer.into_inner()
-    };
-    encode().map_err(|e| Error::Invalid(format!("cannot encode the schema {schema}: {e}")))
-}
-
-/// The schema of an IPC stream made by [`schema_bytes`], checked.
-pub(super) fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
-    let read = || {
-        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-            .map(|r| r.schema())
-    };
-    // A panic of arrow's on malformed bytes is an error, as in `batch_of`.
-    std::panic::catch_unwind(read)
-        .map_err(|_| Error::Invalid("a schema does not decode: arrow panicked".into()))?
-        .map_err(|e| Error::Invalid(format!("a schema does not decode: {e}")))
 }
 
 fn split_of(spec: &SplitSpec) -> Result<SourceSplit, Error> {

@@ -30,7 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SplitHandle;
-use super::serve::Ranks;
+use super::ranks::Ranks;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);

@@ -26,6 +26,7 @@
 mod flight;
 mod handle;
 mod open;
+mod ranks;
 mod serve;
 
 pub use handle::SplitHandle;

@@ -1,0 +1,164 @@
+//! The ranks of a split as a service serves them, over QUIC or Arrow
+//! Flight: each (rank, epoch) stream claimed by one reader, what it yields
+//! in flight until its trainer confirms it, and given back to the split
+//! when the trainer is lost.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use streambatch_net::Served;
+use streambatch_net::split::{ServedEpoch, SplitServer};
+use streambatch_plan::{EpochStream, Split};
+use streambatch_store::{ObjectStore, SharedStore, ipc};
+
+/// The split's ranks, on the service.
+pub(super) struct Ranks {
+    service: u64,
+    /// Emptied when the service is dropped.
+    splits: Mutex<Vec<Split>>,
+    pieces: Arc<SharedStore>,
+    /// (rank, epoch) streams open now: one reader each.
+    reading: Mutex<HashSet<(usize, u64)>>,
+}
+
+impl Ranks {
+    pub(super) fn new(service: u64, splits: Vec<Split>, pieces: SharedStore) -> Self {
+        Self {
+            service,
+            splits: Mutex::new(splits),
+            pieces: Arc::new(pieces),
+            reading: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The counters of the shared memory pieces are copied into.
+    pub(super) fn pieces_stats(&self) -> streambatch_store::StoreStats {
+        self.pieces.stats()
+    }
+
+    pub(super) fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
+        self.splits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Rank `rank`'s stream of epoch `epoch` for `peer` (forwarded: what
+    /// it yields is in flight until confirmed), once per rank and epoch.
+    pub(super) fn claim(
+        &self,
+        service: u64,
+        rank: u32,
+        epoch: u64,
+        peer: &str,
+    ) -> std::result::Result<EpochStream, String> {
+        if service != self.service {
+            return Err(format!("no split {service:016x} is served here"));
+        }
+        let rank = rank as usize;
+        let splits = self.splits();
+        let split = splits.get(rank).ok_or_else(|| {
+            format!(
+                "rank {rank} is not one of the split's {} ranks",
+                splits.len()
+            )
+        })?;
+        let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
+        if !reading.insert((rank, epoch)) {
+            return Err(format!(
+                "rank {rank}'s epoch {epoch} is read already (asked again by {peer})"
+            ));
+        }
+        Ok(split.forwarded_epoch(epoch as usize))
+    }
+}
+
+impl SplitServer for Ranks {
+    fn open(
+        &self,
+        service: u64,
+        rank: u32,
+        epoch: u64,
+        peer: &str,
+    ) -> std::result::Result<Box<dyn ServedEpoch>, String> {
+        let split = self.claim(service, rank, epoch, peer)?;
+        Ok(Box::new(RankEpoch {
+            stream: Some(split),
+            pieces: self.pieces.clone(),
+            unconfirmed: Vec::new(),
+        }))
+    }
+}
+
+/// One rank's epoch served to its trainer.
+struct RankEpoch {
+    stream: Option<EpochStream>,
+    pieces: Arc<SharedStore>,
+    /// What was sent since the trainer last confirmed, oldest first.
+    unconfirmed: Vec<RecordBatch>,
+}
+
+impl Drop for RankEpoch {
+    fn drop(&mut self) {
+        // Dropped on a runtime thread (the service stopping mid-epoch), a
+        // stream's last reference to an embedded node must go elsewhere
+        // (see `SplitService`'s drop).
+        if let Some(stream) = self.stream.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            std::thread::spawn(move || drop(stream));
+        }
+    }
+}
+
+impl ServedEpoch for RankEpoch {
+    fn next(&mut self, shares_memory: bool) -> Option<std::result::Result<Served, String>> {
+        let batch = match self.stream.as_mut()?.next()? {
+            Ok(batch) => batch,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        self.unconfirmed.push(batch.clone());
+        Some(serve(&self.pieces, batch, shares_memory))
+    }
+
+    fn confirmed(&mut self) {
+        self.unconfirmed.clear();
+        if let Some(stream) = &self.stream {
+            stream.confirm();
+        }
+    }
+
+    fn lost(mut self: Box<Self>, reason: String) {
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        // Back in their order, for whoever asks next.
+        for batch in self.unconfirmed.drain(..).rev() {
+            stream.give_back(batch);
+        }
+        tracing::warn!(%reason, "a split's trainer was lost");
+        stream.lose(reason);
+    }
+}
+
+/// `batch` as a trainer gets it: copied once into shared memory and named,
+/// when it runs on this host and there is room (the piece stays pinned
+/// until the trainer releases it); else its IPC bytes.
+fn serve(
+    pieces: &SharedStore,
+    batch: RecordBatch,
+    shares_memory: bool,
+) -> std::result::Result<Served, String> {
+    if shares_memory {
+        // Never spills: with no room (trainers hold what they mapped, as a
+        // shuffle buffer does), the piece goes as bytes instead.
+        if let Ok(part) = pieces.try_put(batch.clone()) {
+            let pin = pieces.pin(part.id()).map_err(|e| e.to_string())?;
+            if let Some(name) = pieces.shared_name(&part) {
+                return Ok(Served::Shared(name, Box::new((pin, part))));
+            }
+        }
+    }
+    let encoded = ipc::encode(&batch).map_err(|e| e.to_string())?;
+    let mut bytes = vec![0u8; encoded.len];
+    encoded.write_to(&mut bytes);
+    Ok(Served::Bytes(Box::new(bytes)))
+}
