@@ -17,16 +17,6 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use streambatch::{Context, NodeConfig};
 
-fn pipeline(dir: &Path, out: &str) -> String {
-    let file = format!("{out}.toml");
-    let text = format!(
-        "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"images\"\n\n\
-         [[ops]]\nop = \"preprocess_images\"\n\n[sink]\nwrite_parquet = \"{out}\"\n"
-    );
-    std::fs::write(dir.join(&file), text).unwrap();
-    file
-}
-
 /// The rows of the Parquet files in `out`, one batch of one row each,
 /// in id order (two writes compare equal whatever their files).
 fn rows(out: &Path) -> Vec<RecordBatch> {
@@ -150,7 +140,7 @@ fn splits_run(stdout: &str) -> (usize, usize) {
 fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     streambatch_bench::make_images(&dir.path().join("images"), 20, 10, 4).unwrap();
-    let clean = pipeline(dir.path(), "clean");
+    let clean = common::preprocess_pipeline(dir.path(), "clean");
     assert!(run(dir.path(), &clean, false).0);
     let expected = rows(&dir.path().join("clean"));
     assert_eq!(expected.len(), 200);
@@ -163,7 +153,7 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
     let mut resumed_part_way = 0;
     for (i, kill) in kills.into_iter().enumerate() {
         let name = format!("out{i}");
-        let file = pipeline(dir.path(), &name);
+        let file = common::preprocess_pipeline(dir.path(), &name);
         let out = dir.path().join(&name);
         let cut_short = run_killed(dir.path(), &file, &out, kill);
         let journal = out.join(".streambatch-resume").exists();
@@ -193,7 +183,7 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
     assert!(resumed_part_way >= 2, "no kill landed mid-job");
 
     // A changed input: refused, naming the file; the journal kept.
-    let file = pipeline(dir.path(), "changed");
+    let file = common::preprocess_pipeline(dir.path(), "changed");
     let out = dir.path().join("changed");
     assert!(run_killed(dir.path(), &file, &out, Kill::AfterWaves(1, 0)));
     let images = dir.path().join("images");

@@ -9,17 +9,6 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// A pipeline reading `images`, preprocessing them and writing `out`.
-fn pipeline(dir: &Path, out: &str) -> String {
-    let file = format!("{out}.toml");
-    let text = format!(
-        "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"images\"\n\n\
-         [[ops]]\nop = \"preprocess_images\"\n\n[sink]\nwrite_parquet = \"{out}\"\n"
-    );
-    std::fs::write(dir.join(&file), text).unwrap();
-    file
-}
-
 fn run(dir: &Path, file: &str, faults: &str) -> Child {
     Command::new(common::BIN)
         .current_dir(dir)
@@ -51,10 +40,10 @@ fn files(dir: &Path) -> (Vec<(String, Vec<u8>)>, Vec<String>) {
 fn retried_tasks_write_the_files_of_a_clean_run() {
     let dir = tempfile::tempdir().unwrap();
     streambatch_bench::make_images(&dir.path().join("images"), 12, 10, 5).unwrap();
-    let clean = pipeline(dir.path(), "clean");
+    let clean = common::preprocess_pipeline(dir.path(), "clean");
     assert!(run(dir.path(), &clean, "").wait().unwrap().success());
     // About a third of the tasks panic once each.
-    let faulty = pipeline(dir.path(), "faulty");
+    let faulty = common::preprocess_pipeline(dir.path(), "faulty");
     let faults = [("SB_FAILPOINTS", "worker.panic=3:30")];
     let out = common::streambatch(dir.path(), &["run", &faulty], &faults);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -78,7 +67,7 @@ fn retried_tasks_write_the_files_of_a_clean_run() {
 fn a_job_killed_half_way_leaves_no_output_file() {
     let dir = tempfile::tempdir().unwrap();
     streambatch_bench::make_images(&dir.path().join("images"), 12, 10, 5).unwrap();
-    let file = pipeline(dir.path(), "out");
+    let file = common::preprocess_pipeline(dir.path(), "out");
     let out = dir.path().join("out");
     // Slow tasks: kill the job once a file is staged, before the commit.
     let mut job = run(dir.path(), &file, "worker.sleep=300");

@@ -361,3 +361,15 @@ pub fn small_w1(ctx: &streambatch::Context) -> streambatch::Dataset {
     let source = ctx.range(shape.rows, shape.partitions);
     streambatch_bench::w1_pipeline(source, &streambatch_bench::registry(), shape).unwrap()
 }
+
+/// A pipeline file in `dir` reading `dir/images`, preprocessing them and
+/// writing Parquet to `out` on 2 CPUs: its name.
+pub fn preprocess_pipeline(dir: &Path, out: &str) -> String {
+    let file = format!("{out}.toml");
+    let text = format!(
+        "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"images\"\n\n\
+         [[ops]]\nop = \"preprocess_images\"\n\n[sink]\nwrite_parquet = \"{out}\"\n"
+    );
+    std::fs::write(dir.join(&file), text).unwrap();
+    file
+}
