@@ -561,12 +561,14 @@ fn say_where_kernels_run(kernels: &[String]) {
 }
 
 /// lavapipe's rate for the shipped embedding kernel, measured on 2 cores:
-/// 53 and 42 rows/s (release build), 34 (debug build), 1,000 images.
-const LAVAPIPE_ROWS_PER_S: u32 = 40;
+/// 53 and 42 rows/s (release build), 34 (debug build), 1,000 images; 28
+/// on a 2-core AMD EPYC machine (LLVM 15, 2026-12-03).
+const LAVAPIPE_ROWS_PER_S: &str = "30 to 50";
 /// `streambatch run examples/pipelines/embed.toml` on lavapipe, 2 cores:
 /// 19.7 and 24.3 s wall (release build, other builds running; 240 MiB peak
-/// RSS), 8.8 s with nothing beside it, 30.2 s (debug).
-const LAVAPIPE_EMBED_S: &str = "10 to 30";
+/// RSS), 8.8 s with nothing beside it, 30.2 s (debug); 34.6 and 36.2 s on
+/// the EPYC machine above.
+const LAVAPIPE_EMBED_S: &str = "10 to 40";
 
 /// `path` for the first of several outputs; `name-2.ext` for the second.
 fn numbered(path: &std::path::Path, i: usize) -> std::path::PathBuf {
