@@ -143,8 +143,9 @@ pub fn open_journal(dir: &Path, identity: &WriteIdentity, resume: bool) -> Resul
         let difference = identity.difference(&then);
         if let (true, Some(difference)) = (resume, &difference) {
             return Err(Error::Invalid(format!(
-                "cannot resume the write into {}: {difference} (write without resume to start over)",
-                dir.display()
+                "cannot resume the write into {}: {difference} (remove {} to start over)",
+                dir.display(),
+                root.display()
             )));
         }
         let mut journal = read(dir, &root)?;
