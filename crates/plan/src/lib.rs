@@ -59,7 +59,9 @@ pub use hash_join::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
 pub use images::ImageSize;
 pub use key_range::KeyRange;
 pub use key_sample::KeySample;
-pub use object_files::{bytes_read as object_bytes_read, url_of as object_url};
+pub use object_files::{
+    bytes_read as object_bytes_read, gets as object_gets, url_of as object_url,
+};
 pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{
     ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,

@@ -196,6 +196,7 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
         let object = object.sibling(key_url(&url, key)?, key)?;
         block_on(object.store.get(&object.path))
             .and_then(|got| block_on(got.bytes()))
+            .map(counted)
             .map_err(|e| object.error("reading", e))
     })?;
     let mut files = Vec::with_capacity(keys.len());
@@ -260,8 +261,19 @@ pub fn bytes_read() -> u64 {
     READ.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Requests for bytes this process has made to object stores.
+static GETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Requests for bytes (`GET`s, each of one range) this process has made
+/// to object stores so far: a Parquet read that prunes makes fewer.
+pub fn gets() -> u64 {
+    GETS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `bytes`, one request's answer, counted.
 fn counted(bytes: Bytes) -> Bytes {
     READ.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    GETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     bytes
 }
 
