@@ -1,4 +1,4 @@
-"""Runs W1 to W6, G1, J1, S1 and the binary-files benchmark (docs/workloads.md) in
+"""Runs W1 to W6 (W4 also read from a local S3 server), G1, J1, S1 and the binary-files benchmark (docs/workloads.md) in
 streambatch, Ray Data, (W3, W4, G1, J1, S1) Daft, (W6a) PyTorch's DataLoader and
 (G1, J1, S1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table

@@ -6,7 +6,7 @@
 # and writes out/bench/results.json,
 # out/bench/table.md and the chart out/bench/benchmarks.png.
 # Makes the Python environment (.venv-bench) with the pinned peers if absent.
-#   tools/bench/run.sh [--limit-s 240] [--only w1,w2,w3,w4,binary_files,binary_files_rows,sched,w6a,w5,w6b,g1,j1,s1,s1_cluster] [--w4-device cpu|gpu]
+#   tools/bench/run.sh [--limit-s 240] [--only w1,w2,w3,w4,w4_s3,binary_files,binary_files_rows,sched,w6a,w5,w6b,g1,j1,s1,s1_cluster] [--w4-device cpu|gpu]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=.venv-bench

@@ -181,8 +181,11 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
                 .filter(|k| matcher.matches_with(k, within_folders))
                 .collect()
         }
-        // A URL ending in `/` names a folder: no request for an object.
-        None if pattern.ends_with('/') => list(&object, key, false)?,
+        // A bucket's URL ending in `/` names a folder: no request for an
+        // object (an HTTP server has no listing).
+        None if pattern.ends_with('/') && !url.scheme().starts_with("http") => {
+            list(&object, key, false)?
+        }
         None => match block_on(object.store.head(&object.path)) {
             Ok(_) => vec![key.to_string()],
             Err(object_store::Error::NotFound { .. }) if !url.scheme().starts_with("http") => {

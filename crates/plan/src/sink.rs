@@ -28,7 +28,7 @@ mod resume;
 
 pub use format::FileFormat;
 pub(crate) use format::FormatWriter;
-pub use resume::{Journal, Opened, WriteIdentity, open_journal};
+pub(crate) use resume::{Journal, Opened, WriteIdentity, open_journal};
 
 /// How a Parquet write compresses and groups its rows.
 ///
