@@ -12,7 +12,7 @@ use arrow_array::{Int64Array, RecordBatch, StringArray};
 use common::ctx;
 use streambatch::prelude::*;
 use streambatch::{Context, Dataset};
-use streambatch_bench::{S3Server, Throttle, skip_test};
+use streambatch_bench::{S3Server, Throttle};
 
 /// Four Parquet files of 25,000 rows (ids 0..100,000 in order, a name each),
 /// row groups of 5,000 rows, as local files.
@@ -56,17 +56,9 @@ fn ids(batches: &[RecordBatch]) -> Vec<i64> {
 /// environment, which tests running side by side would share.
 #[test]
 fn files_read_from_an_s3_compatible_store() {
-    let Some(s3) = S3Server::start() else {
-        return skip_test(
-            "files_read_from_an_s3_compatible_store",
-            "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
-        );
+    let Some(s3) = S3Server::start_for_test("files_read_from_an_s3_compatible_store") else {
+        return;
     };
-    for (key, value) in s3.env() {
-        // SAFETY: this binary's one test sets these before any thread
-        // reads the environment (the store's builder reads it on use).
-        unsafe { std::env::set_var(key, value) };
-    }
     s3.make_bucket("data");
     let dir = tempfile::tempdir().unwrap();
     let files = parquet_files(dir.path());

@@ -11,7 +11,7 @@ use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use common::{ctx, sorted_i64};
 use streambatch::prelude::*;
 use streambatch::{Context, Dataset};
-use streambatch_bench::{S3Server, skip_test};
+use streambatch_bench::S3Server;
 
 /// `n` rows in `partitions` partitions: `id`, and a 100-byte `payload`.
 fn table(ctx: &Context, n: u64, partitions: usize) -> Dataset {
@@ -47,17 +47,9 @@ fn failing(ctx: &Context, n: u64, partitions: usize, fail_at: i64) -> Dataset {
 /// environment, which tests running side by side would share.
 #[test]
 fn files_written_to_an_s3_compatible_store() {
-    let Some(s3) = S3Server::start() else {
-        return skip_test(
-            "files_written_to_an_s3_compatible_store",
-            "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
-        );
+    let Some(s3) = S3Server::start_for_test("files_written_to_an_s3_compatible_store") else {
+        return;
     };
-    for (key, value) in s3.env() {
-        // SAFETY: this binary's one test sets these before any thread
-        // reads the environment (the store's builder reads it on use).
-        unsafe { std::env::set_var(key, value) };
-    }
     s3.make_bucket("out");
     let ctx = ctx();
     every_format_round_trips(&s3, &ctx);

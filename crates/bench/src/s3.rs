@@ -53,6 +53,29 @@ impl S3Server {
         Some(server)
     }
 
+    /// For a test binary's one test named `test`: a server, with this
+    /// process's environment pointed at it ([`Self::env`]); `None`, the
+    /// test reported skipped, where no Python here has moto's server.
+    ///
+    /// Call it first, before any thread reads the environment (the store's
+    /// client reads it when first used); a binary's tests side by side
+    /// would share it, so one test per binary.
+    pub fn start_for_test(test: &str) -> Option<Self> {
+        let Some(server) = Self::start() else {
+            crate::skip_test(
+                test,
+                "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
+            );
+            return None;
+        };
+        for (key, value) in server.env() {
+            // SAFETY: as the caller is told, no other thread reads the
+            // environment yet.
+            unsafe { std::env::set_var(key, value) };
+        }
+        Some(server)
+    }
+
     /// The variables that point the object store client (and any S3
     /// client) at this server, with test credentials.
     pub fn env(&self) -> Vec<(String, String)> {

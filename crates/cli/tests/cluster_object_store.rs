@@ -10,21 +10,13 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use common::{Cluster, NodeSpec};
 use streambatch::{Context, NodeConfig};
-use streambatch_bench::{S3Server, skip_test};
+use streambatch_bench::S3Server;
 
 #[test]
 fn both_nodes_read_their_splits_of_an_s3_prefix() {
-    let Some(s3) = S3Server::start() else {
-        return skip_test(
-            "both_nodes_read_their_splits_of_an_s3_prefix",
-            "no Python with moto's server (set SB_PYTHON, or pip install 'moto[server]')",
-        );
+    let Some(s3) = S3Server::start_for_test("both_nodes_read_their_splits_of_an_s3_prefix") else {
+        return;
     };
-    for (key, value) in s3.env() {
-        // SAFETY: this binary's one test sets these before any thread
-        // reads the environment (the store's builder reads it on use).
-        unsafe { std::env::set_var(key, value) };
-    }
     // Eight Parquet files of ids 0..8,000, written locally, then stored.
     let dir = tempfile::tempdir().unwrap();
     let local = Context::with_config(NodeConfig {

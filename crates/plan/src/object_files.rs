@@ -358,11 +358,20 @@ impl ObjectReader {
     /// fetched only if the object is still the one the tail came from.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let object = Object::at(url)?;
-        let tail = match tails().lock().unwrap_or_else(|p| p.into_inner()).get(url) {
-            Some(tail) => tail.clone(),
-            None => fetch_tail(&object)?,
+        // The lock is let go before fetching: footers are fetched side by side.
+        let kept = tails()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(url)
+            .cloned();
+        let tail = match kept {
+            Some(tail) => tail,
+            None => {
+                let tail = fetch_tail(&object)?;
+                remember(url, &tail);
+                tail
+            }
         };
-        remember(url, &tail);
         Ok(Self {
             size: tail.size,
             e_tag: tail.e_tag,

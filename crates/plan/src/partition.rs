@@ -24,10 +24,10 @@ pub struct Partitioned {
     /// The rows, grouped.
     pub batch: RecordBatch,
     /// Where each destination's rows start, and the end: `n + 1` offsets
-    /// (for a sort's map output, where each chunk starts: see `key_range`).
+    /// (for a sort's map output, where each chunk of keys starts).
     pub starts: Vec<usize>,
-    /// A sort's map output's keys, as [`ranges`](crate::key_range::ranges)
-    /// takes them; `None` for other cuts.
+    /// A sort's map output's keys, from which the exchange cuts its
+    /// ranges; `None` for other cuts.
     pub sample: Option<crate::key_sample::KeySample>,
 }
 
@@ -40,7 +40,7 @@ impl Partitioned {
 }
 
 /// The key columns `keys` of `batch` encoded as comparable rows, each
-/// column sorted as `order` says (ascending, nulls first, where `order` is
+/// column ordered as `order` says (ascending, nulls first, where `order` is
 /// shorter).
 pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> Result<Rows> {
     let columns: Vec<ArrayRef> = keys
