@@ -2,7 +2,8 @@
 //! 127.0.0.1 from a Python that has it (`SB_PYTHON`, else `python3`;
 //! `.ci/run` installs it). Parquet from a prefix, a glob, columns with a
 //! filter that prunes row groups, and the errors for a missing object and
-//! bucket; every other file format, read as from a local directory.
+//! bucket and a denied key; every other file format, read as from a local
+//! directory.
 
 mod common;
 
@@ -127,6 +128,49 @@ fn files_read_from_an_s3_compatible_store() {
     assert!(bucket.contains("s3://no-such-bucket/x.parquet"), "{bucket}");
     every_format_reads_from_s3_as_from_a_local_directory(&s3);
     throttled_requests_are_retried(&s3, &files);
+    a_denied_key_is_named_in_the_error(&s3, &files);
+}
+
+/// Last, since it turns on the server's access checks for good: a user
+/// allowed `locked/open/` reads it, and a key outside it, read or
+/// written, fails naming its URL and the refusal.
+fn a_denied_key_is_named_in_the_error(s3: &S3Server, files: &[std::path::PathBuf]) {
+    s3.make_bucket("locked");
+    let bytes = std::fs::read(&files[0]).unwrap();
+    s3.put("locked", "open/part-0.parquet", &bytes);
+    s3.put("locked", "closed/part-0.parquet", &bytes);
+    let (key, secret) = s3.lock_down("locked", "open/");
+    // SAFETY: as above; the bucket's store is made, with these
+    // credentials, on its first use below.
+    unsafe {
+        std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", s3.port));
+        std::env::set_var("AWS_ACCESS_KEY_ID", key);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+    }
+    let ctx = ctx();
+    let open = ctx.read_parquet("s3://locked/open/part-0.parquet").unwrap();
+    assert_eq!(
+        ids(&open.collect().unwrap()),
+        (0..25_000).collect::<Vec<_>>()
+    );
+    let denied = ctx
+        .read_parquet("s3://locked/closed/part-0.parquet")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    let named = |e: &str, url: &str| e.contains(url) && e.contains("403 Forbidden");
+    assert!(
+        named(&denied, "s3://locked/closed/part-0.parquet"),
+        "{denied}"
+    );
+    // Refused at its first part, in the staging folder: the upload's
+    // error, not a panic of the writer.
+    let written = open
+        .write_parquet("s3://locked/closed/out/")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(named(&written, "s3://locked/closed/out/"), "{written}");
 }
 
 /// A store that answers 503 (S3's "slow down") to its first requests: the

@@ -132,6 +132,59 @@ impl S3Server {
         elements(&body, "Key")
     }
 
+    /// Turns on moto's access checks for every request after this one, and
+    /// makes the one user who passes them: it may list `bucket` and use
+    /// the objects under `open_prefix`, and nothing else. Its access key
+    /// id and secret key, for the client's environment; the test
+    /// credentials of [`Self::env`] are refused from now on.
+    pub fn lock_down(&self, bucket: &str, open_prefix: &str) -> (String, String) {
+        self.iam("CreateUser", &[("UserName", "reader")]);
+        let key = self.iam("CreateAccessKey", &[("UserName", "reader")]);
+        let policy = format!(
+            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":"s3:*","Resource":["arn:aws:s3:::{bucket}","arn:aws:s3:::{bucket}/{open_prefix}*"]}}]}}"#
+        );
+        self.iam(
+            "PutUserPolicy",
+            &[
+                ("UserName", "reader"),
+                ("PolicyName", "open"),
+                ("PolicyDocument", &policy),
+            ],
+        );
+        // moto checks every request from the count given on (here, 0).
+        let headers = [("Content-Type", "text/plain")];
+        let answer = self.exchange_with("POST", "/moto-api/reset-auth", &headers, b"0");
+        assert!(
+            matches!(answer, Some((200, _))),
+            "turning on moto's auth: {answer:?}"
+        );
+        let one = |tag| elements(&key, tag).pop().expect("an access key");
+        (one("AccessKeyId"), one("SecretAccessKey"))
+    }
+
+    /// One IAM action, its answer's body. moto routes a request by the
+    /// service its signature names, and checks no signature before
+    /// [`Self::lock_down`].
+    fn iam(&self, action: &str, params: &[(&str, &str)]) -> String {
+        let form = url::form_urlencoded::Serializer::new(String::new())
+            .append_pair("Action", action)
+            .append_pair("Version", "2010-05-08")
+            .extend_pairs(params)
+            .finish();
+        let headers = [
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            (
+                "Authorization",
+                "AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/iam/aws4_request, SignedHeaders=host, Signature=0",
+            ),
+        ];
+        let answer = self.exchange_with("POST", "/", &headers, form.as_bytes());
+        match answer {
+            Some((200, body)) => body,
+            other => panic!("IAM {action}: {other:?}"),
+        }
+    }
+
     /// One plain HTTP request (moto takes unsigned ones): its status,
     /// `None` when nothing answers.
     fn request(&self, method: &str, path: &str, body: &[u8]) -> Option<u16> {
@@ -140,10 +193,25 @@ impl S3Server {
 
     /// One plain HTTP request: its status and body.
     fn exchange(&self, method: &str, path: &str, body: &[u8]) -> Option<(u16, String)> {
+        self.exchange_with(method, path, &[], body)
+    }
+
+    /// One plain HTTP request with `headers`: its status and body.
+    fn exchange_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Option<(u16, String)> {
         let port = self.port;
         let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        let headers: String = headers
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}\r\n"))
+            .collect();
         let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
         stream.write_all(head.as_bytes()).ok()?;

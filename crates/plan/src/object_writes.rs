@@ -58,13 +58,9 @@ impl ObjectUpload {
     pub(crate) fn finish(mut self) -> Result<()> {
         self.send().map_err(|e| write_error(&self.object, e))?;
         let mut writer = self.writer.take().expect("finished once");
-        match block_on(writer.shutdown()) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = block_on(writer.abort());
-                Err(write_error(&self.object, e))
-            }
-        }
+        // A multipart upload that fails to complete is aborted by the
+        // writer itself (which may not be aborted again: it would panic).
+        block_on(writer.shutdown()).map_err(|e| write_error(&self.object, e))
     }
 }
 
