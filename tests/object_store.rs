@@ -1,9 +1,9 @@
 //! Files read from an S3-compatible store: moto's server, started here on
 //! 127.0.0.1 from a Python that has it (`SB_PYTHON`, else `python3`;
 //! `.ci/run` installs it). Parquet from a prefix, a glob, columns with a
-//! filter that prunes row groups, and the errors for a missing object and
-//! bucket and a denied key; every other file format, read as from a local
-//! directory.
+//! filter that prunes row groups, a file over plain HTTP, and the errors
+//! for a missing object and bucket and a denied key; every other file
+//! format, read as from a local directory.
 
 mod common;
 
@@ -126,6 +126,18 @@ fn files_read_from_an_s3_compatible_store() {
         .unwrap_err()
         .to_string();
     assert!(bucket.contains("s3://no-such-bucket/x.parquet"), "{bucket}");
+    // The same file over plain HTTP (range requests, no listing), twice:
+    // the second read through the server's kept client.
+    let bytes = std::fs::read(&files[2]).unwrap();
+    s3.put_public("data", "public/part-2.parquet", &bytes);
+    let http = format!("http://127.0.0.1:{}/data/public/part-2.parquet", s3.port);
+    for _ in 0..2 {
+        let ds = ctx.read_parquet(&http).unwrap();
+        assert_eq!(
+            ids(&ds.collect().unwrap()),
+            (50_000..75_000).collect::<Vec<_>>()
+        );
+    }
     every_format_reads_from_s3_as_from_a_local_directory(&s3);
     throttled_requests_are_retried(&s3, &files);
     a_denied_key_is_named_in_the_error(&s3, &files);

@@ -106,6 +106,17 @@ impl S3Server {
         assert_eq!(status, Some(200), "putting {bucket}/{key}");
     }
 
+    /// Stores `bytes` as `key` of `bucket`, readable by anyone: at
+    /// `http://127.0.0.1:<port>/<bucket>/<key>` without credentials.
+    pub fn put_public(&self, bucket: &str, key: &str, bytes: &[u8]) {
+        let headers = [("x-amz-acl", "public-read")];
+        let answer = self.exchange_with("PUT", &format!("/{bucket}/{key}"), &headers, bytes);
+        assert!(
+            matches!(answer, Some((200, _))),
+            "putting {bucket}/{key}: {answer:?}"
+        );
+    }
+
     /// The keys in `bucket` under `prefix`, sorted.
     pub fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
         let (status, body) = self

@@ -86,32 +86,45 @@ impl Object {
     }
 }
 
-/// The store of `url` and the object's path in it. A bucket's store (the
-/// bucket in the URL's host: `s3://`, `gs://`, `az://`, `abfs(s)://`) is
-/// kept, so that its connections are reused; an `http(s)://` URL's is
-/// made each time, since its bucket or container may be in its path.
+/// The store of `url` and the object's path in it. A store is made once
+/// per bucket (or container, or HTTP server) and kept, so that its
+/// connections are reused and its client, which loads the system's root
+/// certificates, is built once rather than for every object.
 fn store_for(url: &Url) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
-    let (made, path) = object_store::parse_url_opts(url, cloud_env(url.scheme()))
-        .map_err(|e| invalid(url.as_str(), e))?;
-    if url.scheme().starts_with("http") {
-        return Ok((Arc::from(made), path));
+    let bad = |e: object_store::Error| invalid(url.as_str(), e);
+    let (scheme, path) = object_store::ObjectStoreScheme::parse(url).map_err(|e| bad(e.into()))?;
+    let path = ObjectPath::parse(path).map_err(|e| bad(e.into()))?;
+    let mut key = url[..url::Position::BeforePath].to_string();
+    // A cloud's https URL names its bucket or container in its path.
+    if url.scheme().starts_with("http") && scheme != object_store::ObjectStoreScheme::Http {
+        key.push('/');
+        key.push_str(url.path_segments().and_then(|mut s| s.next()).unwrap_or(""));
     }
-    let key = url[..url::Position::BeforePath].to_string();
     let stores = STORES.get_or_init(Default::default);
+    // Held while a store is made: threads opening a bucket's files at
+    // once make it once.
     let mut stores = stores.lock().unwrap_or_else(|p| p.into_inner());
-    let store = stores.entry(key).or_insert_with(|| Arc::from(made)).clone();
+    if let Some(store) = stores.get(&key) {
+        return Ok((store.clone(), path));
+    }
+    let (made, _) = object_store::parse_url_opts(url, cloud_env(url.scheme())).map_err(bad)?;
+    let store: Arc<dyn ObjectStore> = Arc::from(made);
+    stores.insert(key, store.clone());
     Ok((store, path))
 }
 
 /// The environment's options for a store of `scheme`: its cloud's own
 /// variables only (`AWS_*`, `GOOGLE_*`, `AZURE_*`), so that a variable of
-/// another program (a `TOKEN`, an `ENDPOINT`) never reaches a store.
+/// another program (a `TOKEN`, an `ENDPOINT`) never reaches a store. An
+/// `http://` URL asks for plain HTTP itself (the client refuses it unless
+/// allowed).
 fn cloud_env(scheme: &str) -> Vec<(String, String)> {
     let prefix = match scheme {
         "s3" | "s3a" => "AWS_",
         "gs" => "GOOGLE_",
         "az" | "abfs" | "abfss" => "AZURE_",
+        "http" => return vec![("allow_http".into(), "true".into())],
         _ => return Vec::new(),
     };
     std::env::vars_os()
