@@ -40,6 +40,8 @@ S1_DATA = "data/s1"
 # harness starts and fills with W4's files (W4_S3_URL).
 W4_DATA = "data/w4-images"
 W4_S3_URL = "s3://w4-bench/images/"
+# W4-from-S3's server (tools/s3-server), which run.sh builds.
+S3_SERVER = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "streambatch-s3-server")
 # S1's store cap (`streambatch bench s1`) and the peak RSS allowed above it.
 S1_CAP_MIB, S1_RSS_ABOVE_CAP_MIB = 512, 512
 
@@ -135,13 +137,13 @@ def cases(w4_device):
             outputs={"streambatch": f"out/w4-{w4_device}", "ray-data": "out/w4-ray", "daft": "out/w4-daft"},
         )
     )
-    # W4 read from S3 (moto's server on 127.0.0.1, the files uploaded by
-    # the harness) against W4 from local disk, in the same run; Ray Data
-    # reads the same bucket through pyarrow's S3 filesystem.
+    # W4 read from S3 (tools/s3-server, s3s-fs on 127.0.0.1, the files
+    # uploaded by the harness) against W4 from local disk, in the same run;
+    # Ray Data reads the same bucket through pyarrow's S3 filesystem.
     out.append(
         Case(
             "w4_s3",
-            "2,000 images read from S3 (moto, 127.0.0.1), CPU model",
+            "2,000 images read from S3 (s3s-fs, 127.0.0.1), CPU model",
             {
                 "streambatch": SB + ["w4", "--device", "cpu", "--input", W4_S3_URL],
                 "streambatch local disk": SB + ["w4", "--device", "cpu"],
@@ -583,7 +585,7 @@ def targets(rows):
             local_v = local.get("value")
             v = sb["value"]
             check(
-                "W4 read from S3 (moto on 127.0.0.1): rows/s >= 0.8x W4 from local disk in the same run",
+                "W4 read from S3 (s3s-fs on 127.0.0.1): rows/s >= 0.8x W4 from local disk in the same run",
                 v and local_v and v >= 0.8 * local_v and local.get("correct") is True,
                 f"streambatch from S3 {fmt(v)} rows/s, from local disk {fmt(local_v)} rows/s "
                 f"({fmt(v / local_v) if v and local_v else '-'}x); Ray Data from S3 {fmt(ray_v)} rows/s "
@@ -684,12 +686,13 @@ def main():
 
 @contextlib.contextmanager
 def w4_in_s3(case):
-    """W4's files (made by a local W4 run if absent) in W4_S3_URL's bucket of a
-    moto S3 server on 127.0.0.1 started for the case, and the environment
-    that points every client at it (streambatch's `AWS_*` variables, read
-    by Ray's pyarrow filesystem too); the server stopped after."""
+    """W4's files (made by a local W4 run if absent) in W4_S3_URL's bucket of
+    an S3 server on 127.0.0.1 started for the case (tools/s3-server: s3s-fs,
+    built by run.sh, over a temporary folder), and the environment that
+    points every client at it (streambatch's `AWS_*` variables, read by
+    Ray's pyarrow filesystem too); the server stopped after."""
     import socket
-    import urllib.request
+    import tempfile
 
     import boto3
 
@@ -698,8 +701,10 @@ def w4_in_s3(case):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    folder = tempfile.TemporaryDirectory(prefix="w4-s3-")
+    secret = "w4-bench-secret"
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [S3_SERVER, folder.name, str(port), "w4-bench", secret],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -707,15 +712,15 @@ def w4_in_s3(case):
     env = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_ACCESS_KEY_ID": "w4-bench",
+        "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_REGION": "us-east-1",
     }
     saved = {k: os.environ.get(k) for k in env}
     try:
         for _ in range(300):
             try:
-                urllib.request.urlopen(endpoint, timeout=1)
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.1)
@@ -735,6 +740,7 @@ def w4_in_s3(case):
                 os.environ[k] = v
         server.kill()
         server.wait()
+        folder.cleanup()
 
 
 def run_case(case, args):

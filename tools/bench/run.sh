@@ -18,4 +18,6 @@ if ! cmp -s tools/bench/requirements.txt "$venv/installed.txt"; then
     cp tools/bench/requirements.txt "$venv/installed.txt"
 fi
 cargo build --release --bin streambatch
+# W4 from S3's server, a project of its own (not built by the tests).
+cargo build --release --manifest-path tools/s3-server/Cargo.toml --target-dir "${CARGO_TARGET_DIR:-target}"
 exec "$venv/bin/python" tools/bench/harness.py "$@"
