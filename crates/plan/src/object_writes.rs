@@ -101,20 +101,48 @@ pub(crate) fn put(url: &str, bytes: Vec<u8>) -> Result<()> {
         .map_err(|e| write_error(&object, e))
 }
 
-/// Copies the object at `from` to `to` in the same store (the store copies
-/// it: its bytes do not pass through this process).
-pub(crate) fn copy(from: &str, to: &str) -> Result<()> {
-    let (from, to) = (Object::at(from)?, Object::at(to)?);
-    block_on(from.store.copy(&from.path, &to.path)).map_err(|e| write_error(&to, e))
+/// Requests of a commit's copies or deletes in flight at once: each is a
+/// round trip of tens of milliseconds to a cloud store.
+const IN_FLIGHT: usize = 16;
+
+/// Runs `requests`, [`IN_FLIGHT`] at once; the first error.
+fn side_by_side<F>(requests: Vec<F>) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>> + Send,
+{
+    use futures::{StreamExt, TryStreamExt};
+    let requests = futures::stream::iter(requests).buffer_unordered(IN_FLIGHT);
+    block_on(requests.try_collect::<Vec<()>>()).map(drop)
 }
 
-/// Deletes the object at `url` (gone already is no error).
-pub(crate) fn delete(url: &str) -> Result<()> {
-    let object = Object::at(url)?;
-    match block_on(object.store.delete(&object.path)) {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(object.error("deleting", e)),
+/// Copies each object `from` to `to` in the same store (the store copies
+/// it: its bytes do not pass through this process), several at once.
+pub(crate) fn copy_all(pairs: &[(String, String)]) -> Result<()> {
+    let mut copies = Vec::with_capacity(pairs.len());
+    for (from, to) in pairs {
+        let (from, to) = (Object::at(from)?, Object::at(to)?);
+        copies.push(async move {
+            let copied = from.store.copy(&from.path, &to.path).await;
+            copied.map_err(|e| write_error(&to, e))
+        });
     }
+    side_by_side(copies)
+}
+
+/// Deletes the objects at `urls` (one gone already is no error), several
+/// at once.
+pub(crate) fn delete_all(urls: &[String]) -> Result<()> {
+    let mut deletes = Vec::with_capacity(urls.len());
+    for url in urls {
+        let object = Object::at(url)?;
+        deletes.push(async move {
+            match object.store.delete(&object.path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(object.error("deleting", e)),
+            }
+        });
+    }
+    side_by_side(deletes)
 }
 
 /// The URLs of the objects in folder `url`, with their names there: those

@@ -8,7 +8,7 @@
 //!   starting with `.` or `_`). A retried task uploads the same name again.
 //! - When the job has succeeded, the store copies each part to
 //!   `part-<task>-<id>.<extension>` in the output (a name no earlier write
-//!   used), then the manifest `_streambatch-manifest.<extension>.json`
+//!   used; 16 copies in flight), then the manifest `_streambatch-manifest.<extension>.json`
 //!   listing them is written in one request: that is the commit. Then the
 //!   earlier writes' parts of that format and the staging folder go.
 //! - When the job fails, the staging folder goes; a writer killed before
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use super::{EMPTY_PREFIX, Staging};
 use crate::manifest::{self, Manifest};
-use crate::object_writes::{copy, delete, folders, list, put};
+use crate::object_writes::{copy_all, delete_all, folders, list, put};
 use crate::{Error, Result};
 
 /// The start of a staging folder's name.
@@ -91,10 +91,8 @@ fn join(folder: &str, name: &str) -> String {
 
 /// Deletes every object under folder `url`.
 fn remove_all(url: &str) -> Result<()> {
-    for (object, _) in list(url, true)? {
-        delete(&object)?;
-    }
-    Ok(())
+    let objects: Vec<String> = list(url, true)?.into_iter().map(|(url, _)| url).collect();
+    delete_all(&objects)
 }
 
 /// Whether no task staged a file, not even a schema-only one.
@@ -126,28 +124,28 @@ pub(super) fn commit(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>>
         parts.push((empty, format!("part-000000-{write}.{extension}")));
     }
     parts.sort_by(|a, b| a.1.cmp(&b.1));
-    let copied = parts
+    let copies: Vec<(String, String)> = parts
         .iter()
-        .try_for_each(|(from, name)| copy(from, &join(dir, name)));
+        .map(|(from, name)| (from.clone(), join(dir, name)))
+        .collect();
     let manifest = Manifest {
         write,
         files: parts.iter().map(|(_, name)| name.clone()).collect(),
     };
-    let committed =
-        copied.and_then(|()| put(&join(dir, &manifest::name(extension)), manifest.to_json()));
+    let committed = copy_all(&copies)
+        .and_then(|()| put(&join(dir, &manifest::name(extension)), manifest.to_json()));
     if let Err(e) = committed {
-        for (_, name) in &parts {
-            let _ = delete(&join(dir, name));
-        }
+        let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
+        let _ = delete_all(&copied);
         return Err(e);
     }
     // Committed: the earlier writes' parts of this format, and the staging.
-    for (url, name) in list(dir, false)? {
-        let earlier = manifest::is_part(&name, extension) && !manifest.files.contains(&name);
-        if earlier {
-            delete(&url)?;
-        }
-    }
+    let earlier: Vec<String> = list(dir, false)?
+        .into_iter()
+        .filter(|(_, name)| manifest::is_part(name, extension) && !manifest.files.contains(name))
+        .map(|(url, _)| url)
+        .collect();
+    delete_all(&earlier)?;
     remove_all(staged)?;
     Ok(manifest
         .files
