@@ -1,8 +1,8 @@
 //! Writes to an S3-compatible store (moto's server, started here as in
 //! `object_store.rs`): every format's round trip, a write replacing an
 //! earlier one, a part file uploaded in parts, the manifest that readers
-//! honour, and failed writes leaving the bucket as it was, with no upload
-//! left pending.
+//! honour, failed writes leaving the bucket as it was, with no upload
+//! left pending, and a resumed write of objects refusing a changed one.
 
 mod common;
 
@@ -10,7 +10,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use common::{ctx, sorted_i64};
 use streambatch::prelude::*;
-use streambatch::{Context, Dataset};
+use streambatch::{Context, Dataset, FileFormat};
 use streambatch_bench::S3Server;
 
 /// `n` rows in `partitions` partitions: `id`, and a 100-byte `payload`.
@@ -57,6 +57,7 @@ fn files_written_to_an_s3_compatible_store() {
     a_large_part_is_uploaded_in_parts(&s3, &ctx);
     failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
     a_toml_pipeline_reads_and_writes_urls(&ctx);
+    a_resumed_write_checks_its_input_objects(&ctx);
     let missing = table(&ctx, 10, 1)
         .write_parquet("s3://no-such-bucket/out/")
         .unwrap_err()
@@ -116,6 +117,78 @@ fn every_format_round_trips(s3: &S3Server, ctx: &Context) {
             assert!(keys.iter().any(|k| k == key), "{key} in {keys:?}");
         }
     }
+}
+
+/// A resumable write of objects into a local folder: stopped by a failed
+/// task, it resumes where it was; an input object replaced since is
+/// refused, named.
+fn a_resumed_write_checks_its_input_objects(ctx: &Context) {
+    let local = tempfile::tempdir().unwrap();
+    // 100 ids from `from`, as the Parquet object `f` of the input.
+    let put = |f: u64, from: i64| {
+        let ids = ctx.range(100, 1).map_batches(
+            move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+                let shifted: arrow_array::Int64Array =
+                    ids.iter().map(|i| Some(i? + from)).collect();
+                Ok(RecordBatch::try_from_iter([(
+                    "id",
+                    std::sync::Arc::new(shifted) as ArrayRef,
+                )])?)
+            },
+            Resources::cpu(1.0),
+        );
+        let url = format!("s3://out/resume-in/part-{f}.parquet");
+        ids.write_parquet_file(url).unwrap();
+    };
+    for f in 0..4 {
+        put(f, f as i64 * 100);
+    }
+    let resume = ParquetWriteOptions {
+        resume: true,
+        ..Default::default()
+    };
+    // The file of ids 200.. fails its task while `stop` is set: two of the
+    // four splits' waves are done when the write stops.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let plan = |stop: std::sync::Arc<std::sync::atomic::AtomicBool>| {
+        ctx.read_parquet("s3://out/resume-in/")
+            .unwrap()
+            .map_batches(
+                move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                    let ids = b.column(0).as_primitive::<arrow_array::types::Int64Type>();
+                    let stopped = stop.load(std::sync::atomic::Ordering::SeqCst);
+                    match stopped && ids.value(0) == 200 {
+                        true => Err(UdfError::from("stopped")),
+                        false => Ok(b),
+                    }
+                },
+                Resources::cpu(1.0),
+            )
+    };
+    let (out, changed) = (local.path().join("out"), local.path().join("changed"));
+    for dir in [&out, &changed] {
+        assert!(plan(stop.clone()).write_parquet_with(dir, &resume).is_err());
+    }
+    stop.store(false, std::sync::atomic::Ordering::SeqCst);
+    let resumed = plan(stop.clone()).write_resumable(&out, FileFormat::Parquet(Default::default()));
+    let resumed = resumed.unwrap();
+    assert_eq!((resumed.splits_run, resumed.splits), (2, 4));
+    let back = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    assert_eq!(
+        sorted_i64(&back.collect().unwrap(), "id"),
+        (0..400).collect::<Vec<_>>()
+    );
+    // The last object replaced (the same size: its version tells).
+    put(3, 1_000);
+    let refused = plan(stop)
+        .write_parquet_with(&changed, &resume)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("cannot resume") && refused.contains("s3://out/resume-in/part-3.parquet"),
+        "{refused}"
+    );
 }
 
 fn a_write_replaces_the_last_and_readers_follow_the_manifest(s3: &S3Server, ctx: &Context) {

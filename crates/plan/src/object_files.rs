@@ -329,6 +329,26 @@ fn remember(url: &str, tail: &Tail) {
     tails.insert(url.to_string(), tail.clone());
 }
 
+/// The size and version tag (ETag) of each object of `urls` that the store
+/// has (absent ones are left out), asked of the store 16 at a time: what a
+/// resumed write compares its input by. Never from the tails kept here,
+/// which may be of an earlier version.
+pub(crate) fn versions(urls: &[&str]) -> HashMap<String, (u64, Option<String>)> {
+    let objects: Vec<Object> = urls.iter().filter_map(|url| Object::at(url).ok()).collect();
+    let heads = objects.iter().map(|object| async move {
+        let meta = object.store.head(&object.path).await.ok()?;
+        Some((object.url.clone(), (meta.size, meta.e_tag)))
+    });
+    block_on(
+        futures::stream::iter(heads)
+            .buffer_unordered(16)
+            .collect::<Vec<_>>(),
+    )
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// The last `TAIL` bytes of `object`, with its size and version tag.
 fn fetch_tail(object: &Object) -> Result<Tail> {
     let options = object_store::GetOptions {

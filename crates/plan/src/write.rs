@@ -194,7 +194,7 @@ impl Dataset {
         let identity = WriteIdentity {
             format: format_identity(&format),
             steps,
-            splits: splits.iter().map(split_identity).collect(),
+            splits: splits_identity(&splits),
         };
         let mut journal = match open_journal(dir, &identity, true)? {
             Opened::Committed(files) => {
@@ -326,38 +326,58 @@ fn format_identity(format: &FileFormat) -> String {
     }
 }
 
-/// A split as a resumed write compares it: what it reads, with each file's
-/// size and modification time (a batch given by the user: its rows and
-/// bytes).
-fn split_identity(split: &SourceSplit) -> String {
-    let files = split.files();
-    if files.is_empty() {
-        return match split {
-            SourceSplit::Batch(batch) => format!(
+/// Each split as a resumed write compares it: what it reads, with each
+/// file's size and modification time, or each object's size and version
+/// tag (a batch given by the user: its rows and bytes).
+fn splits_identity(splits: &[SourceSplit]) -> Vec<String> {
+    let files: Vec<Vec<&Path>> = splits.iter().map(SourceSplit::files).collect();
+    let urls: Vec<&str> = files
+        .iter()
+        .flatten()
+        .filter_map(|f| crate::object_url(f))
+        .collect();
+    let versions = crate::object_files::versions(&urls);
+    let file = |f: &&Path| match crate::object_url(f) {
+        Some(url) => match versions.get(url) {
+            Some((size, tag)) => {
+                let tag = tag.as_deref().unwrap_or("untagged");
+                format!("{url} ({size} bytes, version {tag})")
+            }
+            None => format!("{url} (absent)"),
+        },
+        None => file_identity(f),
+    };
+    splits
+        .iter()
+        .zip(&files)
+        .map(|(split, files)| match (files.is_empty(), split) {
+            (true, SourceSplit::Batch(batch)) => format!(
                 "a batch of {} rows, {} bytes",
                 batch.num_rows(),
                 batch.get_array_memory_size()
             ),
-            other => format!("{other:?}"),
-        };
-    }
-    let stats: Vec<String> = files
-        .iter()
-        .map(|f| match std::fs::metadata(f) {
-            Ok(m) => {
-                let modified = m
-                    .modified()
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-                format!(
-                    "{} ({} bytes, modified {:?})",
-                    f.display(),
-                    m.len(),
-                    modified.unwrap_or_default()
-                )
-            }
-            Err(_) => format!("{} (absent)", f.display()),
+            (true, other) => format!("{other:?}"),
+            (false, _) => files.iter().map(file).collect::<Vec<_>>().join(", "),
         })
-        .collect();
-    stats.join(", ")
+        .collect()
+}
+
+/// A local file as a resumed write compares it: its size and modification
+/// time.
+fn file_identity(f: &Path) -> String {
+    match std::fs::metadata(f) {
+        Ok(m) => {
+            let modified = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+            format!(
+                "{} ({} bytes, modified {:?})",
+                f.display(),
+                m.len(),
+                modified.unwrap_or_default()
+            )
+        }
+        Err(_) => format!("{} (absent)", f.display()),
+    }
 }

@@ -44,7 +44,7 @@ pub use streambatch_core::{
 };
 pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
-pub use streambatch_plan::sink::ParquetWriteOptions;
+pub use streambatch_plan::sink::{FileFormat, ParquetWriteOptions};
 pub use streambatch_plan::{
     Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream,
     Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named, NodeStats, OpStats,
