@@ -36,8 +36,8 @@ J1 = [sys.executable, "tools/bench/j1.py", "run"]
 J1_DATA = "data/j1"
 S1 = [sys.executable, "tools/bench/s1.py", "run"]
 S1_DATA = "data/s1"
-# W4 from an S3-compatible store: moto's server on 127.0.0.1, which the
-# harness starts and fills with W4's files (W4_S3_URL).
+# W4 from an S3-compatible store: tools/s3-server on 127.0.0.1, which the
+# harness starts and fills with W4's files (W4_S3_URL), through boto3.
 W4_DATA = "data/w4-images"
 W4_S3_URL = "s3://w4-bench/images/"
 # W4-from-S3's server (tools/s3-server), which run.sh builds.

@@ -8,9 +8,10 @@
 //!   starting with `.` or `_`). A retried task uploads the same name again.
 //! - When the job has succeeded, the store copies each part to
 //!   `part-<task>-<id>.<extension>` in the output (a name no earlier write
-//!   used; 16 copies in flight), then the manifest `_streambatch-manifest.<extension>.json`
-//!   listing them is written in one request: that is the commit. Then the
-//!   earlier writes' parts of that format and the staging folder go.
+//!   used; 16 copies in flight), then the manifest
+//!   `_streambatch-manifest.<extension>.json` listing them is written in
+//!   one request: that is the commit. Then the earlier writes' parts of
+//!   that format and the staging folder go.
 //! - When the job fails, the staging folder goes; a writer killed before
 //!   its end leaves it, and the next write into the folder from the same
 //!   host removes it (its process is gone).
