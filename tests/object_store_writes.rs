@@ -57,7 +57,7 @@ fn files_written_to_an_s3_compatible_store() {
     a_large_part_is_uploaded_in_parts(&s3, &ctx);
     failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
     a_toml_pipeline_reads_and_writes_urls(&ctx);
-    a_resumed_write_checks_its_input_objects(&ctx);
+    a_resumed_write_checks_its_input_objects(&s3, &ctx);
     let missing = table(&ctx, 10, 1)
         .write_parquet("s3://no-such-bucket/out/")
         .unwrap_err()
@@ -119,10 +119,10 @@ fn every_format_round_trips(s3: &S3Server, ctx: &Context) {
     }
 }
 
-/// A resumable write of objects into a local folder: stopped by a failed
-/// task, it resumes where it was; an input object replaced since is
-/// refused, named.
-fn a_resumed_write_checks_its_input_objects(ctx: &Context) {
+/// A resumable write of objects, into a local folder and into a bucket's:
+/// stopped by a failed task, it shows nothing new and resumes where it
+/// was; an input object replaced since is refused, named.
+fn a_resumed_write_checks_its_input_objects(s3: &S3Server, ctx: &Context) {
     let local = tempfile::tempdir().unwrap();
     // 100 ids from `from`, as the Parquet object `f` of the input.
     let put = |f: u64, from: i64| {
@@ -166,18 +166,48 @@ fn a_resumed_write_checks_its_input_objects(ctx: &Context) {
                 Resources::cpu(1.0),
             )
     };
+    // Into a local folder, into a bucket's (over an earlier write), and
+    // into one whose input changes below.
     let (out, changed) = (local.path().join("out"), local.path().join("changed"));
-    for dir in [&out, &changed] {
+    let bucket = std::path::PathBuf::from("s3://out/resumed/");
+    table(ctx, 10, 2).write_parquet(&bucket).unwrap();
+    for dir in [&out, &bucket, &changed] {
         assert!(plan(stop.clone()).write_parquet_with(dir, &resume).is_err());
     }
-    stop.store(false, std::sync::atomic::Ordering::SeqCst);
-    let resumed = plan(stop.clone()).write_resumable(&out, FileFormat::Parquet(Default::default()));
-    let resumed = resumed.unwrap();
-    assert_eq!((resumed.splits_run, resumed.splits), (2, 4));
-    let back = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    // Stopped, the bucket's folder shows the earlier write only.
+    let keys = s3.keys("out", "resumed/");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with("resumed/.streambatch-resume/wave-0001/")),
+        "{keys:?}"
+    );
     assert_eq!(
-        sorted_i64(&back.collect().unwrap(), "id"),
-        (0..400).collect::<Vec<_>>()
+        ctx.read_parquet("s3://out/resumed/")
+            .unwrap()
+            .count()
+            .unwrap(),
+        10
+    );
+    stop.store(false, std::sync::atomic::Ordering::SeqCst);
+    for dir in [&out, &bucket] {
+        let resumed =
+            plan(stop.clone()).write_resumable(dir, FileFormat::Parquet(Default::default()));
+        let resumed = resumed.unwrap();
+        assert_eq!((resumed.splits_run, resumed.splits), (2, 4));
+        let back = ctx.read_parquet(dir.to_str().unwrap()).unwrap();
+        assert_eq!(
+            sorted_i64(&back.collect().unwrap(), "id"),
+            (0..400).collect::<Vec<_>>()
+        );
+    }
+    // The bucket's folder: the four parts (one per split) and the
+    // manifest; the journal and the earlier write gone.
+    let keys = s3.keys("out", "resumed/");
+    assert_eq!(keys.len(), 5, "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k.starts_with("resumed/part-0") || k.contains("manifest")),
+        "{keys:?}"
     );
     // The last object replaced (the same size: its version tells).
     put(3, 1_000);

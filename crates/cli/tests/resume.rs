@@ -3,7 +3,8 @@
 //! points (after a wave, at a seeded time, as its commit begins) and
 //! started again with `--resume`: the output holds an uninterrupted run's
 //! rows, and a run that found a journal read fewer splits than the whole.
-//! A changed input is refused, naming the file. Tasks are slowed by
+//! A changed input is refused, naming the file. The same into an S3
+//! folder (moto's server), its journal in the bucket. Tasks are slowed by
 //! `SB_FAILPOINTS=worker.sleep` so that the kills land mid-job.
 
 mod common;
@@ -46,8 +47,11 @@ fn rows(out: &Path) -> Vec<RecordBatch> {
     rows.into_iter().map(|(_, row)| row).collect()
 }
 
+/// Variables for a run (an S3 server's endpoint and keys).
+type Env = [(String, String)];
+
 /// `streambatch run [--resume] file`: its exit and its standard output.
-fn run(dir: &Path, file: &str, resume: bool) -> (bool, String) {
+fn run(dir: &Path, file: &str, resume: bool, env: &Env) -> (bool, String) {
     let mut args = vec!["run", file];
     if resume {
         args.insert(1, "--resume");
@@ -55,6 +59,7 @@ fn run(dir: &Path, file: &str, resume: bool) -> (bool, String) {
     let out = Command::new(common::BIN)
         .current_dir(dir)
         .env("SB_FAILPOINTS", "worker.sleep=60")
+        .envs(env.iter().cloned())
         .args(&args)
         .output()
         .unwrap();
@@ -77,26 +82,42 @@ enum Kill {
     AtCommit,
 }
 
-/// Starts a resumable run of `file` and SIGKILLs it at `kill`; whether it
-/// was still running then.
-fn run_killed(dir: &Path, file: &str, out: &Path, kill: Kill) -> bool {
+/// What a journal shows: the names in it (`wave-0000.done`, `committing`).
+trait Journal {
+    fn names(&self) -> Vec<String>;
+}
+
+/// A local output's journal, at this path.
+impl Journal for std::path::PathBuf {
+    fn names(&self) -> Vec<String> {
+        std::fs::read_dir(self).map_or(Vec::new(), |d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+    }
+}
+
+/// Starts a resumable run of `file` and SIGKILLs it at `kill`, watching
+/// `journal`; whether it was still running then.
+fn run_killed(dir: &Path, file: &str, journal: &dyn Journal, kill: Kill, env: &Env) -> bool {
     let mut child = Command::new(common::BIN)
         .current_dir(dir)
         .env("SB_FAILPOINTS", "worker.sleep=60")
+        .envs(env.iter().cloned())
         .args(["run", "--resume", file])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let journal = out.join(".streambatch-resume");
     let started = Instant::now();
     let deadline = started + Duration::from_secs(120);
     let waves = || {
-        std::fs::read_dir(&journal).map_or(0, |d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".done"))
-                .count()
-        })
+        journal
+            .names()
+            .iter()
+            .filter(|n| n.ends_with(".done"))
+            .count()
     };
     loop {
         assert!(Instant::now() < deadline, "the run never reached {kill:?}");
@@ -109,7 +130,7 @@ fn run_killed(dir: &Path, file: &str, out: &Path, kill: Kill) -> bool {
                 true
             }
             Kill::At(ms) => started.elapsed() >= Duration::from_millis(ms),
-            Kill::AtCommit => journal.join("committing").exists(),
+            Kill::AtCommit => journal.names().iter().any(|n| n == "committing"),
             _ => false,
         };
         if now {
@@ -141,7 +162,7 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     streambatch_bench::make_images(&dir.path().join("images"), 20, 10, 4).unwrap();
     let clean = common::preprocess_pipeline(dir.path(), "clean");
-    assert!(run(dir.path(), &clean, false).0);
+    assert!(run(dir.path(), &clean, false, &[]).0);
     let expected = rows(&dir.path().join("clean"));
     assert_eq!(expected.len(), 200);
     let kills = [
@@ -155,9 +176,10 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
         let name = format!("out{i}");
         let file = common::preprocess_pipeline(dir.path(), &name);
         let out = dir.path().join(&name);
-        let cut_short = run_killed(dir.path(), &file, &out, kill);
-        let journal = out.join(".streambatch-resume").exists();
-        let (ok, stdout) = run(dir.path(), &file, true);
+        let journal = out.join(".streambatch-resume");
+        let cut_short = run_killed(dir.path(), &file, &journal, kill, &[]);
+        let journal = journal.exists();
+        let (ok, stdout) = run(dir.path(), &file, true, &[]);
         assert!(ok, "{kill:?}: {stdout}");
         let (ran, of) = splits_run(&stdout);
         assert_eq!(of, 20, "{stdout}");
@@ -185,7 +207,14 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
     // A changed input: refused, naming the file; the journal kept.
     let file = common::preprocess_pipeline(dir.path(), "changed");
     let out = dir.path().join("changed");
-    assert!(run_killed(dir.path(), &file, &out, Kill::AfterWaves(1, 0)));
+    let journal = out.join(".streambatch-resume");
+    assert!(run_killed(
+        dir.path(),
+        &file,
+        &journal,
+        Kill::AfterWaves(1, 0),
+        &[]
+    ));
     let images = dir.path().join("images");
     streambatch_bench::make_images(&dir.path().join("other"), 20, 11, 9).unwrap();
     std::fs::copy(
@@ -205,4 +234,93 @@ fn a_killed_write_resumes_with_the_rows_of_an_uninterrupted_run() {
         "{stderr}"
     );
     assert!(out.join(".streambatch-resume").exists());
+}
+
+/// An S3 folder's journal: its keys under `prefix` in `bucket`.
+struct BucketJournal<'a> {
+    s3: &'a streambatch_bench::S3Server,
+    bucket: &'static str,
+    prefix: String,
+}
+
+impl Journal for BucketJournal<'_> {
+    fn names(&self) -> Vec<String> {
+        let keys = self.s3.keys(self.bucket, &self.prefix);
+        keys.iter()
+            .filter_map(|k| k.strip_prefix(&self.prefix))
+            .filter(|n| !n.contains('/'))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// The same into an S3 folder (moto's server, its journal kept in the
+/// bucket): killed after waves and as its commit begins, resumed, it holds
+/// an uninterrupted run's rows (copied to a local folder to compare) and
+/// nothing else.
+#[test]
+fn a_killed_write_into_a_bucket_resumes_with_the_rows_of_an_uninterrupted_run() {
+    let test = "a_killed_write_into_a_bucket_resumes_with_the_rows_of_an_uninterrupted_run";
+    let Some(s3) = streambatch_bench::S3Server::start() else {
+        streambatch_bench::skip_test(test, "no Python with moto's server (set SB_PYTHON)");
+        return;
+    };
+    // The children get the server's variables; this process's are left as
+    // they are (the other test runs beside this one).
+    let env = s3.env();
+    s3.make_bucket("out");
+    let dir = tempfile::tempdir().unwrap();
+    streambatch_bench::make_images(&dir.path().join("images"), 20, 10, 4).unwrap();
+    let clean = common::preprocess_pipeline(dir.path(), "clean");
+    assert!(run(dir.path(), &clean, false, &[]).0);
+    let expected = rows(&dir.path().join("clean"));
+    for (i, kill) in [Kill::AfterWaves(2, 0), Kill::AtCommit]
+        .into_iter()
+        .enumerate()
+    {
+        let url = format!("s3://out/run{i}");
+        let file = format!("run{i}.toml");
+        let local = common::preprocess_pipeline(dir.path(), "local");
+        let text = std::fs::read_to_string(dir.path().join(local)).unwrap();
+        let text = text.replace(
+            "write_parquet = \"local\"",
+            &format!("write_parquet = \"{url}\""),
+        );
+        assert!(text.contains(&url));
+        std::fs::write(dir.path().join(&file), text).unwrap();
+        let journal = BucketJournal {
+            s3: &s3,
+            bucket: "out",
+            prefix: format!("run{i}/.streambatch-resume/"),
+        };
+        assert!(
+            run_killed(dir.path(), &file, &journal, kill, &env),
+            "{kill:?}"
+        );
+        assert!(!journal.names().is_empty(), "{kill:?}: no journal left");
+        let (ok, stdout) = run(dir.path(), &file, true, &env);
+        assert!(ok, "{kill:?}: {stdout}");
+        let (ran, of) = splits_run(&stdout);
+        assert!(
+            ran < of,
+            "{kill:?}: the resumed run read {ran} of {of} splits"
+        );
+        let keys = s3.keys("out", &format!("run{i}/"));
+        assert!(
+            keys.iter()
+                .all(|k| k.contains("/part-0") || k.contains("manifest")),
+            "{kill:?}: left {keys:?}"
+        );
+        // A copy of the bucket's output, through a run with its variables.
+        let copy = format!("copy{i}.toml");
+        let text = format!(
+            "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"{url}/\"\n\n[sink]\nwrite_parquet = \"copy{i}\"\n"
+        );
+        std::fs::write(dir.path().join(&copy), text).unwrap();
+        assert!(run(dir.path(), &copy, false, &env).0);
+        assert!(
+            rows(&dir.path().join(format!("copy{i}"))) == expected,
+            "{kill:?}: the rows differ from an uninterrupted run's"
+        );
+    }
 }

@@ -101,6 +101,23 @@ pub(crate) fn put(url: &str, bytes: Vec<u8>) -> Result<()> {
         .map_err(|e| write_error(&object, e))
 }
 
+/// Whether the object at `url` exists.
+pub(crate) fn exists(url: &str) -> Result<bool> {
+    let object = Object::at(url)?;
+    match block_on(object.store.head(&object.path)) {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(object.error("reading", e)),
+    }
+}
+
+/// The bytes of the object at `url`, in one request.
+pub(crate) fn read(url: &str) -> Result<Bytes> {
+    let object = Object::at(url)?;
+    block_on(async { object.store.get(&object.path).await?.bytes().await })
+        .map_err(|e| object.error("reading", e))
+}
+
 /// Requests of a commit's copies or deletes in flight at once: each is a
 /// round trip of tens of milliseconds to a cloud store.
 const IN_FLIGHT: usize = 16;

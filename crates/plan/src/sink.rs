@@ -24,6 +24,7 @@ use crate::{BatchIter, Error, Result};
 mod durable;
 mod format;
 mod object_commit;
+mod place;
 mod resume;
 
 pub use format::FileFormat;

@@ -173,11 +173,14 @@ impl Dataset {
     /// splits of the recorded waves and runs the rest; the output holds
     /// the rows of an uninterrupted run, none missing or twice, with no id
     /// column. A plan or input that changed since (a step, a file's size
-    /// or modification time) is refused, naming what differs. The rows
-    /// appear in `dir` when every wave is done, as a write's do.
+    /// or modification time, an object's version) is refused, naming what
+    /// differs. The rows appear in `dir` when every wave is done, as a
+    /// write's do; `dir` is a local directory or an object store folder
+    /// (its journal kept in the bucket, so a write resumes from any
+    /// machine).
     ///
     /// Only plans whose rows each come from one source split resume (no
-    /// `limit`, `repartition` or all-to-all step), into a local directory.
+    /// `limit`, `repartition` or all-to-all step).
     /// [`Dataset::stats`] is then the last wave's job's.
     ///
     /// ```
@@ -269,7 +272,7 @@ fn write_op(dir: &Path, format: FileFormat, name: &str) -> LogicalOp {
 }
 
 /// A resumable plan's source splits and its steps' names; an error when
-/// its rows may not each come from one split, or `dir` is not local.
+/// its rows may not each come from one split.
 fn resumable_parts(plan: &Arc<LogicalPlan>, dir: &Path) -> Result<(Vec<SourceSplit>, Vec<String>)> {
     let refuse = |why: String| {
         Err(Error::Invalid(format!(
@@ -277,11 +280,6 @@ fn resumable_parts(plan: &Arc<LogicalPlan>, dir: &Path) -> Result<(Vec<SourceSpl
             dir.display()
         )))
     };
-    if crate::object_url(dir).is_some() {
-        return refuse(
-            "a resumable write goes to a local directory (object stores: not yet)".into(),
-        );
-    }
     let mut ops = plan.chain().into_iter();
     let Some(LogicalOp::Source { splits, .. }) = ops.next() else {
         return refuse("the plan does not start at a source".into());

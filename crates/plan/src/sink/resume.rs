@@ -21,7 +21,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use super::{EMPTY_PREFIX, durable, write_whole};
+use super::{EMPTY_PREFIX, place};
+use crate::manifest::{self, Manifest};
+use crate::object_files::url_of;
 use crate::{Error, Result};
 
 /// The journal's folder in an output directory.
@@ -129,16 +131,19 @@ pub enum Opened {
 /// a kill cut short is finished first. Without `resume`, an earlier
 /// journal is dropped.
 pub fn open_journal(dir: &Path, identity: &WriteIdentity, resume: bool) -> Result<Opened> {
-    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    place::make_dir(dir)?;
     remove_finished_journals(dir);
     let root = dir.join(JOURNAL);
     let plan = root.join("plan.json");
-    if root.exists() && !plan.exists() {
-        // Killed before its identity was written: nothing was done.
-        std::fs::remove_dir_all(&root).map_err(io("removing", &root))?;
+    let mut found = place::has_folder(&root)?;
+    if found && !place::is_file(&plan)? {
+        // Killed before its identity was written (or after its commit
+        // began removing it): nothing to resume.
+        place::remove_folder(&root)?;
+        found = false;
     }
-    if root.exists() {
-        let bytes = std::fs::read(&plan).map_err(io("reading", &plan))?;
+    if found {
+        let bytes = place::read(&plan)?;
         let then = WriteIdentity::parse(&bytes, &plan)?;
         let difference = identity.difference(&then);
         if let (true, Some(difference)) = (resume, &difference) {
@@ -157,14 +162,12 @@ pub fn open_journal(dir: &Path, identity: &WriteIdentity, resume: bool) -> Resul
         } else if resume {
             return Ok(Opened::Journal(journal));
         } else {
-            std::fs::remove_dir_all(&root).map_err(io("removing", &root))?;
+            place::remove_folder(&root)?;
         }
     }
-    std::fs::create_dir(&root).map_err(io("creating", &root))?;
-    write_whole(&plan, |tmp| {
-        std::fs::write(tmp, identity.to_json()).map_err(io("writing", tmp))
-    })?;
-    durable::sync_dir(dir)?;
+    place::make_dir(&root)?;
+    place::write(&plan, &identity.to_json())?;
+    place::sync_dir(dir)?;
     Ok(Opened::Journal(Journal {
         dir: dir.to_path_buf(),
         root,
@@ -187,31 +190,25 @@ fn extension_of<'a>(format: &'a str, plan: &Path) -> Result<&'a str> {
 fn read(dir: &Path, root: &Path) -> Result<Journal> {
     let mut waves = Vec::new();
     let mut folders = Vec::new();
-    for entry in std::fs::read_dir(root)
-        .map_err(io("listing", root))?
-        .flatten()
-    {
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for (name, _) in place::names(root)? {
+        let path = root.join(&name);
         if let Some(k) = name
             .strip_prefix("wave-")
             .and_then(|n| n.strip_suffix(".done"))
         {
-            let k: usize = k
-                .parse()
-                .map_err(|_| corrupt(&entry.path(), "a bad wave number"))?;
-            let bytes = std::fs::read(entry.path()).map_err(io("reading", &entry.path()))?;
-            let (splits, parts) = parse_wave(&bytes, &entry.path())?;
+            let k: usize = k.parse().map_err(|_| corrupt(&path, "a bad wave number"))?;
+            let (splits, parts) = parse_wave(&place::read(&path)?, &path)?;
             waves.push((k, splits, parts));
         } else if let Some(k) = name
             .strip_prefix("wave-")
             .and_then(|n| n.parse::<usize>().ok())
         {
-            folders.push((k, entry.path()));
+            folders.push((k, path));
         }
     }
     for (k, folder) in folders {
         if !waves.iter().any(|(done, ..)| *done == k) {
-            std::fs::remove_dir_all(&folder).map_err(io("removing", &folder))?;
+            place::remove_folder(&folder)?;
         }
     }
     waves.sort();
@@ -219,7 +216,7 @@ fn read(dir: &Path, root: &Path) -> Result<Journal> {
         dir: dir.to_path_buf(),
         root: root.to_path_buf(),
         waves,
-        committing: root.join("committing").exists(),
+        committing: place::is_file(&root.join("committing"))?,
     })
 }
 
@@ -256,20 +253,22 @@ impl Journal {
     pub fn next_wave(&self) -> Result<(usize, PathBuf)> {
         let k = self.waves.iter().map(|(k, ..)| k + 1).max().unwrap_or(0);
         let folder = self.root.join(format!("wave-{k:04}"));
-        if folder.exists() {
-            std::fs::remove_dir_all(&folder).map_err(io("removing", &folder))?;
+        if place::has_folder(&folder)? {
+            place::remove_folder(&folder)?;
         }
-        std::fs::create_dir(&folder).map_err(io("creating", &folder))?;
+        place::make_dir(&folder)?;
         Ok((k, folder))
     }
 
     /// Records wave `k`, which read `splits`, as done: its parts are kept.
     pub fn finish_wave(&mut self, k: usize, splits: &[usize]) -> Result<()> {
         let folder = self.root.join(format!("wave-{k:04}"));
-        let mut parts: Vec<String> = std::fs::read_dir(&folder)
-            .map_err(io("listing", &folder))?
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+        // An object store folder holds the parts its wave's write committed
+        // (and that write's manifest, not a part).
+        let mut parts: Vec<String> = place::names(&folder)?
+            .into_iter()
+            .filter(|(_, is_folder)| !is_folder)
+            .map(|(name, _)| name)
             .filter(|name| name.starts_with("part-") || name.starts_with(EMPTY_PREFIX))
             .map(|name| name.replacen(EMPTY_PREFIX, "part-empty-", 1))
             .collect();
@@ -277,14 +276,12 @@ impl Journal {
         // A schema-only file is renamed so that the record names parts only.
         for part in parts.iter().filter(|p| p.starts_with("part-empty-")) {
             let from = folder.join(part.replacen("part-empty-", EMPTY_PREFIX, 1));
-            durable::rename(&from, &folder.join(part))?;
+            place::rename(&from, &folder.join(part))?;
         }
-        durable::sync_dir(&folder)?;
+        place::sync_dir(&folder)?;
         let record = serde_json::json!({ "splits": splits, "parts": parts });
         let path = self.root.join(format!("wave-{k:04}.done"));
-        write_whole(&path, |tmp| {
-            std::fs::write(tmp, record.to_string()).map_err(io("writing", tmp))
-        })?;
+        place::write(&path, record.to_string().as_bytes())?;
         self.waves.push((k, splits.to_vec(), parts));
         Ok(())
     }
@@ -300,9 +297,7 @@ impl Journal {
     pub fn commit(&mut self, extension: &str) -> Result<Vec<PathBuf>> {
         let marker = self.root.join("committing");
         if !self.committing {
-            write_whole(&marker, |tmp| {
-                std::fs::write(tmp, b"").map_err(io("writing", tmp))
-            })?;
+            place::write(&marker, b"")?;
             self.committing = true;
         }
         let with_rows = self
@@ -324,9 +319,9 @@ impl Journal {
                     self.root.join(format!("wave-{k:04}")).join(part),
                     self.dir.join(&name),
                 );
-                if from.exists() {
-                    durable::rename(&from, &to)?;
-                } else if !to.exists() {
+                if place::is_file(&from)? {
+                    place::rename(&from, &to)?;
+                } else if !place::is_file(&to)? {
                     return Err(corrupt(
                         &from,
                         "a recorded part is neither staged nor in the output",
@@ -335,33 +330,52 @@ impl Journal {
                 committed.push(to);
             }
         }
-        durable::sync_dir(&self.dir)?;
-        for old in std::fs::read_dir(&self.dir)
-            .map_err(io("listing", &self.dir))?
-            .flatten()
-        {
-            let name = old.file_name().to_string_lossy().into_owned();
+        place::sync_dir(&self.dir)?;
+        if url_of(&self.dir).is_some() {
+            // Readers of an object store folder follow its manifest.
+            let files = committed.iter().filter_map(|f| f.file_name());
+            let manifest = Manifest {
+                write: "resumed".into(),
+                files: files.map(|f| f.to_string_lossy().into_owned()).collect(),
+            };
+            let name = manifest::name(extension);
+            place::write(&self.dir.join(name), &manifest.to_json())?;
+        }
+        for (name, is_folder) in place::names(&self.dir)? {
+            let old = self.dir.join(&name);
             let part = name.starts_with("part-") && name.ends_with(&format!(".{extension}"));
-            if part && !committed.contains(&old.path()) {
-                durable::remove_file(&old.path())?;
+            if part && !is_folder && !committed.contains(&old) {
+                place::remove_file(&old)?;
             }
         }
-        // The journal goes by a rename first: a kill part way through the
-        // removal leaves no journal that looks whole.
+        self.remove()?;
+        committed.sort();
+        Ok(committed)
+    }
+
+    /// Removes the journal so that a kill part way leaves none that looks
+    /// whole: locally by a rename first; in an object store, its
+    /// `plan.json` first (a journal without it is removed at the next start).
+    fn remove(&self) -> Result<()> {
+        if url_of(&self.root).is_some() {
+            place::remove_file(&self.root.join("plan.json"))?;
+            return place::remove_folder(&self.root);
+        }
         let done = self
             .dir
             .join(format!("{JOURNAL}-done-{}", std::process::id()));
-        durable::rename(&self.root, &done)?;
-        durable::sync_dir(&self.dir)?;
-        std::fs::remove_dir_all(&done).map_err(io("removing", &done))?;
-        committed.sort();
-        Ok(committed)
+        place::rename(&self.root, &done)?;
+        place::sync_dir(&self.dir)?;
+        std::fs::remove_dir_all(&done).map_err(io("removing", &done))
     }
 }
 
 /// Removes what commits of resumable writes left in `dir` (a journal
 /// renamed to be removed).
 fn remove_finished_journals(dir: &Path) {
+    if url_of(dir).is_some() {
+        return;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };

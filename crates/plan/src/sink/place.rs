@@ -1,0 +1,122 @@
+//! Where a resumable write keeps its journal and its waves' parts: a local
+//! directory, or an object store folder (`dir` a URL). The journal takes
+//! the same steps on both; in an object store a folder is a key prefix
+//! (made by writing into it), a file is written whole by one upload, a
+//! rename is a copy and a delete, and there is nothing to sync.
+
+use std::path::Path;
+
+use super::{durable, write_whole};
+use crate::object_files::url_of;
+use crate::object_writes;
+use crate::{Error, Result};
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |e| Error::io(what, path, e)
+}
+
+/// Makes folder `dir` and its parents.
+pub(super) fn make_dir(dir: &Path) -> Result<()> {
+    match url_of(dir) {
+        Some(_) => Ok(()),
+        None => std::fs::create_dir_all(dir).map_err(io("creating", dir)),
+    }
+}
+
+/// Whether the file at `path` exists.
+pub(super) fn is_file(path: &Path) -> Result<bool> {
+    match url_of(path) {
+        Some(url) => object_writes::exists(url),
+        None => Ok(path.is_file()),
+    }
+}
+
+/// Whether folder `dir` exists (in an object store: holds anything).
+pub(super) fn has_folder(dir: &Path) -> Result<bool> {
+    match url_of(dir) {
+        Some(url) => Ok(!object_writes::list(url, true)?.is_empty()),
+        None => Ok(dir.is_dir()),
+    }
+}
+
+/// The bytes of the file at `path`.
+pub(super) fn read(path: &Path) -> Result<Vec<u8>> {
+    match url_of(path) {
+        Some(url) => Ok(object_writes::read(url)?.to_vec()),
+        None => std::fs::read(path).map_err(io("reading", path)),
+    }
+}
+
+/// Writes the file at `path` whole: all of `bytes` or nothing.
+pub(super) fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    match url_of(path) {
+        Some(url) => object_writes::put(url, bytes.to_vec()),
+        None => write_whole(path, |tmp| {
+            std::fs::write(tmp, bytes).map_err(io("writing", tmp))
+        }),
+    }
+}
+
+/// What folder `dir` holds: each file's name, and each folder's once,
+/// with whether it is a folder.
+pub(super) fn names(dir: &Path) -> Result<Vec<(String, bool)>> {
+    let Some(url) = url_of(dir) else {
+        let entries = std::fs::read_dir(dir).map_err(io("listing", dir))?;
+        return Ok(entries
+            .flatten()
+            .map(|e| {
+                let folder = e.file_type().is_ok_and(|t| t.is_dir());
+                (e.file_name().to_string_lossy().into_owned(), folder)
+            })
+            .collect());
+    };
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for (_, name) in object_writes::list(url, true)? {
+        let entry = match name.split_once('/') {
+            Some((folder, _)) => (folder.to_string(), true),
+            None => (name, false),
+        };
+        if !names.contains(&entry) {
+            names.push(entry);
+        }
+    }
+    Ok(names)
+}
+
+/// Removes folder `dir` and everything in it.
+pub(super) fn remove_folder(dir: &Path) -> Result<()> {
+    match url_of(dir) {
+        Some(url) => {
+            let objects = object_writes::list(url, true)?;
+            object_writes::delete_all(&objects.into_iter().map(|(u, _)| u).collect::<Vec<_>>())
+        }
+        None => std::fs::remove_dir_all(dir).map_err(io("removing", dir)),
+    }
+}
+
+/// Moves the file `from` to `to` (in an object store, by the store's copy).
+pub(super) fn rename(from: &Path, to: &Path) -> Result<()> {
+    match (url_of(from), url_of(to)) {
+        (Some(from), Some(to)) => {
+            object_writes::copy_all(&[(from.to_string(), to.to_string())])?;
+            object_writes::delete_all(&[from.to_string()])
+        }
+        _ => durable::rename(from, to),
+    }
+}
+
+/// Removes the file at `path`.
+pub(super) fn remove_file(path: &Path) -> Result<()> {
+    match url_of(path) {
+        Some(url) => object_writes::delete_all(&[url.to_string()]),
+        None => durable::remove_file(path),
+    }
+}
+
+/// Makes what was written in folder `dir` last through a power loss.
+pub(super) fn sync_dir(dir: &Path) -> Result<()> {
+    match url_of(dir) {
+        Some(_) => Ok(()),
+        None => durable::sync_dir(dir),
+    }
+}
