@@ -304,32 +304,29 @@ impl Journal {
             .waves
             .iter()
             .any(|(_, _, parts)| parts.iter().any(|p| !p.starts_with("part-empty-")));
-        let mut committed = Vec::new();
+        let mut moves: Vec<(PathBuf, PathBuf)> = Vec::new();
         for (k, _, parts) in &self.waves {
             for part in parts {
                 let empty = part.starts_with("part-empty-");
-                if empty && (with_rows || !committed.is_empty()) {
+                if empty && (with_rows || !moves.is_empty()) {
                     continue;
                 }
                 let name = match empty {
                     true => format!("part-000000.{extension}"),
                     false => format!("part-{k:04}-{}", &part["part-".len()..]),
                 };
-                let (from, to) = (
-                    self.root.join(format!("wave-{k:04}")).join(part),
-                    self.dir.join(&name),
-                );
-                if place::is_file(&from)? {
-                    place::rename(&from, &to)?;
-                } else if !place::is_file(&to)? {
-                    return Err(corrupt(
-                        &from,
-                        "a recorded part is neither staged nor in the output",
-                    ));
-                }
-                committed.push(to);
+                let from = self.root.join(format!("wave-{k:04}")).join(part);
+                moves.push((from, self.dir.join(&name)));
             }
         }
+        // A part moved before a kill is in the output already.
+        if let Some(lost) = place::move_files(&moves)? {
+            return Err(corrupt(
+                &lost,
+                "a recorded part is neither staged nor in the output",
+            ));
+        }
+        let mut committed: Vec<PathBuf> = moves.into_iter().map(|(_, to)| to).collect();
         place::sync_dir(&self.dir)?;
         if url_of(&self.dir).is_some() {
             // Readers of an object store folder follow its manifest.
