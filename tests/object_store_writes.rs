@@ -166,23 +166,24 @@ fn a_resumed_write_checks_its_input_objects(s3: &S3Server, ctx: &Context) {
                 Resources::cpu(1.0),
             )
     };
-    // Into a local folder, into a bucket's (over an earlier write), and
-    // into one whose input changes below.
+    // Into a local folder, into a bucket's (over an earlier write; its
+    // name written with an escape in a URL), and into one whose input
+    // changes below.
     let (out, changed) = (local.path().join("out"), local.path().join("changed"));
-    let bucket = std::path::PathBuf::from("s3://out/resumed/");
+    let bucket = std::path::PathBuf::from("s3://out/resumed run/");
     table(ctx, 10, 2).write_parquet(&bucket).unwrap();
     for dir in [&out, &bucket, &changed] {
         assert!(plan(stop.clone()).write_parquet_with(dir, &resume).is_err());
     }
     // Stopped, the bucket's folder shows the earlier write only.
-    let keys = s3.keys("out", "resumed/");
+    let keys = s3.keys("out", "resumed run/");
     assert!(
         keys.iter()
-            .any(|k| k.starts_with("resumed/.streambatch-resume/wave-0001/")),
+            .any(|k| k.starts_with("resumed run/.streambatch-resume/wave-0001/")),
         "{keys:?}"
     );
     assert_eq!(
-        ctx.read_parquet("s3://out/resumed/")
+        ctx.read_parquet("s3://out/resumed run/")
             .unwrap()
             .count()
             .unwrap(),
@@ -202,11 +203,11 @@ fn a_resumed_write_checks_its_input_objects(s3: &S3Server, ctx: &Context) {
     }
     // The bucket's folder: the four parts (one per split) and the
     // manifest; the journal and the earlier write gone.
-    let keys = s3.keys("out", "resumed/");
+    let keys = s3.keys("out", "resumed run/");
     assert_eq!(keys.len(), 5, "{keys:?}");
     assert!(
-        keys.iter()
-            .all(|k| k.starts_with("resumed/part-0") || k.contains("manifest")),
+        keys.iter().all(|k| k.starts_with("resumed run/part-0")
+            || *k == "resumed run/_streambatch-manifest.parquet.json"),
         "{keys:?}"
     );
     // The last object replaced (the same size: its version tells).

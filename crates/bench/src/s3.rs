@@ -122,7 +122,10 @@ impl S3Server {
         let (status, body) = self
             .exchange(
                 "GET",
-                &format!("/{bucket}?list-type=2&prefix={prefix}"),
+                &format!(
+                    "/{bucket}?list-type=2&prefix={}",
+                    url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect::<String>()
+                ),
                 &[],
             )
             .expect("moto answers");

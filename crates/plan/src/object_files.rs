@@ -93,11 +93,13 @@ impl Object {
 fn store_for(url: &Url) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
     let bad = |e: object_store::Error| invalid(url.as_str(), e);
-    let (scheme, path) = object_store::ObjectStoreScheme::parse(url).map_err(|e| bad(e.into()))?;
+    let (_, path) = object_store::ObjectStoreScheme::parse(url).map_err(|e| bad(e.into()))?;
     let path = ObjectPath::parse(path).map_err(|e| bad(e.into()))?;
     let mut key = url[..url::Position::BeforePath].to_string();
-    // A cloud's https URL names its bucket or container in its path.
-    if url.scheme().starts_with("http") && scheme != object_store::ObjectStoreScheme::Http {
+    // A cloud's https URL may name its bucket or container in its path
+    // (taken out of the object's path): part of the store's identity.
+    let whole = ObjectPath::from_url_path(url.path()).ok();
+    if url.scheme().starts_with("http") && whole.as_ref() != Some(&path) {
         key.push('/');
         key.push_str(url.path_segments().and_then(|mut s| s.next()).unwrap_or(""));
     }
@@ -329,24 +331,39 @@ fn remember(url: &str, tail: &Tail) {
     tails.insert(url.to_string(), tail.clone());
 }
 
-/// The size and version tag (ETag) of each object of `urls` that the store
-/// has (absent ones are left out), asked of the store 16 at a time: what a
-/// resumed write compares its input by. Never from the tails kept here,
-/// which may be of an earlier version.
-pub(crate) fn versions(urls: &[&str]) -> HashMap<String, (u64, Option<String>)> {
-    let objects: Vec<Object> = urls.iter().filter_map(|url| Object::at(url).ok()).collect();
+/// The size and version of each object of `urls` that the store has
+/// (absent ones are left out), asked 16 at a time: what a resumed write
+/// compares its input by. The version is the object's tag (ETag), or its
+/// modification time where the store tags none. Never from the tails kept
+/// here, which may be of an earlier version; an error other than "not
+/// found" is returned, not taken for an absent object.
+pub(crate) fn versions(urls: &[&str]) -> Result<HashMap<String, (u64, String)>> {
+    let objects = urls
+        .iter()
+        .map(|url| Object::at(url))
+        .collect::<Result<Vec<_>>>()?;
     let heads = objects.iter().map(|object| async move {
-        let meta = object.store.head(&object.path).await.ok()?;
-        Some((object.url.clone(), (meta.size, meta.e_tag)))
+        match object.store.head(&object.path).await {
+            Ok(meta) => {
+                let version = meta
+                    .e_tag
+                    .unwrap_or_else(|| format!("modified {}", meta.last_modified));
+                Ok(Some((object.url.clone(), (meta.size, version))))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(object.error("reading", e)),
+        }
     });
-    block_on(
+    let found = block_on(
         futures::stream::iter(heads)
             .buffer_unordered(16)
             .collect::<Vec<_>>(),
-    )
-    .into_iter()
-    .flatten()
-    .collect()
+    );
+    let mut versions = HashMap::new();
+    for head in found {
+        versions.extend(head?);
+    }
+    Ok(versions)
 }
 
 /// The last `TAIL` bytes of `object`, with its size and version tag.

@@ -101,6 +101,11 @@ pub(crate) fn put(url: &str, bytes: Vec<u8>) -> Result<()> {
         .map_err(|e| write_error(&object, e))
 }
 
+/// The key of the object at `url` in its store.
+pub(crate) fn key(url: &str) -> Result<String> {
+    Ok(Object::at(url)?.path.to_string())
+}
+
 /// Whether the object at `url` exists.
 pub(crate) fn exists(url: &str) -> Result<bool> {
     let object = Object::at(url)?;

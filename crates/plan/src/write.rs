@@ -197,7 +197,7 @@ impl Dataset {
         let identity = WriteIdentity {
             format: format_identity(&format),
             steps,
-            splits: splits_identity(&splits),
+            splits: splits_identity(&splits)?,
         };
         let mut journal = match open_journal(dir, &identity, true)? {
             Opened::Committed(files) => {
@@ -327,25 +327,22 @@ fn format_identity(format: &FileFormat) -> String {
 /// Each split as a resumed write compares it: what it reads, with each
 /// file's size and modification time, or each object's size and version
 /// tag (a batch given by the user: its rows and bytes).
-fn splits_identity(splits: &[SourceSplit]) -> Vec<String> {
+fn splits_identity(splits: &[SourceSplit]) -> Result<Vec<String>> {
     let files: Vec<Vec<&Path>> = splits.iter().map(SourceSplit::files).collect();
     let urls: Vec<&str> = files
         .iter()
         .flatten()
         .filter_map(|f| crate::object_url(f))
         .collect();
-    let versions = crate::object_files::versions(&urls);
+    let versions = crate::object_files::versions(&urls)?;
     let file = |f: &&Path| match crate::object_url(f) {
         Some(url) => match versions.get(url) {
-            Some((size, tag)) => {
-                let tag = tag.as_deref().unwrap_or("untagged");
-                format!("{url} ({size} bytes, version {tag})")
-            }
+            Some((size, version)) => format!("{url} ({size} bytes, version {version})"),
             None => format!("{url} (absent)"),
         },
         None => file_identity(f),
     };
-    splits
+    Ok(splits
         .iter()
         .zip(&files)
         .map(|(split, files)| match (files.is_empty(), split) {
@@ -357,7 +354,7 @@ fn splits_identity(splits: &[SourceSplit]) -> Vec<String> {
             (true, other) => format!("{other:?}"),
             (false, _) => files.iter().map(file).collect::<Vec<_>>().join(", "),
         })
-        .collect()
+        .collect())
 }
 
 /// A local file as a resumed write compares it: its size and modification

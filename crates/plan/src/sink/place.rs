@@ -125,7 +125,8 @@ pub(super) fn move_files(moves: &[(PathBuf, PathBuf)]) -> Result<Option<PathBuf>
         }
         return Ok(None);
     };
-    // Every object under the folders the moves are from and to.
+    // The keys of every object in the folders the moves are from and to
+    // (keys, not URLs: a URL may be written with or without its escapes).
     let mut present = HashSet::new();
     let folders: HashSet<&str> = urls
         .iter()
@@ -133,17 +134,15 @@ pub(super) fn move_files(moves: &[(PathBuf, PathBuf)]) -> Result<Option<PathBuf>
         .filter_map(|url| url.rsplit_once('/').map(|(folder, _)| folder))
         .collect();
     for folder in folders {
-        present.extend(
-            object_writes::list(folder, false)?
-                .into_iter()
-                .map(|(u, _)| u),
-        );
+        for (url, _) in object_writes::list(folder, false)? {
+            present.insert(object_writes::key(&url)?);
+        }
     }
     let mut copies = Vec::new();
     for ((from, to), (path, _)) in urls.into_iter().zip(moves) {
-        if present.contains(&from) {
+        if present.contains(&object_writes::key(&from)?) {
             copies.push((from, to));
-        } else if !present.contains(&to) {
+        } else if !present.contains(&object_writes::key(&to)?) {
             return Ok(Some(path.clone()));
         }
     }

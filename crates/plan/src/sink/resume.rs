@@ -162,7 +162,7 @@ pub fn open_journal(dir: &Path, identity: &WriteIdentity, resume: bool) -> Resul
         } else if resume {
             return Ok(Opened::Journal(journal));
         } else {
-            place::remove_folder(&root)?;
+            remove_journal(&root)?;
         }
     }
     place::make_dir(&root)?;
@@ -263,15 +263,25 @@ impl Journal {
     /// Records wave `k`, which read `splits`, as done: its parts are kept.
     pub fn finish_wave(&mut self, k: usize, splits: &[usize]) -> Result<()> {
         let folder = self.root.join(format!("wave-{k:04}"));
-        // An object store folder holds the parts its wave's write committed
-        // (and that write's manifest, not a part).
-        let mut parts: Vec<String> = place::names(&folder)?
-            .into_iter()
-            .filter(|(_, is_folder)| !is_folder)
-            .map(|(name, _)| name)
-            .filter(|name| name.starts_with("part-") || name.starts_with(EMPTY_PREFIX))
-            .map(|name| name.replacen(EMPTY_PREFIX, "part-empty-", 1))
-            .collect();
+        let names = place::names(&folder)?;
+        // In an object store, the wave's parts are those its write
+        // committed, as its manifest lists them: a copy that an earlier,
+        // killed attempt had asked of the store may land beside them.
+        let manifest = names
+            .iter()
+            .find(|(name, _)| name.starts_with("_streambatch-manifest."))
+            .filter(|_| url_of(&folder).is_some())
+            .map(|(name, _)| folder.join(name));
+        let mut parts: Vec<String> = match manifest {
+            Some(path) => Manifest::parse(&place::read(&path)?, &path.display().to_string())?.files,
+            None => names
+                .into_iter()
+                .filter(|(_, is_folder)| !is_folder)
+                .map(|(name, _)| name)
+                .filter(|name| name.starts_with("part-") || name.starts_with(EMPTY_PREFIX))
+                .map(|name| name.replacen(EMPTY_PREFIX, "part-empty-", 1))
+                .collect(),
+        };
         parts.sort();
         // A schema-only file is renamed so that the record names parts only.
         for part in parts.iter().filter(|p| p.starts_with("part-empty-")) {
@@ -355,8 +365,7 @@ impl Journal {
     /// `plan.json` first (a journal without it is removed at the next start).
     fn remove(&self) -> Result<()> {
         if url_of(&self.root).is_some() {
-            place::remove_file(&self.root.join("plan.json"))?;
-            return place::remove_folder(&self.root);
+            return remove_journal(&self.root);
         }
         let done = self
             .dir
@@ -365,6 +374,13 @@ impl Journal {
         place::sync_dir(&self.dir)?;
         std::fs::remove_dir_all(&done).map_err(io("removing", &done))
     }
+}
+
+/// Removes the journal at `root`, its `plan.json` first: a removal cut
+/// short leaves none that looks whole.
+fn remove_journal(root: &Path) -> Result<()> {
+    place::remove_file(&root.join("plan.json"))?;
+    place::remove_folder(root)
 }
 
 /// Removes what commits of resumable writes left in `dir` (a journal
