@@ -71,17 +71,13 @@ pub(super) fn names(dir: &Path) -> Result<Vec<(String, bool)>> {
             })
             .collect());
     };
-    let mut names: Vec<(String, bool)> = Vec::new();
-    for (_, name) in object_writes::list(url, true)? {
-        let entry = match name.split_once('/') {
-            Some((folder, _)) => (folder.to_string(), true),
-            None => (name, false),
-        };
-        if !names.contains(&entry) {
-            names.push(entry);
-        }
-    }
-    Ok(names)
+    // One level: the objects directly in it, and its folders' names.
+    let files = object_writes::list(url, false)?.into_iter();
+    let folders = object_writes::folders(url)?.into_iter();
+    Ok(files
+        .map(|(_, name)| (name, false))
+        .chain(folders.map(|name| (name, true)))
+        .collect())
 }
 
 /// Removes folder `dir` and everything in it.
@@ -150,6 +146,18 @@ pub(super) fn move_files(moves: &[(PathBuf, PathBuf)]) -> Result<Option<PathBuf>
     let sources: Vec<String> = copies.into_iter().map(|(from, _)| from).collect();
     object_writes::delete_all(&sources)?;
     Ok(None)
+}
+
+/// Removes the files at `paths` (in an object store, 16 at a time).
+pub(super) fn remove_files(paths: &[PathBuf]) -> Result<()> {
+    let urls = paths
+        .iter()
+        .map(|p| url_of(p).map(str::to_string))
+        .collect::<Option<Vec<_>>>();
+    match urls {
+        Some(urls) => object_writes::delete_all(&urls),
+        None => paths.iter().try_for_each(|p| durable::remove_file(p)),
+    }
 }
 
 /// Removes the file at `path`.

@@ -348,13 +348,15 @@ impl Journal {
             let name = manifest::name(extension);
             place::write(&self.dir.join(name), &manifest.to_json())?;
         }
-        for (name, is_folder) in place::names(&self.dir)? {
-            let old = self.dir.join(&name);
-            let part = name.starts_with("part-") && name.ends_with(&format!(".{extension}"));
-            if part && !is_folder && !committed.contains(&old) {
-                place::remove_file(&old)?;
-            }
-        }
+        let earlier: Vec<PathBuf> = place::names(&self.dir)?
+            .into_iter()
+            .filter(|(name, is_folder)| {
+                !is_folder && name.starts_with("part-") && name.ends_with(&format!(".{extension}"))
+            })
+            .map(|(name, _)| self.dir.join(name))
+            .filter(|old| !committed.contains(old))
+            .collect();
+        place::remove_files(&earlier)?;
         self.remove()?;
         committed.sort();
         Ok(committed)
