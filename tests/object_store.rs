@@ -126,8 +126,8 @@ fn files_read_from_an_s3_compatible_store() {
         .unwrap_err()
         .to_string();
     assert!(bucket.contains("s3://no-such-bucket/x.parquet"), "{bucket}");
-    // The same file over plain HTTP (range requests, no listing), twice:
-    // the second read through the server's kept client.
+    // The same file over plain HTTP (range requests, no listing), read
+    // twice, the second time with the store kept for that server.
     let bytes = std::fs::read(&files[2]).unwrap();
     s3.put_public("data", "public/part-2.parquet", &bytes);
     let http = format!("http://127.0.0.1:{}/data/public/part-2.parquet", s3.port);
