@@ -75,6 +75,13 @@ impl Object {
         })
     }
 
+    /// Its bytes, in one request (counted as a read).
+    pub(crate) fn read(&self) -> Result<Bytes> {
+        block_on(async { self.store.get(&self.path).await?.bytes().await })
+            .map(counted)
+            .map_err(|e| self.error("reading", e))
+    }
+
     /// Its size, asked of the store.
     fn size(&self) -> Result<u64> {
         let meta = block_on(self.store.head(&self.path)).map_err(|e| self.error("opening", e))?;
@@ -210,13 +217,7 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
         },
     };
     // Parts a committed write's manifest does not list are not its output.
-    let keys = manifest::honour(keys, |key| {
-        let object = object.sibling(key_url(&url, key)?, key)?;
-        block_on(object.store.get(&object.path))
-            .and_then(|got| block_on(got.bytes()))
-            .map(counted)
-            .map_err(|e| object.error("reading", e))
-    })?;
+    let keys = manifest::honour(keys, |key| object.sibling(key_url(&url, key)?, key)?.read())?;
     let mut files = Vec::with_capacity(keys.len());
     for key in keys.iter().filter(|k| !is_hidden(k)) {
         files.push(PathBuf::from(key_url(&url, key)?));

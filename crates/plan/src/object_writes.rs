@@ -106,6 +106,12 @@ pub(crate) fn key(url: &str) -> Result<String> {
     Ok(Object::at(url)?.path.to_string())
 }
 
+/// The keys of the objects directly in folder `url`.
+pub(crate) fn keys_in(url: &str) -> Result<Vec<String>> {
+    let folder = Object::at(url)?;
+    crate::object_files::list(&folder, folder.path.as_ref(), false)
+}
+
 /// Whether the object at `url` exists.
 pub(crate) fn exists(url: &str) -> Result<bool> {
     let object = Object::at(url)?;
@@ -114,13 +120,6 @@ pub(crate) fn exists(url: &str) -> Result<bool> {
         Err(object_store::Error::NotFound { .. }) => Ok(false),
         Err(e) => Err(object.error("reading", e)),
     }
-}
-
-/// The bytes of the object at `url`, in one request.
-pub(crate) fn read(url: &str) -> Result<Bytes> {
-    let object = Object::at(url)?;
-    block_on(async { object.store.get(&object.path).await?.bytes().await })
-        .map_err(|e| object.error("reading", e))
 }
 
 /// Requests of a commit's copies or deletes in flight at once: each is a
@@ -149,6 +148,14 @@ pub(crate) fn copy_all(pairs: &[(String, String)]) -> Result<()> {
         });
     }
     side_by_side(copies)
+}
+
+/// Moves each object `from` to `to`: the store's copies, then the
+/// deletes of the sources, several at once.
+pub(crate) fn move_all(pairs: &[(String, String)]) -> Result<()> {
+    copy_all(pairs)?;
+    let sources: Vec<String> = pairs.iter().map(|(from, _)| from.clone()).collect();
+    delete_all(&sources)
 }
 
 /// Deletes the objects at `urls` (one gone already is no error), several
@@ -187,15 +194,27 @@ pub(crate) fn list(url: &str, deep: bool) -> Result<Vec<(String, String)>> {
     Ok(found)
 }
 
-/// The folders directly in folder `url` (their names).
-pub(crate) fn folders(url: &str) -> Result<Vec<String>> {
+/// What folder `url` holds directly, in one listing: each object's name
+/// and each folder's, with whether it is a folder.
+pub(crate) fn children(url: &str) -> Result<Vec<(String, bool)>> {
     let folder = Object::at(url)?;
     let prefix = folder.path.clone();
     let listed = block_on(folder.store.list_with_delimiter(Some(&prefix)))
         .map_err(|e| folder.error("listing", e))?;
-    Ok(listed
-        .common_prefixes
-        .iter()
-        .filter_map(|p| p.filename().map(str::to_string))
+    let name = |path: &object_store::path::Path| path.filename().map(str::to_string);
+    let objects = listed.objects.iter().filter_map(|o| name(&o.location));
+    let folders = listed.common_prefixes.iter().filter_map(name);
+    Ok(objects
+        .map(|n| (n, false))
+        .chain(folders.map(|n| (n, true)))
+        .collect())
+}
+
+/// The folders directly in folder `url` (their names).
+pub(crate) fn folders(url: &str) -> Result<Vec<String>> {
+    let children = children(url)?.into_iter();
+    Ok(children
+        .filter(|(_, folder)| *folder)
+        .map(|(n, _)| n)
         .collect())
 }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::{durable, write_whole};
-use crate::object_files::url_of;
+use crate::object_files::{Object, url_of};
 use crate::object_writes;
 use crate::{Error, Result};
 
@@ -35,7 +35,7 @@ pub(super) fn is_file(path: &Path) -> Result<bool> {
 /// Whether folder `dir` exists (in an object store: holds anything).
 pub(super) fn has_folder(dir: &Path) -> Result<bool> {
     match url_of(dir) {
-        Some(url) => Ok(!object_writes::list(url, true)?.is_empty()),
+        Some(_) => Ok(!names(dir)?.is_empty()),
         None => Ok(dir.is_dir()),
     }
 }
@@ -43,7 +43,7 @@ pub(super) fn has_folder(dir: &Path) -> Result<bool> {
 /// The bytes of the file at `path`.
 pub(super) fn read(path: &Path) -> Result<Vec<u8>> {
     match url_of(path) {
-        Some(url) => Ok(object_writes::read(url)?.to_vec()),
+        Some(url) => Ok(Object::at(url)?.read()?.to_vec()),
         None => std::fs::read(path).map_err(io("reading", path)),
     }
 }
@@ -71,13 +71,7 @@ pub(super) fn names(dir: &Path) -> Result<Vec<(String, bool)>> {
             })
             .collect());
     };
-    // One level: the objects directly in it, and its folders' names.
-    let files = object_writes::list(url, false)?.into_iter();
-    let folders = object_writes::folders(url)?.into_iter();
-    Ok(files
-        .map(|(_, name)| (name, false))
-        .chain(folders.map(|name| (name, true)))
-        .collect())
+    object_writes::children(url)
 }
 
 /// Removes folder `dir` and everything in it.
@@ -94,10 +88,7 @@ pub(super) fn remove_folder(dir: &Path) -> Result<()> {
 /// Moves the file `from` to `to` (in an object store, by the store's copy).
 pub(super) fn rename(from: &Path, to: &Path) -> Result<()> {
     match (url_of(from), url_of(to)) {
-        (Some(from), Some(to)) => {
-            object_writes::copy_all(&[(from.to_string(), to.to_string())])?;
-            object_writes::delete_all(&[from.to_string()])
-        }
+        (Some(from), Some(to)) => object_writes::move_all(&[(from.to_string(), to.to_string())]),
         _ => durable::rename(from, to),
     }
 }
@@ -130,9 +121,7 @@ pub(super) fn move_files(moves: &[(PathBuf, PathBuf)]) -> Result<Option<PathBuf>
         .filter_map(|url| url.rsplit_once('/').map(|(folder, _)| folder))
         .collect();
     for folder in folders {
-        for (url, _) in object_writes::list(folder, false)? {
-            present.insert(object_writes::key(&url)?);
-        }
+        present.extend(object_writes::keys_in(folder)?);
     }
     let mut copies = Vec::new();
     for ((from, to), (path, _)) in urls.into_iter().zip(moves) {
@@ -142,9 +131,7 @@ pub(super) fn move_files(moves: &[(PathBuf, PathBuf)]) -> Result<Option<PathBuf>
             return Ok(Some(path.clone()));
         }
     }
-    object_writes::copy_all(&copies)?;
-    let sources: Vec<String> = copies.into_iter().map(|(from, _)| from).collect();
-    object_writes::delete_all(&sources)?;
+    object_writes::move_all(&copies)?;
     Ok(None)
 }
 
@@ -162,10 +149,7 @@ pub(super) fn remove_files(paths: &[PathBuf]) -> Result<()> {
 
 /// Removes the file at `path`.
 pub(super) fn remove_file(path: &Path) -> Result<()> {
-    match url_of(path) {
-        Some(url) => object_writes::delete_all(&[url.to_string()]),
-        None => durable::remove_file(path),
-    }
+    remove_files(&[path.to_path_buf()])
 }
 
 /// Makes what was written in folder `dir` last through a power loss.

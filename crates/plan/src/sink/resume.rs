@@ -267,10 +267,12 @@ impl Journal {
         // In an object store, the wave's parts are those its write
         // committed, as its manifest lists them: a copy that an earlier,
         // killed attempt had asked of the store may land beside them.
-        let manifest = names
-            .iter()
-            .find(|(name, _)| name.starts_with("_streambatch-manifest."))
-            .filter(|_| url_of(&folder).is_some())
+        let manifest = url_of(&folder)
+            .and_then(|_| {
+                names
+                    .iter()
+                    .find(|(name, _)| name.starts_with("_streambatch-manifest."))
+            })
             .map(|(name, _)| folder.join(name));
         let mut parts: Vec<String> = match manifest {
             Some(path) => Manifest::parse(&place::read(&path)?, &path.display().to_string())?.files,
