@@ -77,10 +77,20 @@ fn files_read_from_an_s3_compatible_store() {
     s3.put("data", "events/old/part-0.parquet", b"not this folder's");
     let ctx = ctx();
     let all = ctx.read_parquet("s3://data/events/").unwrap();
+    let (gets, ahead) = (
+        streambatch::object_gets(),
+        streambatch::object_reads_ahead(),
+    );
     assert_eq!(
         ids(&all.collect().unwrap()),
         (0..100_000).collect::<Vec<_>>()
     );
+    // As the task over a file starts, the next files' first row groups
+    // are fetched: the tasks over files 1 to 3 find theirs fetched, and no
+    // row group is fetched twice (20, a request each; the footers were
+    // fetched when the dataset was made).
+    assert_eq!(streambatch::object_reads_ahead() - ahead, 3);
+    assert_eq!(streambatch::object_gets() - gets, 20);
     let two = ctx
         .read_parquet("s3://data/events/part-[12].parquet")
         .unwrap();

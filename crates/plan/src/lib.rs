@@ -28,6 +28,7 @@ mod parquet_source;
 pub mod partition;
 mod plan;
 mod prune;
+mod read_ahead;
 mod reading;
 mod recipe;
 mod row;
@@ -66,6 +67,7 @@ pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{
     ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,
 };
+pub use read_ahead::taken as object_reads_ahead;
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use row_sample::RowSample;

@@ -26,6 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::reader::{ChunkReader, Length};
 use url::Url;
 
+use crate::read_ahead::ReadAhead;
 use crate::{Error, Result, manifest};
 
 /// The URL schemes read through `object_store`.
@@ -146,22 +147,14 @@ fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("object store URL {url}: {e}"))
 }
 
-/// Runs `future` to its end on the object stores' runtime (two threads,
-/// made on first use), from any thread, a runtime's included.
+/// Runs `future` to its end on the object stores' [`runtime`], from any
+/// thread, a runtime's included.
 pub(crate) fn block_on<F>(future: F) -> F::Output
 where
     F: std::future::Future + Send,
     F::Output: Send,
 {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    let runtime = RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sb-objects")
-            .enable_all()
-            .build()
-            .expect("a runtime for object store requests")
-    });
+    let runtime = runtime();
     match tokio::runtime::Handle::try_current() {
         // A runtime's thread may not block on another: a thread of its own.
         Ok(_) => std::thread::scope(|s| {
@@ -171,6 +164,19 @@ where
         }),
         Err(_) => runtime.block_on(future),
     }
+}
+
+/// The object stores' runtime (two threads, made on first use).
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sb-objects")
+            .enable_all()
+            .build()
+            .expect("a runtime for object store requests")
+    })
 }
 
 /// Expands an object store URL into the files it names, sorted: the
@@ -313,6 +319,12 @@ struct Tail {
 /// Tails kept, by URL, at most: 16 KiB each.
 const TAILS_KEPT: usize = 1024;
 
+/// The tail kept for `url`, if any.
+fn kept_tail(url: &str) -> Option<Tail> {
+    let tails = tails().lock().unwrap_or_else(|p| p.into_inner());
+    tails.get(url).cloned()
+}
+
 fn tails() -> &'static Mutex<HashMap<String, Tail>> {
     static TAILS: OnceLock<Mutex<HashMap<String, Tail>>> = OnceLock::new();
     TAILS.get_or_init(Default::default)
@@ -410,12 +422,7 @@ impl ObjectReader {
     pub(crate) fn open(url: &str) -> Result<Self> {
         let object = Object::at(url)?;
         // The lock is let go before fetching: footers are fetched side by side.
-        let kept = tails()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(url)
-            .cloned();
-        let tail = match kept {
+        let tail = match kept_tail(url) {
             Some(tail) => tail,
             None => {
                 let tail = fetch_tail(&object)?;
@@ -423,27 +430,46 @@ impl ObjectReader {
                 tail
             }
         };
-        Ok(Self {
+        Ok(Self::with_tail(object, tail))
+    }
+
+    /// The file at `url` when its tail is kept, without a request.
+    pub(crate) fn kept(url: &str) -> Option<Self> {
+        let tail = kept_tail(url)?;
+        Some(Self::with_tail(Object::at(url).ok()?, tail))
+    }
+
+    fn with_tail(object: Object, tail: Tail) -> Self {
+        Self {
             size: tail.size,
             e_tag: tail.e_tag,
             object,
             fetched: Arc::new(Mutex::new(vec![(tail.start, tail.bytes)])),
-        })
+        }
     }
 
     /// Fetches `ranges` together (near ones in one request, several
-    /// requests in flight), dropping what was fetched before.
+    /// requests in flight), dropping what was fetched before; takes them
+    /// from [`ReadAhead`] when a fetch of them was started ahead.
     pub(crate) fn prefetch(&self, ranges: Vec<Range<u64>>) -> Result<()> {
-        let fetch = |range: Range<u64>| self.fetch_async(range);
-        let bytes = block_on(object_store::coalesce_ranges(
-            &ranges,
-            fetch,
-            object_store::OBJECT_STORE_COALESCE_DEFAULT,
-        ))
-        .map_err(|e| self.error(e))?;
+        let bytes = match ReadAhead::global().take(&self.object.url, &ranges) {
+            Some(bytes) => bytes,
+            None => block_on(self.clone().fetch_all(ranges.clone())).map_err(|e| self.error(e))?,
+        };
         let fetched = ranges.iter().map(|r| r.start).zip(bytes).collect();
         *self.fetched.lock().unwrap_or_else(|p| p.into_inner()) = fetched;
         Ok(())
+    }
+
+    /// The bytes of `ranges` (near ones in one request, several requests
+    /// in flight).
+    pub(crate) async fn fetch_all(
+        self,
+        ranges: Vec<Range<u64>>,
+    ) -> object_store::Result<Vec<Bytes>> {
+        let fetch = |range: Range<u64>| self.fetch_async(range);
+        object_store::coalesce_ranges(&ranges, fetch, object_store::OBJECT_STORE_COALESCE_DEFAULT)
+            .await
     }
 
     /// A failed read's error; an object changed since its footer was read

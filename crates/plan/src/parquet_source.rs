@@ -5,6 +5,7 @@
 //! column that fails.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use parquet::file::reader::ChunkReader;
 use crate::error::bad_file;
 use crate::object_files::ObjectReader;
 use crate::prune::RowGroupStats;
+use crate::read_ahead::ReadAhead;
 use crate::reading::{READ_BATCH_ROWS, describe_schema, project};
 use crate::{BatchIter, Error, Expr, Result};
 
@@ -128,15 +130,7 @@ fn open_object_parquet(
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
     let (path, columns) = (path.to_path_buf(), columns.cloned());
     let row_group = move |g: usize| -> Result<BatchIter> {
-        let group = meta.metadata().row_group(g);
-        let ranges = (0..group.num_columns())
-            .filter(|&leaf| mask.leaf_included(leaf))
-            .map(|leaf| {
-                let (start, len) = group.column(leaf).byte_range();
-                start..start + len
-            })
-            .collect();
-        reader.prefetch(ranges)?;
+        reader.prefetch(column_ranges(&meta, g, &mask))?;
         let batches =
             ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone())
                 .with_row_groups(vec![g])
@@ -153,6 +147,48 @@ fn open_object_parquet(
     Ok(Box::new(groups.into_iter().flat_map(move |g| {
         row_group(g).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
     })))
+}
+
+/// The byte ranges of row group `g`'s columns that `mask` reads.
+fn column_ranges(meta: &ArrowReaderMetadata, g: usize, mask: &ProjectionMask) -> Vec<Range<u64>> {
+    let group = meta.metadata().row_group(g);
+    (0..group.num_columns())
+        .filter(|&leaf| mask.leaf_included(leaf))
+        .map(|leaf| {
+            let (start, len) = group.column(leaf).byte_range();
+            start..start + len
+        })
+        .collect()
+}
+
+/// Starts fetching what a task reading `path` as [`open_parquet`] reads
+/// first, its first row group's columns ([`ReadAhead`]), when `path` is
+/// an object whose footer this process holds (planning read it): no
+/// request but that one, and nothing for a local file.
+pub(crate) fn read_ahead(path: &Path, columns: Option<Arc<Vec<String>>>, prune: Option<Arc<Expr>>) {
+    let Some(url) = crate::object_files::url_of(path) else {
+        return;
+    };
+    let path = path.to_path_buf();
+    ReadAhead::global().start(url, move || {
+        let reader = ObjectReader::kept(crate::object_files::url_of(&path)?)?;
+        // (A footer larger than the tail is fetched here, as the task would.)
+        let meta = parquet_metadata(&path, &reader).ok()?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
+        let (groups, roots) =
+            selection(&path, &builder, columns.as_deref(), prune.as_deref()).ok()?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let ranges = column_ranges(&meta, *groups.first()?, &mask);
+        Some((ranges.clone(), reader.fetch_all(ranges)))
+    });
+}
+
+/// Drops what [`read_ahead`] fetched for `path`: its task will not run.
+pub(crate) fn forget_read_ahead(path: &Path) {
+    if let Some(url) = crate::object_files::url_of(path) {
+        ReadAhead::global().forget(url);
+    }
 }
 
 /// The row groups `prune` may match and the root columns of `columns`

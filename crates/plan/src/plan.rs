@@ -123,6 +123,25 @@ impl Stage {
         }
     }
 
+    /// Starts fetching what a task of this stage over split `i` reads
+    /// first, where that can be ([`SourceSplit::read_ahead`]).
+    pub fn read_ahead(&self, i: usize) {
+        if let StageKind::Source { splits, .. } = &self.kind
+            && let Some(split) = splits.get(i)
+        {
+            split.read_ahead();
+        }
+    }
+
+    /// Drops what [`read_ahead`](Self::read_ahead) fetched for split `i`.
+    pub fn forget_read_ahead(&self, i: usize) {
+        if let StageKind::Source { splits, .. } = &self.kind
+            && let Some(split) = splits.get(i)
+        {
+            split.forget_read_ahead();
+        }
+    }
+
     /// Opens a task of this stage over `input`: the returned stream yields the
     /// task's output as it is computed.
     pub fn open(&self, input: TaskInput, env: &mut TaskEnv<'_>) -> Result<BatchIter> {

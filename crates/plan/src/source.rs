@@ -14,8 +14,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::object_files::ObjectFile;
-use crate::parquet_source::open_parquet;
 pub use crate::parquet_source::parquet_schema;
+use crate::parquet_source::{forget_read_ahead, open_parquet, read_ahead};
 use crate::reading::{READ_BATCH_ROWS, describe_schema, open_file};
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
@@ -96,6 +96,36 @@ pub enum SourceSplit {
 }
 
 impl SourceSplit {
+    /// Starts fetching, in the background, what a task over this split
+    /// reads first, when that is an object's row group whose footer this
+    /// process holds (see `read_ahead.rs`): a node handed the task calls
+    /// it, so that the task finds its input fetched when it runs.
+    pub fn read_ahead(&self) {
+        match self {
+            SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
+                inner.read_ahead()
+            }
+            SourceSplit::Parquet {
+                path,
+                columns,
+                prune,
+            } => read_ahead(path, columns.clone(), prune.clone()),
+            _ => {}
+        }
+    }
+
+    /// Drops what [`read_ahead`](Self::read_ahead) fetched: no task over
+    /// the split will run (its job ended first).
+    pub fn forget_read_ahead(&self) {
+        match self {
+            SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
+                inner.forget_read_ahead()
+            }
+            SourceSplit::Parquet { path, .. } => forget_read_ahead(path),
+            _ => {}
+        }
+    }
+
     /// Opens the split as a stream of batches.
     pub fn open(&self) -> Result<BatchIter> {
         match self {

@@ -50,7 +50,7 @@ pub use streambatch_plan::{
     Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named, NodeStats, OpStats,
     OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, ResumedWrite, Row,
     Split, SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit,
-    object_bytes_read, object_gets, object_url, timeline,
+    object_bytes_read, object_gets, object_reads_ahead, object_url, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

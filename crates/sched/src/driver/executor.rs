@@ -99,11 +99,35 @@ struct Local {
     paused: HashMap<TaskId, Box<TaskRun>>,
     /// A task could not be sent: the node manager has stopped.
     manager_stopped: bool,
+    /// Splits after a starting task's whose first bytes are fetched ahead
+    /// ([`READ_AHEAD_PER_SLOT`] per slot).
+    read_ahead: usize,
+    /// Per stage, one past the last split started and one past the last
+    /// read ahead (splits start in order; a retried one starts again,
+    /// behind both).
+    read_ahead_of: Vec<(usize, usize)>,
+}
+
+impl Drop for Local {
+    /// What was read ahead for tasks that never started is let go.
+    fn drop(&mut self) {
+        for (stage, &(started, asked)) in self.read_ahead_of.iter().enumerate() {
+            for split in started..asked {
+                self.ctx.plan.stages[stage].forget_read_ahead(split);
+            }
+        }
+    }
 }
 
 /// Tasks the embedded node may hold per slot beyond those running (see
 /// `JobState::queueing`).
 const QUEUED_PER_SLOT: usize = 4;
+
+/// Splits the embedded node reads ahead per slot (`read_ahead.rs` in the
+/// plan crate): more hide more of a store's latency. W4 from S3 with each
+/// request answered 20 ms late, on 2 slots, ran 1.26x, 1.57x and 1.83x
+/// as fast as without, reading 1, 2 and 4 splits ahead.
+const READ_AHEAD_PER_SLOT: usize = 2;
 
 /// How long a job whose node manager stopped waits for the Supervisor to
 /// say why before it fails with `Error::NodeStopped`.
@@ -219,14 +243,17 @@ impl Actor for Executor {
                     target_bytes,
                     cancelled: plan.stages.iter().map(|_| Default::default()).collect(),
                 });
-                let free = vec![args.config.slots()];
+                let slots = args.config.slots();
                 let local = Local {
                     ctx,
                     manager,
                     store,
                     paused: HashMap::new(),
                     manager_stopped: false,
+                    read_ahead: READ_AHEAD_PER_SLOT * (slots.cpus + slots.gpus).ceil() as usize,
+                    read_ahead_of: vec![(0, 0); plan.stages.len()],
                 };
+                let free = vec![slots];
                 (Backend::Local(local), free, capacity, target_bytes)
             }
             Nodes::Remote {
@@ -712,6 +739,17 @@ impl Local {
                 may_spill,
                 ..
             } => {
+                // Splits start in order (`JobState::start`): the next ones'
+                // first bytes are fetched while this task runs (each split
+                // once: those before were asked for by earlier starts).
+                if let RunInput::Split(i) = input {
+                    let (started, asked) = &mut self.read_ahead_of[stage];
+                    *started = (*started).max(i + 1);
+                    for next in (*asked).max(i + 1)..=i + self.read_ahead {
+                        self.ctx.plan.stages[stage].read_ahead(next);
+                    }
+                    *asked = (*asked).max(i + self.read_ahead + 1);
+                }
                 let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, keep);
                 run.may_spill = may_spill;
                 self.run(Box::new(run));
