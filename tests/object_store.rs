@@ -166,8 +166,8 @@ fn a_denied_key_is_named_in_the_error(s3: &S3Server, files: &[std::path::PathBuf
     // credentials, on its first use below.
     unsafe {
         std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{}", s3.port));
-        std::env::set_var("AWS_ACCESS_KEY_ID", key);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+        std::env::set_var("AWS_ACCESS_KEY_ID", &key);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", &secret);
     }
     let ctx = ctx();
     let open = ctx.read_parquet("s3://locked/open/part-0.parquet").unwrap();
@@ -193,6 +193,47 @@ fn a_denied_key_is_named_in_the_error(s3: &S3Server, files: &[std::path::PathBuf
         .unwrap_err()
         .to_string();
     assert!(named(&written, "s3://locked/closed/out/"), "{written}");
+    keys_from_the_aws_profile_files(&key, &secret);
+}
+
+/// With no keys in the environment, the AWS profile `AWS_PROFILE` names
+/// gives them from the shared credentials file, and its region from the
+/// config file: the user allowed `locked/open/` reads it. (`s3a://` names
+/// the same bucket through a store of its own, made with these settings.)
+fn keys_from_the_aws_profile_files(key: &str, secret: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials");
+    std::fs::write(
+        &credentials,
+        format!("[default]\naws_access_key_id = wrong\naws_secret_access_key = wrong\n\n[reader]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"),
+    )
+    .unwrap();
+    let config = dir.path().join("config");
+    std::fs::write(&config, "[profile reader]\nregion = us-east-1\n").unwrap();
+    // SAFETY: as above.
+    unsafe {
+        std::env::remove_var("AWS_ACCESS_KEY_ID");
+        std::env::remove_var("AWS_SECRET_ACCESS_KEY");
+        std::env::remove_var("AWS_REGION");
+        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", &credentials);
+        std::env::set_var("AWS_CONFIG_FILE", &config);
+        std::env::set_var("AWS_PROFILE", "reader");
+    }
+    let open = ctx()
+        .read_parquet("s3a://locked/open/part-0.parquet")
+        .unwrap();
+    assert_eq!(
+        ids(&open.collect().unwrap()),
+        (0..25_000).collect::<Vec<_>>()
+    );
+    // A profile neither file has: named, before any request.
+    unsafe { std::env::set_var("AWS_PROFILE", "nobody") };
+    let unknown = ctx()
+        .read_parquet("s3a://elsewhere/x.parquet")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(unknown.contains("`nobody`"), "{unknown}");
 }
 
 /// A store that answers 503 (S3's "slow down") to its first requests: the

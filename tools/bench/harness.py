@@ -434,7 +434,8 @@ def table(rows):
                 ratio = f"{sb / r['value']:.2f}"
             note = ("timeout: " + r["reached"]) if r["timed_out"] else (r["reached"] or "")
             if r.get("runs"):
-                note = f"median of {len(r['runs'])} runs: " + ", ".join(fmt(v) for v in r["runs"])
+                runs = f"median of {len(r['runs'])} runs: " + ", ".join(fmt(v) for v in r["runs"])
+                note = f"{note}; {runs}" if note else runs
             lines.append(
                 f"| {case.workload.upper()} | {case.config} | {system} | {metric} | {fmt(r['value'])} | {ratio} "
                 f"| {r['rss_mib']:,.0f} | {r['pss_mib']:,.0f} | {r['hwm_mib']:,.0f} | {r['correct']} | {note} |"
@@ -594,7 +595,7 @@ def targets(rows):
             v = sb["value"]
             check(
                 "W4 read from S3 (s3s-fs on 127.0.0.1): rows/s >= 0.8x W4 from local disk in the same run (medians of 5 runs each)",
-                v and local_v and v >= 0.8 * local_v and local.get("correct") is True,
+                v and local_v and v >= 0.8 * local_v and sb.get("correct") is True and local.get("correct") is True,
                 f"streambatch from S3 {fmt(v)} rows/s, from local disk {fmt(local_v)} rows/s "
                 f"({fmt(v / local_v) if v and local_v else '-'}x); Ray Data from S3 {fmt(ray_v)} rows/s "
                 f"({fmt(v / ray_v) if v and ray_v else '-'}x)",

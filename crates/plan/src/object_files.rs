@@ -118,29 +118,36 @@ fn store_for(url: &Url) -> Result<(Arc<dyn ObjectStore>, ObjectPath)> {
     if let Some(store) = stores.get(&key) {
         return Ok((store.clone(), path));
     }
-    let (made, _) = object_store::parse_url_opts(url, cloud_env(url.scheme())).map_err(bad)?;
+    let options = cloud_options(url.scheme()).map_err(|e| invalid(url.as_str(), e))?;
+    let (made, _) = object_store::parse_url_opts(url, options).map_err(bad)?;
     let store: Arc<dyn ObjectStore> = Arc::from(made);
     stores.insert(key, store.clone());
     Ok((store, path))
 }
 
-/// The environment's options for a store of `scheme`: its cloud's own
-/// variables only (`AWS_*`, `GOOGLE_*`, `AZURE_*`), so that a variable of
-/// another program (a `TOKEN`, an `ENDPOINT`) never reaches a store. An
-/// `http://` URL asks for plain HTTP itself (the client refuses it unless
-/// allowed).
-fn cloud_env(scheme: &str) -> Vec<(String, String)> {
+/// The options of a store of `scheme`: its cloud's own variables of the
+/// environment only (`AWS_*`, `GOOGLE_*`, `AZURE_*`), so that a variable
+/// of another program (a `TOKEN`, an `ENDPOINT`) never reaches a store,
+/// and for S3 what the AWS profile's files add (`aws_profile.rs`; Google's
+/// credentials file `object_store` reads itself). An `http://` URL asks for
+/// plain HTTP itself (the client refuses it unless allowed).
+fn cloud_options(scheme: &str) -> Result<Vec<(String, String)>> {
     let prefix = match scheme {
         "s3" | "s3a" => "AWS_",
         "gs" => "GOOGLE_",
         "az" | "abfs" | "abfss" => "AZURE_",
-        "http" => return vec![("allow_http".into(), "true".into())],
-        _ => return Vec::new(),
+        "http" => return Ok(vec![("allow_http".into(), "true".into())]),
+        _ => return Ok(Vec::new()),
     };
-    std::env::vars_os()
+    let mut options: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
         .filter(|(k, _)| k.starts_with(prefix))
-        .collect()
+        .collect();
+    if prefix == "AWS_" {
+        let from_files = crate::aws_profile::options(&options)?;
+        options.extend(from_files);
+    }
+    Ok(options)
 }
 
 fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
@@ -410,6 +417,8 @@ pub(crate) struct ObjectReader {
     e_tag: Option<String>,
     /// Ranges fetched ahead: (first byte, bytes).
     fetched: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    /// No row group was fetched yet (what [`ReadAhead`] fetches).
+    first_read: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ObjectReader {
@@ -439,20 +448,34 @@ impl ObjectReader {
         Some(Self::with_tail(Object::at(url).ok()?, tail))
     }
 
+    /// The version of the object whose footer was read, when the store
+    /// tags versions.
+    pub(crate) fn e_tag(&self) -> Option<&str> {
+        self.e_tag.as_deref()
+    }
+
     fn with_tail(object: Object, tail: Tail) -> Self {
         Self {
             size: tail.size,
             e_tag: tail.e_tag,
             object,
             fetched: Arc::new(Mutex::new(vec![(tail.start, tail.bytes)])),
+            first_read: Arc::new(true.into()),
         }
     }
 
     /// Fetches `ranges` together (near ones in one request, several
-    /// requests in flight), dropping what was fetched before; takes them
-    /// from [`ReadAhead`] when a fetch of them was started ahead.
+    /// requests in flight), dropping what was fetched before; the first
+    /// time, takes them from [`ReadAhead`] when a fetch of them was started
+    /// ahead (of the version read here).
     pub(crate) fn prefetch(&self, ranges: Vec<Range<u64>>) -> Result<()> {
-        let bytes = match ReadAhead::global().take(&self.object.url, &ranges) {
+        let first = self
+            .first_read
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let ahead = first
+            .then(|| ReadAhead::global().take(&self.object.url, self.e_tag.as_deref(), &ranges))
+            .flatten();
+        let bytes = match ahead {
             Some(bytes) => bytes,
             None => block_on(self.clone().fetch_all(ranges.clone())).map_err(|e| self.error(e))?,
         };

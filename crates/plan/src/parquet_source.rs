@@ -22,6 +22,7 @@ use crate::prune::RowGroupStats;
 use crate::read_ahead::ReadAhead;
 use crate::reading::{READ_BATCH_ROWS, describe_schema, project};
 use crate::{BatchIter, Error, Expr, Result};
+use streambatch_core::JobId;
 
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.
@@ -165,12 +166,17 @@ fn column_ranges(meta: &ArrowReaderMetadata, g: usize, mask: &ProjectionMask) ->
 /// first, its first row group's columns ([`ReadAhead`]), when `path` is
 /// an object whose footer this process holds (planning read it): no
 /// request but that one, and nothing for a local file.
-pub(crate) fn read_ahead(path: &Path, columns: Option<Arc<Vec<String>>>, prune: Option<Arc<Expr>>) {
+pub(crate) fn read_ahead(
+    job: JobId,
+    path: &Path,
+    columns: Option<Arc<Vec<String>>>,
+    prune: Option<Arc<Expr>>,
+) {
     let Some(url) = crate::object_files::url_of(path) else {
         return;
     };
     let path = path.to_path_buf();
-    ReadAhead::global().start(url, move || {
+    ReadAhead::global().start(job, url, move || {
         let reader = ObjectReader::kept(crate::object_files::url_of(&path)?)?;
         // (A footer larger than the tail is fetched here, as the task would.)
         let meta = parquet_metadata(&path, &reader).ok()?;
@@ -180,15 +186,9 @@ pub(crate) fn read_ahead(path: &Path, columns: Option<Arc<Vec<String>>>, prune: 
             selection(&path, &builder, columns.as_deref(), prune.as_deref()).ok()?;
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
         let ranges = column_ranges(&meta, *groups.first()?, &mask);
-        Some((ranges.clone(), reader.fetch_all(ranges)))
+        let e_tag = reader.e_tag().map(str::to_string);
+        Some((ranges.clone(), e_tag, reader.fetch_all(ranges)))
     });
-}
-
-/// Drops what [`read_ahead`] fetched for `path`: its task will not run.
-pub(crate) fn forget_read_ahead(path: &Path) {
-    if let Some(url) = crate::object_files::url_of(path) {
-        ReadAhead::global().forget(url);
-    }
 }
 
 /// The row groups `prune` may match and the root columns of `columns`

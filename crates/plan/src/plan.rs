@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
-use streambatch_core::{Resources, StageOptions};
+use streambatch_core::{JobId, Resources, StageOptions};
 
 use crate::ops::{OpCounter, OpKind, OpSpec, TaskEnv, apply, counted};
 use crate::{BatchIter, Error, Result, SourceSplit};
@@ -123,22 +123,13 @@ impl Stage {
         }
     }
 
-    /// Starts fetching what a task of this stage over split `i` reads
-    /// first, where that can be ([`SourceSplit::read_ahead`]).
-    pub fn read_ahead(&self, i: usize) {
+    /// Starts fetching, for `job`, what a task of this stage over split
+    /// `i` reads first, where that can be ([`SourceSplit::read_ahead`]).
+    pub fn read_ahead(&self, i: usize, job: JobId) {
         if let StageKind::Source { splits, .. } = &self.kind
             && let Some(split) = splits.get(i)
         {
-            split.read_ahead();
-        }
-    }
-
-    /// Drops what [`read_ahead`](Self::read_ahead) fetched for split `i`.
-    pub fn forget_read_ahead(&self, i: usize) {
-        if let StageKind::Source { splits, .. } = &self.kind
-            && let Some(split) = splits.get(i)
-        {
-            split.forget_read_ahead();
+            split.read_ahead(job);
         }
     }
 

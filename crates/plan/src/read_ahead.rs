@@ -9,7 +9,11 @@
 //!
 //! What is fetched ahead is held outside the store, so it is bounded: at
 //! most [`AHEAD_BYTES`] in all (a fetch that would pass it is not made)
-//! and [`AHEAD_OBJECTS`] objects (the oldest dropped to make room).
+//! and [`AHEAD_OBJECTS`] objects (the oldest dropped to make room), and a
+//! job's are dropped as it ends ([`forget`]: a task cancelled before it
+//! read, by a `limit` met or a failure, takes none). A fetch is taken only
+//! for the version of the object its task reads (its tag), so a task never
+//! mixes bytes of two versions.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -18,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use bytes::Bytes;
+use streambatch_core::JobId;
 use tokio::task::JoinHandle;
 
 use crate::object_files::{block_on, runtime};
@@ -27,13 +32,20 @@ const AHEAD_BYTES: u64 = 64 << 20;
 /// The most objects fetched ahead and not yet taken.
 const AHEAD_OBJECTS: usize = 64;
 
-/// What a task reads first: the ranges, then their bytes.
-type Fetched = (Vec<Range<u64>>, Vec<Bytes>);
+/// What a task reads first, fetched: of which version of the object
+/// (its tag, where the store tags versions), which ranges, their bytes.
+struct Fetched {
+    e_tag: Option<String>,
+    ranges: Vec<Range<u64>>,
+    bytes: Vec<Bytes>,
+    _reserved: Reserved,
+}
 
-/// A fetch started ahead, of what a task over `url` reads first.
+/// A fetch started ahead for `job`, of what a task over `url` reads first.
 struct Ahead {
+    job: JobId,
     url: String,
-    fetch: JoinHandle<Option<(Fetched, Reserved)>>,
+    fetch: JoinHandle<Option<Fetched>>,
 }
 
 /// Bytes counted against the limit until dropped.
@@ -47,6 +59,9 @@ impl Drop for Reserved {
         self.held.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
+
+/// What `plan` gives: the ranges to fetch, of which version, and the fetch.
+type Plan<F> = Option<(Vec<Range<u64>>, Option<String>, F)>;
 
 /// Fetches started ahead, oldest first.
 pub(crate) struct ReadAhead {
@@ -70,14 +85,14 @@ impl ReadAhead {
         GLOBAL.get_or_init(|| Self::new(AHEAD_BYTES))
     }
 
-    /// Starts, on the object stores' runtime, `plan` (off the caller's
-    /// thread: it may read a footer), then the fetch it gives, of the
-    /// ranges it gives, unless a fetch for `url` was started already or
-    /// the ranges would take the bytes held past the limit. `plan` gives
-    /// `None` for nothing to fetch.
-    pub(crate) fn start<P, F>(&'static self, url: &str, plan: P)
+    /// Starts for `job`, on the object stores' runtime, `plan` (off the
+    /// caller's thread: it may read a footer), then the fetch it gives,
+    /// unless a fetch for `url` was started already or its ranges would
+    /// take the bytes held past the limit. `plan` gives `None` for nothing
+    /// to fetch.
+    pub(crate) fn start<P, F>(&'static self, job: JobId, url: &str, plan: P)
     where
-        P: FnOnce() -> Option<(Vec<Range<u64>>, F)> + Send + 'static,
+        P: FnOnce() -> Plan<F> + Send + 'static,
         F: Future<Output = object_store::Result<Vec<Bytes>>> + Send + 'static,
     {
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
@@ -90,25 +105,33 @@ impl ReadAhead {
             oldest.fetch.abort();
         }
         let fetch = runtime().spawn_blocking(move || {
-            let (ranges, fetch) = plan()?;
+            let (ranges, e_tag, fetch) = plan()?;
             let reserved = self.reserve(ranges.iter().map(|r| r.end - r.start).sum())?;
             let bytes = tokio::runtime::Handle::current().block_on(fetch).ok()?;
-            Some(((ranges, bytes), reserved))
+            Some(Fetched {
+                e_tag,
+                ranges,
+                bytes,
+                _reserved: reserved,
+            })
         });
         started.push_back(Ahead {
+            job,
             url: url.to_string(),
             fetch,
         });
     }
 
-    /// Drops the fetch started for `url`, if any (its task will not run).
-    pub(crate) fn forget(&self, url: &str) {
+    /// Drops the fetches started for `job`: its tasks will not run.
+    pub(crate) fn forget(&self, job: JobId) {
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = started.iter().position(|a| a.url == url)
-            && let Some(ahead) = started.remove(i)
-        {
-            ahead.fetch.abort();
-        }
+        started.retain(|ahead| {
+            let keep = ahead.job != job;
+            if !keep {
+                ahead.fetch.abort();
+            }
+            keep
+        });
     }
 
     /// `bytes` counted as held, unless that passes the limit.
@@ -121,21 +144,33 @@ impl ReadAhead {
         Some(Reserved { bytes, held })
     }
 
-    /// The bytes of `ranges` of `url` when a fetch of them was started
-    /// ahead (waiting for it to end); `None` when none was, of other
-    /// ranges, or it failed, so that the caller fetches them itself and
-    /// names what fails.
-    pub(crate) fn take(&self, url: &str, ranges: &[Range<u64>]) -> Option<Vec<Bytes>> {
+    /// The bytes of `ranges` of version `e_tag` of `url` when a fetch of
+    /// them was started ahead (waiting for it to end); `None` when none
+    /// was, of other ranges or another version, or it failed, so that the
+    /// caller fetches them itself (as of its version) and names what
+    /// fails.
+    pub(crate) fn take(
+        &self,
+        url: &str,
+        e_tag: Option<&str>,
+        ranges: &[Range<u64>],
+    ) -> Option<Vec<Bytes>> {
         let ahead = {
             let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
             let i = started.iter().position(|a| a.url == url)?;
             started.remove(i)?
         };
-        let ((fetched, bytes), _reserved) = block_on(ahead.fetch).ok()??;
-        let taken = (fetched == ranges).then_some(bytes);
-        TAKEN.fetch_add(u64::from(taken.is_some()), Ordering::Relaxed);
-        taken
+        let fetched = block_on(ahead.fetch).ok()??;
+        let same = fetched.ranges == ranges && fetched.e_tag.as_deref() == e_tag;
+        TAKEN.fetch_add(u64::from(same), Ordering::Relaxed);
+        same.then_some(fetched.bytes)
     }
+}
+
+/// Drops what was read ahead for `job`'s tasks: called as it ends, when
+/// some may not have run.
+pub fn forget(job: JobId) {
+    ReadAhead::global().forget(job);
 }
 
 /// Reads this process's tasks found fetched ahead.
@@ -157,15 +192,21 @@ mod tests {
         Box::leak(Box::new(ReadAhead::new(limit)))
     }
 
-    type Plan = Option<(
-        Vec<Range<u64>>,
-        futures::future::Ready<object_store::Result<Vec<Bytes>>>,
-    )>;
+    type Ready = futures::future::Ready<object_store::Result<Vec<Bytes>>>;
 
-    /// A plan of `range`, whose fetch gives its length of `n`.
-    fn plan(range: Range<u64>, n: u8) -> impl FnOnce() -> Plan + Send + 'static {
+    const JOB: JobId = JobId(1);
+    const TAG: Option<&str> = Some("v1");
+
+    /// A plan of `range` of version "v1", whose fetch gives its length of `n`.
+    fn plan(range: Range<u64>, n: u8) -> impl FnOnce() -> Plan<Ready> + Send + 'static {
         let bytes = vec![Bytes::from(vec![n; (range.end - range.start) as usize])];
-        move || Some((vec![range], futures::future::ready(Ok(bytes))))
+        move || {
+            Some((
+                vec![range],
+                TAG.map(str::to_string),
+                futures::future::ready(Ok(bytes)),
+            ))
+        }
     }
 
     /// Ranges of one range.
@@ -190,48 +231,60 @@ mod tests {
     }
 
     #[test]
-    fn a_fetch_started_ahead_is_taken_once_for_its_ranges() {
+    fn a_fetch_started_ahead_is_taken_once_for_its_version_and_ranges() {
         let ahead = read_ahead(AHEAD_BYTES);
         let url = "s3://b/once.parquet";
-        ahead.start(url, plan(0..4, 1));
-        ahead.start(url, plan(0..4, 2)); // one per object
-        assert_eq!(ahead.take("s3://b/other.parquet", &one(0..4)), None);
-        assert_eq!(ahead.take(url, &one(0..4)), bytes(4, 1));
-        assert_eq!(ahead.take(url, &one(0..4)), None, "taken already");
+        ahead.start(JOB, url, plan(0..4, 1));
+        ahead.start(JOB, url, plan(0..4, 2)); // one per object
+        assert_eq!(ahead.take("s3://b/other.parquet", TAG, &one(0..4)), None);
+        assert_eq!(ahead.take(url, TAG, &one(0..4)), bytes(4, 1));
+        assert_eq!(ahead.take(url, TAG, &one(0..4)), None, "taken already");
         holding(ahead, 0);
-        // One whose task will not run is let go.
-        ahead.start(url, plan(0..4, 2));
+        // Other ranges than the task reads, or another version of the
+        // object: the task fetches its own.
+        ahead.start(JOB, url, plan(0..4, 3));
+        assert_eq!(ahead.take(url, TAG, &one(0..5)), None);
+        ahead.start(JOB, url, plan(0..4, 4));
+        assert_eq!(ahead.take(url, Some("v2"), &one(0..4)), None);
+        ahead.start(JOB, url, plan(0..4, 5));
+        assert_eq!(ahead.take(url, None, &one(0..4)), None);
+        holding(ahead, 0);
+    }
+
+    #[test]
+    fn a_jobs_fetches_are_let_go_as_it_ends() {
+        let ahead = read_ahead(AHEAD_BYTES);
+        ahead.start(JOB, "s3://b/0", plan(0..4, 0));
+        ahead.start(JOB, "s3://b/1", plan(0..4, 1));
+        ahead.start(JobId(2), "s3://b/2", plan(0..4, 2));
+        holding(ahead, 12);
+        ahead.forget(JOB);
         holding(ahead, 4);
-        ahead.forget(url);
-        holding(ahead, 0);
-        assert_eq!(ahead.take(url, &one(0..4)), None);
-        // Other ranges than the task reads: it fetches its own.
-        ahead.start(url, plan(0..4, 3));
-        assert_eq!(ahead.take(url, &one(0..5)), None);
-        holding(ahead, 0);
+        assert_eq!(ahead.take("s3://b/0", TAG, &one(0..4)), None);
+        assert_eq!(ahead.take("s3://b/2", TAG, &one(0..4)), bytes(4, 2));
     }
 
     #[test]
     fn what_is_fetched_ahead_stays_within_its_bounds() {
         let ahead = read_ahead(8);
-        ahead.start("s3://b/0", plan(0..4, 0));
-        ahead.start("s3://b/1", plan(0..4, 1));
+        ahead.start(JOB, "s3://b/0", plan(0..4, 0));
+        ahead.start(JOB, "s3://b/1", plan(0..4, 1));
         holding(ahead, 8);
-        ahead.start("s3://b/2", plan(0..4, 2)); // past the limit: not fetched
-        assert_eq!(ahead.take("s3://b/2", &one(0..4)), None);
-        assert_eq!(ahead.take("s3://b/0", &one(0..4)), bytes(4, 0));
+        ahead.start(JOB, "s3://b/2", plan(0..4, 2)); // past the limit: not fetched
+        assert_eq!(ahead.take("s3://b/2", TAG, &one(0..4)), None);
+        assert_eq!(ahead.take("s3://b/0", TAG, &one(0..4)), bytes(4, 0));
         holding(ahead, 4);
-        ahead.start("s3://b/3", plan(0..4, 3)); // room again
-        assert_eq!(ahead.take("s3://b/3", &one(0..4)), bytes(4, 3));
+        ahead.start(JOB, "s3://b/3", plan(0..4, 3)); // room again
+        assert_eq!(ahead.take("s3://b/3", TAG, &one(0..4)), bytes(4, 3));
         // At most AHEAD_OBJECTS objects: the oldest goes.
         let ahead = read_ahead(AHEAD_BYTES);
         for n in 0..=AHEAD_OBJECTS as u8 {
-            ahead.start(&format!("s3://b/{n}"), plan(0..4, n));
+            ahead.start(JOB, &format!("s3://b/{n}"), plan(0..4, n));
         }
-        assert_eq!(ahead.take("s3://b/0", &one(0..4)), None);
+        assert_eq!(ahead.take("s3://b/0", TAG, &one(0..4)), None);
         let last = AHEAD_OBJECTS as u8;
         assert_eq!(
-            ahead.take(&format!("s3://b/{last}"), &one(0..4)),
+            ahead.take(&format!("s3://b/{last}"), TAG, &one(0..4)),
             bytes(4, last)
         );
     }
@@ -240,16 +293,16 @@ mod tests {
     fn a_failed_fetch_or_nothing_to_fetch_is_left_to_the_task() {
         let ahead = read_ahead(AHEAD_BYTES);
         let url = "s3://b/failed.parquet";
-        ahead.start(url, || {
+        ahead.start(JOB, url, || {
             let failed = object_store::Error::NotImplemented {
                 operation: "get".into(),
                 implementer: "test".into(),
             };
-            Some((one(0..4), futures::future::ready(Err(failed))))
+            Some((one(0..4), None, futures::future::ready(Err(failed))))
         });
-        assert_eq!(ahead.take(url, &one(0..4)), None);
-        ahead.start(url, || -> Plan { None });
-        assert_eq!(ahead.take(url, &one(0..4)), None);
+        assert_eq!(ahead.take(url, None, &one(0..4)), None);
+        ahead.start(JOB, url, || -> Plan<Ready> { None });
+        assert_eq!(ahead.take(url, None, &one(0..4)), None);
         holding(ahead, 0);
     }
 }

@@ -10,12 +10,13 @@ use arrow_array::builder::{ArrayBuilder, StringBuilder};
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use streambatch_core::JobId;
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::object_files::ObjectFile;
 pub use crate::parquet_source::parquet_schema;
-use crate::parquet_source::{forget_read_ahead, open_parquet, read_ahead};
+use crate::parquet_source::{open_parquet, read_ahead};
 use crate::reading::{READ_BATCH_ROWS, describe_schema, open_file};
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
@@ -100,28 +101,17 @@ impl SourceSplit {
     /// reads first, when that is an object's row group whose footer this
     /// process holds (see `read_ahead.rs`): a node handed the task calls
     /// it, so that the task finds its input fetched when it runs.
-    pub fn read_ahead(&self) {
+    /// `job` owns what is fetched: dropped as it ends ([`forget_read_ahead`](crate::forget_read_ahead)).
+    pub fn read_ahead(&self, job: JobId) {
         match self {
             SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
-                inner.read_ahead()
+                inner.read_ahead(job)
             }
             SourceSplit::Parquet {
                 path,
                 columns,
                 prune,
-            } => read_ahead(path, columns.clone(), prune.clone()),
-            _ => {}
-        }
-    }
-
-    /// Drops what [`read_ahead`](Self::read_ahead) fetched: no task over
-    /// the split will run (its job ended first).
-    pub fn forget_read_ahead(&self) {
-        match self {
-            SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
-                inner.forget_read_ahead()
-            }
-            SourceSplit::Parquet { path, .. } => forget_read_ahead(path),
+            } => read_ahead(job, path, columns.clone(), prune.clone()),
             _ => {}
         }
     }

@@ -102,20 +102,15 @@ struct Local {
     /// Splits after a starting task's whose first bytes are fetched ahead
     /// ([`READ_AHEAD_PER_SLOT`] per slot).
     read_ahead: usize,
-    /// Per stage, one past the last split started and one past the last
-    /// read ahead (splits start in order; a retried one starts again,
-    /// behind both).
-    read_ahead_of: Vec<(usize, usize)>,
+    /// Per stage, one past the last split read ahead.
+    read_ahead_to: Vec<usize>,
 }
 
 impl Drop for Local {
-    /// What was read ahead for tasks that never started is let go.
+    /// What was read ahead for tasks that never read it (never started, or
+    /// cancelled first) is let go.
     fn drop(&mut self) {
-        for (stage, &(started, asked)) in self.read_ahead_of.iter().enumerate() {
-            for split in started..asked {
-                self.ctx.plan.stages[stage].forget_read_ahead(split);
-            }
-        }
+        streambatch_plan::forget_read_ahead(self.ctx.job);
     }
 }
 
@@ -251,7 +246,7 @@ impl Actor for Executor {
                     paused: HashMap::new(),
                     manager_stopped: false,
                     read_ahead: READ_AHEAD_PER_SLOT * (slots.cpus + slots.gpus).ceil() as usize,
-                    read_ahead_of: vec![(0, 0); plan.stages.len()],
+                    read_ahead_to: vec![0; plan.stages.len()],
                 };
                 let free = vec![slots];
                 (Backend::Local(local), free, capacity, target_bytes)
@@ -739,16 +734,15 @@ impl Local {
                 may_spill,
                 ..
             } => {
-                // Splits start in order (`JobState::start`): the next ones'
-                // first bytes are fetched while this task runs (each split
-                // once: those before were asked for by earlier starts).
+                // Splits start (run or queue here) in order
+                // (`JobState::start`): the next ones' first bytes are
+                // fetched meanwhile, each split's once.
                 if let RunInput::Split(i) = input {
-                    let (started, asked) = &mut self.read_ahead_of[stage];
-                    *started = (*started).max(i + 1);
-                    for next in (*asked).max(i + 1)..=i + self.read_ahead {
-                        self.ctx.plan.stages[stage].read_ahead(next);
+                    let to = &mut self.read_ahead_to[stage];
+                    for next in (*to).max(i + 1)..=i + self.read_ahead {
+                        self.ctx.plan.stages[stage].read_ahead(next, self.ctx.job);
                     }
-                    *asked = (*asked).max(i + self.read_ahead + 1);
+                    *to = (*to).max(i + self.read_ahead + 1);
                 }
                 let mut run = TaskRun::new(self.ctx.clone(), task, stage, input, keep);
                 run.may_spill = may_spill;

@@ -1,0 +1,251 @@
+//! An S3 store's settings from the AWS shared files (issue 27), as the AWS
+//! CLI and SDKs read them: the profile `AWS_PROFILE` names (`default`
+//! otherwise) in the credentials file (`AWS_SHARED_CREDENTIALS_FILE`, else
+//! `~/.aws/credentials`: keys and session token) and the config file
+//! (`AWS_CONFIG_FILE`, else `~/.aws/config`, where a profile other than
+//! `default` is `[profile NAME]`: region, endpoint, and keys where the
+//! credentials file has none). The environment's variables come first:
+//! the files give only what they leave unset, and no keys when the
+//! environment names any. (`object_store` reads the environment alone.)
+//!
+//! The files are INI-like, but a setting may hold indented settings of its
+//! own (`s3 =` then `  addressing_style = path`), which no INI reader takes
+//! as the AWS tools do: so they are read here, those left out.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// A profile's key settings, named as `object_store` takes them.
+const FROM_CREDENTIALS: [&str; 3] = [
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+];
+
+/// The options the AWS shared files give an S3 store, beside `env` (the
+/// `AWS_*` variables, lowercased as `object_store` takes them). An error
+/// names a file that cannot be read, or a profile `AWS_PROFILE` names
+/// that neither file has.
+pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>> {
+    let var = |name: &str| {
+        env.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let file = |var_name: &str, default: &str| {
+        var(var_name)
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".aws").join(default)))
+    };
+    let named = var("AWS_PROFILE");
+    let profile = named.clone().unwrap_or_else(|| "default".into());
+    let credentials_file = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+    let config_file = file("AWS_CONFIG_FILE", "config");
+    let credentials = match &credentials_file {
+        Some(path) => section(path, &profile)?,
+        None => None,
+    };
+    let config_section = match profile.as_str() {
+        "default" => "default".to_string(),
+        name => format!("profile {name}"),
+    };
+    let config = match &config_file {
+        Some(path) => section(path, &config_section)?,
+        None => None,
+    };
+    if named.is_some() && credentials.is_none() && config.is_none() {
+        let files: Vec<String> = [&credentials_file, &config_file]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
+        return Err(Error::Invalid(format!(
+            "AWS_PROFILE names profile `{profile}`, which neither {} has",
+            files.join(" nor ")
+        )));
+    }
+    let (credentials, config) = (credentials.unwrap_or_default(), config.unwrap_or_default());
+    let mut options = Vec::new();
+    // Keys come whole from one place: the environment, else the
+    // credentials file, else the config file.
+    if var("AWS_ACCESS_KEY_ID").is_none() {
+        let keys = match credentials.contains_key("aws_access_key_id") {
+            true => &credentials,
+            false => &config,
+        };
+        for key in FROM_CREDENTIALS {
+            if let Some(value) = keys.get(key) {
+                options.push((key.to_string(), value.clone()));
+            }
+        }
+    }
+    if var("AWS_REGION").is_none()
+        && var("AWS_DEFAULT_REGION").is_none()
+        && let Some(region) = config.get("region")
+    {
+        options.push(("aws_region".into(), region.clone()));
+    }
+    if var("AWS_ENDPOINT_URL").is_none()
+        && var("AWS_ENDPOINT").is_none()
+        && let Some(endpoint) = config.get("endpoint_url")
+    {
+        options.push(("aws_endpoint".into(), endpoint.clone()));
+    }
+    Ok(options)
+}
+
+/// The settings of `[name]` in the file at `path`; `None` when the file or
+/// the section is absent.
+fn section(path: &Path, name: &str) -> Result<Option<HashMap<String, String>>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("reading", path, e)),
+    };
+    let mut found = None;
+    let mut current: Option<&mut HashMap<String, String>> = None;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with(['#', ';']) {
+            continue;
+        }
+        if let Some(header) = trimmed.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            current = match header.trim() == name {
+                true => Some(found.get_or_insert_with(HashMap::new)),
+                false => None,
+            };
+            continue;
+        }
+        // An indented line is a nested setting's: left out.
+        if line.starts_with([' ', '\t']) {
+            continue;
+        }
+        if let (Some(settings), Some((key, value))) = (current.as_mut(), trimmed.split_once('=')) {
+            settings.insert(key.trim().to_ascii_lowercase(), value.trim().to_string());
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn files(dir: &Path, credentials: &str, config: &str) -> Vec<(String, String)> {
+        std::fs::write(dir.join("credentials"), credentials).unwrap();
+        std::fs::write(dir.join("config"), config).unwrap();
+        let file = |name: &str| dir.join(name).display().to_string();
+        env(&[
+            ("AWS_SHARED_CREDENTIALS_FILE", &file("credentials")),
+            ("AWS_CONFIG_FILE", &file("config")),
+        ])
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("sb-aws-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    const CREDENTIALS: &str = "\
+# keys
+[default]
+aws_access_key_id = AKDEFAULT
+aws_secret_access_key = default-secret
+
+[dev]
+aws_access_key_id=AKDEV
+aws_secret_access_key=dev-secret
+aws_session_token = dev-token
+";
+
+    const CONFIG: &str = "\
+[default]
+region = eu-west-1
+
+[profile dev]
+region = us-west-2
+s3 =
+  addressing_style = path
+  endpoint_url = https://nested.invalid
+endpoint_url = http://127.0.0.1:9000
+";
+
+    fn get<'a>(options: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        options
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_named_profile_gives_keys_region_and_endpoint() {
+        let dir = dir("named");
+        let mut vars = files(&dir, CREDENTIALS, CONFIG);
+        let default = options(&vars).unwrap();
+        assert_eq!(get(&default, "aws_access_key_id"), Some("AKDEFAULT"));
+        assert_eq!(get(&default, "aws_region"), Some("eu-west-1"));
+        assert_eq!(get(&default, "aws_session_token"), None);
+        assert_eq!(get(&default, "aws_endpoint"), None);
+        vars.extend(env(&[("AWS_PROFILE", "dev")]));
+        let dev = options(&vars).unwrap();
+        assert_eq!(get(&dev, "aws_access_key_id"), Some("AKDEV"));
+        assert_eq!(get(&dev, "aws_secret_access_key"), Some("dev-secret"));
+        assert_eq!(get(&dev, "aws_session_token"), Some("dev-token"));
+        assert_eq!(get(&dev, "aws_region"), Some("us-west-2"));
+        // The nested `s3` settings are not the profile's.
+        assert_eq!(get(&dev, "aws_endpoint"), Some("http://127.0.0.1:9000"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_environment_comes_first() {
+        let dir = dir("env");
+        let mut vars = files(&dir, CREDENTIALS, CONFIG);
+        vars.extend(env(&[
+            ("AWS_PROFILE", "dev"),
+            ("AWS_ACCESS_KEY_ID", "AKENV"),
+            ("AWS_REGION", "ap-south-1"),
+            ("AWS_ENDPOINT_URL", "http://env.invalid"),
+        ]));
+        // Nothing from the files: no key of theirs beside the
+        // environment's (a secret of one with the key of the other).
+        assert_eq!(options(&vars).unwrap(), vec![]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn keys_in_the_config_file_count_absent_files_give_nothing() {
+        let dir = dir("config-keys");
+        let config = "[default]\naws_access_key_id = AKCONF\naws_secret_access_key = s\n";
+        let vars = files(&dir, "", config);
+        let found = options(&vars).unwrap();
+        assert_eq!(get(&found, "aws_access_key_id"), Some("AKCONF"));
+        let missing = env(&[
+            ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials"),
+            ("AWS_CONFIG_FILE", "/nonexistent/config"),
+        ]);
+        assert_eq!(options(&missing).unwrap(), vec![]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_named_profile_neither_file_has_is_an_error_naming_it() {
+        let dir = dir("unknown");
+        let mut vars = files(&dir, CREDENTIALS, CONFIG);
+        vars.extend(env(&[("AWS_PROFILE", "prod")]));
+        let e = options(&vars).unwrap_err().to_string();
+        assert!(e.contains("`prod`") && e.contains("credentials"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
