@@ -197,8 +197,8 @@ fn a_denied_key_is_named_in_the_error(s3: &S3Server, files: &[std::path::PathBuf
 }
 
 /// With no keys in the environment, the AWS profile `AWS_PROFILE` names
-/// gives them from the shared credentials file, and its region from the
-/// config file: the user allowed `locked/open/` reads it. (`s3a://` names
+/// gives them from the shared credentials file (beside a config file, as
+/// `aws configure` leaves them): the user allowed `locked/open/` reads it. (`s3a://` names
 /// the same bucket through a store of its own, made with these settings.)
 fn keys_from_the_aws_profile_files(key: &str, secret: &str) {
     let dir = tempfile::tempdir().unwrap();

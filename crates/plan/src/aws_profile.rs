@@ -1,12 +1,16 @@
 //! An S3 store's settings from the AWS shared files (issue 27), as the AWS
-//! CLI and SDKs read them: the profile `AWS_PROFILE` names (`default`
-//! otherwise) in the credentials file (`AWS_SHARED_CREDENTIALS_FILE`, else
-//! `~/.aws/credentials`: keys and session token) and the config file
-//! (`AWS_CONFIG_FILE`, else `~/.aws/config`, where a profile other than
-//! `default` is `[profile NAME]`: region, endpoint, and keys where the
-//! credentials file has none). The environment's variables come first:
-//! the files give only what they leave unset, and no keys when the
-//! environment names any. (`object_store` reads the environment alone.)
+//! CLI and SDKs read them: the profile `AWS_PROFILE` names
+//! (`AWS_DEFAULT_PROFILE`, else `default`) in the credentials file
+//! (`AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`: keys and
+//! session token) and the config file (`AWS_CONFIG_FILE`, else
+//! `~/.aws/config`, where a profile other than `default` is
+//! `[profile NAME]`: region, endpoint, and keys where the credentials file
+//! has none). The environment's variables come first: the files give only
+//! what they leave unset, and no keys when the environment has a key or a
+//! web identity (`AWS_WEB_IDENTITY_TOKEN_FILE`) and no profile is named.
+//! A profile whose credentials come another way (a role to assume, SSO, a
+//! credential process) is an error naming it and the setting, not
+//! another identity's keys. (`object_store` reads the environment alone.)
 //!
 //! The files are INI-like, but a setting may hold indented settings of its
 //! own (`s3 =` then `  addressing_style = path`), which no INI reader takes
@@ -22,6 +26,18 @@ const FROM_CREDENTIALS: [&str; 3] = [
     "aws_access_key_id",
     "aws_secret_access_key",
     "aws_session_token",
+];
+
+/// A profile's settings for credentials got another way than keys.
+const OTHER_CREDENTIALS: [&str; 8] = [
+    "role_arn",
+    "source_profile",
+    "credential_source",
+    "credential_process",
+    "sso_session",
+    "sso_start_url",
+    "sso_account_id",
+    "web_identity_token_file",
 ];
 
 /// The options the AWS shared files give an S3 store, beside `env` (the
@@ -40,7 +56,7 @@ pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>>
             .map(PathBuf::from)
             .or_else(|| home.as_ref().map(|h| h.join(".aws").join(default)))
     };
-    let named = var("AWS_PROFILE");
+    let named = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
     let profile = named.clone().unwrap_or_else(|| "default".into());
     let credentials_file = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
     let config_file = file("AWS_CONFIG_FILE", "config");
@@ -48,12 +64,11 @@ pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>>
         Some(path) => section(path, &profile)?,
         None => None,
     };
-    let config_section = match profile.as_str() {
-        "default" => "default".to_string(),
-        name => format!("profile {name}"),
-    };
     let config = match &config_file {
-        Some(path) => section(path, &config_section)?,
+        Some(path) => match profile.as_str() {
+            "default" => section(path, "default")?.or(section(path, "profile default")?),
+            name => section(path, &format!("profile {name}"))?,
+        },
         None => None,
     };
     if named.is_some() && credentials.is_none() && config.is_none() {
@@ -62,16 +77,37 @@ pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>>
             .flatten()
             .map(|p| p.display().to_string())
             .collect();
-        return Err(Error::Invalid(format!(
-            "AWS_PROFILE names profile `{profile}`, which neither {} has",
-            files.join(" nor ")
-        )));
+        return Err(Error::Invalid(match files.is_empty() {
+            true => format!(
+                "AWS_PROFILE names profile `{profile}`, and there is no AWS config file (HOME is not set)"
+            ),
+            false => format!(
+                "AWS_PROFILE names profile `{profile}`, which neither {} has",
+                files.join(" nor ")
+            ),
+        }));
     }
     let (credentials, config) = (credentials.unwrap_or_default(), config.unwrap_or_default());
     let mut options = Vec::new();
     // Keys come whole from one place: the environment, else the
     // credentials file, else the config file.
-    if var("AWS_ACCESS_KEY_ID").is_none() {
+    let env_identity = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .any(|v| var(v).is_some())
+        || named.is_none() && var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some();
+    if !env_identity {
+        for settings in [&credentials, &config] {
+            if let Some(other) = OTHER_CREDENTIALS
+                .iter()
+                .find(|k| settings.contains_key(**k))
+            {
+                return Err(Error::Invalid(format!(
+                    "AWS profile `{profile}` gets its credentials by `{other}`, which streambatch does not \
+                     follow: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), \
+                     for example from `aws configure export-credentials --profile {profile} --format env`"
+                )));
+            }
+        }
         let keys = match credentials.contains_key("aws_access_key_id") {
             true => &credentials,
             false => &config,
@@ -112,7 +148,9 @@ fn section(path: &Path, name: &str) -> Result<Option<HashMap<String, String>>> {
         if trimmed.is_empty() || trimmed.starts_with(['#', ';']) {
             continue;
         }
-        if let Some(header) = trimmed.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        // A header may be followed by a comment: `[dev]  # mine`.
+        if let Some(header) = trimmed.strip_prefix('[') {
+            let header = header.split(']').next().unwrap_or_default();
             current = match header.trim() == name {
                 true => Some(found.get_or_insert_with(HashMap::new)),
                 false => None,
@@ -236,6 +274,48 @@ endpoint_url = http://127.0.0.1:9000
             ("AWS_CONFIG_FILE", "/nonexistent/config"),
         ]);
         assert_eq!(options(&missing).unwrap(), vec![]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_header_may_carry_a_comment_and_default_may_be_named_as_a_profile() {
+        let dir = dir("headers");
+        let credentials = "[dev]  # mine\naws_access_key_id = AKDEV\naws_secret_access_key = d\n\
+                           [default] ; shared\naws_access_key_id = AKDEFAULT\naws_secret_access_key = s\n";
+        let config = "[profile default]\nregion = sa-east-1\n";
+        let mut vars = files(&dir, credentials, config);
+        let found = options(&vars).unwrap();
+        assert_eq!(get(&found, "aws_access_key_id"), Some("AKDEFAULT"));
+        assert_eq!(get(&found, "aws_region"), Some("sa-east-1"));
+        vars.extend(env(&[("AWS_DEFAULT_PROFILE", "dev")]));
+        assert_eq!(
+            get(&options(&vars).unwrap(), "aws_access_key_id"),
+            Some("AKDEV")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn credentials_got_another_way_are_named_not_replaced() {
+        let dir = dir("roles");
+        let config = "[profile ops]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n";
+        let mut vars = files(&dir, CREDENTIALS, config);
+        vars.extend(env(&[("AWS_PROFILE", "ops")]));
+        let e = options(&vars).unwrap_err().to_string();
+        assert!(e.contains("`ops`") && e.contains("`role_arn`"), "{e}");
+        // The environment's keys come first: the profile's way is moot.
+        vars.extend(env(&[
+            ("AWS_ACCESS_KEY_ID", "AKENV"),
+            ("AWS_SECRET_ACCESS_KEY", "s"),
+        ]));
+        assert_eq!(options(&vars).unwrap(), vec![]);
+        // A web identity in the environment (a pod's), no profile named:
+        // no keys from the default profile beside it.
+        let mut pod = files(&dir, CREDENTIALS, CONFIG);
+        pod.extend(env(&[("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/token")]));
+        let found = options(&pod).unwrap();
+        assert_eq!(get(&found, "aws_access_key_id"), None);
+        assert_eq!(get(&found, "aws_region"), Some("eu-west-1"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

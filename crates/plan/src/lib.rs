@@ -68,7 +68,7 @@ pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
 pub use plan::{
     ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,
 };
-pub use read_ahead::{forget as forget_read_ahead, taken as object_reads_ahead};
+pub use read_ahead::{ReadAheadOwner, forget as forget_read_ahead, taken as object_reads_ahead};
 pub use recipe::{Named, Recipe, Registry, UdfFactory};
 pub use row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use row_sample::RowSample;

@@ -145,6 +145,11 @@ fn cloud_options(scheme: &str) -> Result<Vec<(String, String)>> {
         .collect();
     if prefix == "AWS_" {
         let from_files = crate::aws_profile::options(&options)?;
+        // Keys from a file come with their own token, if any: never the
+        // environment's, left from other keys.
+        if from_files.iter().any(|(k, _)| k == "aws_access_key_id") {
+            options.retain(|(k, _)| k != "AWS_SESSION_TOKEN");
+        }
         options.extend(from_files);
     }
     Ok(options)

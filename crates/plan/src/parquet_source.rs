@@ -19,10 +19,9 @@ use parquet::file::reader::ChunkReader;
 use crate::error::bad_file;
 use crate::object_files::ObjectReader;
 use crate::prune::RowGroupStats;
-use crate::read_ahead::ReadAhead;
+use crate::read_ahead::{ReadAhead, ReadAheadOwner};
 use crate::reading::{READ_BATCH_ROWS, describe_schema, project};
 use crate::{BatchIter, Error, Expr, Result};
-use streambatch_core::JobId;
 
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.
@@ -167,7 +166,7 @@ fn column_ranges(meta: &ArrowReaderMetadata, g: usize, mask: &ProjectionMask) ->
 /// an object whose footer this process holds (planning read it): no
 /// request but that one, and nothing for a local file.
 pub(crate) fn read_ahead(
-    job: JobId,
+    job: ReadAheadOwner,
     path: &Path,
     columns: Option<Arc<Vec<String>>>,
     prune: Option<Arc<Expr>>,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
-use streambatch_core::{JobId, Resources, StageOptions};
+use streambatch_core::{Resources, StageOptions};
 
 use crate::ops::{OpCounter, OpKind, OpSpec, TaskEnv, apply, counted};
 use crate::{BatchIter, Error, Result, SourceSplit};
@@ -125,7 +125,7 @@ impl Stage {
 
     /// Starts fetching, for `job`, what a task of this stage over split
     /// `i` reads first, where that can be ([`SourceSplit::read_ahead`]).
-    pub fn read_ahead(&self, i: usize, job: JobId) {
+    pub fn read_ahead(&self, i: usize, job: crate::ReadAheadOwner) {
         if let StageKind::Source { splits, .. } = &self.kind
             && let Some(split) = splits.get(i)
         {

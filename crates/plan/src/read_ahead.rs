@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use bytes::Bytes;
-use streambatch_core::JobId;
 use tokio::task::JoinHandle;
 
 use crate::object_files::{block_on, runtime};
@@ -41,9 +40,28 @@ struct Fetched {
     _reserved: Reserved,
 }
 
+/// Whose fetches ahead these are: a job's, dropped as it ends. Unique in
+/// the process (job ids are not: each embedded node numbers its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadAheadOwner(u64);
+
+impl ReadAheadOwner {
+    /// A new owner, unlike any other of this process.
+    pub fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Default for ReadAheadOwner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A fetch started ahead for `job`, of what a task over `url` reads first.
 struct Ahead {
-    job: JobId,
+    job: ReadAheadOwner,
     url: String,
     fetch: JoinHandle<Option<Fetched>>,
 }
@@ -90,7 +108,7 @@ impl ReadAhead {
     /// unless a fetch for `url` was started already or its ranges would
     /// take the bytes held past the limit. `plan` gives `None` for nothing
     /// to fetch.
-    pub(crate) fn start<P, F>(&'static self, job: JobId, url: &str, plan: P)
+    pub(crate) fn start<P, F>(&'static self, job: ReadAheadOwner, url: &str, plan: P)
     where
         P: FnOnce() -> Plan<F> + Send + 'static,
         F: Future<Output = object_store::Result<Vec<Bytes>>> + Send + 'static,
@@ -123,7 +141,7 @@ impl ReadAhead {
     }
 
     /// Drops the fetches started for `job`: its tasks will not run.
-    pub(crate) fn forget(&self, job: JobId) {
+    pub(crate) fn forget(&self, job: ReadAheadOwner) {
         let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
         started.retain(|ahead| {
             let keep = ahead.job != job;
@@ -169,7 +187,7 @@ impl ReadAhead {
 
 /// Drops what was read ahead for `job`'s tasks: called as it ends, when
 /// some may not have run.
-pub fn forget(job: JobId) {
+pub fn forget(job: ReadAheadOwner) {
     ReadAhead::global().forget(job);
 }
 
@@ -194,7 +212,7 @@ mod tests {
 
     type Ready = futures::future::Ready<object_store::Result<Vec<Bytes>>>;
 
-    const JOB: JobId = JobId(1);
+    const JOB: ReadAheadOwner = ReadAheadOwner(u64::MAX);
     const TAG: Option<&str> = Some("v1");
 
     /// A plan of `range` of version "v1", whose fetch gives its length of `n`.
@@ -256,7 +274,7 @@ mod tests {
         let ahead = read_ahead(AHEAD_BYTES);
         ahead.start(JOB, "s3://b/0", plan(0..4, 0));
         ahead.start(JOB, "s3://b/1", plan(0..4, 1));
-        ahead.start(JobId(2), "s3://b/2", plan(0..4, 2));
+        ahead.start(ReadAheadOwner::new(), "s3://b/2", plan(0..4, 2));
         holding(ahead, 12);
         ahead.forget(JOB);
         holding(ahead, 4);

@@ -10,13 +10,13 @@ use arrow_array::builder::{ArrayBuilder, StringBuilder};
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use streambatch_core::JobId;
 
 use crate::error::bad_file;
 use crate::images::{ImageSize, open_images};
 use crate::object_files::ObjectFile;
 pub use crate::parquet_source::parquet_schema;
 use crate::parquet_source::{open_parquet, read_ahead};
+use crate::read_ahead::ReadAheadOwner;
 use crate::reading::{READ_BATCH_ROWS, describe_schema, open_file};
 use crate::row_sample::RowSample;
 use crate::{BatchIter, Error, Expr, Result};
@@ -102,7 +102,7 @@ impl SourceSplit {
     /// process holds (see `read_ahead.rs`): a node handed the task calls
     /// it, so that the task finds its input fetched when it runs.
     /// `job` owns what is fetched: dropped as it ends ([`forget_read_ahead`](crate::forget_read_ahead)).
-    pub fn read_ahead(&self, job: JobId) {
+    pub fn read_ahead(&self, job: ReadAheadOwner) {
         match self {
             SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {
                 inner.read_ahead(job)

@@ -104,13 +104,15 @@ struct Local {
     read_ahead: usize,
     /// Per stage, one past the last split read ahead.
     read_ahead_to: Vec<usize>,
+    /// Whose what is read ahead is: this job's.
+    read_ahead_owner: streambatch_plan::ReadAheadOwner,
 }
 
 impl Drop for Local {
     /// What was read ahead for tasks that never read it (never started, or
     /// cancelled first) is let go.
     fn drop(&mut self) {
-        streambatch_plan::forget_read_ahead(self.ctx.job);
+        streambatch_plan::forget_read_ahead(self.read_ahead_owner);
     }
 }
 
@@ -247,6 +249,7 @@ impl Actor for Executor {
                     manager_stopped: false,
                     read_ahead: READ_AHEAD_PER_SLOT * (slots.cpus + slots.gpus).ceil() as usize,
                     read_ahead_to: vec![0; plan.stages.len()],
+                    read_ahead_owner: streambatch_plan::ReadAheadOwner::new(),
                 };
                 let free = vec![slots];
                 (Backend::Local(local), free, capacity, target_bytes)
@@ -740,7 +743,7 @@ impl Local {
                 if let RunInput::Split(i) = input {
                     let to = &mut self.read_ahead_to[stage];
                     for next in (*to).max(i + 1)..=i + self.read_ahead {
-                        self.ctx.plan.stages[stage].read_ahead(next, self.ctx.job);
+                        self.ctx.plan.stages[stage].read_ahead(next, self.read_ahead_owner);
                     }
                     *to = (*to).max(i + self.read_ahead + 1);
                 }
