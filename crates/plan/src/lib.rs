@@ -23,6 +23,7 @@ pub mod key_range;
 mod key_sample;
 mod manifest;
 mod object_files;
+mod object_runtime;
 mod object_writes;
 pub mod ops;
 mod parquet_source;

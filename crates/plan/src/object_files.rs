@@ -26,6 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::reader::{ChunkReader, Length};
 use url::Url;
 
+use crate::object_runtime::block_on;
 use crate::read_ahead::ReadAhead;
 use crate::{Error, Result, manifest};
 
@@ -157,38 +158,6 @@ fn cloud_options(scheme: &str) -> Result<Vec<(String, String)>> {
 
 fn invalid(url: &str, e: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("object store URL {url}: {e}"))
-}
-
-/// Runs `future` to its end on the object stores' [`runtime`], from any
-/// thread, a runtime's included.
-pub(crate) fn block_on<F>(future: F) -> F::Output
-where
-    F: std::future::Future + Send,
-    F::Output: Send,
-{
-    let runtime = runtime();
-    match tokio::runtime::Handle::try_current() {
-        // A runtime's thread may not block on another: a thread of its own.
-        Ok(_) => std::thread::scope(|s| {
-            s.spawn(|| runtime.block_on(future))
-                .join()
-                .expect("an object store request does not panic")
-        }),
-        Err(_) => runtime.block_on(future),
-    }
-}
-
-/// The object stores' runtime (two threads, made on first use).
-pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sb-objects")
-            .enable_all()
-            .build()
-            .expect("a runtime for object store requests")
-    })
 }
 
 /// Expands an object store URL into the files it names, sorted: the

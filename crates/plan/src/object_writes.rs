@@ -12,7 +12,8 @@ use object_store::ObjectStoreExt;
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 
-use crate::object_files::{Object, block_on};
+use crate::object_files::Object;
+use crate::object_runtime::block_on;
 use crate::{Error, Result};
 
 /// Bytes gathered before each part is sent (S3's parts are 5 MiB at least).

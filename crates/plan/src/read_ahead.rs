@@ -24,7 +24,7 @@ use std::sync::{Mutex, OnceLock};
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use crate::object_files::{block_on, runtime};
+use crate::object_runtime::{block_on, runtime};
 
 /// The most bytes fetched ahead and not yet taken, in all.
 const AHEAD_BYTES: u64 = 64 << 20;
