@@ -99,9 +99,10 @@ pub enum SourceSplit {
 impl SourceSplit {
     /// Starts fetching, in the background, what a task over this split
     /// reads first, when that is an object's row group whose footer this
-    /// process holds (see `read_ahead.rs`): a node handed the task calls
-    /// it, so that the task finds its input fetched when it runs.
-    /// `job` owns what is fetched: dropped as it ends ([`forget_read_ahead`](crate::forget_read_ahead)).
+    /// process holds (see `read_ahead.rs`): the embedded node asks it as a
+    /// task over an earlier split starts, so that this split's task finds
+    /// its input fetched. `job` owns what is fetched, dropped as it ends
+    /// ([`forget_read_ahead`](crate::forget_read_ahead)).
     pub fn read_ahead(&self, job: ReadAheadOwner) {
         match self {
             SourceSplit::Sampled { inner, .. } | SourceSplit::Side { inner, .. } => {

@@ -104,7 +104,7 @@ struct Local {
     read_ahead: usize,
     /// Per stage, one past the last split read ahead.
     read_ahead_to: Vec<usize>,
-    /// Whose what is read ahead is: this job's.
+    /// Owns what this job reads ahead.
     read_ahead_owner: streambatch_plan::ReadAheadOwner,
 }
 
