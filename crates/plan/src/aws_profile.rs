@@ -60,16 +60,14 @@ pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>>
     let profile = named.clone().unwrap_or_else(|| "default".into());
     let credentials_file = file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
     let config_file = file("AWS_CONFIG_FILE", "config");
-    let credentials = match &credentials_file {
-        Some(path) => section(path, &profile)?,
-        None => None,
-    };
-    let config = match &config_file {
-        Some(path) => match profile.as_str() {
-            "default" => section(path, "default")?.or(section(path, "profile default")?),
-            name => section(path, &format!("profile {name}"))?,
-        },
-        None => None,
+    let mut credentials = sections(credentials_file.as_deref())?;
+    let mut config = sections(config_file.as_deref())?;
+    let credentials = credentials.remove(&profile);
+    let config = match profile.as_str() {
+        "default" => config
+            .remove("default")
+            .or_else(|| config.remove("profile default")),
+        name => config.remove(&format!("profile {name}")),
     };
     if named.is_some() && credentials.is_none() && config.is_none() {
         let files: Vec<String> = [&credentials_file, &config_file]
@@ -133,16 +131,19 @@ pub(crate) fn options(env: &[(String, String)]) -> Result<Vec<(String, String)>>
     Ok(options)
 }
 
-/// The settings of `[name]` in the file at `path`; `None` when the file or
-/// the section is absent.
-fn section(path: &Path, name: &str) -> Result<Option<HashMap<String, String>>> {
+/// The settings of each section of the file at `path`, by its name; none
+/// when there is no such file.
+fn sections(path: Option<&Path>) -> Result<HashMap<String, HashMap<String, String>>> {
+    let mut sections: HashMap<String, HashMap<String, String>> = HashMap::new();
+    let Some(path) = path else {
+        return Ok(sections);
+    };
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(sections),
         Err(e) => return Err(Error::io("reading", path, e)),
     };
-    let mut found = None;
-    let mut current: Option<&mut HashMap<String, String>> = None;
+    let mut current = None;
     for line in text.lines() {
         let trimmed = line.trim();
         if trimmed.is_empty() || trimmed.starts_with(['#', ';']) {
@@ -150,22 +151,23 @@ fn section(path: &Path, name: &str) -> Result<Option<HashMap<String, String>>> {
         }
         // A header may be followed by a comment: `[dev]  # mine`.
         if let Some(header) = trimmed.strip_prefix('[') {
-            let header = header.split(']').next().unwrap_or_default();
-            current = match header.trim() == name {
-                true => Some(found.get_or_insert_with(HashMap::new)),
-                false => None,
-            };
+            let name = header.split(']').next().unwrap_or_default().trim();
+            sections.entry(name.to_string()).or_default();
+            current = Some(name.to_string());
             continue;
         }
         // An indented line is a nested setting's: left out.
         if line.starts_with([' ', '\t']) {
             continue;
         }
-        if let (Some(settings), Some((key, value))) = (current.as_mut(), trimmed.split_once('=')) {
-            settings.insert(key.trim().to_ascii_lowercase(), value.trim().to_string());
+        if let (Some(section), Some((key, value))) = (&current, trimmed.split_once('=')) {
+            sections
+                .entry(section.clone())
+                .or_default()
+                .insert(key.trim().to_ascii_lowercase(), value.trim().to_string());
         }
     }
-    Ok(found)
+    Ok(sections)
 }
 
 #[cfg(test)]

@@ -124,10 +124,7 @@ fn open_object_parquet(
     columns: Option<&Vec<String>>,
     prune: Option<&Expr>,
 ) -> Result<BatchIter> {
-    let meta = parquet_metadata(path, &reader)?;
-    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
-    let (groups, roots) = selection(path, &builder, columns, prune)?;
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let (meta, groups, mask) = object_selection(path, &reader, columns, prune)?;
     let (path, columns) = (path.to_path_buf(), columns.cloned());
     let row_group = move |g: usize| -> Result<BatchIter> {
         reader.prefetch(column_ranges(&meta, g, &mask))?;
@@ -147,6 +144,21 @@ fn open_object_parquet(
     Ok(Box::new(groups.into_iter().flat_map(move |g| {
         row_group(g).unwrap_or_else(|e| Box::new(std::iter::once(Err(e))))
     })))
+}
+
+/// What a read of the object at `path` takes: its footer, the row groups
+/// `prune` may match, and the mask of the columns asked for.
+fn object_selection(
+    path: &Path,
+    reader: &ObjectReader,
+    columns: Option<&Vec<String>>,
+    prune: Option<&Expr>,
+) -> Result<(ArrowReaderMetadata, Vec<usize>, ProjectionMask)> {
+    let meta = parquet_metadata(path, reader)?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
+    let (groups, roots) = selection(path, &builder, columns, prune)?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    Ok((meta, groups, mask))
 }
 
 /// The byte ranges of row group `g`'s columns that `mask` reads.
@@ -178,12 +190,8 @@ pub(crate) fn read_ahead(
     ReadAhead::global().start(job, url, move || {
         let reader = ObjectReader::kept(crate::object_files::url_of(&path)?)?;
         // (A footer larger than the tail is fetched here, as the task would.)
-        let meta = parquet_metadata(&path, &reader).ok()?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(reader.clone(), meta.clone());
-        let (groups, roots) =
-            selection(&path, &builder, columns.as_deref(), prune.as_deref()).ok()?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let (meta, groups, mask) =
+            object_selection(&path, &reader, columns.as_deref(), prune.as_deref()).ok()?;
         let ranges = column_ranges(&meta, *groups.first()?, &mask);
         let e_tag = reader.e_tag().map(str::to_string);
         Some((ranges.clone(), e_tag, reader.fetch_all(ranges)))

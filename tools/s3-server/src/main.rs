@@ -58,7 +58,10 @@ impl Server {
     /// The object's bytes in `range`, with the headers s3s-fs gives it,
     /// from memory; s3s-fs reads it (and its metadata) the first time and
     /// when its file has changed since.
-    async fn get(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+    async fn get(
+        &self,
+        mut req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
@@ -69,13 +72,13 @@ impl Server {
         let Ok(stamp) = std::fs::metadata(&path).and_then(|m| Ok((m.len(), m.modified()?))) else {
             return self.fs.get_object(req).await; // s3s-fs names what is wrong
         };
+        let range = req.input.range.take();
         let held = self.cache.lock().unwrap().get(&path).cloned();
         let object = match held.filter(|held| held.stamp == stamp) {
             Some(object) => object,
             None => {
-                let mut whole = req;
-                let range = whole.input.range.take();
-                let answer = self.fs.get_object(whole).await?.output;
+                // s3s-fs's answer for the whole object, for its headers.
+                let answer = self.fs.get_object(req).await?.output;
                 let read = tokio::task::spawn_blocking({
                     let path = path.clone();
                     move || std::fs::read(path)
@@ -86,10 +89,10 @@ impl Server {
                     .map_err(|e| s3_error!(InternalError, "{e}"))?;
                 let object = Arc::new(Held::new(stamp, bytes.into(), answer));
                 self.cache.lock().unwrap().insert(path, object.clone());
-                return Ok(S3Response::new(object.answer(range)?));
+                object
             }
         };
-        Ok(S3Response::new(object.answer(req.input.range)?))
+        Ok(S3Response::new(object.answer(range)?))
     }
 }
 
