@@ -2,14 +2,15 @@
 //!
 //! Training ingest: one streaming job feeding two trainer processes, epoch
 //! after epoch. The driver (this process) runs read_images (JPEGs of
-//! 256x256) -> random resized crop to 224 -> flip -> normalise to f32 on
-//! the embedded node, split equally between two ranks
-//! (`Split::per_epoch`, so the crop and flip change every epoch), and
-//! serves the ranks with the cluster's TLS. It starts two trainer processes
-//! (this program with `--trainer`), each opening its rank by handle with
-//! its own certificate and reading batches of 64 from a shuffle buffer of
-//! 1,000 rows for 2 epochs, a fixed sleep per batch standing for a GPU
-//! step. Each trainer prints a line per epoch: images, time, and how long
+//! 256x256) -> random resized crop to 224 -> flip on the embedded node,
+//! split equally between two ranks (`Split::per_epoch`, so the crop and
+//! flip change every epoch), and serves the ranks with the cluster's TLS.
+//! It starts two trainer processes (this program with `--trainer`), each
+//! opening its rank by handle with its own certificate and reading batches
+//! of 64 from a shuffle buffer of 1,000 rows for 2 epochs, each batch
+//! normalised to f32 as its collate step (after the buffer, which so holds
+//! bytes, a quarter of the floats), a fixed sleep per batch standing for a
+//! GPU step. Each trainer prints a line per epoch: images, time, and how long
 //! it waited for data. Makes `data/train-images/` (2,000 seeded JPEGs) and
 //! a throwaway cluster CA if absent.
 
@@ -17,6 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use streambatch::arrow::schema::DataType;
 use streambatch::prelude::*;
 use streambatch::{RemoteSplit, Split, SplitHandle, SplitOptions, SplitService, TlsFiles};
 
@@ -109,7 +111,7 @@ fn drive() -> Result<()> {
 }
 
 /// Epoch `epoch`'s pipeline: decode, crop, flip (both seeded by the epoch
-/// and each image's path), normalise.
+/// and each image's path); the trainers normalise.
 fn pipeline(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
     let cpu = || Resources::cpu(1.0);
     Ok(ctx
@@ -118,11 +120,7 @@ fn pipeline(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
             streambatch::ops::random_resized_crop((256, 256), (224, 224), (0.08, 1.0), SEED, epoch),
             cpu(),
         )
-        .map_batches(streambatch::ops::flip((224, 224), 0.5, SEED, epoch), cpu())
-        .map_batches(
-            streambatch::ops::normalize((224, 224), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-            cpu(),
-        ))
+        .map_batches(streambatch::ops::flip((224, 224), 0.5, SEED, epoch), cpu()))
 }
 
 /// A trainer process: its rank, epoch after epoch.
@@ -130,8 +128,11 @@ fn train(handle: &str, tls: &Path, name: &str) -> Result<()> {
     let handle: SplitHandle = handle.parse()?;
     let split = RemoteSplit::open(&TlsFiles::in_dir(tls, name), &handle)?;
     for epoch in 0..EPOCHS {
+        let normalize =
+            streambatch::ops::normalize((224, 224), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
         let options = BatchOptions::rows(BATCH)
             .local_shuffle(1_000, SEED + epoch as u64)
+            .collate(normalize)
             .prefetch(2);
         let mut batches = split.iter_batches(epoch, options)?;
         let (start, mut waited, mut images) = (Instant::now(), Duration::ZERO, 0);
@@ -143,6 +144,13 @@ fn train(handle: &str, tls: &Path, name: &str) -> Result<()> {
             let pixels = batch
                 .column_by_name("pixels")
                 .ok_or_else(|| Error::Invalid("no pixels column".into()))?;
+            if !matches!(pixels.data_type(), DataType::FixedSizeList(item, _) if item.data_type() == &DataType::Float32)
+            {
+                return Err(Error::Invalid(format!(
+                    "pixels not normalised: {}",
+                    pixels.data_type()
+                )));
+            }
             images += pixels.len();
             std::thread::sleep(STEP); // the training step
         }

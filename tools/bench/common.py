@@ -242,6 +242,12 @@ def crop_box(rng, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
 def augment(image, rng):
     """A PIL RGB image -> random resized crop to 224 (bilinear) -> flip
     with probability 0.5 -> (x / 255 - mean) / std as f32, height x width x 3."""
+    return normalise(crop_and_flip(image, rng))
+
+
+def crop_and_flip(image, rng):
+    """A PIL RGB image -> random resized crop to 224 (bilinear) -> flip
+    with probability 0.5, as bytes (height x width x 3)."""
     from PIL import Image
 
     top, left, h, w = crop_box(rng, image.height, image.width)
@@ -249,6 +255,12 @@ def augment(image, rng):
     pixels = np.asarray(cropped, dtype=np.uint8)
     if rng.random() < 0.5:
         pixels = pixels[:, ::-1]
+    return pixels
+
+
+def normalise(pixels):
+    """Bytes (any leading shape, 3 channels last) -> (x / 255 - mean) / std
+    as f32."""
     return (pixels.astype(np.float32) * np.float32(1 / 255) - W6_MEAN) / W6_STD
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import ray
 
 from common import (
-    W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, W3_WARM_UP, W6_EPOCHS, W6_IMAGES, W6_INPUT, W6_SEED, IdSet, Progress, augment,
+    W1_IDEAL_S, W1_ROW_BYTES, W2_ROW_BYTES, W3_WARM_UP, W6_EPOCHS, W6_IMAGES, W6_INPUT, W6_SEED, IdSet, Progress, crop_and_flip, normalise,
     check_w1_rows, embeddings_correct, image_id, line, main, normalised_rows, w1_byte, weights,
 )
 
@@ -294,18 +294,24 @@ def binary_files(args):
 
 def w6_trainer_class():
     """A trainer actor (no CPU: the trainers stand for GPUs): reads its
-    split for W6_EPOCHS epochs in batches of 64, sleeping `step` per batch,
+    split for W6_EPOCHS epochs in batches of 64, each passed through
+    `collate` (if any) after the shuffle, sleeping `step` per batch,
     checking every row; returns a report per epoch."""
 
     @ray.remote(num_cpus=0)
     class Trainer:
-        def train(self, split, step, shuffle_rows, check):
+        def train(self, split, step, shuffle_rows, check, collate=None):
             reports = []
             for epoch in range(W6_EPOCHS):
                 started, waited, ids, wrong = time.perf_counter(), 0.0, [], 0
-                batches = iter(split.iter_batches(
-                    batch_size=64, batch_format="numpy", local_shuffle_buffer_size=shuffle_rows or None, local_shuffle_seed=W6_SEED + epoch if shuffle_rows else None
-                ))
+                shuffle = dict(local_shuffle_buffer_size=shuffle_rows or None, local_shuffle_seed=W6_SEED + epoch if shuffle_rows else None)
+                # Ray Data runs a collate_fn on its prefetch threads, as
+                # streambatch's trainers run theirs.
+                batches = iter(
+                    split.iter_torch_batches(batch_size=64, collate_fn=collate, **shuffle)
+                    if collate
+                    else split.iter_batches(batch_size=64, batch_format="numpy", **shuffle)
+                )
                 while True:
                     asked = time.perf_counter()
                     try:
@@ -323,15 +329,16 @@ def w6_trainer_class():
     return Trainer
 
 
-def w6_run(ds, images, step, shuffle_rows, check, gpus=0):
+def w6_run(ds, images, step, shuffle_rows, check, gpus=0, collate=None):
     """`ds` split equally between two trainer actors (each holding `gpus`
-    GPUs); (wall, images delivered, each rank's wait fraction, every image
-    once per epoch and no wrong row)."""
+    GPUs, collating each batch with `collate`); (wall, images delivered,
+    each rank's wait fraction, every image once per epoch and no wrong
+    row)."""
     Trainer = w6_trainer_class()
     trainers = [Trainer.options(num_gpus=gpus).remote() for _ in range(2)]
     started = time.perf_counter()
     splits = ds.streaming_split(2, equal=True)
-    reports = ray.get([t.train.remote(s, step, shuffle_rows, check) for t, s in zip(trainers, splits)])
+    reports = ray.get([t.train.remote(s, step, shuffle_rows, check, collate) for t, s in zip(trainers, splits)])
     wall = time.perf_counter() - started
     epochs = [IdSet(images) for _ in range(W6_EPOCHS)]
     wrong = delivered = 0
@@ -348,22 +355,28 @@ def w6_run(ds, images, step, shuffle_rows, check, gpus=0):
 
 def w6a(args):
     """W6a: `read_images` over the JPEGs streambatch made (data/w6-images),
-    the same transforms in `map_batches` (PIL and numpy), `streaming_split(2,
-    equal=True)` read by two trainer actors with a 1,000-row local shuffle
-    buffer, on 2 CPUs."""
+    the same crop and flip in `map_batches` (PIL and numpy),
+    `streaming_split(2, equal=True)` read by two trainer actors with a
+    1,000-row local shuffle buffer, normalising each batch to f32 as their
+    collate (as streambatch's trainers do), on 2 CPUs."""
     start(args, num_cpus=2)
     from PIL import Image
 
     def transform(batch):
         rng = np.random.default_rng()
-        pixels = [augment(Image.fromarray(image), rng) for image in batch["image"]]
+        pixels = [crop_and_flip(Image.fromarray(image), rng) for image in batch["image"]]
         return {"path": batch["path"], "pixels": np.stack(pixels)}
 
+    def collate(batch):
+        import torch
+
+        return {"path": list(batch["path"]), "pixels": torch.from_numpy(normalise(batch["pixels"]))}
+
     def check(batch):
-        return [image_id(p) for p in batch["path"]], normalised_rows(batch["pixels"])
+        return [image_id(p) for p in batch["path"]], normalised_rows(batch["pixels"].numpy())
 
     ds = ray.data.read_images(W6_INPUT, include_paths=True, mode="RGB").map_batches(transform)
-    wall, delivered, fractions, correct = w6_run(ds, W6_IMAGES, args.step_ms / 1000, 1000, check)
+    wall, delivered, fractions, correct = w6_run(ds, W6_IMAGES, args.step_ms / 1000, 1000, check, collate=collate)
     line("ray-data", "w6a", f"step_ms={args.step_ms}", wall, delivered, 0, correct, images_per_s=round(delivered / wall, 3), trainer_wait_fraction=fractions)
 
 

@@ -26,7 +26,9 @@ pub use s3::{S3Server, Throttle};
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};
 pub use w5::{w5, w5_kill_one};
-pub use w6::{W6A_IMAGES, W6A_STEP_MS, W6B_IMAGES, augmented, make_jpegs, w6_trainer, w6a, w6b};
+pub use w6::{
+    W6A_IMAGES, W6A_STEP_MS, W6A_STORE_CAP, W6B_IMAGES, augmented, make_jpegs, w6_trainer, w6a, w6b,
+};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -400,7 +400,7 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                 }
                 Workload::W6a => {
                     let base = NodeConfig {
-                        store_capacity: store_cap.unwrap_or(512 << 20),
+                        store_capacity: store_cap.unwrap_or(workloads::W6A_STORE_CAP),
                         ..base.clone()
                     };
                     let step = std::time::Duration::from_millis(step_ms);

@@ -9,15 +9,23 @@
 //! row is copied twice: into the window as it enters (so that its
 //! partition goes at once), and into its batch with arrow's `interleave`.
 //! With `prefetch_batches`, a thread of their own makes the next batches
-//! while the trainer computes.
+//! while the trainer computes. A `collate` function, as PyTorch's and Ray
+//! Data's `collate_fn`, turns each batch into what the step takes (on
+//! that thread too): work that widens rows (bytes to f32) done there keeps
+//! the shuffle window narrow.
 
 use std::collections::VecDeque;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 
 use arrow_array::RecordBatch;
 
 use crate::shuffle_window::ShuffleWindow;
-use crate::{BatchIter, Error, Result};
+use crate::{BatchIter, Error, Result, UdfError};
+
+/// A function each batch passes through once cut (and shuffled): see
+/// [`BatchOptions::collate`].
+pub type Collate =
+    Arc<dyn Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Send + Sync>;
 
 /// How [`Dataset::iter_batches_with`](crate::Dataset::iter_batches_with)
 /// cuts its batches.
@@ -28,7 +36,7 @@ use crate::{BatchIter, Error, Result};
 ///     .local_shuffle(1_000, 7);
 /// assert_eq!(options.batch_size, Some(64));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct BatchOptions {
     /// Rows per batch; `None`: the partitions as the job makes them.
     pub batch_size: Option<usize>,
@@ -50,6 +58,22 @@ pub struct BatchOptions {
     /// batch within one partition pins that partition in the store, so
     /// what waits ahead is counted against the store's capacity.
     pub prefetch_batches: usize,
+    /// Applied to each batch as it is made (on the prefetch thread where
+    /// there is one), after the shuffle: see [`BatchOptions::collate`].
+    pub collate: Option<Collate>,
+}
+
+impl std::fmt::Debug for BatchOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchOptions")
+            .field("batch_size", &self.batch_size)
+            .field("drop_last", &self.drop_last)
+            .field("local_shuffle_buffer_size", &self.local_shuffle_buffer_size)
+            .field("seed", &self.seed)
+            .field("prefetch_batches", &self.prefetch_batches)
+            .field("collate", &self.collate.as_ref().map(|_| "fn"))
+            .finish()
+    }
 }
 
 impl BatchOptions {
@@ -83,14 +107,51 @@ impl BatchOptions {
         }
     }
 
+    /// Passes each batch through `collate` as it is made, after the
+    /// shuffle (PyTorch's and Ray Data's `collate_fn`): the window and the
+    /// batches cut from it hold the rows as the job made them, and the
+    /// step gets what `collate` makes of each batch. Rows that `collate`
+    /// widens (bytes normalised to f32) wait in the window narrow. An
+    /// error it returns is the stream's next item, naming it `collate`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    /// use arrow_array::cast::AsArray;
+    /// use arrow_array::types::Int64Type;
+    /// use streambatch_plan::BatchOptions;
+    /// let part: ArrayRef = Arc::new(Int64Array::from_iter_values(0..5));
+    /// let part = RecordBatch::try_from_iter([("x", part)]).unwrap();
+    /// let doubled = BatchOptions::rows(2).collate(|batch: RecordBatch| {
+    ///     let x = arrow_arith::numeric::add(batch.column(0), batch.column(0))?;
+    ///     Ok(RecordBatch::try_new(batch.schema(), vec![x])?)
+    /// });
+    /// let firsts: Vec<i64> = doubled
+    ///     .cut([Ok(part)].into_iter())?
+    ///     .map(|b| b.map(|b| b.column(0).as_primitive::<Int64Type>().value(0)))
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(firsts, [0, 4, 8]);
+    /// # Ok::<(), streambatch_plan::Error>(())
+    /// ```
+    pub fn collate<F>(self, collate: F) -> Self
+    where
+        F: Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Send + Sync + 'static,
+    {
+        Self {
+            collate: Some(Arc::new(collate)),
+            ..self
+        }
+    }
+
     /// `input`'s partitions cut into batches, made ahead on a thread of
     /// their own when `prefetch_batches` asks for it.
     pub fn cut<I>(self, input: I) -> Result<BatchIter>
     where
         I: Iterator<Item = Result<RecordBatch>> + Send + 'static,
     {
+        let ahead = self.prefetch_batches;
         let batches = Batches::new(input, self)?;
-        Ok(match self.prefetch_batches {
+        Ok(match ahead {
             0 => Box::new(batches),
             n => Box::new(Prefetched::new(batches, n)),
         })
@@ -148,15 +209,16 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Batches<I> {
     /// ```
     pub fn new(input: I, options: BatchOptions) -> Result<Self> {
         options.check()?;
+        let shuffle = options
+            .local_shuffle_buffer_size
+            .map(|rows| ShuffleWindow::new(rows, options.seed));
         Ok(Self {
             input,
             options,
             pending: VecDeque::new(),
             taken: 0,
             pending_rows: 0,
-            shuffle: options
-                .local_shuffle_buffer_size
-                .map(|rows| ShuffleWindow::new(rows, options.seed)),
+            shuffle,
             ended: false,
         })
     }
@@ -217,6 +279,17 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Batches<I> {
         Some(self.cut(size))
     }
 
+    /// `batch` through the options' `collate`, if any.
+    fn collated(&self, batch: RecordBatch) -> Result<RecordBatch> {
+        match &self.options.collate {
+            None => Ok(batch),
+            Some(collate) => collate(batch).map_err(|source| Error::Udf {
+                operator: "collate".into(),
+                source,
+            }),
+        }
+    }
+
     /// The next `size` rows whose turn has come in the shuffle (see
     /// [`ShuffleWindow`]), reading the input only until they have.
     fn next_shuffled(&mut self, size: usize) -> Option<Result<RecordBatch>> {
@@ -246,7 +319,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Batches<I> {
 
     fn next(&mut self) -> Option<Result<RecordBatch>> {
         let Some(size) = self.options.batch_size else {
-            return self.pull();
+            return self.pull().map(|batch| self.collated(batch?));
         };
         let next = match self.options.local_shuffle_buffer_size {
             Some(_) => self.next_shuffled(size),
@@ -257,6 +330,7 @@ impl<I: Iterator<Item = Result<RecordBatch>>> Iterator for Batches<I> {
         };
         match next {
             Some(Ok(batch)) if batch.num_rows() < size && self.options.drop_last => None,
+            Some(Ok(batch)) => Some(self.collated(batch)),
             next => next,
         }
     }
@@ -390,12 +464,16 @@ mod tests {
     fn a_shuffle_keeps_every_row_once_and_its_seed_fixes_the_order() {
         let options = BatchOptions::rows(5).local_shuffle(12, 7);
         let sizes = [4, 4, 4, 4, 4, 3];
-        let first = cut(&sizes, options);
+        let first = cut(&sizes, options.clone());
         let mut all = first.concat();
         assert_ne!(all, (0..23).collect::<Vec<_>>(), "not shuffled");
         all.sort_unstable();
         assert_eq!(all, (0..23).collect::<Vec<_>>());
-        assert_eq!(cut(&sizes, options), first, "the same seed, the same order");
+        assert_eq!(
+            cut(&sizes, options.clone()),
+            first,
+            "the same seed, the same order"
+        );
         assert_ne!(
             cut(&sizes, BatchOptions::rows(5).local_shuffle(12, 8)),
             first
@@ -464,6 +542,52 @@ mod tests {
         assert_eq!(batches.len(), 2);
         assert!(batches[0].is_ok());
         assert!(batches[1].is_err(), "the panic was not reported");
+    }
+
+    /// Multiplies column `x` by 10, after checking each batch is whole.
+    fn times_ten(batch: RecordBatch) -> std::result::Result<RecordBatch, UdfError> {
+        let x: Vec<i64> = values(&batch).iter().map(|v| v * 10).collect();
+        if x.len() != 5 && x.len() != 3 {
+            return Err(format!("a batch of {} rows", x.len()).into());
+        }
+        let x: ArrayRef = Arc::new(Int64Array::from(x));
+        Ok(RecordBatch::try_from_iter([("x", x)])?)
+    }
+
+    #[test]
+    fn collate_takes_each_batch_after_the_shuffle_and_its_errors_name_it() {
+        let sizes = [4, 4, 4, 4, 4, 3];
+        let shuffled = BatchOptions::rows(5).local_shuffle(12, 7);
+        let plain = cut(&sizes, shuffled.clone());
+        let collated = cut(&sizes, shuffled.clone().collate(times_ten));
+        let expected: Vec<Vec<i64>> = plain
+            .iter()
+            .map(|b| b.iter().map(|v| v * 10).collect())
+            .collect();
+        assert_eq!(collated, expected, "the shuffle's batches, each collated");
+        // On the prefetch thread too, and without a batch size.
+        let ahead = shuffled.collate(times_ten).prefetch(2);
+        let input = partitions(&sizes).into_iter();
+        let ahead: Vec<Vec<i64>> = ahead
+            .cut(input)
+            .unwrap()
+            .map(|b| values(&b.unwrap()))
+            .collect();
+        assert_eq!(ahead, expected);
+        let whole = BatchOptions::default().collate(times_ten);
+        let whole: Vec<Vec<i64>> = Batches::new(partitions(&[5, 3]).into_iter(), whole)
+            .unwrap()
+            .map(|b| values(&b.unwrap()))
+            .collect();
+        assert_eq!(whole, [vec![0, 10, 20, 30, 40], vec![50, 60, 70]]);
+        // An error of the collate is the stream's, naming it.
+        let failing = BatchOptions::rows(4).collate(times_ten);
+        let mut batches = Batches::new(partitions(&[8]).into_iter(), failing).unwrap();
+        let error = batches.next().unwrap().unwrap_err().to_string();
+        assert!(
+            error.contains("`collate`") && error.contains("a batch of 4 rows"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! batches of 64 (W6a through a 1,000-row shuffle window), a fixed sleep
 //! per batch standing for a GPU step.
 //! - W6a, real CPU ([`w6a`]): 8,000 seeded 256x256 JPEGs decoded, cropped
-//!   to 224, flipped and normalised to f32 on the embedded node.
+//!   to 224 and flipped on the embedded node, normalised to f32 by each
+//!   trainer's collate, after its shuffle window ([`normalize`]): a
+//!   window of 1,000 f32 rows would be 574 MiB a rank.
 //! - W6b, logical slots ([`w6b`]): N CPU-only node processes (8 slots each)
 //!   whose decode is a fixed sleep per image feed the driver that serves
 //!   the trainers; ideal, the lower of N nodes' rate and the trainers'.
@@ -38,6 +40,10 @@ pub const W6A_IMAGES: usize = 8_000;
 /// W6a's trainer step per batch by default, in milliseconds: see
 /// docs/workloads.md for how it was chosen.
 pub const W6A_STEP_MS: u64 = 110;
+/// W6a's store by default: the job runs at most this far ahead of the
+/// trainers, who are the bound (about 1,700 cropped images, 1.5 s of their
+/// steps); a larger store only fills.
+pub const W6A_STORE_CAP: u64 = 256 << 20;
 /// W6b's images per epoch.
 pub const W6B_IMAGES: usize = 1_536;
 /// Bytes of a W6b image (224 x 224 x 3).
@@ -121,7 +127,8 @@ pub fn make_jpegs(dir: &Path, n: usize, seed: u64) -> Result<()> {
 }
 
 /// W6a's operators for `epoch`: random resized crop to 224 and flip
-/// (seeded by the epoch and each image's path), normalise to f32.
+/// (seeded by the epoch and each image's path), normalise to f32 (the
+/// trainers' collate).
 #[allow(clippy::type_complexity)]
 fn operators(
     epoch: u64,
@@ -140,18 +147,24 @@ fn operators(
 }
 
 /// The image pipeline of epoch `epoch` over the JPEGs in `dir`: decode,
-/// then [`operators`].
+/// crop and flip (bytes); the trainers [`normalize`] each batch.
 pub fn augmented(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
     let cpu = || Resources::cpu(1.0);
-    let (crop, flip, normalize) = operators(epoch);
+    let (crop, flip, _) = operators(epoch);
     Ok(ctx
         .read_images(dir, 256, 256)?
         .map_batches(crop, cpu())
         .named("crop")
         .map_batches(flip, cpu())
-        .named("flip")
-        .map_batches(normalize, cpu())
-        .named("normalize"))
+        .named("flip"))
+}
+
+/// W6a's last operator, normalising bytes to f32: a trainer's collate,
+/// applied to each batch after the shuffle window, so the window holds
+/// the crops' bytes (a quarter of the f32 rows).
+pub(crate) fn normalize()
+-> impl Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Send + Sync + 'static {
+    operators(0).2
 }
 
 /// [`operators`] applied to one batch of `read_images` rows, outside any

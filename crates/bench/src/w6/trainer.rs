@@ -1,7 +1,8 @@
 //! A W6 trainer process: opens its rank of the driver's split by handle
 //! with its own certificate and reads it epoch after epoch in batches of
 //! 64 (through a shuffle window where the workload has one; two batches
-//! made ahead), sleeping a fixed step per batch (a logical GPU). Checks
+//! made ahead; W6a's normalised to f32 as they are made, by the collate),
+//! sleeping a fixed step per batch (a logical GPU). Checks
 //! every row it gets and prints a JSON line per epoch (the ids it got, its time, its time waiting
 //! for data, the rows that were wrong), then one with its peak memory.
 //!
@@ -73,6 +74,10 @@ pub fn w6_trainer(spec: &str) -> Result<()> {
     let split = RemoteSplit::open(&TlsFiles::in_dir(&spec.tls_dir, &spec.name), &spec.handle)?;
     for epoch in 0..spec.epochs {
         let batches = BatchOptions::rows(BATCH).prefetch(2);
+        let batches = match spec.rows {
+            RowCheck::Pixels => batches.collate(super::normalize()),
+            RowCheck::Filled => batches,
+        };
         let options = match spec.shuffle_rows {
             0 => batches,
             rows => batches.local_shuffle(rows, SEED + epoch as u64),
