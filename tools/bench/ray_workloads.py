@@ -367,16 +367,19 @@ def w6a(args):
         pixels = [crop_and_flip(Image.fromarray(image), rng) for image in batch["image"]]
         return {"path": batch["path"], "pixels": np.stack(pixels)}
 
-    def collate(batch):
-        import torch
+    from ray.data.collate_fn import NumpyBatchCollateFn
 
-        return {"path": list(batch["path"]), "pixels": torch.from_numpy(normalise(batch["pixels"]))}
+    class Normalise(NumpyBatchCollateFn):
+        def __call__(self, batch):
+            import torch
+
+            return {"path": list(batch["path"]), "pixels": torch.from_numpy(normalise(batch["pixels"]))}
 
     def check(batch):
         return [image_id(p) for p in batch["path"]], normalised_rows(batch["pixels"].numpy())
 
     ds = ray.data.read_images(W6_INPUT, include_paths=True, mode="RGB").map_batches(transform)
-    wall, delivered, fractions, correct = w6_run(ds, W6_IMAGES, args.step_ms / 1000, 1000, check, collate=collate)
+    wall, delivered, fractions, correct = w6_run(ds, W6_IMAGES, args.step_ms / 1000, 1000, check, collate=Normalise())
     line("ray-data", "w6a", f"step_ms={args.step_ms}", wall, delivered, 0, correct, images_per_s=round(delivered / wall, 3), trainer_wait_fraction=fractions)
 
 

@@ -52,7 +52,7 @@ mod write;
 
 pub use aggregate::{Agg, AggKind, Step};
 pub use all_to_all::Grouped;
-pub use batching::{BatchOptions, Batches, Prefetched};
+pub use batching::{BatchOptions, Batches, Collate, Prefetched};
 pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
 pub use exchange::{Cut, Exchange, Reduce};

@@ -46,11 +46,11 @@ pub use streambatch_gpu::{GpuError, GpuKernel, GpuPool, KernelTimings};
 pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::{FileFormat, ParquetWriteOptions};
 pub use streambatch_plan::{
-    Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Dataset, EpochStream,
-    Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named, NodeStats, OpStats,
-    OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result, ResumedWrite, Row,
-    Split, SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan, col, lit,
-    object_bytes_read, object_gets, object_reads_ahead, object_url, timeline,
+    Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Collate, Dataset,
+    EpochStream, Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named,
+    NodeStats, OpStats, OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result,
+    ResumedWrite, Row, Split, SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan,
+    col, lit, object_bytes_read, object_gets, object_reads_ahead, object_url, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

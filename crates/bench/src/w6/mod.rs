@@ -6,7 +6,7 @@
 //! - W6a, real CPU ([`w6a`]): 8,000 seeded 256x256 JPEGs decoded, cropped
 //!   to 224 and flipped on the embedded node, normalised to f32 by each
 //!   trainer's collate, after its shuffle window ([`normalize`]): a
-//!   window of 1,000 f32 rows would be 574 MiB a rank.
+//!   window of 1,000 f32 rows holds up to 574 MiB a rank.
 //! - W6b, logical slots ([`w6b`]): N CPU-only node processes (8 slots each)
 //!   whose decode is a fixed sleep per image feed the driver that serves
 //!   the trainers; ideal, the lower of N nodes' rate and the trainers'.
@@ -147,7 +147,8 @@ fn operators(
 }
 
 /// The image pipeline of epoch `epoch` over the JPEGs in `dir`: decode,
-/// crop and flip (bytes); the trainers [`normalize`] each batch.
+/// crop and flip (bytes); the trainers normalise each batch (their
+/// collate).
 pub fn augmented(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
     let cpu = || Resources::cpu(1.0);
     let (crop, flip, _) = operators(epoch);
@@ -188,7 +189,7 @@ fn split_options() -> SplitOptions {
 /// trainer processes whose step is `step` per batch.
 pub fn w6a(input: &Path, step: Duration, base: &NodeConfig) -> Result<BenchResult> {
     make_jpegs(input, W6A_IMAGES, SEED)?;
-    // Splits of about 8 MiB decoded (42 images; 25 MiB once f32): a
+    // Splits of about 8 MiB decoded (42 images; about 6 MiB cropped): a
     // training stream moves in small steps.
     let config = NodeConfig {
         target_partition_bytes: base.target_partition_bytes.min(8 << 20),
