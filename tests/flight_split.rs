@@ -92,6 +92,16 @@ fn python_reads_every_row_of_each_epoch_once_over_flight() {
         all.sort_unstable();
         assert_eq!(all, (0..20_000).collect::<Vec<_>>(), "every row once");
     }
+    // Each piece a Flight message: a batch to the client, counted (as
+    // the server hands it over, which may follow the client's read).
+    let counted = || service.stats().iter().all(|r| r.batches == r.pieces);
+    let start = std::time::Instant::now();
+    while !counted() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for rank in service.stats() {
+        assert!(rank.pieces > 0 && rank.batches == rank.pieces, "{rank:?}");
+    }
 
     // A client whose certificate another cluster signed gets nothing.
     let other = tempfile::tempdir().unwrap();

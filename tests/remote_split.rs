@@ -37,7 +37,9 @@ fn as_trainer() -> bool {
 }
 
 /// A trainer: `role` is `TLS_DIR|NAME|HANDLE|MODE`, and it prints `piece
-/// EPOCH ID,ID,..`, `error EPOCH MESSAGE` and `done EPOCH` lines.
+/// EPOCH ID,ID,..`, `error EPOCH MESSAGE` and `done EPOCH` lines; in mode
+/// `batches:N` it reads epoch 0 in batches of N rows (each a `piece`
+/// line) and prints `batches 0 COUNT`.
 fn trainer_body(role: &str) {
     let [dir, name, handle, mode]: [&str; 4] = role
         .split('|')
@@ -59,6 +61,19 @@ fn trainer_body(role: &str) {
     } else {
         1
     };
+    if what == "batches" {
+        let options = BatchOptions::rows(arg.parse().unwrap()).prefetch(1);
+        let mut count = 0;
+        for batch in split.iter_batches(0, options).unwrap() {
+            let batch = batch.unwrap();
+            let ids = batch.column(0).as_primitive::<Int64Type>().values();
+            let ids: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+            writeln!(out, "piece 0 {}", ids.join(",")).unwrap();
+            count += 1;
+        }
+        writeln!(out, "batches 0 {count}\ndone 0").unwrap();
+        return;
+    }
     for epoch in 0..epochs {
         let mut stream = split.epoch(epoch).unwrap();
         let mut pieces = 0;
@@ -128,6 +143,8 @@ fn trainer(
 /// What a trainer printed: ids per epoch, errors, and how it exited.
 struct Report {
     ids: BTreeMap<usize, Vec<i64>>,
+    /// Batches it counted, by epoch (mode `batches`).
+    batches: BTreeMap<usize, usize>,
     errors: Vec<String>,
     done: Vec<usize>,
     signal: Option<i32>,
@@ -179,6 +196,7 @@ fn report(out: std::process::Output) -> Report {
     let text = String::from_utf8_lossy(&out.stdout);
     let mut report = Report {
         ids: BTreeMap::new(),
+        batches: BTreeMap::new(),
         errors: Vec::new(),
         done: Vec::new(),
         signal: std::os::unix::process::ExitStatusExt::signal(&out.status),
@@ -195,6 +213,9 @@ fn report(out: std::process::Output) -> Report {
                 .entry(epoch)
                 .or_default()
                 .extend(rest.split(',').map(|i| i.parse::<i64>().unwrap())),
+            Some("batches") => {
+                report.batches.insert(epoch, rest.parse().unwrap());
+            }
             Some("error") => report.errors.push(rest.to_string()),
             Some("done") => report.done.push(epoch),
             _ => {}
@@ -294,7 +315,7 @@ fn equal_splits_across_processes_get_the_same_rows() {
         ..SplitOptions::default()
     };
     let service = serve(&dir, &ctx.range(n as u64, 16), options);
-    let a = trainer(NAME, &dir, &service, 0, "epochs:1");
+    let a = trainer(NAME, &dir, &service, 0, "batches:7");
     let b = trainer(NAME, &dir, &service, 1, "epochs:1:bytes");
     let (a, b) = finish(a, b);
     assert_eq!(
@@ -306,6 +327,25 @@ fn equal_splits_across_processes_get_the_same_rows() {
         b.errors
     );
     assert_eq!(service.dropped_rows(), 1);
+    // The batches each consumer got reach the driver's stats: rank 0's
+    // cut by its process (5,000 rows in 7s: 715), rank 1's the pieces.
+    assert_eq!(a.batches[&0], 715);
+    let service = &service;
+    let batches = |rank: usize| move || service.stats()[rank].batches;
+    assert_eq!(settles(batches(0), 715), 715);
+    let pieces = service.stats()[1].pieces;
+    assert!(pieces > 0);
+    assert_eq!(settles(batches(1), pieces), pieces);
+}
+
+/// What `read` gives once it gives `want`, or after 10 s (reports from a
+/// trainer arrive as their frames do).
+fn settles(read: impl Fn() -> usize, want: usize) -> usize {
+    let start = Instant::now();
+    while read() != want && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    read()
 }
 
 #[test]

@@ -97,6 +97,36 @@ fn a_slow_rank_takes_fewer_partitions_and_holds_no_one_back() {
     assert_eq!(stats[0].rows, ranks[0].len());
     assert_eq!(stats[1].rows, ranks[1].len());
     assert_eq!(stats[0].pieces + stats[1].pieces, 40);
+    // A consumer of `epoch` gets each piece as a batch.
+    assert_eq!(stats[0].batches, stats[0].pieces);
+    assert_eq!(stats[1].batches, stats[1].pieces);
+}
+
+#[test]
+fn each_rank_counts_the_batches_iter_batches_cut_for_it() {
+    let splits = ctx().range(1_000, 10).streaming_split(2, true).unwrap();
+    let got: Vec<usize> = std::thread::scope(|s| {
+        let ranks: Vec<_> = splits
+            .iter()
+            .map(|split| {
+                s.spawn(move || {
+                    let options = BatchOptions::rows(7).local_shuffle(50, 1).prefetch(2);
+                    let mut got = 0;
+                    for batch in split.iter_batches(0, options).unwrap() {
+                        batch.unwrap();
+                        got += 1;
+                    }
+                    got
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // 500 rows a rank in batches of 7: 72, the last of 3 rows.
+    assert_eq!(got, [72, 72]);
+    let stats = splits[0].stats();
+    assert_eq!((stats[0].batches, stats[1].batches), (72, 72));
+    assert!(stats[0].pieces < 72 && stats[0].rows == 500, "{stats:?}");
 }
 
 #[test]
@@ -281,6 +311,25 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
         .filter(|e| e["ph"] == "X" && e["name"] == "waiting for data")
         .count();
     assert_eq!(waits, stats.rank_waits.len());
+    // Each rank's track is named with what it got of the epoch.
+    for (rank, got) in stats.rank_totals.iter().enumerate() {
+        assert_eq!(got.rows, ranks[rank].len());
+        assert_eq!(got.batches, got.pieces);
+        let name = format!(
+            "rank {rank} (trainer): {} rows, {} batches",
+            got.rows, got.batches
+        );
+        let named = trace["traceEvents"].as_array().unwrap().iter().any(|e| {
+            e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == name.as_str()
+        });
+        assert!(named, "no track named {name}");
+    }
+    // The next epoch's figures are its own, not the sum of both.
+    let ranks = consume(&splits, 1, &[Duration::ZERO; 2]);
+    each_once(&ranks, 2_000);
+    let next = splits[0].epoch_stats().expect("the epoch's job ended");
+    let rows: Vec<usize> = next.rank_totals.iter().map(|r| r.rows).collect();
+    assert_eq!(rows, [ranks[0].len(), ranks[1].len()]);
 }
 
 #[test]

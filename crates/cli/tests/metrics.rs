@@ -276,6 +276,11 @@ fn a_streaming_splits_ranks_show_in_the_metrics_as_in_its_stats() {
             value(&samples, "streambatch_split_pieces_total", &labels),
             got.pieces as f64
         );
+        assert_eq!(
+            value(&samples, "streambatch_split_batches_total", &labels),
+            got.batches as f64
+        );
+        assert!(got.batches > 0, "{got:?}");
         let waited = value(
             &samples,
             "streambatch_split_trainer_wait_seconds_total",

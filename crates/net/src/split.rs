@@ -11,7 +11,9 @@
 //! buffer of the batch is dropped) or the stream ends. If the stream or the
 //! connection breaks before the end, the server learns it
 //! ([`ServedEpoch::lost`]) with the pieces it sent but never saw confirmed,
-//! so that no row is lost with the trainer.
+//! so that no row is lost with the trainer. The trainer also reports how
+//! many batches its consumer got ([`ToServer::Batches`]), for the rank's
+//! stats: it cuts them, so only it knows.
 
 use std::collections::HashMap;
 
@@ -53,6 +55,8 @@ mod frames {
         Release { piece: u64 },
         /// The trainer leaves the epoch before its end.
         Leave,
+        /// The trainer's consumer got `total` batches of the epoch so far.
+        Batches { total: u64 },
     }
 
     /// What the server sends a trainer.
@@ -92,6 +96,9 @@ pub trait ServedEpoch: Send + 'static {
     /// The trainer left before the end of the epoch, as `reason` says
     /// (pieces sent but not confirmed did not reach it).
     fn lost(self: Box<Self>, reason: String);
+    /// Counts batches the trainer's consumer got (`n` more), for as long
+    /// as the stream lives: reports may come after the epoch's end.
+    fn batch_counter(&self) -> Box<dyn Fn(u64) + Send>;
 }
 
 /// Serves one split stream a trainer opened.
@@ -117,6 +124,8 @@ pub async fn serve_split(
             return;
         }
     };
+    let count_batches = serving.as_ref().map(|epoch| epoch.batch_counter());
+    let mut batches_reported = 0u64;
     let lose = |serving: &mut Option<Box<dyn ServedEpoch>>, reason: String| {
         if let Some(epoch) = serving.take() {
             epoch.lost(reason);
@@ -149,6 +158,16 @@ pub async fn serve_split(
             }
             ToServer::Leave => {
                 lose(&mut serving, "it left before the end".into());
+                continue;
+            }
+            ToServer::Batches { total } => {
+                // A running total: a count that goes back adds nothing.
+                if let Some(count) = &count_batches
+                    && total > batches_reported
+                {
+                    count(total - batches_reported);
+                    batches_reported = total;
+                }
                 continue;
             }
             ToServer::Next => match serving.take() {
@@ -235,12 +254,26 @@ impl Drop for Release {
     }
 }
 
+/// Reports to the server how many batches the trainer's consumer got
+/// this epoch (see [`SplitReader::batch_reporter`]).
+pub struct BatchReporter {
+    to_server: mpsc::UnboundedSender<ToServer>,
+}
+
+impl BatchReporter {
+    /// The consumer has got `total` batches of the epoch so far.
+    pub fn report(&self, total: u64) {
+        let _ = self.to_server.send(ToServer::Batches { total });
+    }
+}
+
 /// The trainer's side of one rank's epoch.
 pub struct SplitReader {
     peer: Peer,
     recv: RecvStream,
     to_server: mpsc::UnboundedSender<ToServer>,
     ended: bool,
+    writer: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Opens rank `rank`'s stream of epoch `epoch` of split `service` on
@@ -263,27 +296,48 @@ pub async fn open_split(
     write_frame(&mut send, &open)
         .await
         .map_err(|e| peer.broken(e))?;
-    // One writer owns the sending half: asks from the reader and releases
-    // from wherever a batch is dropped. It finishes the stream once both
-    // the reader and every release are gone.
+    // One writer owns the sending half: asks from the reader, releases
+    // from wherever a batch is dropped, batch counts. It finishes the
+    // stream once the reader, every release and every reporter are gone,
+    // and ends when the server has all it wrote.
     let (to_server, mut frames) = mpsc::unbounded_channel::<ToServer>();
-    tokio::spawn(async move {
+    let writer = tokio::spawn(async move {
         while let Some(frame) = frames.recv().await {
             if write_frame(&mut send, &frame).await.is_err() {
                 return;
             }
         }
-        let _ = send.finish();
+        if send.finish().is_ok() {
+            let _ = send.stopped().await;
+        }
     });
     Ok(SplitReader {
         peer: peer.clone(),
         recv,
         to_server,
         ended: false,
+        writer: Some(writer),
     })
 }
 
 impl SplitReader {
+    /// Reports the batches the trainer cuts of this epoch's pieces; it
+    /// keeps the stream open (so that the last report is sent) until
+    /// dropped.
+    pub fn batch_reporter(&self) -> BatchReporter {
+        BatchReporter {
+            to_server: self.to_server.clone(),
+        }
+    }
+
+    /// The task writing this stream's frames: it ends once every sender
+    /// (the reader, releases, reporters) is gone and the server has
+    /// acknowledged the last frame. A process that exits should wait for
+    /// it (briefly), or its last batch count may not reach the server.
+    pub fn take_writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.writer.take()
+    }
+
     /// The next piece; `None` at the end of the epoch. A piece sent by its
     /// bytes is read into `alloc(len)`.
     pub async fn next<B: std::ops::DerefMut<Target = [u8]>>(

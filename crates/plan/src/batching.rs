@@ -175,6 +175,32 @@ impl BatchOptions {
     }
 }
 
+/// `batches`, calling `on_batch` as each is handed to the consumer (a
+/// rank's count of batches delivered).
+pub fn counted(batches: BatchIter, on_batch: impl FnMut() + Send + 'static) -> BatchIter {
+    Box::new(Counted {
+        batches,
+        on_batch: Box::new(on_batch),
+    })
+}
+
+struct Counted {
+    batches: BatchIter,
+    on_batch: Box<dyn FnMut() + Send>,
+}
+
+impl Iterator for Counted {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let next = self.batches.next();
+        if let Some(Ok(_)) = next {
+            (self.on_batch)();
+        }
+        next
+    }
+}
+
 /// Batches cut from `input`'s partitions as [`BatchOptions`] says.
 pub struct Batches<I> {
     input: I,

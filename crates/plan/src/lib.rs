@@ -52,7 +52,7 @@ mod write;
 
 pub use aggregate::{Agg, AggKind, Step};
 pub use all_to_all::Grouped;
-pub use batching::{BatchOptions, Batches, Collate, Prefetched};
+pub use batching::{BatchOptions, Batches, Collate, Prefetched, counted};
 pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
 pub use exchange::{Cut, Exchange, Reduce};
@@ -76,7 +76,7 @@ pub use row_sample::RowSample;
 pub use scratch::Scratch;
 pub use side::Side;
 pub use source::SourceSplit;
-pub use split::{EpochStream, LostRank, RankStats, Split, SplitOptions};
+pub use split::{BatchCount, EpochStream, LostRank, RankStats, Split, SplitOptions};
 pub use stats::{
     ErroredTask, Event, EventKind, Exchanged, JobStats, MAX_EVENTS, NodeStats, OpStats,
     OperatorStats, PauseCause, Pauses, RankWait, Recovery, StoreSample, Wait, WaitSpan,

@@ -148,6 +148,8 @@ struct State {
     dropped: usize,
     /// Per rank, over all epochs.
     stats: Vec<RankStats>,
+    /// `stats` as this epoch began.
+    stats_before: Vec<RankStats>,
     /// The epoch's pipeline (its job's stats once it ended) and when its
     /// job started.
     epoch_data: Option<(Dataset, Instant)>,
@@ -171,12 +173,29 @@ pub struct RankStats {
     pub rows: usize,
     /// Pieces of partitions handed to it (before any batching).
     pub pieces: usize,
+    /// Batches its consumer got: as [`Split::iter_batches`] (or a trainer
+    /// process's `iter_batches`, which reports them) cut them; a consumer
+    /// of [`Split::epoch`] or of Arrow Flight gets each piece as a batch.
+    pub batches: usize,
     /// Time it waited for data: in the epoch's barrier, for the job, for
     /// another rank's pull.
     pub waited_for_data: Duration,
     /// Time what it took had waited for it in the split's buffer, summed
     /// over its pieces: the job's output waiting for this trainer.
     pub data_waited: Duration,
+}
+
+impl RankStats {
+    /// What was added to these figures since `before`.
+    fn since(&self, before: &RankStats) -> RankStats {
+        RankStats {
+            rows: self.rows.saturating_sub(before.rows),
+            pieces: self.pieces.saturating_sub(before.pieces),
+            batches: self.batches.saturating_sub(before.batches),
+            waited_for_data: self.waited_for_data.saturating_sub(before.waited_for_data),
+            data_waited: self.data_waited.saturating_sub(before.data_waited),
+        }
+    }
 }
 
 impl State {
@@ -266,7 +285,9 @@ impl Split {
     /// This rank's partitions of epoch `epoch`. The epoch's job starts at
     /// the first `next()` once every rank has asked for it.
     pub fn epoch(&self, epoch: usize) -> EpochStream {
-        self.open_epoch(epoch, false)
+        let mut stream = self.open_epoch(epoch, false);
+        stream.counts_batches = true;
+        stream
     }
 
     /// [`epoch`](Split::epoch), for a server forwarding the rank's rows to
@@ -286,15 +307,21 @@ impl Split {
             rank: self.rank,
             epoch,
             forwarded,
+            counts_batches: false,
             shared: self.shared.clone(),
             started: false,
             done: false,
         }
     }
 
-    /// This rank's batches of epoch `epoch`, cut as `options` says.
+    /// This rank's batches of epoch `epoch`, cut as `options` says (and
+    /// counted in its [`RankStats::batches`]).
     pub fn iter_batches(&self, epoch: usize, options: BatchOptions) -> Result<BatchIter> {
-        options.cut(self.epoch(epoch))
+        let stream = self.open_epoch(epoch, false);
+        let count = stream.batch_count();
+        Ok(crate::batching::counted(options.cut(stream)?, move || {
+            count.add(1)
+        }))
     }
 
     /// Rows of the last epoch whose job ended that no rank took: with
@@ -306,11 +333,21 @@ impl Split {
     }
 
     /// The stats of the last epoch's job once it ended, with the times the
-    /// ranks waited for data in it (`rank_waits`); `None` before.
+    /// ranks waited for data in it (`rank_waits`) and what each got of it
+    /// (`rank_totals`); `None` before.
     pub fn epoch_stats(&self) -> Option<JobStats> {
         let state = self.shared.lock();
         let mut stats = state.epoch_data.as_ref()?.0.stats()?;
         stats.rank_waits = state.rank_waits.clone();
+        stats.rank_totals = (state.stats.iter())
+            .zip(
+                state
+                    .stats_before
+                    .iter()
+                    .chain(std::iter::repeat(&RankStats::default())),
+            )
+            .map(|(now, before)| now.since(before))
+            .collect();
         Some(stats)
     }
 
@@ -393,6 +430,7 @@ impl Shared {
         *state = State {
             asked: std::mem::take(&mut state.asked),
             left: std::mem::take(&mut state.left),
+            stats_before: state.stats.clone(),
             stats: std::mem::take(&mut state.stats),
             dropped: state.dropped(),
             epoch: Some(epoch),
@@ -667,6 +705,9 @@ pub struct EpochStream {
     rank: usize,
     epoch: usize,
     forwarded: bool,
+    /// Whether each piece it yields counts as a batch delivered (its
+    /// consumer takes pieces as they come).
+    counts_batches: bool,
     shared: Arc<Shared>,
     started: bool,
     done: bool,
@@ -701,6 +742,15 @@ impl EpochStream {
         if !self.done {
             self.done = true;
             self.shared.lose(self.rank, self.epoch, reason.into());
+        }
+    }
+
+    /// Counts the batches this rank's consumer gets where they are cut
+    /// elsewhere (by a trainer process, or a Flight stream's messages).
+    pub fn batch_count(&self) -> BatchCount {
+        BatchCount {
+            shared: self.shared.clone(),
+            rank: self.rank,
         }
     }
 
@@ -743,6 +793,25 @@ impl Iterator for EpochStream {
         };
         self.shared.waited(self.rank, self.epoch, asked);
         self.done = !matches!(next, Some(Ok(_)));
+        if self.counts_batches && !self.done {
+            self.batch_count().add(1);
+        }
         next
+    }
+}
+
+/// Adds to a rank's batches delivered ([`RankStats::batches`]).
+#[derive(Clone)]
+pub struct BatchCount {
+    shared: Arc<Shared>,
+    rank: usize,
+}
+
+impl BatchCount {
+    /// `n` more batches reached the rank's consumer.
+    pub fn add(&self, n: usize) {
+        let mut state = self.shared.lock();
+        let stats = &mut state.stats[self.rank];
+        stats.batches = stats.batches.saturating_add(n);
     }
 }

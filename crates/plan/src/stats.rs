@@ -214,6 +214,9 @@ pub struct JobStats {
     /// For an epoch's job of a streaming split, the times its ranks'
     /// trainers waited for data (see `Split::epoch_stats`).
     pub rank_waits: Vec<RankWait>,
+    /// For an epoch's job of a streaming split, what each rank got of it
+    /// (rows, pieces, batches, waits), by rank.
+    pub rank_totals: Vec<crate::RankStats>,
     /// Each exchange's hand-over to its reducers: when, and what crossed.
     pub exchanges: Vec<Exchanged>,
 }

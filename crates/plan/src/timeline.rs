@@ -274,17 +274,28 @@ impl<'a> Trace<'a> {
     }
 
     /// A track per trainer rank of a streaming split, in the job's
-    /// process, with the times it waited for data.
+    /// process, named with what the rank got (rows, batches) and showing
+    /// the times it waited for data.
     fn rank_waits(&mut self) {
         let mut named = std::collections::BTreeSet::new();
-        for w in &self.stats.rank_waits {
-            let tid = RANK_TRACKS + w.rank;
-            if named.insert(w.rank) {
-                let name = format!("rank {} (trainer)", w.rank);
+        let ranks = self.stats.rank_totals.len();
+        let waited = self.stats.rank_waits.iter().map(|w| w.rank);
+        for rank in (0..ranks).chain(waited) {
+            if named.insert(rank) {
+                let name = match self.stats.rank_totals.get(rank) {
+                    Some(got) => format!(
+                        "rank {rank} (trainer): {} rows, {} batches",
+                        got.rows, got.batches
+                    ),
+                    None => format!("rank {rank} (trainer)"),
+                };
                 self.events.push(json!({
-                    "ph": "M", "name": "thread_name", "pid": 0, "tid": tid, "args": {"name": name}
+                    "ph": "M", "name": "thread_name", "pid": 0, "tid": RANK_TRACKS + rank, "args": {"name": name}
                 }));
             }
+        }
+        for w in &self.stats.rank_waits {
+            let tid = RANK_TRACKS + w.rank;
             self.events.push(json!({
                 "ph": "X", "cat": "rank", "name": "waiting for data",
                 "pid": 0, "tid": tid,

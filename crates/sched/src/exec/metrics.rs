@@ -301,11 +301,13 @@ impl NodeMetrics {
         registry
     }
 
-    /// Each streaming split's ranks: rows and pieces taken, the time the
-    /// trainer waited for data and the time data waited for the trainer.
+    /// Each streaming split's ranks: rows, pieces and batches taken, the
+    /// time the trainer waited for data and the time data waited for the
+    /// trainer.
     fn register_splits(&self, registry: &mut Registry) {
         let rows = Family::<Labels, Counter>::default();
         let pieces = Family::<Labels, Counter>::default();
+        let batches = Family::<Labels, Counter>::default();
         let trainer_waited = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let data_waited = Family::<Labels, Counter<f64, AtomicU64>>::default();
         for (split, ranks) in self.split_ranks().iter().enumerate() {
@@ -316,6 +318,7 @@ impl NodeMetrics {
                 ];
                 rows.get_or_create(&labels).inc_by(stats.rows as u64);
                 pieces.get_or_create(&labels).inc_by(stats.pieces as u64);
+                batches.get_or_create(&labels).inc_by(stats.batches as u64);
                 trainer_waited
                     .get_or_create(&labels)
                     .inc_by(stats.waited_for_data.as_secs_f64());
@@ -333,6 +336,11 @@ impl NodeMetrics {
             "split_pieces",
             "Pieces of partitions each rank of a streaming split took",
             pieces,
+        );
+        registry.register(
+            "split_batches",
+            "Batches each rank's consumer of a streaming split got",
+            batches,
         );
         registry.register(
             "split_trainer_wait_seconds",

@@ -160,6 +160,8 @@ fn batches(
     mut stream: EpochStream,
 ) -> BoxStream<'static, std::result::Result<RecordBatch, FlightError>> {
     let (sender, receiver) = tokio::sync::mpsc::channel(2);
+    // Each piece is a batch to the client (its own re-batching unseen).
+    let batches = stream.batch_count();
     tokio::task::spawn_blocking(move || {
         let mut sent_any = false;
         loop {
@@ -178,6 +180,7 @@ fn batches(
             if sender.blocking_send(next).is_err() || failed {
                 return;
             }
+            batches.add(1);
         }
     });
     futures::stream::unfold(receiver, |mut receiver| async move {

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use streambatch_net::split::{Piece, SplitReader, open_split};
+use streambatch_net::split::{BatchReporter, Piece, SplitReader, open_split};
 use streambatch_net::{Endpoint, Identity, Locality, Peer, TlsFiles};
 use streambatch_plan::{BatchIter, BatchOptions, Error, Result};
 use streambatch_store::{ipc, open_shared_keeping};
@@ -17,6 +17,25 @@ pub struct RemoteSplit {
     here: Locality,
     _endpoint: Endpoint,
     runtime: Arc<tokio::runtime::Runtime>,
+    /// The epochs' stream writers, waited for (briefly) when dropped, so
+    /// that the last batch counts reach the driver.
+    writers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// How long a dropped [`RemoteSplit`] waits for its streams' last frames.
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Drop for RemoteSplit {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return; // no blocking inside a runtime: the counts may go
+        }
+        let writers = std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner()));
+        let all = futures::future::join_all(writers);
+        let _ = self
+            .runtime
+            .block_on(async { tokio::time::timeout(FLUSH_WAIT, all).await });
+    }
 }
 
 impl RemoteSplit {
@@ -55,6 +74,7 @@ impl RemoteSplit {
             here: locality(),
             _endpoint: endpoint,
             runtime,
+            writers: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -72,9 +92,16 @@ impl RemoteSplit {
     }
 
     /// This rank's partitions of epoch `epoch`: asking for it counts at
-    /// the driver's epoch barrier now.
+    /// the driver's epoch barrier now. Each partition counts as a batch
+    /// in the driver's stats.
     pub fn epoch(&self, epoch: usize) -> Result<RemoteEpoch> {
-        let reader = self
+        let mut stream = self.open_epoch(epoch)?;
+        stream.counting = stream.reader.as_ref().map(|r| (r.batch_reporter(), 0));
+        Ok(stream)
+    }
+
+    fn open_epoch(&self, epoch: usize) -> Result<RemoteEpoch> {
+        let mut reader = self
             .runtime
             .block_on(open_split(
                 &self.peer,
@@ -84,16 +111,31 @@ impl RemoteSplit {
                 &self.here,
             ))
             .map_err(|e| self.error(e.to_string()))?;
+        if let Some(writer) = reader.take_writer() {
+            let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+            writers.retain(|w| !w.is_finished());
+            writers.push(writer);
+        }
         Ok(RemoteEpoch {
             handle: self.handle.to_string(),
             reader: Some(reader),
             runtime: self.runtime.clone(),
+            counting: None,
         })
     }
 
-    /// This rank's batches of epoch `epoch`, cut as `options` says.
+    /// This rank's batches of epoch `epoch`, cut as `options` says. The
+    /// driver's stats count them ([`RankStats::batches`](streambatch_plan::RankStats::batches)).
     pub fn iter_batches(&self, epoch: usize, options: BatchOptions) -> Result<BatchIter> {
-        options.cut(self.epoch(epoch)?)
+        let epoch = self.open_epoch(epoch)?;
+        let reporter = epoch.reader.as_ref().map(SplitReader::batch_reporter);
+        let mut total = 0u64;
+        Ok(streambatch_plan::counted(options.cut(epoch)?, move || {
+            total += 1;
+            if let Some(reporter) = &reporter {
+                reporter.report(total);
+            }
+        }))
     }
 
     fn error(&self, message: String) -> Error {
@@ -111,6 +153,8 @@ pub struct RemoteEpoch {
     /// `None` once ended.
     reader: Option<SplitReader>,
     runtime: Arc<tokio::runtime::Runtime>,
+    /// Where its consumer takes pieces as batches: the count reported.
+    counting: Option<(BatchReporter, u64)>,
 }
 
 impl Iterator for RemoteEpoch {
@@ -134,8 +178,13 @@ impl Iterator for RemoteEpoch {
             Ok(Some(Piece::Bytes(bytes))) => ipc::decode(&bytes.into()).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        if batch.is_err() {
-            self.reader = None;
+        match (&batch, &mut self.counting) {
+            (Err(_), _) => self.reader = None,
+            (Ok(_), Some((reporter, total))) => {
+                *total += 1;
+                reporter.report(*total);
+            }
+            (Ok(_), None) => {}
         }
         Some(batch.map_err(|message| Error::RemoteSplit {
             handle: self.handle.clone(),

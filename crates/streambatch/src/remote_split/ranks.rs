@@ -126,6 +126,15 @@ impl ServedEpoch for RankEpoch {
         }
     }
 
+    fn batch_counter(&self) -> Box<dyn Fn(u64) + Send> {
+        let count = self.stream.as_ref().map(EpochStream::batch_count);
+        Box::new(move |n| {
+            if let Some(count) = &count {
+                count.add(usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        })
+    }
+
     fn lost(mut self: Box<Self>, reason: String) {
         let Some(stream) = self.stream.take() else {
             return;
