@@ -312,6 +312,7 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
         .count();
     assert_eq!(waits, stats.rank_waits.len());
     // Each rank's track is named with what it got of the epoch.
+    assert_eq!(stats.rank_totals.len(), 2);
     for (rank, got) in stats.rank_totals.iter().enumerate() {
         assert_eq!(got.rows, ranks[rank].len());
         assert_eq!(got.batches, got.pieces);
@@ -330,6 +331,11 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
     let next = splits[0].epoch_stats().expect("the epoch's job ended");
     let rows: Vec<usize> = next.rank_totals.iter().map(|r| r.rows).collect();
     assert_eq!(rows, [ranks[0].len(), ranks[1].len()]);
+    let all = splits[0].stats();
+    for (rank, got) in next.rank_totals.iter().enumerate() {
+        assert!(got.batches > 0 && got.batches == got.pieces, "{got:?}");
+        assert!(got.batches < all[rank].batches, "epoch 0's counted too");
+    }
 }
 
 #[test]

@@ -273,7 +273,33 @@ pub struct SplitReader {
     recv: RecvStream,
     to_server: mpsc::UnboundedSender<ToServer>,
     ended: bool,
-    writer: Option<tokio::task::JoinHandle<()>>,
+    writer: Option<StreamWriter>,
+}
+
+/// The task writing a split stream's frames (see
+/// [`SplitReader::take_writer`]).
+pub struct StreamWriter {
+    task: tokio::task::JoinHandle<()>,
+    senders: mpsc::WeakUnboundedSender<ToServer>,
+}
+
+impl StreamWriter {
+    /// Whether nothing can send on the stream any more (the reader, every
+    /// release and reporter gone): the writer is finishing it, and ends
+    /// once the server has acknowledged the last frame.
+    pub fn is_finishing(&self) -> bool {
+        self.senders.strong_count() == 0
+    }
+
+    /// Whether the writer has ended.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the writer to end.
+    pub async fn finished(self) {
+        let _ = self.task.await;
+    }
 }
 
 /// Opens rank `rank`'s stream of epoch `epoch` of split `service` on
@@ -301,7 +327,8 @@ pub async fn open_split(
     // stream once the reader, every release and every reporter are gone,
     // and ends when the server has all it wrote.
     let (to_server, mut frames) = mpsc::unbounded_channel::<ToServer>();
-    let writer = tokio::spawn(async move {
+    let senders = to_server.downgrade();
+    let task = tokio::spawn(async move {
         while let Some(frame) = frames.recv().await {
             if write_frame(&mut send, &frame).await.is_err() {
                 return;
@@ -316,7 +343,7 @@ pub async fn open_split(
         recv,
         to_server,
         ended: false,
-        writer: Some(writer),
+        writer: Some(StreamWriter { task, senders }),
     })
 }
 
@@ -334,7 +361,7 @@ impl SplitReader {
     /// (the reader, releases, reporters) is gone and the server has
     /// acknowledged the last frame. A process that exits should wait for
     /// it (briefly), or its last batch count may not reach the server.
-    pub fn take_writer(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+    pub fn take_writer(&mut self) -> Option<StreamWriter> {
         self.writer.take()
     }
 

@@ -30,6 +30,7 @@
 //! come back to it.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,10 @@ struct Shared {
     options: SplitOptions,
     state: Mutex<State>,
     changed: Condvar,
+    /// Per rank, batches its consumer got ([`RankStats::batches`]): apart
+    /// from the state, so that counting takes no lock and holds no
+    /// reference to the split (a server counts on its runtime's threads).
+    batches: Arc<[AtomicUsize]>,
 }
 
 #[derive(Default)]
@@ -260,6 +265,7 @@ impl Split {
             options,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            batches: (0..n).map(|_| AtomicUsize::new(0)).collect(),
         });
         if options.prefetch_next_epoch && options.epochs.is_some_and(|n| n > 0) {
             // The ranks will read epoch 0: its job starts now, so that its
@@ -339,7 +345,7 @@ impl Split {
         let state = self.shared.lock();
         let mut stats = state.epoch_data.as_ref()?.0.stats()?;
         stats.rank_waits = state.rank_waits.clone();
-        stats.rank_totals = (state.stats.iter())
+        stats.rank_totals = (self.shared.stats_now(&state).iter())
             .zip(
                 state
                     .stats_before
@@ -367,13 +373,22 @@ impl Split {
 
     /// What each rank of the split got so far, by rank.
     pub fn stats(&self) -> Vec<RankStats> {
-        self.shared.lock().stats.clone()
+        self.shared.stats_now(&self.shared.lock())
     }
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Each rank's figures so far, its batches counted.
+    fn stats_now(&self, state: &State) -> Vec<RankStats> {
+        let mut stats = state.stats.clone();
+        for (rank, stats) in stats.iter_mut().enumerate() {
+            stats.batches = self.batches[rank].load(Ordering::Relaxed);
+        }
+        stats
     }
 
     /// Waits until every rank asked for `epoch`, then starts its job if no
@@ -427,10 +442,11 @@ impl Shared {
             _ => self.begin(epoch)?,
         };
         let epoch_data = Some((dataset, started));
+        let stats_before = self.stats_now(&state);
         *state = State {
             asked: std::mem::take(&mut state.asked),
             left: std::mem::take(&mut state.left),
-            stats_before: state.stats.clone(),
+            stats_before,
             stats: std::mem::take(&mut state.stats),
             dropped: state.dropped(),
             epoch: Some(epoch),
@@ -454,7 +470,7 @@ impl Shared {
             // The runner of its first epoch shows its ranks in its metrics.
             let me = self.me.clone();
             planned.runner().watch_split(Arc::new(move || {
-                me.upgrade().map(|s| s.lock().stats.clone())
+                me.upgrade().map(|s| s.stats_now(&s.lock()))
             }));
         }
         let dataset = match self.options.block_order_seed {
@@ -749,7 +765,7 @@ impl EpochStream {
     /// elsewhere (by a trainer process, or a Flight stream's messages).
     pub fn batch_count(&self) -> BatchCount {
         BatchCount {
-            shared: self.shared.clone(),
+            counts: self.shared.batches.clone(),
             rank: self.rank,
         }
     }
@@ -800,18 +816,21 @@ impl Iterator for EpochStream {
     }
 }
 
-/// Adds to a rank's batches delivered ([`RankStats::batches`]).
+/// Adds to a rank's batches delivered ([`RankStats::batches`]). Holds
+/// the counts alone, not the split.
 #[derive(Clone)]
 pub struct BatchCount {
-    shared: Arc<Shared>,
+    counts: Arc<[AtomicUsize]>,
     rank: usize,
 }
 
 impl BatchCount {
     /// `n` more batches reached the rank's consumer.
     pub fn add(&self, n: usize) {
-        let mut state = self.shared.lock();
-        let stats = &mut state.stats[self.rank];
-        stats.batches = stats.batches.saturating_add(n);
+        let count = &self.counts[self.rank];
+        // Saturating: a peer's report is not trusted to stay in range.
+        let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(c.saturating_add(n))
+        });
     }
 }

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use streambatch_net::split::{BatchReporter, Piece, SplitReader, open_split};
+use streambatch_net::split::{BatchReporter, Piece, SplitReader, StreamWriter, open_split};
 use streambatch_net::{Endpoint, Identity, Locality, Peer, TlsFiles};
 use streambatch_plan::{BatchIter, BatchOptions, Error, Result};
 use streambatch_store::{ipc, open_shared_keeping};
@@ -17,9 +17,10 @@ pub struct RemoteSplit {
     here: Locality,
     _endpoint: Endpoint,
     runtime: Arc<tokio::runtime::Runtime>,
-    /// The epochs' stream writers, waited for (briefly) when dropped, so
-    /// that the last batch counts reach the driver.
-    writers: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The epochs' stream writers: those whose streams are no longer in
+    /// use are waited for (briefly) when dropped, so that the last batch
+    /// counts reach the driver.
+    writers: std::sync::Mutex<Vec<StreamWriter>>,
 }
 
 /// How long a dropped [`RemoteSplit`] waits for its streams' last frames.
@@ -31,7 +32,10 @@ impl Drop for RemoteSplit {
             return; // no blocking inside a runtime: the counts may go
         }
         let writers = std::mem::take(&mut *self.writers.lock().unwrap_or_else(|p| p.into_inner()));
-        let all = futures::future::join_all(writers);
+        // A stream whose epoch or batches are still held is not finishing:
+        // waiting for it would only stall this drop.
+        let finishing = writers.into_iter().filter(StreamWriter::is_finishing);
+        let all = futures::future::join_all(finishing.map(StreamWriter::finished));
         let _ = self
             .runtime
             .block_on(async { tokio::time::timeout(FLUSH_WAIT, all).await });
