@@ -46,7 +46,7 @@ impl RemoteSplit {
     /// Connects to the driver serving `handle`, as the holder of `tls`'s
     /// certificate (of the same cluster).
     pub fn open(tls: &TlsFiles, handle: &SplitHandle) -> Result<Self> {
-        crate::keep_freed_memory();
+        crate::memory::keep_freed_memory_in_one_heap();
         let failed = |message: String| Error::RemoteSplit {
             handle: handle.to_string(),
             message,
