@@ -258,12 +258,14 @@ impl Drop for Release {
 /// this epoch (see [`SplitReader::batch_reporter`]).
 pub struct BatchReporter {
     to_server: mpsc::UnboundedSender<ToServer>,
+    total: u64,
 }
 
 impl BatchReporter {
-    /// The consumer has got `total` batches of the epoch so far.
-    pub fn report(&self, total: u64) {
-        let _ = self.to_server.send(ToServer::Batches { total });
+    /// The consumer got one more batch: the running total goes out.
+    pub fn batch(&mut self) {
+        self.total += 1;
+        let _ = self.to_server.send(ToServer::Batches { total: self.total });
     }
 }
 
@@ -354,6 +356,7 @@ impl SplitReader {
     pub fn batch_reporter(&self) -> BatchReporter {
         BatchReporter {
             to_server: self.to_server.clone(),
+            total: 0,
         }
     }
 

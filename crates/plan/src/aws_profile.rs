@@ -181,7 +181,9 @@ mod tests {
             .collect()
     }
 
-    fn files(dir: &Path, credentials: &str, config: &str) -> Vec<(String, String)> {
+    /// The two files in `dir` (removed with it), and the variables naming them.
+    fn files(dir: &tempfile::TempDir, credentials: &str, config: &str) -> Vec<(String, String)> {
+        let dir = dir.path();
         std::fs::write(dir.join("credentials"), credentials).unwrap();
         std::fs::write(dir.join("config"), config).unwrap();
         let file = |name: &str| dir.join(name).display().to_string();
@@ -189,12 +191,6 @@ mod tests {
             ("AWS_SHARED_CREDENTIALS_FILE", &file("credentials")),
             ("AWS_CONFIG_FILE", &file("config")),
         ])
-    }
-
-    fn dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("sb-aws-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     const CREDENTIALS: &str = "\
@@ -230,7 +226,7 @@ endpoint_url = http://127.0.0.1:9000
 
     #[test]
     fn the_named_profile_gives_keys_region_and_endpoint() {
-        let dir = dir("named");
+        let dir = tempfile::tempdir().unwrap();
         let mut vars = files(&dir, CREDENTIALS, CONFIG);
         let default = options(&vars).unwrap();
         assert_eq!(get(&default, "aws_access_key_id"), Some("AKDEFAULT"));
@@ -245,12 +241,11 @@ endpoint_url = http://127.0.0.1:9000
         assert_eq!(get(&dev, "aws_region"), Some("us-west-2"));
         // The nested `s3` settings are not the profile's.
         assert_eq!(get(&dev, "aws_endpoint"), Some("http://127.0.0.1:9000"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn the_environment_comes_first() {
-        let dir = dir("env");
+        let dir = tempfile::tempdir().unwrap();
         let mut vars = files(&dir, CREDENTIALS, CONFIG);
         vars.extend(env(&[
             ("AWS_PROFILE", "dev"),
@@ -261,12 +256,11 @@ endpoint_url = http://127.0.0.1:9000
         // Nothing from the files: no key of theirs beside the
         // environment's (a secret of one with the key of the other).
         assert_eq!(options(&vars).unwrap(), vec![]);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn keys_in_the_config_file_count_absent_files_give_nothing() {
-        let dir = dir("config-keys");
+        let dir = tempfile::tempdir().unwrap();
         let config = "[default]\naws_access_key_id = AKCONF\naws_secret_access_key = s\n";
         let vars = files(&dir, "", config);
         let found = options(&vars).unwrap();
@@ -276,12 +270,11 @@ endpoint_url = http://127.0.0.1:9000
             ("AWS_CONFIG_FILE", "/nonexistent/config"),
         ]);
         assert_eq!(options(&missing).unwrap(), vec![]);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_header_may_carry_a_comment_and_default_may_be_named_as_a_profile() {
-        let dir = dir("headers");
+        let dir = tempfile::tempdir().unwrap();
         let credentials = "[dev]  # mine\naws_access_key_id = AKDEV\naws_secret_access_key = d\n\
                            [default] ; shared\naws_access_key_id = AKDEFAULT\naws_secret_access_key = s\n";
         let config = "[profile default]\nregion = sa-east-1\n";
@@ -294,12 +287,11 @@ endpoint_url = http://127.0.0.1:9000
             get(&options(&vars).unwrap(), "aws_access_key_id"),
             Some("AKDEV")
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn credentials_got_another_way_are_named_not_replaced() {
-        let dir = dir("roles");
+        let dir = tempfile::tempdir().unwrap();
         let config = "[profile ops]\nrole_arn = arn:aws:iam::1:role/x\nsource_profile = default\n";
         let mut vars = files(&dir, CREDENTIALS, config);
         vars.extend(env(&[("AWS_PROFILE", "ops")]));
@@ -318,16 +310,14 @@ endpoint_url = http://127.0.0.1:9000
         let found = options(&pod).unwrap();
         assert_eq!(get(&found, "aws_access_key_id"), None);
         assert_eq!(get(&found, "aws_region"), Some("eu-west-1"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_named_profile_neither_file_has_is_an_error_naming_it() {
-        let dir = dir("unknown");
+        let dir = tempfile::tempdir().unwrap();
         let mut vars = files(&dir, CREDENTIALS, CONFIG);
         vars.extend(env(&[("AWS_PROFILE", "prod")]));
         let e = options(&vars).unwrap_err().to_string();
         assert!(e.contains("`prod`") && e.contains("credentials"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -126,14 +126,12 @@ pub fn make_jpegs(dir: &Path, n: usize, seed: u64) -> Result<()> {
     Ok(())
 }
 
-/// W6a's operators for `epoch`: random resized crop to 224 and flip
-/// (seeded by the epoch and each image's path), normalise to f32 (the
-/// trainers' collate).
+/// The job's operators for `epoch`: random resized crop to 224 and flip,
+/// seeded by the epoch and each image's path.
 #[allow(clippy::type_complexity)]
-fn operators(
+fn crop_and_flip(
     epoch: u64,
 ) -> (
-    impl Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Clone + Send + Sync + 'static,
     impl Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Clone + Send + Sync + 'static,
     impl Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Clone + Send + Sync + 'static,
 ) {
@@ -142,7 +140,6 @@ fn operators(
     (
         ops::random_resized_crop((256, 256), side, (0.08, 1.0), SEED, epoch),
         ops::flip(side, 0.5, SEED, epoch),
-        ops::normalize(side, MEAN, STD),
     )
 }
 
@@ -151,7 +148,7 @@ fn operators(
 /// collate).
 pub fn augmented(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
     let cpu = || Resources::cpu(1.0);
-    let (crop, flip, _) = operators(epoch);
+    let (crop, flip) = crop_and_flip(epoch);
     Ok(ctx
         .read_images(dir, 256, 256)?
         .map_batches(crop, cpu())
@@ -165,14 +162,15 @@ pub fn augmented(ctx: &Context, dir: &str, epoch: u64) -> Result<Dataset> {
 /// the crops' bytes (a quarter of the f32 rows).
 pub(crate) fn normalize()
 -> impl Fn(RecordBatch) -> std::result::Result<RecordBatch, UdfError> + Send + Sync + 'static {
-    operators(0).2
+    streambatch::ops::normalize((SIDE, SIDE), MEAN, STD)
 }
 
-/// [`operators`] applied to one batch of `read_images` rows, outside any
-/// job: what a trainer checks a row against.
+/// The whole pipeline of `epoch` (crop, flip, normalise) applied to one
+/// batch of `read_images` rows, outside any job: what a trainer checks a
+/// row against.
 fn augment_batch(batch: RecordBatch, epoch: u64) -> std::result::Result<RecordBatch, UdfError> {
-    let (crop, flip, normalize) = operators(epoch);
-    normalize(flip(crop(batch)?)?)
+    let (crop, flip) = crop_and_flip(epoch);
+    normalize()(flip(crop(batch)?)?)
 }
 
 fn split_options() -> SplitOptions {

@@ -100,7 +100,7 @@ impl RemoteSplit {
     /// in the driver's stats.
     pub fn epoch(&self, epoch: usize) -> Result<RemoteEpoch> {
         let mut stream = self.open_epoch(epoch)?;
-        stream.counting = stream.reader.as_ref().map(|r| (r.batch_reporter(), 0));
+        stream.counting = stream.reader.as_ref().map(SplitReader::batch_reporter);
         Ok(stream)
     }
 
@@ -132,12 +132,10 @@ impl RemoteSplit {
     /// driver's stats count them ([`RankStats::batches`](streambatch_plan::RankStats::batches)).
     pub fn iter_batches(&self, epoch: usize, options: BatchOptions) -> Result<BatchIter> {
         let epoch = self.open_epoch(epoch)?;
-        let reporter = epoch.reader.as_ref().map(SplitReader::batch_reporter);
-        let mut total = 0u64;
+        let mut reporter = epoch.reader.as_ref().map(SplitReader::batch_reporter);
         Ok(streambatch_plan::counted(options.cut(epoch)?, move || {
-            total += 1;
-            if let Some(reporter) = &reporter {
-                reporter.report(total);
+            if let Some(reporter) = &mut reporter {
+                reporter.batch();
             }
         }))
     }
@@ -157,8 +155,8 @@ pub struct RemoteEpoch {
     /// `None` once ended.
     reader: Option<SplitReader>,
     runtime: Arc<tokio::runtime::Runtime>,
-    /// Where its consumer takes pieces as batches: the count reported.
-    counting: Option<(BatchReporter, u64)>,
+    /// Where its consumer takes pieces as batches, what reports them.
+    counting: Option<BatchReporter>,
 }
 
 impl Iterator for RemoteEpoch {
@@ -182,13 +180,13 @@ impl Iterator for RemoteEpoch {
             Ok(Some(Piece::Bytes(bytes))) => ipc::decode(&bytes.into()).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
-        match (&batch, &mut self.counting) {
-            (Err(_), _) => self.reader = None,
-            (Ok(_), Some((reporter, total))) => {
-                *total += 1;
-                reporter.report(*total);
+        match &batch {
+            Err(_) => self.reader = None,
+            Ok(_) => {
+                if let Some(reporter) = &mut self.counting {
+                    reporter.batch();
+                }
             }
-            (Ok(_), None) => {}
         }
         Some(batch.map_err(|message| Error::RemoteSplit {
             handle: self.handle.clone(),
