@@ -14,6 +14,13 @@
 //! so that no row is lost with the trainer. The trainer also reports how
 //! many batches its consumer got ([`ToServer::Batches`]), for the rank's
 //! stats: it cuts them, so only it knows.
+//!
+//! Rows a cluster node holds are not forwarded: the server names the node
+//! and the rows ([`ToTrainer::Fetch`]), and the trainer fetches them from
+//! it with its own certificate (by shared memory on the node's host). A
+//! trainer that cannot says so ([`ToServer::Unfetched`]); the server then
+//! reads the rows itself and sends them, or, where the node is lost too,
+//! sends the next piece (the job makes the lost rows again).
 
 use std::collections::HashMap;
 
@@ -57,6 +64,9 @@ mod frames {
         Leave,
         /// The trainer's consumer got `total` batches of the epoch so far.
         Batches { total: u64 },
+        /// The trainer could not fetch piece `piece` (a `Fetch`) from its
+        /// node, as `reason` says: send it, or else the next.
+        Unfetched { piece: u64, reason: String },
     }
 
     /// What the server sends a trainer.
@@ -66,6 +76,8 @@ mod frames {
         Shared { piece: u64, name: String },
         /// Piece `piece`: `len` bytes (an Arrow IPC stream) follow.
         Bytes { piece: u64, len: u64 },
+        /// Piece `piece` is rows a node holds: fetch them from it.
+        Fetch { piece: u64, from: super::FetchFrom },
         /// The rank has all it gets of the epoch.
         End,
         /// The epoch failed for this rank.
@@ -73,16 +85,42 @@ mod frames {
     }
 }
 
+/// Rows a cluster node holds, for a trainer to fetch from it.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FetchFrom {
+    /// The node's name: its certificate must say it.
+    pub node: String,
+    /// Where it listens.
+    pub addr: String,
+    /// Where its store is: a trainer on its host maps the rows.
+    pub locality: Locality,
+    /// The partition's id in its store.
+    pub partition: u64,
+    /// The partition's rows.
+    pub partition_rows: u64,
+    /// The rows wanted: the first, and how many.
+    pub rows: crate::fetch::RowRange,
+}
+
+/// What the server hands a trainer next.
+pub enum SplitItem {
+    /// A piece it sends itself.
+    Served(Served),
+    /// Rows for the trainer to fetch from the node holding them.
+    Fetch(FetchFrom),
+}
+
 /// A driver that serves splits to other processes implements this.
 pub trait SplitServer: Send + Sync + 'static {
     /// Opens rank `rank`'s stream of epoch `epoch` of split `service` for
-    /// the peer named `peer`; an error is sent to the trainer.
+    /// the peer named `peer`, which runs at `from`; an error is sent to the
+    /// trainer.
     fn open(
         &self,
         service: u64,
         rank: u32,
         epoch: u64,
-        peer: &str,
+        peer: (&str, &Locality),
     ) -> Result<Box<dyn ServedEpoch>, String>;
 }
 
@@ -90,7 +128,11 @@ pub trait SplitServer: Send + Sync + 'static {
 pub trait ServedEpoch: Send + 'static {
     /// Blocks for the rank's next piece, served by name when
     /// `shares_memory` allows it; `None` at the end of its epoch.
-    fn next(&mut self, shares_memory: bool) -> Option<Result<Served, String>>;
+    fn next(&mut self, shares_memory: bool) -> Option<Result<SplitItem, String>>;
+    /// The trainer could not fetch the last piece, a [`SplitItem::Fetch`],
+    /// as `reason` says: the rows read here and served, or `None` where
+    /// they cannot be (the job makes them again).
+    fn unfetched(&mut self, shares_memory: bool, reason: &str) -> Option<Result<Served, String>>;
     /// Every piece sent so far reached the trainer.
     fn confirmed(&mut self);
     /// The trainer left before the end of the epoch, as `reason` says
@@ -116,7 +158,8 @@ pub async fn serve_split(
     };
     let shares_memory = open.from == *here;
     // The rank's epoch until it has ended (or was lost).
-    let mut serving = match server.open(open.service, open.rank, open.epoch, peer.name()) {
+    let trainer = (peer.name(), &open.from);
+    let mut serving = match server.open(open.service, open.rank, open.epoch, trainer) {
         Ok(epoch) => Some(epoch),
         Err(message) => {
             let _ = write_frame(&mut send, &ToTrainer::Failed { message }).await;
@@ -134,6 +177,9 @@ pub async fn serve_split(
     // Pins of the pieces the trainer maps, until it releases them.
     let mut pinned: HashMap<u64, Box<dyn std::any::Any + Send>> = HashMap::new();
     let mut next_piece = 0u64;
+    // The last piece sent, when it is one to fetch (the only one a trainer
+    // may say it could not fetch).
+    let mut last_fetch: Option<u64> = None;
     loop {
         let frame = match read_frame::<ToServer, _>(&mut recv, MAX_CONTROL_FRAME).await {
             Ok(Some(frame)) => frame,
@@ -151,7 +197,7 @@ pub async fn serve_split(
                 break;
             }
         };
-        let mut epoch = match frame {
+        let (epoch, unfetched) = match frame {
             ToServer::Release { piece } => {
                 pinned.remove(&piece);
                 continue;
@@ -171,13 +217,32 @@ pub async fn serve_split(
                 continue;
             }
             ToServer::Next => match serving.take() {
-                Some(epoch) => epoch,
+                Some(mut epoch) => {
+                    epoch.confirmed();
+                    (epoch, None)
+                }
                 None => continue, // ended: nothing more to send
             },
+            ToServer::Unfetched { piece, reason } if last_fetch == Some(piece) => {
+                match serving.take() {
+                    Some(epoch) => (epoch, Some(reason)),
+                    None => continue,
+                }
+            }
+            ToServer::Unfetched { piece, .. } => {
+                let problem = format!("piece {piece} said unfetched was not one to fetch");
+                peer.refuse(&FrameError::Malformed(problem.clone()));
+                lose(&mut serving, format!("it broke the protocol: {problem}"));
+                break;
+            }
         };
-        epoch.confirmed();
+        last_fetch = None;
         let pulled = tokio::task::spawn_blocking(move || {
-            let item = epoch.next(shares_memory);
+            let mut epoch = epoch;
+            let served = (unfetched.as_deref())
+                .and_then(|reason| epoch.unfetched(shares_memory, reason))
+                .map(|served| served.map(SplitItem::Served));
+            let item = served.or_else(|| epoch.next(shares_memory));
             (epoch, item)
         })
         .await;
@@ -194,12 +259,16 @@ pub async fn serve_split(
         next_piece += 1;
         let ended = !matches!(item, Some(Ok(_)));
         let sent = match item {
-            Some(Ok(Served::Shared(name, pin))) => {
+            Some(Ok(SplitItem::Served(Served::Shared(name, pin)))) => {
                 pinned.insert(piece, pin);
                 write_frame(&mut send, &ToTrainer::Shared { piece, name }).await
             }
-            Some(Ok(Served::Bytes(bytes) | Served::Rows(bytes))) => {
+            Some(Ok(SplitItem::Served(Served::Bytes(bytes) | Served::Rows(bytes)))) => {
                 send_bytes(&mut send, piece, bytes).await
+            }
+            Some(Ok(SplitItem::Fetch(from))) => {
+                last_fetch = Some(piece);
+                write_frame(&mut send, &ToTrainer::Fetch { piece, from }).await
             }
             Some(Err(message)) => write_frame(&mut send, &ToTrainer::Failed { message }).await,
             None => write_frame(&mut send, &ToTrainer::End).await,
@@ -240,6 +309,14 @@ pub enum Piece<B> {
     },
     /// Its bytes (an Arrow IPC stream, to be validated).
     Bytes(B),
+    /// Rows to fetch from the node that holds them; if that fails, say so
+    /// with [`SplitReader::unfetched`].
+    Fetch {
+        /// The piece's number.
+        piece: u64,
+        /// Where the rows are.
+        from: FetchFrom,
+    },
 }
 
 /// Tells the server, when dropped, that the trainer no longer maps a piece.
@@ -374,12 +451,32 @@ impl SplitReader {
         &mut self,
         alloc: impl FnOnce(usize) -> B,
     ) -> Result<Option<Piece<B>>, NetError> {
+        self.ask(ToServer::Next, alloc).await
+    }
+
+    /// Says that piece `piece`, a [`Piece::Fetch`], could not be fetched,
+    /// as `reason` says; the server's answer: those rows sent by the
+    /// server, or else the next piece.
+    pub async fn unfetched<B: std::ops::DerefMut<Target = [u8]>>(
+        &mut self,
+        piece: u64,
+        reason: String,
+        alloc: impl FnOnce(usize) -> B,
+    ) -> Result<Option<Piece<B>>, NetError> {
+        self.ask(ToServer::Unfetched { piece, reason }, alloc).await
+    }
+
+    async fn ask<B: std::ops::DerefMut<Target = [u8]>>(
+        &mut self,
+        ask: ToServer,
+        alloc: impl FnOnce(usize) -> B,
+    ) -> Result<Option<Piece<B>>, NetError> {
         if self.ended {
             return Ok(None);
         }
         let broken = |peer: &Peer, e| peer.broken(std::io::Error::other(e));
         self.to_server
-            .send(ToServer::Next)
+            .send(ask)
             .map_err(|_| broken(&self.peer, "the split stream's writer stopped"))?;
         let frame_error = |source| NetError::Frame {
             peer: self.peer.name().to_string(),
@@ -402,6 +499,7 @@ impl SplitReader {
                     to_server: self.to_server.clone(),
                 },
             })),
+            ToTrainer::Fetch { piece, from } => Ok(Some(Piece::Fetch { piece, from })),
             ToTrainer::Bytes { len, .. } if len > MAX_PARTITION_BYTES => {
                 Err(frame_error(FrameError::Oversized {
                     len,

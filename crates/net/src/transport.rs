@@ -58,6 +58,8 @@ struct Inner {
     partitions: Arc<dyn PartitionServer>,
     here: Locality,
     peers: Mutex<HashMap<String, Peer>>,
+    /// Peers whose last actor session ended, until one opens again.
+    lost: Mutex<std::collections::HashSet<String>>,
     /// Told the name of each peer whose last actor session ends.
     on_lost: Mutex<Vec<LossListener>>,
     /// Where nodes listen, by name: a fetch from a node with no connection
@@ -108,6 +110,7 @@ impl Transport {
                 partitions,
                 here,
                 peers: Mutex::new(HashMap::new()),
+                lost: Mutex::default(),
                 on_lost: Mutex::new(Vec::new()),
                 addresses: Mutex::new(HashMap::new()),
                 tasks: Mutex::new(Vec::new()),
@@ -162,6 +165,12 @@ impl Transport {
     pub fn on_peer_lost(&self, on_lost: impl Fn(&str) + Send + Sync + 'static) {
         let mut listeners = self.inner.on_lost.lock().unwrap_or_else(|p| p.into_inner());
         listeners.push(Arc::new(on_lost));
+    }
+
+    /// Whether node `name`'s last actor session ended (and none opened
+    /// since): a fetch from it would only wait to fail.
+    pub fn is_lost(&self, name: &str) -> bool {
+        (self.inner.lost.lock().unwrap_or_else(|p| p.into_inner())).contains(name)
     }
 
     /// The NodeServer, for subscribing to membership events.
@@ -252,6 +261,7 @@ impl Transport {
                 source: format!("{addr} is node {}, not {name}", peer.name()).into(),
             });
         }
+        self.inner.remember(&peer);
         self.attach(peer.clone());
         Ok(peer)
     }
@@ -266,13 +276,16 @@ impl Transport {
     }
 
     /// Serves the streams `peer` opens, for as long as its connection lives.
+    /// A peer that dialled this node is known by its name only once it
+    /// opens an actor session: a process of the cluster that only fetches
+    /// (a trainer) never stands in for a node of the same name.
     fn attach(&self, peer: Peer) {
-        self.inner.remember(&peer);
         let inner = self.inner.clone();
         let task = tokio::spawn(async move {
             while let Some((kind, send, recv)) = peer.accept().await {
                 match kind {
                     StreamKind::Cluster => {
+                        inner.remember(&peer);
                         let stream = QuicBidi {
                             send,
                             recv,
@@ -328,6 +341,10 @@ impl SessionCheck {
 impl ractor_cluster::NodeEventSubscription for SessionCheck {
     fn node_session_opened(&self, session: NodeServerSessionInformation) {
         self.sessions().opened(&session.peer_addr);
+        if let Some(inner) = self.inner.upgrade() {
+            let mut lost = inner.lost.lock().unwrap_or_else(|p| p.into_inner());
+            lost.remove(&session.peer_addr);
+        }
     }
 
     fn node_session_disconnected(&self, session: NodeServerSessionInformation) {
@@ -337,6 +354,7 @@ impl ractor_cluster::NodeEventSubscription for SessionCheck {
         let Some(inner) = self.inner.upgrade() else {
             return;
         };
+        (inner.lost.lock().unwrap_or_else(|p| p.into_inner())).insert(session.peer_addr.clone());
         let listeners = inner
             .on_lost
             .lock()

@@ -22,7 +22,7 @@ use crate::source::{
     text_schema,
 };
 use crate::udf::{BatchUdf, Predicate, UdfError};
-use crate::{Error, Expr, JobStats, Result, SourceSplit};
+use crate::{Error, Expr, JobStats, Pulled, Result, SourceSplit};
 
 /// The stream of a running job's output batches.
 pub trait JobStream: Iterator<Item = Result<RecordBatch>> + Send {
@@ -34,6 +34,22 @@ pub trait JobStream: Iterator<Item = Result<RecordBatch>> + Send {
     /// [`Dataset::count`] asks).
     fn next_rows(&mut self) -> Option<Result<usize>> {
         self.next().map(|batch| batch.map(|b| b.num_rows()))
+    }
+
+    /// The next output without reading it where a cluster node holds it
+    /// ([`Pulled::Held`]: the job ends only once every such output is read
+    /// or dropped), and [`Pulled::Drained`] once every output was handed
+    /// over. By default, as `next` reads them.
+    fn next_pulled(&mut self) -> Option<Result<Pulled>> {
+        self.next().map(|batch| batch.map(Pulled::Batch))
+    }
+
+    /// The next output held by a node, if the job has handed it over
+    /// already: what [`next_pulled`](JobStream::next_pulled) would give
+    /// next without waiting, or `None` (never the end, an error or an
+    /// output that must be read first). By default, `None`.
+    fn next_held_ready(&mut self) -> Option<crate::HeldRows> {
+        None
     }
 }
 
@@ -756,6 +772,26 @@ impl BatchStream {
         let next = self.job.next_rows();
         self.ended_unless(matches!(next, Some(Ok(_))));
         next
+    }
+
+    /// The next output, left where a node holds it (see
+    /// [`JobStream::next_pulled`]).
+    pub fn next_pulled(&mut self) -> Option<Result<Pulled>> {
+        if self.done {
+            return None;
+        }
+        let next = self.job.next_pulled();
+        self.ended_unless(matches!(next, Some(Ok(_))));
+        next
+    }
+
+    /// The next held output, if handed over already (see
+    /// [`JobStream::next_held_ready`]).
+    pub fn next_held_ready(&mut self) -> Option<crate::HeldRows> {
+        match self.done {
+            true => None,
+            false => self.job.next_held_ready(),
+        }
     }
 
     /// Keeps the job's final stats once the stream has ended.

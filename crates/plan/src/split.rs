@@ -39,6 +39,7 @@ use arrow_schema::SchemaRef;
 
 use crate::batching::BatchOptions;
 use crate::dataset::{BatchStream, Dataset};
+use crate::held::{HeldRows, Piece, Pulled};
 use crate::stats::{JobStats, MAX_EVENTS, RankWait};
 use crate::{BatchIter, Error, Result};
 
@@ -134,11 +135,17 @@ struct State {
     /// That epoch's job; `None` while a rank pulls from it.
     stream: Option<BatchStream>,
     pulling: bool,
+    /// The job has handed over every output (it may still make again one
+    /// found lost: see [`EpochStream::owed`]).
     ended: bool,
     /// Rows pulled and not yet handed to a rank, oldest first, with when
     /// they came.
-    buffer: VecDeque<(RecordBatch, Instant)>,
+    buffer: VecDeque<(Piece, Instant)>,
     buffered: usize,
+    /// Rows let go once every rank still in the epoch had finished it.
+    released: usize,
+    /// Per rank, whether it has finished this epoch.
+    finished: Vec<bool>,
     /// Per rank, rows handed to it this epoch.
     delivered: Vec<usize>,
     /// Per rank, rows forwarded to its process and not yet confirmed.
@@ -208,7 +215,7 @@ impl State {
     /// ended, what is still buffered; before, the epoch before's).
     fn dropped(&self) -> usize {
         match self.ended {
-            true => self.buffered,
+            true => self.buffered + self.released,
             false => self.dropped,
         }
     }
@@ -254,6 +261,7 @@ impl Split {
             left: vec![None; n],
             delivered: vec![0; n],
             in_flight: vec![0; n],
+            finished: vec![false; n],
             stats: vec![RankStats::default(); n],
             ..State::default()
         };
@@ -313,6 +321,7 @@ impl Split {
             rank: self.rank,
             epoch,
             forwarded,
+            near: None,
             counts_batches: false,
             shared: self.shared.clone(),
             started: false,
@@ -453,6 +462,7 @@ impl Shared {
             stream: Some(stream),
             delivered: vec![0; self.ranks],
             in_flight: vec![0; self.ranks],
+            finished: vec![false; self.ranks],
             epoch_data,
             ..State::default()
         };
@@ -490,8 +500,15 @@ impl Shared {
         }
     }
 
-    /// The next rows for `rank`, or `None` once it has all it gets.
-    fn next_for(&self, rank: usize, epoch: usize, forwarded: bool) -> Option<Result<RecordBatch>> {
+    /// The next rows for `rank` (taken first from a node on host `near`,
+    /// where one holds some), or `None` once it has all it gets.
+    fn next_for(
+        &self,
+        rank: usize,
+        epoch: usize,
+        forwarded: bool,
+        near: Option<&str>,
+    ) -> Option<Result<Piece>> {
         let mut state = self.lock();
         loop {
             if state.epoch != Some(epoch) {
@@ -508,11 +525,14 @@ impl Shared {
                 let message = message.clone();
                 return Some(Err(Error::SplitJob { epoch, message }));
             }
-            if let Some(batch) = self.take(&mut state, rank) {
+            if near.is_some() {
+                Self::look_ahead(&mut state);
+            }
+            if let Some(piece) = self.take(&mut state, rank, near) {
                 if forwarded {
-                    state.in_flight[rank] += batch.num_rows();
+                    state.in_flight[rank] += piece.num_rows();
                 }
-                return Some(Ok(batch));
+                return Some(Ok(piece));
             }
             let others_in_flight = (0..self.ranks).any(|r| r != rank && state.in_flight[r] > 0);
             if state.ended && others_in_flight {
@@ -526,6 +546,9 @@ impl Shared {
                     // that now, whoever leaves later.
                     state.target = Some(state.delivered[rank]);
                 }
+                let released = self.finish(&mut state, rank);
+                drop(state);
+                drop(released); // outside the lock
                 return None;
             }
             if state.pulling {
@@ -538,7 +561,7 @@ impl Shared {
             drop(state);
             let next = {
                 let _unwinding = PullGuard(self);
-                stream.next()
+                stream.next_pulled()
             };
             state = self.lock();
             state.pulling = false;
@@ -555,23 +578,64 @@ impl Shared {
                 continue;
             }
             state.stream = Some(stream);
-            if let (None, Some(Ok(batch))) = (&state.schema, &next) {
+            if let (None, Some(Ok(Pulled::Batch(batch)))) = (&state.schema, &next) {
                 state.schema = Some(batch.schema());
             }
-            match next {
-                // An empty partition gives no rank anything.
-                Some(Ok(batch)) if batch.num_rows() == 0 => {}
-                Some(Ok(batch)) => {
-                    state.buffered += batch.num_rows();
-                    state.buffer.push_back((batch, Instant::now()));
+            let piece = match next {
+                Some(Ok(Pulled::Batch(batch))) => Piece::Batch(batch),
+                Some(Ok(Pulled::Held(held))) => Piece::Held(held),
+                Some(Ok(Pulled::Drained)) | None => {
+                    if !state.ended {
+                        state.ended = true;
+                        self.prefetch_after(&mut state, epoch);
+                    }
+                    continue;
                 }
-                Some(Err(e)) => state.failed = Some(e.to_string()),
-                None => {
-                    state.ended = true;
-                    self.prefetch_after(&mut state, epoch);
+                Some(Err(e)) => {
+                    state.failed = Some(e.to_string());
+                    continue;
                 }
+            };
+            // An empty partition gives no rank anything.
+            if piece.num_rows() > 0 {
+                state.buffered += piece.num_rows();
+                state.buffer.push_back((piece, Instant::now()));
             }
         }
+    }
+
+    /// Buffers the held outputs the job has handed over already, without
+    /// waiting: a rank that prefers some nodes' pieces then finds them.
+    fn look_ahead(state: &mut State) {
+        let State {
+            stream,
+            buffer,
+            buffered,
+            ..
+        } = state;
+        let Some(stream) = stream.as_mut() else {
+            return; // a rank pulls
+        };
+        while let Some(held) = stream.next_held_ready() {
+            if held.num_rows() > 0 {
+                *buffered += held.num_rows();
+                buffer.push_back((Piece::Held(held), Instant::now()));
+            }
+        }
+    }
+
+    /// `rank` has finished the epoch; once every rank still in it has,
+    /// what is left in the buffer (rows no rank may take) is let go, so
+    /// that the job (whose outputs held by nodes are confirmed as they
+    /// go) can end. Returns it, to be dropped outside the lock.
+    fn finish(&self, state: &mut State, rank: usize) -> VecDeque<(Piece, Instant)> {
+        state.finished[rank] = true;
+        let all = (0..self.ranks).all(|r| state.finished[r] || state.left[r] == state.epoch);
+        if !all {
+            return VecDeque::new();
+        }
+        state.released += std::mem::take(&mut state.buffered);
+        std::mem::take(&mut state.buffer)
     }
 
     /// Rows the ranks still in the epoch have seen (taken or buffered),
@@ -595,14 +659,14 @@ impl Shared {
 
     /// Rows `rank` was handed but never got (see [`EpochStream::give_back`]):
     /// first in line for whoever asks next.
-    fn give_back(&self, rank: usize, epoch: usize, batch: RecordBatch) {
+    fn give_back(&self, rank: usize, epoch: usize, piece: Piece) {
         let mut state = self.lock();
-        if state.epoch != Some(epoch) || batch.num_rows() == 0 {
+        if state.epoch != Some(epoch) || piece.num_rows() == 0 {
             return;
         }
-        let rows = batch.num_rows();
+        let rows = piece.num_rows();
         state.buffered += rows;
-        state.buffer.push_front((batch, Instant::now()));
+        state.buffer.push_front((piece, Instant::now()));
         state.delivered[rank] = state.delivered[rank].saturating_sub(rows);
         state.in_flight[rank] = state.in_flight[rank].saturating_sub(rows);
         let stats = &mut state.stats[rank];
@@ -666,29 +730,34 @@ impl Shared {
         drop((stream, buffer));
     }
 
-    /// Rows from the buffer that `rank` may take now: the oldest partition,
-    /// or (with `equal`) as much of it as keeps the rank within its share.
-    fn take(&self, state: &mut State, rank: usize) -> Option<RecordBatch> {
-        let first = state.buffer.front()?.0.num_rows();
+    /// Rows from the buffer that `rank` may take now: the oldest piece a
+    /// node on host `near` holds, else the oldest piece, or (with `equal`)
+    /// as much of it as keeps the rank within its share.
+    fn take(&self, state: &mut State, rank: usize, near: Option<&str>) -> Option<Piece> {
+        let index = near
+            .and_then(|host| {
+                (state.buffer.iter()).position(|(piece, _)| piece.host() == Some(host))
+            })
+            .unwrap_or(0);
+        let whole = state.buffer.get(index)?.0.num_rows();
         let rows = if self.options.equal {
             let (seen, present) = self.seen(state);
             let share = state.target.unwrap_or(seen / present);
             let allowed = share.saturating_sub(state.delivered[rank]);
-            first.min(allowed)
+            whole.min(allowed)
         } else {
-            first
+            whole
         };
         if rows == 0 {
             return None;
         }
-        let (front, came) = state.buffer.pop_front()?;
-        let batch = if rows < first {
-            state
-                .buffer
-                .push_front((front.slice(rows, first - rows), came));
-            front.slice(0, rows)
+        let (piece, came) = state.buffer.remove(index)?;
+        let piece = if rows < whole {
+            let rest = (piece.slice(rows, whole - rows), came);
+            state.buffer.insert(index, rest);
+            piece.slice(0, rows)
         } else {
-            front
+            piece
         };
         state.buffered -= rows;
         state.delivered[rank] += rows;
@@ -696,7 +765,41 @@ impl Shared {
         stats.rows += rows;
         stats.pieces += 1;
         stats.data_waited += came.elapsed();
-        Some(batch)
+        Some(piece)
+    }
+
+    /// Rows `rank` was handed could not be read (their node was lost):
+    /// the job makes them again, and they come anew through its stream.
+    /// The rest of their output still buffered is on the same node: it is
+    /// taken out and made again with them (the job waits for every piece
+    /// of an output before it makes it again, and no rank may be able to
+    /// take those).
+    fn owed(&self, rank: usize, epoch: usize, held: &HeldRows) {
+        let mut state = self.lock();
+        if state.epoch != Some(epoch) {
+            return;
+        }
+        let mut same_node = VecDeque::new();
+        for (piece, came) in std::mem::take(&mut state.buffer) {
+            match &piece {
+                Piece::Held(rows) if rows.same_output(held) => {
+                    state.buffered -= rows.num_rows();
+                    rows.lost();
+                    same_node.push_back((piece, came));
+                }
+                _ => state.buffer.push_back((piece, came)),
+            }
+        }
+        let rows = held.num_rows();
+        state.delivered[rank] = state.delivered[rank].saturating_sub(rows);
+        state.in_flight[rank] = state.in_flight[rank].saturating_sub(rows);
+        let stats = &mut state.stats[rank];
+        stats.rows = stats.rows.saturating_sub(rows);
+        stats.pieces = stats.pieces.saturating_sub(1);
+        state.ended = false;
+        self.changed.notify_all();
+        drop(state);
+        drop(same_node); // outside the lock: the job hears of the output
     }
 }
 
@@ -721,6 +824,8 @@ pub struct EpochStream {
     rank: usize,
     epoch: usize,
     forwarded: bool,
+    /// The host whose nodes' pieces this rank takes first.
+    near: Option<String>,
     /// Whether each piece it yields counts as a batch delivered (its
     /// consumer takes pieces as they come).
     counts_batches: bool,
@@ -746,8 +851,51 @@ impl EpochStream {
     /// Hands back rows this forwarded stream yielded that never reached
     /// the trainer (its process was lost before confirming them): the next
     /// rank to ask gets them, so no row is lost.
-    pub fn give_back(&self, batch: RecordBatch) {
-        self.shared.give_back(self.rank, self.epoch, batch);
+    pub fn give_back(&self, piece: Piece) {
+        self.shared.give_back(self.rank, self.epoch, piece);
+    }
+
+    /// Rows this stream yielded held by a node could not be read by
+    /// anyone (the node was lost; [`HeldRows::read`](crate::HeldRows::read)
+    /// reported them): they are no longer this rank's, and the job makes
+    /// them again for whichever rank asks.
+    pub fn owed(&self, held: &HeldRows) {
+        self.shared.owed(self.rank, self.epoch, held);
+    }
+
+    /// Takes first what nodes on host `host` (a boot id) hold: a trainer
+    /// there fetches it from their shared memory.
+    pub fn prefer_host(&mut self, host: impl Into<String>) {
+        self.near = Some(host.into());
+    }
+
+    /// The next piece, as [`Iterator::next`] but where a node holds the
+    /// rows leaving them there (a forwarded stream's trainer fetches
+    /// them): see [`Piece`].
+    pub fn next_piece(&mut self) -> Option<Result<Piece>> {
+        if self.done {
+            return None;
+        }
+        let asked = Instant::now();
+        let next = match self.started {
+            false => {
+                self.started = true;
+                match self.shared.start(self.epoch) {
+                    Ok(()) => self.pull(),
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            true => self.pull(),
+        };
+        self.shared.waited(self.rank, self.epoch, asked);
+        self.done = !matches!(next, Some(Ok(_)));
+        next
+    }
+
+    fn pull(&self) -> Option<Result<Piece>> {
+        let near = self.near.as_deref();
+        self.shared
+            .next_for(self.rank, self.epoch, self.forwarded, near)
     }
 
     /// This rank was lost (its process died or disconnected), as `reason`
@@ -792,27 +940,29 @@ impl EpochStream {
 impl Iterator for EpochStream {
     type Item = Result<RecordBatch>;
 
+    /// The next rows, read in this process where a node holds them; rows
+    /// whose node was lost are made again by the job and come later.
     fn next(&mut self) -> Option<Result<RecordBatch>> {
-        if self.done {
-            return None;
+        loop {
+            return match self.next_piece()? {
+                Ok(piece) => match piece.read() {
+                    Ok(batch) => {
+                        if self.counts_batches {
+                            self.batch_count().add(1);
+                        }
+                        Some(Ok(batch))
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "rows of a split could not be read from their node; the job makes them again");
+                        if let Piece::Held(held) = &piece {
+                            self.owed(held);
+                        }
+                        continue;
+                    }
+                },
+                Err(e) => Some(Err(e)),
+            };
         }
-        let asked = Instant::now();
-        let next = match self.started {
-            false => {
-                self.started = true;
-                match self.shared.start(self.epoch) {
-                    Ok(()) => self.shared.next_for(self.rank, self.epoch, self.forwarded),
-                    Err(e) => Some(Err(e)),
-                }
-            }
-            true => self.shared.next_for(self.rank, self.epoch, self.forwarded),
-        };
-        self.shared.waited(self.rank, self.epoch, asked);
-        self.done = !matches!(next, Some(Ok(_)));
-        if self.counts_batches && !self.done {
-            self.batch_count().add(1);
-        }
-        next
     }
 }
 

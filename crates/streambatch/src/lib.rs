@@ -31,7 +31,7 @@ mod runtime_dir;
 pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
 pub use memory::keep_freed_memory;
-pub use remote_split::{RemoteEpoch, RemoteSplit, SplitHandle, SplitService};
+pub use remote_split::{PieceSources, RemoteEpoch, RemoteSplit, SplitHandle, SplitService};
 pub use runtime_dir::use_private_runtime_dir;
 
 // The README's examples compile as doc tests.
@@ -47,10 +47,11 @@ pub use streambatch_net::{TlsFiles, init_cluster};
 pub use streambatch_plan::sink::{FileFormat, ParquetWriteOptions};
 pub use streambatch_plan::{
     Agg, AggKind, BatchFn, BatchOptions, BatchStream, BatchUdf, Batches, Collate, Dataset,
-    EpochStream, Error, Event, EventKind, Expr, Grouped, JobStats, JoinHow, LostRank, Named,
-    NodeStats, OpStats, OperatorStats, PauseCause, Pauses, RankStats, Recipe, Registry, Result,
-    ResumedWrite, Row, Split, SplitOptions, Stateful, StoreSample, UdfError, Value, Wait, WaitSpan,
-    col, lit, object_bytes_read, object_gets, object_reads_ahead, object_url, timeline,
+    EpochStream, Error, Event, EventKind, Expr, Grouped, HeldAt, HeldRows, JobStats, JoinHow,
+    LostRank, Named, NodeStats, OpStats, OperatorStats, PauseCause, Pauses, Piece, Pulled,
+    RankStats, Recipe, Registry, Result, ResumedWrite, Row, Split, SplitOptions, Stateful,
+    StoreSample, UdfError, Value, Wait, WaitSpan, col, lit, object_bytes_read, object_gets,
+    object_reads_ahead, object_url, timeline,
 };
 pub use streambatch_sched::{
     ClusterClient, ClusterError, ClusterNode, LocalCluster, Members, NodeInfo,

@@ -300,6 +300,8 @@ async fn take_in_new_nodes(job: RunningJob, mut start: JobStart) {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(member.name.clone(), agent.clone());
+                    (source.places.lock().unwrap_or_else(|p| p.into_inner()))
+                        .extend(ClusterSource::places_of(std::slice::from_ref(&member)));
                     for (names, e) in jobs.lock().unwrap_or_else(|p| p.into_inner()).iter_mut() {
                         if e.get_id() == executor.get_id() {
                             names.push(member.name.clone());
@@ -347,6 +349,7 @@ impl Runner for ClusterClient {
             handle: handle.clone(),
             transport: self.transport.clone(),
             agents: Mutex::new(HashMap::new()),
+            places: Mutex::new(ClusterSource::places_of(&members)),
             key: key.clone(),
         });
         let joining = crate::driver::executor::Joining::default();
@@ -470,6 +473,8 @@ struct ClusterSource {
     handle: tokio::runtime::Handle,
     transport: Transport,
     agents: Mutex<HashMap<String, ActorRef<AgentMsg>>>,
+    /// Where each node of the job listens, and its store's locality.
+    places: Mutex<HashMap<String, (String, Locality)>>,
     key: JobKey,
 }
 
@@ -479,6 +484,9 @@ impl RemoteSource for ClusterSource {
             node: holder.to_string(),
             message: format!("fetching partition {id}: {message}"),
         };
+        if self.transport.is_lost(holder) {
+            return Err(failed("the node is lost".into()));
+        }
         let fetched = self
             .handle
             .block_on(self.transport.fetch(holder, id))
@@ -501,6 +509,11 @@ impl RemoteSource for ClusterSource {
         }
     }
 
+    fn place(&self, holder: &str) -> Option<(String, Locality)> {
+        let places = self.places.lock().unwrap_or_else(|p| p.into_inner());
+        places.get(holder).cloned()
+    }
+
     fn release(&self, holder: &str, id: u64) {
         let agents = self.agents.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(agent) = agents.get(holder) {
@@ -514,6 +527,13 @@ impl RemoteSource for ClusterSource {
 }
 
 impl ClusterSource {
+    /// Where `members` listen, and their stores' localities, by name.
+    fn places_of(members: &[NodeInfo]) -> HashMap<String, (String, Locality)> {
+        (members.iter())
+            .map(|m| (m.name.clone(), (m.addr.clone(), m.locality.clone())))
+            .collect()
+    }
+
     /// Tells every node of the job (those that joined it too) that it
     /// ended: for a job whose executor failed before it could.
     fn end_job(&self) {

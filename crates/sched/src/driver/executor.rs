@@ -693,7 +693,13 @@ impl ExecState {
         match action {
             Action::Emit { part: slice, id } => {
                 let id = matches!(self.backend, Backend::Remote(_)).then_some(id);
-                if self.output.send(JobItem::Output { slice, id }).is_err() {
+                let in_order = self.job.one_at_a_time();
+                let output = JobItem::Output {
+                    slice,
+                    id,
+                    in_order,
+                };
+                if self.output.send(output).is_err() {
                     // The driver dropped the stream: the job is cancelled.
                     self.job.cancel();
                 }
@@ -717,6 +723,9 @@ impl ExecState {
                     }
                 }
                 let _ = self.output.send(JobItem::End(result));
+            }
+            Action::Drained => {
+                let _ = self.output.send(JobItem::Drained);
             }
             other => match &mut self.backend {
                 Backend::Local(local) => local.apply(other),
@@ -766,7 +775,9 @@ impl Local {
             }
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
             Action::Move { .. } => unreachable!("one node does not drain"),
-            Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
+            Action::Emit { .. } | Action::End(_) | Action::Drained => {
+                unreachable!("handled by the executor")
+            }
         }
     }
 
@@ -868,7 +879,9 @@ impl Remote {
                 self.adopting.insert((holder, id), (origin, stage));
                 self.tell(to, order, job);
             }
-            Action::Emit { .. } | Action::End(_) => unreachable!("handled by the executor"),
+            Action::Emit { .. } | Action::End(_) | Action::Drained => {
+                unreachable!("handled by the executor")
+            }
         }
     }
 

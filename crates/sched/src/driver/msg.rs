@@ -63,7 +63,13 @@ pub enum JobItem {
         slice: Slice,
         /// Their name, when the executor waits to hear they were read.
         id: Option<PieceId>,
+        /// The next output comes only once these rows are read (a sort's,
+        /// in order): the driver reads them at once.
+        in_order: bool,
     },
+    /// Every output was handed over; the job ends once each is read (see
+    /// `Action::Drained`).
+    Drained,
     /// The job ended.
     End(Result<(), Error>),
 }

@@ -1,15 +1,22 @@
 //! The driver's end of a job: output partitions as the executor sends
-//! them, read (from wherever they are stored) as the driver iterates.
+//! them, read (from wherever they are stored) as the driver iterates, or
+//! handed on unread ([`JobStream::next_pulled`]).
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use ractor::ActorRef;
-use streambatch_plan::{Error, JobStats, JobStream, Result};
+use streambatch_plan::{Error, HeldAt, HeldRows, HeldSource, JobStats, JobStream, Pulled, Result};
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
 use crate::exec::partition::Slice;
+use crate::job::PieceId;
+
+/// Rows of outputs found lost, by output: when the job sends the output
+/// again, only those rows are handed on (the others reached a consumer).
+type Owed = Arc<Mutex<HashMap<PieceId, Vec<(usize, usize)>>>>;
 
 /// A job's output stream.
 pub(crate) struct JobOutput {
@@ -20,6 +27,11 @@ pub(crate) struct JobOutput {
     on_done: Option<Box<dyn FnOnce() + Send>>,
     /// Told of each named output whether it could be read.
     reads: Option<ActorRef<ExecutorMsg>>,
+    owed: Owed,
+    /// Held outputs (or pieces owed of one) still to hand on.
+    pending: VecDeque<HeldRows>,
+    /// An item received while looking ahead, not yet handled.
+    early: Option<JobItem>,
 }
 
 impl JobOutput {
@@ -34,6 +46,9 @@ impl JobOutput {
             ended: false,
             on_done,
             reads: None,
+            owed: Owed::default(),
+            pending: VecDeque::new(),
+            early: None,
         }
     }
 
@@ -53,8 +68,12 @@ impl JobOutput {
             return None;
         }
         loop {
-            return match self.rx.recv() {
-                Ok(JobItem::Output { slice, id }) => {
+            let item = match self.early.take() {
+                Some(item) => Ok(item),
+                None => self.rx.recv(),
+            };
+            return match item {
+                Ok(JobItem::Output { slice, id, .. }) => {
                     let taken = take(slice);
                     if let (Some(id), Some(executor)) = (id, &self.reads) {
                         let read = taken.is_ok();
@@ -66,16 +85,66 @@ impl JobOutput {
                     }
                     Some(taken)
                 }
-                Ok(JobItem::End(result)) => {
-                    self.ended = true;
-                    result.err().map(Err)
-                }
-                Err(_) => {
-                    self.ended = true;
-                    Some(Err(Error::JobLost))
-                }
+                // Read as they come, every output is confirmed soon.
+                Ok(JobItem::Drained) => continue,
+                Ok(JobItem::End(result)) => self.end(result),
+                Err(_) => self.end(Err(Error::JobLost)),
             };
         }
+    }
+
+    fn end<T>(&mut self, result: Result<()>) -> Option<Result<T>> {
+        self.ended = true;
+        result.err().map(Err)
+    }
+
+    /// `slice`, output `id`, as rows a node holds, read later by whoever
+    /// takes them: only the rows owed of it when it was sent before and
+    /// found lost. `None` where it is not held by a node.
+    fn held(&mut self, slice: &Slice, id: PieceId, executor: &ActorRef<ExecutorMsg>) -> Option<()> {
+        let part = slice.remote_part()?;
+        let (addr, locality) = part.source.place(&part.holder)?;
+        let at = HeldAt {
+            node: part.holder.clone(),
+            addr,
+            host: locality.host,
+            store_dir: locality.store_dir,
+            partition: part.id,
+            partition_rows: part.rows,
+            first: slice.offset,
+        };
+        let source = HeldOutput {
+            slice: slice.clone(),
+            read: Mutex::default(),
+            id,
+            executor: executor.clone(),
+            lost: Mutex::default(),
+            owed: self.owed.clone(),
+        };
+        let whole = HeldRows::new(at, slice.len, Box::new(source));
+        let owed = self
+            .owed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        match owed {
+            Some(ranges) => (self.pending).extend(
+                (ranges.into_iter())
+                    .filter(|&(offset, len)| len > 0 && offset + len <= slice.len)
+                    .map(|(offset, len)| whole.slice(offset, len)),
+            ),
+            None => self.pending.push_back(whole),
+        }
+        Some(())
+    }
+
+    /// Whether an output found lost is still to be made again.
+    fn owes(&self) -> bool {
+        !self
+            .owed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 }
 
@@ -96,6 +165,79 @@ impl JobStream for JobOutput {
     fn next_rows(&mut self) -> Option<Result<usize>> {
         self.next_with(|slice| Ok(slice.len))
     }
+
+    fn next_held_ready(&mut self) -> Option<HeldRows> {
+        self.held_ready()
+    }
+
+    /// Outputs held by cluster nodes are handed on unread (the executor
+    /// hears of each once every piece of it was read or dropped); a
+    /// sort's, which come one at a time, are read here.
+    fn next_pulled(&mut self) -> Option<Result<Pulled>> {
+        loop {
+            if let Some(held) = self.pending.pop_front() {
+                return Some(Ok(Pulled::Held(held)));
+            }
+            if self.ended {
+                return None;
+            }
+            let Some(executor) = self.reads.clone() else {
+                return self.next().map(|batch| batch.map(Pulled::Batch));
+            };
+            let item = match self.early.take() {
+                Some(item) => Ok(item),
+                None => self.rx.recv(),
+            };
+            match item {
+                Ok(JobItem::Output {
+                    slice,
+                    id: Some(id),
+                    in_order: false,
+                }) if self.held(&slice, id, &executor).is_some() => continue,
+                Ok(JobItem::Output { slice, id, .. }) => {
+                    let read = slice.read();
+                    if let Some(id) = id {
+                        let _ = executor.cast(ExecutorMsg::Read {
+                            id,
+                            read: read.is_ok(),
+                        });
+                    }
+                    match read {
+                        Ok(batch) => return Some(Ok(Pulled::Batch(batch))),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "an output could not be read; it is made again")
+                        }
+                    }
+                }
+                // Sent before a lost output was reported: that one comes
+                // again, then the job is drained anew.
+                Ok(JobItem::Drained) if self.owes() => {}
+                Ok(JobItem::Drained) => return Some(Ok(Pulled::Drained)),
+                Ok(JobItem::End(result)) => return self.end(result),
+                Err(_) => return self.end(Err(Error::JobLost)),
+            }
+        }
+    }
+}
+
+impl JobOutput {
+    /// Looks ahead: the next held output if the executor has sent it
+    /// already (else, or for anything else, `None`: that waits for
+    /// [`JobStream::next_pulled`]).
+    fn held_ready(&mut self) -> Option<HeldRows> {
+        if self.pending.is_empty() && self.early.is_none() && !self.ended {
+            let executor = self.reads.clone()?;
+            match self.rx.try_recv().ok()? {
+                JobItem::Output {
+                    slice,
+                    id: Some(id),
+                    in_order: false,
+                } if self.held(&slice, id, &executor).is_some() => {}
+                other => self.early = Some(other),
+            }
+        }
+        self.pending.pop_front()
+    }
 }
 
 impl Drop for JobOutput {
@@ -103,5 +245,59 @@ impl Drop for JobOutput {
         if let Some(done) = self.on_done.take() {
             done();
         }
+    }
+}
+
+/// An output a node holds, handed on unread: once no piece of it is left,
+/// the executor hears whether every row was read (or dropped), or some were
+/// lost and must be made again.
+struct HeldOutput {
+    slice: Slice,
+    /// The output once read here (its pieces are read together).
+    read: Mutex<Option<RecordBatch>>,
+    id: PieceId,
+    executor: ActorRef<ExecutorMsg>,
+    /// Rows no one could read: (offset, len) in the output.
+    lost: Mutex<Vec<(usize, usize)>>,
+    owed: Owed,
+}
+
+impl HeldSource for HeldOutput {
+    /// Reads the whole output once (a node serves whole partitions to
+    /// the driver), then its rows from that.
+    fn read(&self, offset: usize, len: usize) -> Result<RecordBatch> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.slice.len)
+        {
+            return Err(Error::Invalid(format!(
+                "rows {offset}+{len} outside an output of {}",
+                self.slice.len
+            )));
+        }
+        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        let whole = match &*read {
+            Some(whole) => whole.clone(),
+            None => read.insert(self.slice.read()?).clone(),
+        };
+        Ok(whole.slice(offset, len))
+    }
+
+    fn lost(&self, offset: usize, len: usize) {
+        (self.lost.lock().unwrap_or_else(|p| p.into_inner())).push((offset, len));
+    }
+}
+
+impl Drop for HeldOutput {
+    fn drop(&mut self) {
+        let lost = std::mem::take(self.lost.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let read = lost.is_empty();
+        if !read {
+            // Before the executor hears of it, so that the output sent
+            // again finds what it owes.
+            let mut owed = self.owed.lock().unwrap_or_else(|p| p.into_inner());
+            owed.entry(self.id).or_default().extend(lost);
+        }
+        let _ = self.executor.cast(ExecutorMsg::Read { id: self.id, read });
     }
 }

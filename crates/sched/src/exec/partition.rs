@@ -46,6 +46,12 @@ pub trait RemoteSource: Send + Sync {
     fn fetch(&self, holder: &str, id: u64, keep: Arc<RemotePart>) -> Result<RecordBatch>;
     /// Tells `holder` that the job is done with partition `id`.
     fn release(&self, holder: &str, id: u64);
+    /// Where node `holder` listens, and where its store is: for a process
+    /// that fetches its partitions itself (a trainer). `None` where unknown.
+    fn place(&self, holder: &str) -> Option<(String, streambatch_net::Locality)> {
+        let _ = holder;
+        None
+    }
 }
 
 /// A partition stored on another node, as the driver's executor holds it.

@@ -60,7 +60,7 @@ impl<P: Part> JobState<P> {
     }
 
     /// The driver gets a sort's outputs one at a time (see [`Self::emit`]).
-    pub(super) fn one_at_a_time(&self) -> bool {
+    pub(crate) fn one_at_a_time(&self) -> bool {
         self.made.is_some()
             && self
                 .order
@@ -73,6 +73,7 @@ impl<P: Part> JobState<P> {
         if self.made.is_some() {
             self.unread += 1;
         }
+        self.told_drained = false;
         self.actions.push(Action::Emit { part, id: piece.id });
     }
 

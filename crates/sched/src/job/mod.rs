@@ -100,6 +100,10 @@ pub(crate) enum Action<P> {
     /// Hand rows of an output of the last stage to the driver; `id` names
     /// them, should the driver find them lost (see [`JobState::on_read`]).
     Emit { part: P, id: PieceId },
+    /// Every output was handed to the driver, and some are not read yet:
+    /// the job ends once they are (the driver may hold them unread, handing
+    /// them on, and need to know that no more will come).
+    Drained,
     /// `stage`'s remaining work is not needed: its tasks stop early and its
     /// paused tasks are dropped.
     Cancel { stage: usize },
@@ -357,6 +361,9 @@ pub(crate) struct JobState<P> {
     /// Outputs handed to the driver that it has not yet said it read
     /// (counted only when the job keeps lineage).
     unread: usize,
+    /// Whether the driver was told the job is drained since the last
+    /// output it was handed (see [`Action::Drained`]).
+    told_drained: bool,
     /// Free slots per node.
     free: Vec<Resources>,
     /// All slots per node.
@@ -433,6 +440,7 @@ impl<P: Part> JobState<P> {
             made: None,
             reemit: Vec::new(),
             unread: 0,
+            told_drained: false,
             draining: vec![false; free.len()],
             lost: vec![false; free.len()],
             open: BTreeSet::new(),
@@ -595,6 +603,9 @@ impl<P: Part> JobState<P> {
             self.report_stages(memory);
             if self.finished() {
                 self.end(Ok(()));
+            } else if self.drained() && !self.told_drained {
+                self.told_drained = true;
+                self.actions.push(Action::Drained);
             }
         }
         std::mem::take(&mut self.actions)
@@ -602,9 +613,14 @@ impl<P: Part> JobState<P> {
 
     /// Every stage is done and idle, and the driver has every output.
     fn finished(&self) -> bool {
+        self.drained() && self.unread == 0
+    }
+
+    /// Every stage is done and idle, and every output was handed to the
+    /// driver (which may not have read them all).
+    fn drained(&self) -> bool {
         self.stages.iter().all(|s| s.done && s.idle())
             && self.reemit.is_empty()
-            && self.unread == 0
             && self.to_driver.is_empty()
     }
 

@@ -149,6 +149,7 @@ fn simulate(
                     budgets.iter().for_each(|b| b.fit_reserve(stage, bytes))
                 }
                 Action::End(result) => ended = Some(result),
+                Action::Drained => {}
                 Action::Move { .. } => panic!("no node drains here"),
             }
         }

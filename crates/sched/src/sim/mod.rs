@@ -665,6 +665,7 @@ impl<'a> Sim<'a> {
                 });
             }
             Action::End(result) => return Ok(Some(result.map_err(|e| e.to_string()))),
+            Action::Drained => {}
         }
         Ok(None)
     }

@@ -25,12 +25,13 @@
 
 mod flight;
 mod handle;
+mod holders;
 mod open;
 mod ranks;
 mod serve;
 
 pub use handle::SplitHandle;
-pub use open::{RemoteEpoch, RemoteSplit};
+pub use open::{PieceSources, RemoteEpoch, RemoteSplit};
 pub use serve::SplitService;
 
 use streambatch_core::NodeConfig;

@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow_array::RecordBatch;
 use streambatch_net::split::{BatchReporter, Piece, SplitReader, StreamWriter, open_split};
@@ -6,6 +7,7 @@ use streambatch_net::{Endpoint, Identity, Locality, Peer, TlsFiles};
 use streambatch_plan::{BatchIter, BatchOptions, Error, Result};
 use streambatch_store::{ipc, open_shared_keeping};
 
+use super::holders::{Came, Holders};
 use super::{SplitHandle, locality, runtime};
 
 /// One rank of a split served by another process, read here: see
@@ -15,7 +17,11 @@ pub struct RemoteSplit {
     handle: SplitHandle,
     peer: Peer,
     here: Locality,
-    _endpoint: Endpoint,
+    endpoint: Endpoint,
+    /// The nodes this trainer fetches pieces from (made when first
+    /// needed, with `here`'s host).
+    holders: std::sync::OnceLock<Arc<Holders>>,
+    sources: Arc<Sources>,
     runtime: Arc<tokio::runtime::Runtime>,
     /// The epochs' stream writers: those whose streams are no longer in
     /// use are waited for (briefly) when dropped, so that the last batch
@@ -76,7 +82,9 @@ impl RemoteSplit {
             handle: handle.clone(),
             peer,
             here: locality(),
-            _endpoint: endpoint,
+            endpoint,
+            holders: std::sync::OnceLock::new(),
+            sources: Arc::default(),
             runtime,
             writers: std::sync::Mutex::new(Vec::new()),
         })
@@ -93,6 +101,18 @@ impl RemoteSplit {
     /// This split's rank.
     pub fn rank(&self) -> usize {
         self.handle.rank
+    }
+
+    /// Where the pieces this trainer got so far came from: the driver, or
+    /// the nodes holding them (fetched by this trainer itself).
+    pub fn piece_sources(&self) -> PieceSources {
+        let read = |count: &AtomicUsize| count.load(Ordering::Relaxed);
+        PieceSources {
+            driver: read(&self.sources.driver),
+            node_memory: read(&self.sources.node_memory),
+            node_bytes: read(&self.sources.node_bytes),
+            unfetched: read(&self.sources.unfetched),
+        }
     }
 
     /// This rank's partitions of epoch `epoch`: asking for it counts at
@@ -120,9 +140,14 @@ impl RemoteSplit {
             writers.retain(|w| !w.is_finished());
             writers.push(writer);
         }
+        let holders = self
+            .holders
+            .get_or_init(|| Arc::new(Holders::new(self.endpoint.clone(), self.here.host.clone())));
         Ok(RemoteEpoch {
             handle: self.handle.to_string(),
             reader: Some(reader),
+            holders: holders.clone(),
+            sources: self.sources.clone(),
             runtime: self.runtime.clone(),
             counting: None,
         })
@@ -154,6 +179,8 @@ pub struct RemoteEpoch {
     handle: String,
     /// `None` once ended.
     reader: Option<SplitReader>,
+    holders: Arc<Holders>,
+    sources: Arc<Sources>,
     runtime: Arc<tokio::runtime::Runtime>,
     /// Where its consumer takes pieces as batches, what reports them.
     counting: Option<BatchReporter>,
@@ -166,19 +193,53 @@ impl Iterator for RemoteEpoch {
         let reader = self.reader.as_mut()?;
         // Arrow's decoder wants its buffers aligned: bytes land in one.
         let aligned = arrow_buffer::MutableBuffer::from_len_zeroed;
-        let piece = self.runtime.block_on(reader.next(aligned));
-        let batch = match piece {
-            Ok(None) => {
-                self.reader = None;
-                return None;
+        let (holders, sources) = (&self.holders, &self.sources);
+        let batch = self.runtime.block_on(async {
+            let mut piece = reader.next(aligned).await;
+            loop {
+                let count = |counter: &AtomicUsize| counter.fetch_add(1, Ordering::Relaxed);
+                return match piece {
+                    Ok(None) => None,
+                    Ok(Some(Piece::Shared { name, release })) => {
+                        count(&sources.driver);
+                        Some(
+                            open_shared_keeping(&name, Arc::new(release))
+                                .map(|shared| shared.batch)
+                                .map_err(|e| e.to_string()),
+                        )
+                    }
+                    Ok(Some(Piece::Bytes(bytes))) => {
+                        count(&sources.driver);
+                        Some(ipc::decode(&bytes.into()).map_err(|e| e.to_string()))
+                    }
+                    Ok(Some(Piece::Fetch {
+                        piece: number,
+                        from,
+                    })) => {
+                        match holders.fetch(&from).await {
+                            Ok((batch, Came::ByMemory)) => {
+                                count(&sources.node_memory);
+                                Some(Ok(batch))
+                            }
+                            Ok((batch, Came::AsBytes)) => {
+                                count(&sources.node_bytes);
+                                Some(Ok(batch))
+                            }
+                            Err(reason) => {
+                                // The driver sends them, or the next piece.
+                                count(&sources.unfetched);
+                                piece = reader.unfetched(number, reason, aligned).await;
+                                continue;
+                            }
+                        }
+                    }
+                    Err(e) => Some(Err(e.to_string())),
+                };
             }
-            Ok(Some(Piece::Shared { name, release })) => {
-                open_shared_keeping(&name, Arc::new(release))
-                    .map(|shared| shared.batch)
-                    .map_err(|e| e.to_string())
-            }
-            Ok(Some(Piece::Bytes(bytes))) => ipc::decode(&bytes.into()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        });
+        let Some(batch) = batch else {
+            self.reader = None;
+            return None;
         };
         match &batch {
             Err(_) => self.reader = None,
@@ -193,4 +254,27 @@ impl Iterator for RemoteEpoch {
             message,
         }))
     }
+}
+
+/// Where a trainer's pieces came from (see [`RemoteSplit::piece_sources`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PieceSources {
+    /// Sent by the driver (read there, or rows a trainer could not fetch).
+    pub driver: usize,
+    /// Mapped from the shared memory of the node holding them.
+    pub node_memory: usize,
+    /// Fetched as bytes from the node holding them.
+    pub node_bytes: usize,
+    /// Fetches from a node that failed (the driver then sent the rows, or
+    /// the job made them again).
+    pub unfetched: usize,
+}
+
+/// The counts behind [`PieceSources`].
+#[derive(Default)]
+struct Sources {
+    driver: AtomicUsize,
+    node_memory: AtomicUsize,
+    node_bytes: AtomicUsize,
+    unfetched: AtomicUsize,
 }

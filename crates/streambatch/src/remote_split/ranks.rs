@@ -1,15 +1,16 @@
 //! The ranks of a split as a service serves them, over QUIC or Arrow
 //! Flight: each (rank, epoch) stream claimed by one reader, what it yields
 //! in flight until its trainer confirms it, and given back to the split
-//! when the trainer is lost.
+//! when the trainer is lost. Rows a cluster node holds go to a trainer as
+//! where to fetch them; a trainer on that node's host is handed them first.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
-use streambatch_net::Served;
-use streambatch_net::split::{ServedEpoch, SplitServer};
-use streambatch_plan::{EpochStream, Split};
+use streambatch_net::split::{FetchFrom, ServedEpoch, SplitItem, SplitServer};
+use streambatch_net::{Locality, RowRange, Served};
+use streambatch_plan::{EpochStream, HeldRows, Piece, Split};
 use streambatch_store::{ObjectStore, SharedStore, ipc};
 
 /// The split's ranks, on the service.
@@ -77,9 +78,10 @@ impl SplitServer for Ranks {
         service: u64,
         rank: u32,
         epoch: u64,
-        peer: &str,
+        (peer, from): (&str, &Locality),
     ) -> std::result::Result<Box<dyn ServedEpoch>, String> {
-        let split = self.claim(service, rank, epoch, peer)?;
+        let mut split = self.claim(service, rank, epoch, peer)?;
+        split.prefer_host(from.host.clone());
         Ok(Box::new(RankEpoch {
             stream: Some(split),
             pieces: self.pieces.clone(),
@@ -93,7 +95,7 @@ struct RankEpoch {
     stream: Option<EpochStream>,
     pieces: Arc<SharedStore>,
     /// What was sent since the trainer last confirmed, oldest first.
-    unconfirmed: Vec<RecordBatch>,
+    unconfirmed: Vec<Piece>,
 }
 
 impl Drop for RankEpoch {
@@ -110,13 +112,39 @@ impl Drop for RankEpoch {
 }
 
 impl ServedEpoch for RankEpoch {
-    fn next(&mut self, shares_memory: bool) -> Option<std::result::Result<Served, String>> {
-        let batch = match self.stream.as_mut()?.next()? {
-            Ok(batch) => batch,
+    fn next(&mut self, shares_memory: bool) -> Option<std::result::Result<SplitItem, String>> {
+        let piece = match self.stream.as_mut()?.next_piece()? {
+            Ok(piece) => piece,
             Err(e) => return Some(Err(e.to_string())),
         };
-        self.unconfirmed.push(batch.clone());
-        Some(serve(&self.pieces, batch, shares_memory))
+        self.unconfirmed.push(piece.clone());
+        Some(match piece {
+            Piece::Batch(batch) => serve(&self.pieces, batch, shares_memory).map(SplitItem::Served),
+            Piece::Held(held) => Ok(SplitItem::Fetch(fetch_from(&held))),
+        })
+    }
+
+    fn unfetched(
+        &mut self,
+        shares_memory: bool,
+        reason: &str,
+    ) -> Option<std::result::Result<Served, String>> {
+        let Some(Piece::Held(held)) = self.unconfirmed.pop() else {
+            return None;
+        };
+        tracing::debug!(%reason, rows = ?held, "a trainer could not fetch rows; the driver reads them");
+        match held.read() {
+            Ok(batch) => {
+                self.unconfirmed.push(Piece::Batch(batch.clone()));
+                Some(serve(&self.pieces, batch, shares_memory))
+            }
+            Err(error) => {
+                // The node is lost: the job makes the rows again.
+                tracing::warn!(%error, "rows a trainer could not fetch could not be read either");
+                self.stream.as_ref()?.owed(&held);
+                None
+            }
+        }
     }
 
     fn confirmed(&mut self) {
@@ -145,6 +173,26 @@ impl ServedEpoch for RankEpoch {
         }
         tracing::warn!(%reason, "a split's trainer was lost");
         stream.lose(reason);
+    }
+}
+
+/// Where a trainer fetches `held` from.
+fn fetch_from(held: &HeldRows) -> FetchFrom {
+    let at = held.at();
+    let (offset, len) = held.partition_rows();
+    FetchFrom {
+        node: at.node.clone(),
+        addr: at.addr.clone(),
+        locality: Locality {
+            host: at.host.clone(),
+            store_dir: at.store_dir.clone(),
+        },
+        partition: at.partition,
+        partition_rows: at.partition_rows as u64,
+        rows: RowRange {
+            offset: offset as u64,
+            len: len as u64,
+        },
     }
 }
 
