@@ -179,6 +179,10 @@ impl HeldSource for FakeOutput {
     fn lost(&self, offset: usize, len: usize) {
         self.lost.lock().unwrap().push((offset, len));
     }
+
+    fn any_lost(&self) -> bool {
+        !self.lost.lock().unwrap().is_empty()
+    }
 }
 
 impl Drop for FakeOutput {

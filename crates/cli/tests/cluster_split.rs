@@ -123,13 +123,24 @@ fn trainers_fetch_their_pieces_from_the_nodes_that_hold_them() {
 
 #[test]
 fn a_node_killed_while_trainers_fetch_from_it_costs_only_its_rows_each_once() {
+    killed_while_trainers_fetch(false);
+}
+
+#[test]
+fn a_node_killed_while_trainers_fetch_equal_shares_from_it_costs_only_its_rows() {
+    killed_while_trainers_fetch(true);
+}
+
+/// Kills worker-2 (SIGKILL) once the trainers got 4 pieces of a split
+/// (`equal` or not): every row still reaches one trainer once.
+fn killed_while_trainers_fetch(equal: bool) {
     let mut cluster = Cluster::start_configured(
         &[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)],
         "128MiB",
         "node_timeout_ms = 2000\n",
     );
     let ctx = Context::connect(cluster.driver_config()).unwrap();
-    let splits = ctx.range(3_000, 30).streaming_split(2, false).unwrap();
+    let splits = ctx.range(3_000, 30).streaming_split(2, equal).unwrap();
     let service = ctx.serve_splits(splits).unwrap();
     let handles = service.handles();
     let pieces = Arc::new(AtomicUsize::new(0));
@@ -162,9 +173,13 @@ fn a_node_killed_while_trainers_fetch_from_it_costs_only_its_rows_each_once() {
         finish(near, Duration::from_secs(180)),
         finish(apart, Duration::from_secs(180)),
     );
+    if equal {
+        assert_eq!(near.0[0].len(), apart.0[0].len(), "equal shares");
+    }
     let mut all = [near.0[0].clone(), apart.0[0].clone()].concat();
     all.sort_unstable();
     assert_eq!(all, (0..3_000).collect::<Vec<_>>(), "every row once");
+    assert_eq!(service.dropped_rows(), 0);
     // Fetches from the lost node failed, and its rows came again.
     let unfetched = near.1.unfetched + apart.1.unfetched;
     assert!(unfetched > 0, "no fetch failed: {:?} {:?}", near.1, apart.1);

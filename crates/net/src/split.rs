@@ -20,7 +20,8 @@
 //! it with its own certificate (by shared memory on the node's host). A
 //! trainer that cannot says so ([`ToServer::Unfetched`]); the server then
 //! reads the rows itself and sends them, or, where the node is lost too,
-//! sends the next piece (the job makes the lost rows again).
+//! sends the next piece (the job makes the lost rows again). A trainer
+//! that has the rows says so at once ([`ToServer::Fetched`]).
 
 use std::collections::HashMap;
 
@@ -67,6 +68,10 @@ mod frames {
         /// The trainer could not fetch piece `piece` (a `Fetch`) from its
         /// node, as `reason` says: send it, or else the next.
         Unfetched { piece: u64, reason: String },
+        /// The trainer has the rows of piece `piece` (a `Fetch`): they
+        /// are delivered, before its next ask (which may come a training
+        /// step later).
+        Fetched { piece: u64 },
     }
 
     /// What the server sends a trainer.
@@ -229,8 +234,15 @@ pub async fn serve_split(
                     None => continue,
                 }
             }
-            ToServer::Unfetched { piece, .. } => {
-                let problem = format!("piece {piece} said unfetched was not one to fetch");
+            ToServer::Fetched { piece } if last_fetch == Some(piece) => {
+                last_fetch = None;
+                if let Some(epoch) = serving.as_mut() {
+                    epoch.confirmed();
+                }
+                continue;
+            }
+            ToServer::Unfetched { piece, .. } | ToServer::Fetched { piece } => {
+                let problem = format!("piece {piece} was not one to fetch");
                 peer.refuse(&FrameError::Malformed(problem.clone()));
                 lose(&mut serving, format!("it broke the protocol: {problem}"));
                 break;
@@ -464,6 +476,11 @@ impl SplitReader {
         alloc: impl FnOnce(usize) -> B,
     ) -> Result<Option<Piece<B>>, NetError> {
         self.ask(ToServer::Unfetched { piece, reason }, alloc).await
+    }
+
+    /// Says that the rows of piece `piece`, a [`Piece::Fetch`], arrived.
+    pub fn fetched(&self, piece: u64) {
+        let _ = self.to_server.send(ToServer::Fetched { piece });
     }
 
     async fn ask<B: std::ops::DerefMut<Target = [u8]>>(

@@ -782,6 +782,11 @@ impl BatchStream {
         }
         let next = self.job.next_pulled();
         self.ended_unless(matches!(next, Some(Ok(_))));
+        if let Some(Ok(Pulled::Drained)) = next {
+            // Every output is out: the stats are the job's, but for the
+            // reads still to come (its end may not be pulled).
+            self.keep_stats();
+        }
         next
     }
 
@@ -800,6 +805,11 @@ impl BatchStream {
             return;
         }
         self.done = true;
+        self.keep_stats();
+    }
+
+    /// Keeps the job's stats as they are now as its last.
+    fn keep_stats(&self) {
         let stats = self
             .job
             .live_stats()

@@ -54,6 +54,8 @@ pub trait HeldSource: Send + Sync {
     /// Rows `offset..offset + len` of the output could not be read: the
     /// job makes the output again, and those rows alone come anew.
     fn lost(&self, offset: usize, len: usize);
+    /// Whether some rows of the output were found lost (its node is).
+    fn any_lost(&self) -> bool;
 }
 
 struct Output {
@@ -118,6 +120,12 @@ impl HeldRows {
     /// These rows never reached anyone: the job makes them again.
     pub fn lost(&self) {
         self.output.source.lost(self.offset, self.len);
+    }
+
+    /// Whether rows of their output were found lost: these are on a lost
+    /// node too.
+    pub fn output_lost(&self) -> bool {
+        self.output.source.any_lost()
     }
 
     /// Whether `other` are rows of the same output.

@@ -630,6 +630,12 @@ impl Shared {
     /// go) can end. Returns it, to be dropped outside the lock.
     fn finish(&self, state: &mut State, rank: usize) -> VecDeque<(Piece, Instant)> {
         state.finished[rank] = true;
+        self.release_if_all_finished(state)
+    }
+
+    /// The buffer, taken out once every rank still in the epoch has
+    /// finished it (see [`Shared::finish`]).
+    fn release_if_all_finished(&self, state: &mut State) -> VecDeque<(Piece, Instant)> {
         let all = (0..self.ranks).all(|r| state.finished[r] || state.left[r] == state.epoch);
         if !all {
             return VecDeque::new();
@@ -655,11 +661,23 @@ impl Shared {
         let mut state = self.lock();
         state.left[rank] = Some(epoch);
         self.changed.notify_all();
+        if state.ended && state.epoch == Some(epoch) {
+            let released = self.release_if_all_finished(&mut state);
+            drop(state);
+            drop(released);
+        }
     }
 
     /// Rows `rank` was handed but never got (see [`EpochStream::give_back`]):
     /// first in line for whoever asks next.
     fn give_back(&self, rank: usize, epoch: usize, piece: Piece) {
+        if let Piece::Held(held) = &piece
+            && held.output_lost()
+        {
+            // On a lost node, as rows of its output found lost: made again.
+            held.lost();
+            return self.owed(rank, epoch, held);
+        }
         let mut state = self.lock();
         if state.epoch != Some(epoch) || piece.num_rows() == 0 {
             return;

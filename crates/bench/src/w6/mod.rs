@@ -297,6 +297,9 @@ struct Trained {
     step: Duration,
     /// The trainers' peak memory, summed.
     trainers_rss_mib: f64,
+    /// Per rank, pieces it got from the driver and from the nodes
+    /// holding them.
+    pieces: Vec<(u64, u64)>,
 }
 
 impl Trained {
@@ -340,6 +343,14 @@ impl Trained {
                 crate::round(self.step.as_secs_f64() * 1e3).into(),
             ),
             ("peak_rss_mib".into(), crate::round(rss).into()),
+            (
+                "pieces_from_driver".into(),
+                self.pieces.iter().map(|p| p.0).collect::<Vec<_>>().into(),
+            ),
+            (
+                "pieces_from_nodes".into(),
+                self.pieces.iter().map(|p| p.1).collect::<Vec<_>>().into(),
+            ),
         ];
         result
     }
@@ -436,11 +447,14 @@ fn trained(
     let wall = started.elapsed();
     let mut epochs: Vec<IdSet> = (0..EPOCHS).map(|_| IdSet::new(images as u64)).collect();
     let (mut wrong, mut delivered, mut rss) = (0, 0, 0.0);
-    let (mut wait_fraction, mut waits) = (vec![], vec![]);
+    let (mut wait_fraction, mut waits, mut pieces) = (vec![], vec![], vec![]);
     for lines in &reports {
         let (mut took, mut waited, mut by_epoch) = (0.0, 0.0, vec![]);
         for line in lines {
             rss += line["peak_rss_mib"].as_f64().unwrap_or(0.0);
+            if let Some(driver) = line["pieces_from_driver"].as_u64() {
+                pieces.push((driver, line["pieces_from_nodes"].as_u64().unwrap_or(0)));
+            }
             let Some(epoch) = line["epoch"].as_u64() else {
                 continue;
             };
@@ -478,5 +492,6 @@ fn trained(
         correct: every_image_once && wrong == 0 && exited_well,
         step,
         trainers_rss_mib: rss,
+        pieces,
     })
 }

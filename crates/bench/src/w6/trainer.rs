@@ -4,7 +4,8 @@
 //! made ahead; W6a's normalised to f32 as they are made, by the collate),
 //! sleeping a fixed step per batch (a logical GPU). Checks
 //! every row it gets and prints a JSON line per epoch (the ids it got, its time, its time waiting
-//! for data, the rows that were wrong), then one with its peak memory.
+//! for data, the rows that were wrong), then one with its peak memory and
+//! where its pieces came from (the driver, or the nodes holding them).
 //!
 //! W6a's rows: every value in the range normalising a byte gives (NaN
 //! fails), and one image in [`RECOMPUTED_EVERY`] made again here from its
@@ -102,7 +103,16 @@ pub fn w6_trainer(spec: &str) -> Result<()> {
         });
         println!("{line}");
     }
-    println!("{}", serde_json::json!({ "peak_rss_mib": peak_rss_mib() }));
+    let sources = split.piece_sources();
+    println!(
+        "{}",
+        serde_json::json!({
+            "peak_rss_mib": peak_rss_mib(),
+            "pieces_from_driver": sources.driver,
+            "pieces_from_nodes": sources.node_memory + sources.node_bytes,
+            "pieces_unfetched": sources.unfetched,
+        })
+    );
     Ok(())
 }
 

@@ -693,12 +693,7 @@ impl ExecState {
         match action {
             Action::Emit { part: slice, id } => {
                 let id = matches!(self.backend, Backend::Remote(_)).then_some(id);
-                let in_order = self.job.one_at_a_time();
-                let output = JobItem::Output {
-                    slice,
-                    id,
-                    in_order,
-                };
+                let output = JobItem::output(slice, id, self.job.one_at_a_time());
                 if self.output.send(output).is_err() {
                     // The driver dropped the stream: the job is cancelled.
                     self.job.cancel();
@@ -724,9 +719,7 @@ impl ExecState {
                 }
                 let _ = self.output.send(JobItem::End(result));
             }
-            Action::Drained => {
-                let _ = self.output.send(JobItem::Drained);
-            }
+            Action::Drained => drop(self.output.send(JobItem::Drained)),
             other => match &mut self.backend {
                 Backend::Local(local) => local.apply(other),
                 Backend::Remote(remote) => remote.apply(other, &mut self.job),
@@ -776,7 +769,7 @@ impl Local {
             Action::FitReserve { stage, bytes } => self.ctx.budgets.fit_reserve(stage, bytes),
             Action::Move { .. } => unreachable!("one node does not drain"),
             Action::Emit { .. } | Action::End(_) | Action::Drained => {
-                unreachable!("handled by the executor")
+                unreachable!("the executor's")
             }
         }
     }
@@ -880,7 +873,7 @@ impl Remote {
                 self.tell(to, order, job);
             }
             Action::Emit { .. } | Action::End(_) | Action::Drained => {
-                unreachable!("handled by the executor")
+                unreachable!("the executor's")
             }
         }
     }

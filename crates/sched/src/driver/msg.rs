@@ -74,6 +74,17 @@ pub enum JobItem {
     End(Result<(), Error>),
 }
 
+impl JobItem {
+    /// Output rows `slice`, named `id`, read at once where `in_order`.
+    pub(crate) fn output(slice: Slice, id: Option<PieceId>, in_order: bool) -> Self {
+        Self::Output {
+            slice,
+            id,
+            in_order,
+        }
+    }
+}
+
 // The build has ractor's `cluster` feature (for remote actors), under which
 // every message type says whether it can cross nodes; this one stays local.
 impl ractor::Message for ExecutorMsg {}

@@ -14,9 +14,24 @@ use crate::driver::msg::{ExecutorMsg, JobItem};
 use crate::exec::partition::Slice;
 use crate::job::PieceId;
 
-/// Rows of outputs found lost, by output: when the job sends the output
-/// again, only those rows are handed on (the others reached a consumer).
-type Owed = Arc<Mutex<HashMap<PieceId, Vec<(usize, usize)>>>>;
+/// Outputs with rows found lost.
+#[derive(Default)]
+struct Owing {
+    /// The rows lost of each output, once every piece of it is gone: when
+    /// the job sends it again, only those are handed on (the others
+    /// reached a consumer).
+    rows: HashMap<PieceId, Vec<(usize, usize)>>,
+    /// Outputs with rows found lost that have not come again yet, counted
+    /// from the first rows found lost (the job hears of them later, once
+    /// every piece of the output is gone).
+    outputs: usize,
+}
+
+type Owed = Arc<Mutex<Owing>>;
+
+fn owing(owed: &Owed) -> std::sync::MutexGuard<'_, Owing> {
+    owed.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A job's output stream.
 pub(crate) struct JobOutput {
@@ -28,8 +43,8 @@ pub(crate) struct JobOutput {
     /// Told of each named output whether it could be read.
     reads: Option<ActorRef<ExecutorMsg>>,
     owed: Owed,
-    /// Held outputs (or pieces owed of one) still to hand on.
-    pending: VecDeque<HeldRows>,
+    /// Outputs (or rows owed of one) still to hand on.
+    pending: VecDeque<Pulled>,
     /// An item received while looking ahead, not yet handled.
     early: Option<JobItem>,
 }
@@ -122,29 +137,41 @@ impl JobOutput {
             owed: self.owed.clone(),
         };
         let whole = HeldRows::new(at, slice.len, Box::new(source));
-        let owed = self
-            .owed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        match owed {
-            Some(ranges) => (self.pending).extend(
-                (ranges.into_iter())
-                    .filter(|&(offset, len)| len > 0 && offset + len <= slice.len)
-                    .map(|(offset, len)| whole.slice(offset, len)),
-            ),
-            None => self.pending.push_back(whole),
-        }
+        let rows = |(offset, len)| Pulled::Held(whole.slice(offset, len));
+        self.hand_on(id, slice.len, Pulled::Held(whole.clone()), rows);
         Some(())
     }
 
-    /// Whether an output found lost is still to be made again.
+    /// Hands on output `id` of `len` rows: `whole`, or only the rows owed
+    /// of it (`rows` cuts them) when it was sent before and found lost.
+    fn hand_on(
+        &mut self,
+        id: PieceId,
+        len: usize,
+        whole: Pulled,
+        rows: impl Fn((usize, usize)) -> Pulled,
+    ) {
+        let owed = {
+            let mut owing = owing(&self.owed);
+            let owed = owing.rows.remove(&id);
+            if owed.is_some() {
+                owing.outputs = owing.outputs.saturating_sub(1);
+            }
+            owed
+        };
+        match owed {
+            Some(ranges) => (self.pending).extend(
+                (ranges.into_iter())
+                    .filter(|&(offset, n)| n > 0 && offset + n <= len)
+                    .map(rows),
+            ),
+            None => self.pending.push_back(whole),
+        }
+    }
+
+    /// Whether an output with rows found lost is still to come again.
     fn owes(&self) -> bool {
-        !self
-            .owed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
+        owing(&self.owed).outputs > 0
     }
 }
 
@@ -175,8 +202,8 @@ impl JobStream for JobOutput {
     /// sort's, which come one at a time, are read here.
     fn next_pulled(&mut self) -> Option<Result<Pulled>> {
         loop {
-            if let Some(held) = self.pending.pop_front() {
-                return Some(Ok(Pulled::Held(held)));
+            if let Some(pulled) = self.pending.pop_front() {
+                return Some(Ok(pulled));
             }
             if self.ended {
                 return None;
@@ -202,9 +229,13 @@ impl JobStream for JobOutput {
                             read: read.is_ok(),
                         });
                     }
-                    match read {
-                        Ok(batch) => return Some(Ok(Pulled::Batch(batch))),
-                        Err(e) => {
+                    match (read, id) {
+                        (Ok(batch), Some(id)) => {
+                            let rows = |(offset, len)| Pulled::Batch(batch.slice(offset, len));
+                            self.hand_on(id, slice.len, Pulled::Batch(batch.clone()), rows);
+                        }
+                        (Ok(batch), None) => return Some(Ok(Pulled::Batch(batch))),
+                        (Err(e), _) => {
                             tracing::warn!(error = %e, "an output could not be read; it is made again")
                         }
                     }
@@ -236,7 +267,13 @@ impl JobOutput {
                 other => self.early = Some(other),
             }
         }
-        self.pending.pop_front()
+        match self.pending.pop_front()? {
+            Pulled::Held(held) => Some(held),
+            other => {
+                self.pending.push_front(other);
+                None
+            }
+        }
     }
 }
 
@@ -284,7 +321,16 @@ impl HeldSource for HeldOutput {
     }
 
     fn lost(&self, offset: usize, len: usize) {
-        (self.lost.lock().unwrap_or_else(|p| p.into_inner())).push((offset, len));
+        let mut lost = self.lost.lock().unwrap_or_else(|p| p.into_inner());
+        if lost.is_empty() {
+            // From now on the job's end waits for this output to come again.
+            owing(&self.owed).outputs += 1;
+        }
+        lost.push((offset, len));
+    }
+
+    fn any_lost(&self) -> bool {
+        !(self.lost.lock().unwrap_or_else(|p| p.into_inner())).is_empty()
     }
 }
 
@@ -295,8 +341,8 @@ impl Drop for HeldOutput {
         if !read {
             // Before the executor hears of it, so that the output sent
             // again finds what it owes.
-            let mut owed = self.owed.lock().unwrap_or_else(|p| p.into_inner());
-            owed.entry(self.id).or_default().extend(lost);
+            let mut owing = owing(&self.owed);
+            owing.rows.entry(self.id).or_default().extend(lost);
         }
         let _ = self.executor.cast(ExecutorMsg::Read { id: self.id, read });
     }

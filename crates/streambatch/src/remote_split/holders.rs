@@ -70,6 +70,17 @@ impl Holders {
     /// Fetches the rows `from` names from their node; the error says why
     /// not (the driver then sends them itself).
     pub(super) async fn fetch(&self, from: &FetchFrom) -> Result<(RecordBatch, Came), String> {
+        let rows = from.rows;
+        if rows
+            .offset
+            .checked_add(rows.len)
+            .is_none_or(|end| end > from.partition_rows)
+        {
+            return Err(format!(
+                "rows {}+{} of partition {} on node {}, which holds {}",
+                rows.offset, rows.len, from.partition, from.node, from.partition_rows
+            ));
+        }
         let peer = self.peer(from).await?;
         let fetched = self.fetch_from(&peer, from).await;
         if fetched.is_err() && peer.connection().close_reason().is_some() {

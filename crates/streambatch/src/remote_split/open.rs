@@ -217,12 +217,12 @@ impl Iterator for RemoteEpoch {
                         from,
                     })) => {
                         match holders.fetch(&from).await {
-                            Ok((batch, Came::ByMemory)) => {
-                                count(&sources.node_memory);
-                                Some(Ok(batch))
-                            }
-                            Ok((batch, Came::AsBytes)) => {
-                                count(&sources.node_bytes);
+                            Ok((batch, came)) => {
+                                reader.fetched(number);
+                                count(match came {
+                                    Came::ByMemory => &sources.node_memory,
+                                    Came::AsBytes => &sources.node_bytes,
+                                });
                                 Some(Ok(batch))
                             }
                             Err(reason) => {
