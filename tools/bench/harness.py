@@ -346,6 +346,7 @@ def result_of(case, system, records, timed_out, wall, limit_s):
         r = finals[-1]
         # W6's per-rank figures, for its targets and the table.
         kept = ("trainer_wait_fraction", "trainers_bound_images_per_s", "checksums", "peak_rss_mib")
+        kept += ("pieces_from_driver", "pieces_from_nodes")
         # S1 on a cluster: the clean run and what the killed node cost.
         kept += ("clean_s", "killed_at_s", "nodes_lost", "remade_partitions", "rerun_tasks")
         shown = {k: r[k] for k in kept if k in r}

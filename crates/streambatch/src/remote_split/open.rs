@@ -18,9 +18,8 @@ pub struct RemoteSplit {
     peer: Peer,
     here: Locality,
     endpoint: Endpoint,
-    /// The nodes this trainer fetches pieces from (made when first
-    /// needed, with `here`'s host).
-    holders: std::sync::OnceLock<Arc<Holders>>,
+    /// The nodes this trainer fetches pieces from, as `here`'s host.
+    holders: Arc<Holders>,
     sources: Arc<Sources>,
     runtime: Arc<tokio::runtime::Runtime>,
     /// The epochs' stream writers: those whose streams are no longer in
@@ -82,8 +81,8 @@ impl RemoteSplit {
             handle: handle.clone(),
             peer,
             here: locality(),
+            holders: Arc::new(Holders::new(endpoint.clone(), locality().host)),
             endpoint,
-            holders: std::sync::OnceLock::new(),
             sources: Arc::default(),
             runtime,
             writers: std::sync::Mutex::new(Vec::new()),
@@ -91,10 +90,11 @@ impl RemoteSplit {
     }
 
     /// Asks for every piece as bytes over the network, even on the
-    /// driver's host (a trainer in a container with a `/dev/shm` of its
-    /// own, on the same kernel, cannot map the driver's).
+    /// driver's or a node's host (a trainer in a container with a
+    /// `/dev/shm` of its own, on the same kernel, cannot map theirs).
     pub fn without_shared_memory(mut self) -> Self {
         self.here.host = format!("{}-apart-{}", self.here.host, std::process::id());
+        self.holders = Arc::new(Holders::new(self.endpoint.clone(), self.here.host.clone()));
         self
     }
 
@@ -140,13 +140,10 @@ impl RemoteSplit {
             writers.retain(|w| !w.is_finished());
             writers.push(writer);
         }
-        let holders = self
-            .holders
-            .get_or_init(|| Arc::new(Holders::new(self.endpoint.clone(), self.here.host.clone())));
         Ok(RemoteEpoch {
             handle: self.handle.to_string(),
             reader: Some(reader),
-            holders: holders.clone(),
+            holders: self.holders.clone(),
             sources: self.sources.clone(),
             runtime: self.runtime.clone(),
             counting: None,
