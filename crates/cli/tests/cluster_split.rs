@@ -184,3 +184,27 @@ fn killed_while_trainers_fetch(equal: bool) {
     let unfetched = near.1.unfetched + apart.1.unfetched;
     assert!(unfetched > 0, "no fetch failed: {:?} {:?}", near.1, apart.1);
 }
+
+#[test]
+fn a_sorted_datasets_split_reaches_one_rank_in_order() {
+    // A sort's outputs come one at a time, each once the last is read: the
+    // driver reads them as they come, and sends them itself.
+    let cluster = Cluster::start(&[NodeSpec::cpu("worker-1", 2), NodeSpec::cpu("worker-2", 2)]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let sorted = ctx.range(3_000, 6).sort(&["id"], true);
+    let service = ctx
+        .serve_splits(sorted.streaming_split(1, false).unwrap())
+        .unwrap();
+    let handle = &service.handles()[0];
+    let read = (1, Duration::ZERO);
+    let got = finish(
+        trainer(&cluster, ("spare-1", false), handle, read, Arc::default()),
+        Duration::from_secs(120),
+    );
+    assert_eq!(got.0[0], (0..3_000).rev().collect::<Vec<i64>>(), "in order");
+    assert!(
+        got.1.driver > 0 && got.1.node_memory + got.1.node_bytes == 0,
+        "{:?}",
+        got.1
+    );
+}

@@ -200,3 +200,20 @@ async fn saying_unfetched_of_another_piece_breaks_the_protocol() {
     );
     assert!(!seen.iter().any(|s| s.starts_with("unfetched")), "{seen:?}");
 }
+
+#[tokio::test]
+async fn saying_fetched_twice_breaks_the_protocol() {
+    let (peer, log, _dir) = connected().await;
+    let mut reader = open_split(&peer, 1, 0, 0, &here()).await.unwrap();
+    let Some(Piece::Fetch { piece, .. }) = reader.next(|n| vec![0; n]).await.unwrap() else {
+        panic!("not a piece to fetch");
+    };
+    reader.fetched(piece);
+    reader.fetched(piece); // confirmed already: no longer one to fetch
+    let seen = noted(&log, "lost").await;
+    assert!(
+        seen.iter().any(|s| s.contains("broke the protocol")),
+        "{seen:?}"
+    );
+    assert!(reader.next(|n| vec![0; n]).await.is_err(), "answered after");
+}

@@ -297,14 +297,17 @@ impl Shared {
     /// Rows `rank` was handed but never got (see [`EpochStream::give_back`](crate::EpochStream::give_back)):
     /// first in line for whoever asks next.
     pub(super) fn give_back(&self, rank: usize, epoch: usize, piece: Piece) {
+        let mut state = self.lock();
+        // Looked at under the lock: rows of an output found lost after it
+        // are taken out of the buffer by that rank's `owed`.
         if let Piece::Held(held) = &piece
             && held.output_lost()
         {
             // On a lost node, as rows of its output found lost: made again.
+            drop(state);
             held.lost();
             return self.owed(rank, epoch, held);
         }
-        let mut state = self.lock();
         if state.epoch != Some(epoch) || piece.num_rows() == 0 {
             return;
         }

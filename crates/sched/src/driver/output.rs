@@ -235,8 +235,15 @@ impl JobStream for JobOutput {
                             self.hand_on(id, slice.len, Pulled::Batch(batch.clone()), rows);
                         }
                         (Ok(batch), None) => return Some(Ok(Pulled::Batch(batch))),
-                        (Err(e), _) => {
-                            tracing::warn!(error = %e, "an output could not be read; it is made again")
+                        (Err(e), id) => {
+                            tracing::warn!(error = %e, "an output could not be read; it is made again");
+                            if let Some(id) = id {
+                                // All its rows are owed: a Drained sent
+                                // before it comes again is stale.
+                                let mut owing = owing(&self.owed);
+                                owing.rows.entry(id).or_default().push((0, slice.len));
+                                owing.outputs += 1;
+                            }
                         }
                     }
                 }
