@@ -281,6 +281,10 @@ fn a_pipeline_made_per_epoch_runs_that_epochs_operators() {
 
 #[test]
 fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
+    // A short step a batch: with none, one rank's thread can take all 8
+    // partitions of an epoch before the other's is scheduled, and the
+    // per-rank figures below need rows on both.
+    const STEP: [Duration; 2] = [Duration::from_millis(5); 2];
     let slow = ctx().range(2_000, 8).map_batches(
         |batch: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
             std::thread::sleep(Duration::from_millis(10));
@@ -290,7 +294,7 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
     );
     let splits = slow.streaming_split(2, false).unwrap();
     assert!(splits[0].epoch_stats().is_none(), "no epoch ran yet");
-    let ranks = consume(&splits, 0, &[Duration::ZERO; 2]);
+    let ranks = consume(&splits, 0, &STEP);
     each_once(&ranks, 2_000);
     let stats = splits[0].epoch_stats().expect("the epoch's job ended");
     assert!(!stats.rank_waits.is_empty(), "the ranks waited for the job");
@@ -326,7 +330,7 @@ fn an_epochs_timeline_shows_when_each_rank_waited_for_data() {
         assert!(named, "no track named {name}");
     }
     // The next epoch's figures are its own, not the sum of both.
-    let ranks = consume(&splits, 1, &[Duration::ZERO; 2]);
+    let ranks = consume(&splits, 1, &STEP);
     each_once(&ranks, 2_000);
     let next = splits[0].epoch_stats().expect("the epoch's job ended");
     let rows: Vec<usize> = next.rank_totals.iter().map(|r| r.rows).collect();
