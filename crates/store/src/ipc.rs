@@ -76,6 +76,14 @@ pub fn decode(bytes: &Buffer) -> Result<RecordBatch, ArrowError> {
         .map_err(|_| ArrowError::IpcError("arrow rejected the batch with a panic".into()))?
 }
 
+/// [`decode`] of bytes that may not be aligned as Arrow needs (read off
+/// the wire): copied once into aligned memory first.
+pub fn decode_unaligned(bytes: &[u8]) -> Result<RecordBatch, ArrowError> {
+    let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
+    aligned.extend_from_slice(bytes);
+    decode(&aligned.into())
+}
+
 /// Decodes the IPC stream in `bytes` as [`decode`] does, whose owner keeps
 /// them alive: the batch's buffers are slices of `bytes`, and nothing reads
 /// the data (arrow-ipc 60's `StreamDecoder` ignores its skip-validation

@@ -631,10 +631,7 @@ async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Re
             counts
                 .quic_bytes
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            // Arrow needs its buffers aligned; bytes off the wire are not.
-            let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
-            aligned.extend_from_slice(&bytes);
-            let batch = streambatch_store::ipc::decode(&aligned.into())
+            let batch = streambatch_store::ipc::decode_unaligned(&bytes)
                 .map_err(|e| failed(e.to_string()))?;
             (batch, alone)
         }

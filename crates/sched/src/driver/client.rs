@@ -502,9 +502,7 @@ impl RemoteSource for ClusterSource {
             // Asked for whole: rows alone would not be the partition.
             Fetched::Rows(_) => Err(failed("sent rows, not the partition".into())),
             Fetched::Bytes(bytes) => {
-                let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
-                aligned.extend_from_slice(&bytes);
-                streambatch_store::ipc::decode(&aligned.into()).map_err(|e| failed(e.to_string()))
+                streambatch_store::ipc::decode_unaligned(&bytes).map_err(|e| failed(e.to_string()))
             }
         }
     }

@@ -83,10 +83,7 @@ impl JobOutput {
             return None;
         }
         loop {
-            let item = match self.early.take() {
-                Some(item) => Ok(item),
-                None => self.rx.recv(),
-            };
+            let item = self.recv();
             return match item {
                 Ok(JobItem::Output { slice, id, .. }) => {
                     let taken = take(slice);
@@ -106,6 +103,11 @@ impl JobOutput {
                 Err(_) => self.end(Err(Error::JobLost)),
             };
         }
+    }
+
+    /// The next item: the one received looking ahead, else the next sent.
+    fn recv(&mut self) -> std::result::Result<JobItem, std::sync::mpsc::RecvError> {
+        self.early.take().map_or_else(|| self.rx.recv(), Ok)
     }
 
     fn end<T>(&mut self, result: Result<()>) -> Option<Result<T>> {
@@ -211,10 +213,7 @@ impl JobStream for JobOutput {
             let Some(executor) = self.reads.clone() else {
                 return self.next().map(|batch| batch.map(Pulled::Batch));
             };
-            let item = match self.early.take() {
-                Some(item) => Ok(item),
-                None => self.rx.recv(),
-            };
+            let item = self.recv();
             match item {
                 Ok(JobItem::Output {
                     slice,

@@ -127,7 +127,8 @@ impl Holders {
             check_rows(&batch, from.partition_rows, from)?;
             batch.slice(rows.offset as usize, rows.len as usize)
         };
-        if self.mapped.load(Ordering::Relaxed) > MAX_MAPPED {
+        // Rows that came as bytes are this trainer's own already.
+        if matches!(came, Came::ByMemory) && self.mapped.load(Ordering::Relaxed) > MAX_MAPPED {
             return Ok((copied(&batch)?, came));
         }
         Ok((batch, came))
@@ -187,11 +188,9 @@ impl Holders {
     }
 }
 
-/// Validates and decodes an Arrow IPC stream, into aligned memory.
+/// Validates and decodes an Arrow IPC stream off the wire.
 fn decode(bytes: &[u8]) -> Result<RecordBatch, String> {
-    let mut aligned = arrow_buffer::MutableBuffer::with_capacity(bytes.len());
-    aligned.extend_from_slice(bytes);
-    ipc::decode(&aligned.into()).map_err(|e| e.to_string())
+    ipc::decode_unaligned(bytes).map_err(|e| e.to_string())
 }
 
 fn check_rows(batch: &RecordBatch, want: u64, from: &FetchFrom) -> Result<(), String> {
