@@ -8,6 +8,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type};
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use common::{ctx, people, sorted_i64, write_parquet_file};
+use streambatch::{col, lit};
 
 #[test]
 fn range_yields_each_integer_once() {
@@ -52,6 +53,42 @@ fn measurements(ids: std::ops::Range<i64>) -> RecordBatch {
         ),
     ])
     .unwrap()
+}
+
+/// A bare Parquet source is counted from its files' footers, with no job;
+/// behind an operator, the job runs and counts its outputs.
+#[test]
+fn a_parquet_source_is_counted_from_its_footers() {
+    let dir = tempfile::tempdir().unwrap();
+    for f in 0..3 {
+        write_parquet_file(
+            &dir.path().join(format!("m-{f}.parquet")),
+            &measurements(f * 100..f * 100 + 10 + f),
+        );
+    }
+    let ctx = ctx();
+    let ds = ctx.read_parquet(dir.path().to_str().unwrap()).unwrap();
+    assert_eq!(ds.count().unwrap(), 33);
+    assert!(ds.stats().is_none(), "a job ran");
+    assert_eq!(
+        ds.collect()
+            .unwrap()
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        33
+    );
+    let projected = ctx
+        .read_parquet_columns(dir.path().to_str().unwrap(), &["id"])
+        .unwrap();
+    assert_eq!(projected.count().unwrap(), 33);
+    let filtered = ds.filter(col("id").lt(lit(105)));
+    assert_eq!(filtered.count().unwrap(), 15);
+    assert!(filtered.stats().is_some(), "no job ran");
+    // A file gone since it was planned is named.
+    std::fs::remove_file(dir.path().join("m-1.parquet")).unwrap();
+    let err = ds.count().unwrap_err().to_string();
+    assert!(err.contains("m-1.parquet"), "{err}");
 }
 
 #[test]

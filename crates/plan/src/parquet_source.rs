@@ -114,6 +114,17 @@ pub(crate) fn open_parquet(
     })))
 }
 
+/// The rows of local Parquet file `path`, from its footer (its row
+/// groups' counts).
+pub(crate) fn parquet_rows(path: &Path) -> Result<usize> {
+    let file = File::open(path).map_err(|e| Error::io("opening", path, e))?;
+    let rows = parquet_metadata(path, &file)?
+        .metadata()
+        .file_metadata()
+        .num_rows();
+    usize::try_from(rows).map_err(|e| bad_file(path, e))
+}
+
 /// A Parquet file in an object store, read a row group at a time: the
 /// byte ranges of the columns read of each row group are fetched together
 /// before it decodes (`ObjectReader::prefetch`), so a read fetches only
