@@ -17,7 +17,7 @@ use arrow_row::Rows;
 use arrow_schema::{SchemaRef, SortOptions};
 
 use crate::aggregate::{Agg, Step, aggregate};
-use crate::partition::{Partitioned, by_hash, column_indices, group, key_rows};
+use crate::partition::{Partitioned, by_hash, column_indices, group, key_rows, key_rows_of};
 use crate::sorted::Sorted;
 use crate::{Error, Result};
 
@@ -57,15 +57,16 @@ pub enum Cut {
 }
 
 impl Cut {
-    /// `batch`'s rows grouped by destination, among `n`.
-    pub fn apply(&self, batch: &RecordBatch, n: usize) -> Result<Partitioned> {
+    /// The rows of `parts` (a map output's batches, of one schema, one
+    /// after another) as one batch grouped by destination, among `n`.
+    pub fn apply(&self, parts: &[RecordBatch], n: usize) -> Result<Partitioned> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Invalid("cutting a map output of no batch".into()));
+        };
         match self {
-            Cut::Hash { keys } => {
-                let keys = column_indices(batch, keys)?;
-                by_hash(batch, &keys, n, 0)
-            }
+            Cut::Hash { keys } => by_hash(parts, &column_indices(first, keys)?, n, 0),
             Cut::Join { left, right } => {
-                let tag = batch
+                let tag = first
                     .schema()
                     .metadata()
                     .get(crate::hash_join::SIDE_TAG)
@@ -79,17 +80,17 @@ impl Cut {
                         ));
                     }
                 };
-                by_hash(batch, &column_indices(batch, keys)?, n, 0)
+                by_hash(parts, &column_indices(first, keys)?, n, 0)
             }
             Cut::Random { seed } => {
-                let rows = whole_rows(batch)?;
+                let rows = whole_rows(parts)?;
                 let n = n.max(1) as u64;
-                group(batch, n as usize, |row| {
+                group(parts, n as usize, |row| {
                     (seeded_hash(&rows, row, *seed) % n) as usize
                 })
             }
             Cut::Range { keys, order } => {
-                crate::key_range::sorted_with_sample(batch, keys, *order, n)
+                crate::key_range::sorted_with_sample(parts, keys, *order, n)
             }
         }
     }
@@ -236,7 +237,7 @@ impl Reduce {
         if all.num_rows() == 0 {
             return Ok(all);
         }
-        let rows = whole_rows(&all)?;
+        let rows = whole_rows(std::slice::from_ref(&all))?;
         let order: Vec<u32> = match self {
             // Ordered by a seeded hash of each row (ties, by the row), so
             // that the order is the rows' own, not their arrival's.
@@ -311,10 +312,11 @@ impl Exchange {
     }
 }
 
-/// Every column of `batch` encoded as comparable rows.
-fn whole_rows(batch: &RecordBatch) -> Result<Rows> {
-    let all: Vec<usize> = (0..batch.num_columns()).collect();
-    key_rows(batch, &all, &[])
+/// Every column of `parts` (batches of one schema) encoded as comparable
+/// rows, one after another.
+fn whole_rows(parts: &[RecordBatch]) -> Result<Rows> {
+    let all: Vec<usize> = (0..parts.first().map_or(0, RecordBatch::num_columns)).collect();
+    key_rows_of(parts, &all, &[])
 }
 
 fn seeded_hash(rows: &Rows, row: usize, seed: u64) -> u64 {
@@ -352,13 +354,13 @@ mod tests {
         let cut = Cut::Hash {
             keys: vec!["id".into()],
         };
-        let p = cut.apply(&b, 4).unwrap();
+        let p = cut.apply(std::slice::from_ref(&b), 4).unwrap();
         assert_eq!(p.starts.len(), 5);
         let mut seen = Vec::new();
         for d in 0..4 {
             for id in ids(&p.rows_for(d)) {
                 seen.push(id);
-                let again = cut.apply(&batch(&[id], &[Some("z")]), 4).unwrap();
+                let again = cut.apply(&[batch(&[id], &[Some("z")])], 4).unwrap();
                 assert_eq!(
                     again.rows_for(d).num_rows(),
                     1,
@@ -371,7 +373,10 @@ mod tests {
         let missing = Cut::Hash {
             keys: vec!["nope".into()],
         };
-        let err = missing.apply(&b, 2).unwrap_err().to_string();
+        let err = missing
+            .apply(std::slice::from_ref(&b), 2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("nope") && err.contains("id"), "{err}");
     }
 
@@ -393,12 +398,46 @@ mod tests {
         sorted.sort();
         assert_eq!(sorted, values);
         // A random cut spreads rows over every destination.
-        let p = Cut::Random { seed: 1 }.apply(&all, 4).unwrap();
+        let p = Cut::Random { seed: 1 }
+            .apply(std::slice::from_ref(&all), 4)
+            .unwrap();
         assert!(
             (0..4).all(|d| p.rows_for(d).num_rows() > 20),
             "{:?}",
             p.starts
         );
+    }
+
+    #[test]
+    fn every_cut_of_gathered_batches_is_the_cut_of_them_joined() {
+        let values: Vec<Option<i64>> = (0..300)
+            .map(|i| (i % 7 != 0).then_some((i * 37) % 101))
+            .collect();
+        let names: Vec<Option<&str>> = (0..300).map(|i| Some(["a", "b", "c"][i % 3])).collect();
+        let all = batch(&values, &names);
+        let parts = [all.slice(0, 1), all.slice(1, 150), all.slice(151, 149)];
+        let order = SortOptions::default();
+        for cut in [
+            Cut::Hash {
+                keys: vec!["id".into()],
+            },
+            Cut::Random { seed: 3 },
+            Cut::Range {
+                keys: vec!["id".into()],
+                order,
+            },
+        ] {
+            let whole = cut.apply(std::slice::from_ref(&all), 5).unwrap();
+            let gathered = cut.apply(&parts, 5).unwrap();
+            assert_eq!(gathered.batch, whole.batch, "{cut:?}");
+            assert_eq!(gathered.starts, whole.starts, "{cut:?}");
+            assert_eq!(gathered.sample, whole.sample, "{cut:?}");
+        }
+        let none = Cut::Random { seed: 3 }
+            .apply(&[], 5)
+            .unwrap_err()
+            .to_string();
+        assert!(none.contains("no batch"), "{none}");
     }
 
     #[test]

@@ -15,12 +15,12 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::SortOptions;
 
 use crate::key_sample::KeySample;
-use crate::partition::{Partitioned, column_indices, key_rows};
+use crate::partition::{Partitioned, column_indices, gather, key_rows_of};
 use crate::{BatchIter, Error, Result};
 
 /// Chunks per destination in a map output: a boundary's chunk is read
@@ -46,24 +46,28 @@ pub struct KeyRange {
     pub hi: Option<Vec<u8>>,
 }
 
-/// `batch` sorted by columns `keys` (stable), cut into chunks of about
-/// equal rows for `n` destinations, with its [`KeySample`].
+/// The rows of `parts` (batches of one schema, one after another) as one
+/// batch sorted by columns `keys` (stable), cut into chunks of about equal
+/// rows for `n` destinations, with its [`KeySample`].
 pub(crate) fn sorted_with_sample(
-    batch: &RecordBatch,
+    parts: &[RecordBatch],
     keys: &[String],
     order: SortOptions,
     n: usize,
 ) -> Result<Partitioned> {
-    let rows = batch.num_rows();
+    let rows: usize = parts.iter().map(RecordBatch::num_rows).sum();
+    let Some(first) = parts.first() else {
+        return Err(Error::Invalid("sorting a map output of no batch".into()));
+    };
     if rows == 0 {
         return Ok(Partitioned {
-            batch: batch.clone(),
+            batch: first.clone(),
             starts: vec![0],
             sample: Some(KeySample::default()),
         });
     }
-    let at = column_indices(batch, keys)?;
-    let encoded = key_rows(batch, &at, &vec![order; at.len()])?;
+    let at = column_indices(first, keys)?;
+    let encoded = key_rows_of(parts, &at, &vec![order; at.len()])?;
     let positions = crate::sorted::sorted_positions(&encoded);
     let key = |at: usize| encoded.row(positions[at] as usize);
     let mut chunks = (CHUNKS_PER_DESTINATION * n.max(1))
@@ -81,10 +85,8 @@ pub(crate) fn sorted_with_sample(
         chunks = (chunks * MAX_SAMPLE_BYTES / sample.key_bytes()).clamp(1, chunks - 1);
         (starts, sample) = sampled(chunks, rows, &key);
     }
-    let sorted = arrow_select::take::take_record_batch(batch, &UInt32Array::from(positions))
-        .map_err(|e| Error::arrow("sort", e))?;
     Ok(Partitioned {
-        batch: sorted,
+        batch: gather(parts, &positions)?,
         starts,
         sample: Some(sample),
     })
@@ -334,7 +336,7 @@ mod tests {
         let key = vec!["k".to_string()];
         let cut: Vec<Partitioned> = outputs
             .iter()
-            .map(|b| sorted_with_sample(b, &key, order, n).unwrap())
+            .map(|b| sorted_with_sample(std::slice::from_ref(b), &key, order, n).unwrap())
             .collect();
         let starts: Vec<Vec<u32>> = cut
             .iter()
@@ -469,7 +471,10 @@ mod tests {
         let key = vec!["k".to_string()];
         let cut: Vec<Partitioned> = outputs
             .iter()
-            .map(|b| sorted_with_sample(b, &key, SortOptions::default(), 8).unwrap())
+            .map(|b| {
+                sorted_with_sample(std::slice::from_ref(b), &key, SortOptions::default(), 8)
+                    .unwrap()
+            })
             .collect();
         let starts: Vec<Vec<u32>> = cut
             .iter()
@@ -495,7 +500,10 @@ mod tests {
         let same: Vec<RecordBatch> = (0..3).map(|_| batch(vec![Some(7); 100])).collect();
         let cut: Vec<Partitioned> = same
             .iter()
-            .map(|b| sorted_with_sample(b, &key, SortOptions::default(), 8).unwrap())
+            .map(|b| {
+                sorted_with_sample(std::slice::from_ref(b), &key, SortOptions::default(), 8)
+                    .unwrap()
+            })
             .collect();
         let starts: Vec<Vec<u32>> = cut
             .iter()
@@ -516,7 +524,7 @@ mod tests {
     #[test]
     fn empty_outputs_are_left_out_and_bad_samples_refused() {
         let key = vec!["k".to_string()];
-        let empty = sorted_with_sample(&batch(vec![]), &key, SortOptions::default(), 4).unwrap();
+        let empty = sorted_with_sample(&[batch(vec![])], &key, SortOptions::default(), 4).unwrap();
         let starts = [0u32];
         let sampled = [SampledOutput {
             rows: 0,
@@ -525,7 +533,7 @@ mod tests {
         }];
         assert_eq!(ranges(&sampled, 4).unwrap(), vec![]);
         let full = sorted_with_sample(
-            &batch(vec![Some(1), Some(2)]),
+            &[batch(vec![Some(1), Some(2)])],
             &key,
             SortOptions::default(),
             4,
@@ -580,7 +588,13 @@ mod tests {
             Arc::new(arrow_array::StringArray::from(keys)) as ArrayRef,
         )])
         .unwrap();
-        let p = sorted_with_sample(&b, &["k".to_string()], SortOptions::default(), 64).unwrap();
+        let p = sorted_with_sample(
+            std::slice::from_ref(&b),
+            &["k".to_string()],
+            SortOptions::default(),
+            64,
+        )
+        .unwrap();
         let sample = p.sample.unwrap();
         let keys = sample.len();
         let (bytes, _) = sample.into_parts();
@@ -596,9 +610,14 @@ mod tests {
             Arc::new(arrow_array::StringArray::from(huge)) as ArrayRef,
         )])
         .unwrap();
-        let err = sorted_with_sample(&b, &["k".to_string()], SortOptions::default(), 4)
-            .unwrap_err()
-            .to_string();
+        let err = sorted_with_sample(
+            std::slice::from_ref(&b),
+            &["k".to_string()],
+            SortOptions::default(),
+            4,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("cannot be sorted"), "{err}");
     }
 
@@ -609,7 +628,8 @@ mod tests {
             descending: false,
             nulls_first: false,
         };
-        let p = sorted_with_sample(&b, &["k".to_string()], ascending, 1).unwrap();
+        let p =
+            sorted_with_sample(std::slice::from_ref(&b), &["k".to_string()], ascending, 1).unwrap();
         assert_eq!(
             column(&p.batch, 0),
             [Some(1), Some(2), Some(3), Some(3), None]

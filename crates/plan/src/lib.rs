@@ -15,6 +15,7 @@ mod error;
 mod exchange;
 mod explain;
 mod expr;
+mod gather;
 mod hash_join;
 mod held;
 mod images;

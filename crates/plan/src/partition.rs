@@ -43,18 +43,28 @@ impl Partitioned {
 /// column ordered as `order` says (ascending, nulls first, where `order` is
 /// shorter).
 pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> Result<Rows> {
-    let columns: Vec<ArrayRef> = keys
-        .iter()
-        .map(|&k| {
-            batch.columns().get(k).cloned().ok_or_else(|| {
-                Error::Invalid(format!(
-                    "key column {k} of a batch of {} columns",
-                    batch.num_columns()
-                ))
+    key_rows_of(std::slice::from_ref(batch), keys, order)
+}
+
+/// [`key_rows`] of batches of one schema, one after another: row `i` of
+/// the result is the `i`-th row counting through `parts` in order.
+pub fn key_rows_of(parts: &[RecordBatch], keys: &[usize], order: &[SortOptions]) -> Result<Rows> {
+    let columns_of = |batch: &RecordBatch| -> Result<Vec<ArrayRef>> {
+        keys.iter()
+            .map(|&k| {
+                batch.columns().get(k).cloned().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "key column {k} of a batch of {} columns",
+                        batch.num_columns()
+                    ))
+                })
             })
-        })
-        .collect::<Result<_>>()?;
-    let fields = columns
+            .collect()
+    };
+    let Some(first) = parts.first() else {
+        return Err(Error::Invalid("key rows of no batch".into()));
+    };
+    let fields = columns_of(first)?
         .iter()
         .enumerate()
         .map(|(i, c)| {
@@ -63,7 +73,40 @@ pub fn key_rows(batch: &RecordBatch, keys: &[usize], order: &[SortOptions]) -> R
         })
         .collect();
     let converter = RowConverter::new(fields).map_err(arrow_error)?;
-    converter.convert_columns(&columns).map_err(arrow_error)
+    let total = parts.iter().map(RecordBatch::num_rows).sum();
+    let mut rows = converter.empty_rows(total, 0);
+    for part in parts {
+        converter
+            .append(&mut rows, &columns_of(part)?)
+            .map_err(arrow_error)?;
+    }
+    Ok(rows)
+}
+
+/// The rows of `parts` (counted through them in order) at `order`, as one
+/// batch: a `take` of a single part, else one `interleave` of them all,
+/// so that batches gathered for a partition are cut with one copy, not
+/// joined first.
+pub(crate) fn gather(parts: &[RecordBatch], order: &[u32]) -> Result<RecordBatch> {
+    if let [batch] = parts {
+        return arrow_select::take::take_record_batch(batch, &UInt32Array::from(order.to_vec()))
+            .map_err(arrow_error);
+    }
+    let mut starts = Vec::with_capacity(parts.len() + 1);
+    starts.push(0usize);
+    for part in parts {
+        starts.push(starts.last().expect("pushed") + part.num_rows());
+    }
+    let at: Vec<(usize, usize)> = order
+        .iter()
+        .map(|&row| {
+            let row = row as usize;
+            let part = starts.partition_point(|&s| s <= row) - 1;
+            (part, row - starts[part])
+        })
+        .collect();
+    let parts: Vec<&RecordBatch> = parts.iter().collect();
+    crate::gather::interleave_batches(&parts, &at).map_err(arrow_error)
 }
 
 /// The positions of columns `names` in `batch`, or an error naming the one
@@ -87,31 +130,34 @@ pub(crate) fn column_indices(batch: &RecordBatch, names: &[String]) -> Result<Ve
         .collect()
 }
 
-/// `batch`'s rows cut into `n` destinations by a hash of their key columns
-/// `keys` (seeded by `seed`): rows with equal keys, nulls included, go to
-/// the same destination.
-pub fn by_hash(batch: &RecordBatch, keys: &[usize], n: usize, seed: u64) -> Result<Partitioned> {
+/// The rows of `parts` (batches of one schema, one after another) cut
+/// into `n` destinations by a hash of their key columns `keys` (seeded by
+/// `seed`): rows with equal keys, nulls included, go to the same
+/// destination.
+pub fn by_hash(parts: &[RecordBatch], keys: &[usize], n: usize, seed: u64) -> Result<Partitioned> {
     if keys.is_empty() {
         // No key: one group, at destination 0.
-        return group(batch, n.max(1), |_| 0);
+        return group(parts, n.max(1), |_| 0);
     }
-    let rows = key_rows(batch, keys, &[])?;
+    let rows = key_rows_of(parts, keys, &[])?;
     let n = n.max(1) as u64;
     let destination = |row: usize| {
         let hash = streambatch_core::fnv1a(rows.row(row).as_ref());
         (streambatch_core::mix64(hash ^ seed) % n) as usize
     };
-    group(batch, n as usize, destination)
+    group(parts, n as usize, destination)
 }
 
-/// `batch`'s rows grouped by `destination` (below `n`), each group in the
-/// input's order: a counting sort, then one `take`.
+/// The rows of `parts` grouped by `destination` (below `n`; of a row's
+/// place counting through `parts`), each group in the input's order: a
+/// counting sort, then one [`gather`].
 pub(crate) fn group(
-    batch: &RecordBatch,
+    parts: &[RecordBatch],
     n: usize,
     destination: impl Fn(usize) -> usize,
 ) -> Result<Partitioned> {
-    let of: Vec<usize> = (0..batch.num_rows()).map(destination).collect();
+    let total = parts.iter().map(RecordBatch::num_rows).sum();
+    let of: Vec<usize> = (0..total).map(destination).collect();
     let mut starts = vec![0usize; n + 1];
     for &d in &of {
         starts[d + 1] += 1;
@@ -125,10 +171,8 @@ pub(crate) fn group(
         order[next[d]] = row as u32;
         next[d] += 1;
     }
-    let indices = UInt32Array::from(order);
-    let batch = arrow_select::take::take_record_batch(batch, &indices).map_err(arrow_error)?;
     Ok(Partitioned {
-        batch,
+        batch: gather(parts, &order)?,
         starts,
         sample: None,
     })
@@ -180,7 +224,7 @@ mod tests {
         ];
         let name = ["a", "b", "a", "a", "b", "c", "a", "z"];
         let input = batch(&x, &name);
-        let cut = by_hash(&input, &[0, 1], 4, 7).unwrap();
+        let cut = by_hash(std::slice::from_ref(&input), &[0, 1], 4, 7).unwrap();
         assert_eq!(cut.starts.len(), 5);
         assert_eq!(cut.starts[4], x.len());
         let mut seen = vec![];
@@ -199,7 +243,11 @@ mod tests {
         assert_eq!(seen, (0..x.len() as i64).collect::<Vec<_>>());
         // The same seed, the same cut.
         assert_eq!(
-            numbers(&by_hash(&input, &[0, 1], 4, 7).unwrap().batch),
+            numbers(
+                &by_hash(std::slice::from_ref(&input), &[0, 1], 4, 7)
+                    .unwrap()
+                    .batch
+            ),
             numbers(&cut.batch)
         );
     }
@@ -207,9 +255,11 @@ mod tests {
     #[test]
     fn an_empty_batch_cuts_into_empty_groups_and_a_missing_key_is_named() {
         let empty = batch(&[], &[]);
-        let cut = by_hash(&empty, &[0], 3, 1).unwrap();
+        let cut = by_hash(std::slice::from_ref(&empty), &[0], 3, 1).unwrap();
         assert_eq!(cut.starts, [0, 0, 0, 0]);
-        let err = by_hash(&empty, &[5], 3, 1).unwrap_err().to_string();
+        let err = by_hash(std::slice::from_ref(&empty), &[5], 3, 1)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key column 5"), "{err}");
     }
 }

@@ -287,7 +287,7 @@ impl Merge {
             return Ok(None);
         }
         let inputs: Vec<&RecordBatch> = self.inputs.iter().collect();
-        let chunk = arrow_select::interleave::interleave_record_batch(&inputs, &picks)
+        let chunk = crate::gather::interleave_batches(&inputs, &picks)
             .map_err(|e| Error::arrow("sort", e))?;
         // The next chunk starts from the sources' current batches alone.
         let current: Vec<RecordBatch> = self

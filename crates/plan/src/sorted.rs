@@ -99,10 +99,7 @@ impl Iterator for Sorted {
         let chunk = &self.order[self.next..end];
         self.next = end;
         let inputs: Vec<&RecordBatch> = self.batches.iter().collect();
-        Some(
-            arrow_select::interleave::interleave_record_batch(&inputs, chunk)
-                .map_err(|e| Error::arrow("sort", e)),
-        )
+        Some(crate::gather::interleave_batches(&inputs, chunk).map_err(|e| Error::arrow("sort", e)))
     }
 }
 

@@ -15,7 +15,7 @@ use crate::alloc::{ALIGN, Allocator, aligned};
 use crate::ipc;
 use crate::output::OutputBuffer;
 use crate::segment::{self, Segment};
-use crate::spill::{self, SpillDir, SpillFile};
+use crate::spill::{self, IndexCache, SpillDir, SpillFile};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
 
 /// Settings of a [`SharedStore`].
@@ -152,8 +152,12 @@ impl Drop for ReservedOwner {
 
 #[derive(Clone)]
 enum Place {
-    Memory { segment: usize, offset: usize },
-    Disk(PathBuf),
+    Memory {
+        segment: usize,
+        offset: usize,
+    },
+    /// Its spill file, and the file's index once read.
+    Disk(PathBuf, IndexCache),
 }
 
 static STORES: AtomicU64 = AtomicU64::new(0);
@@ -223,14 +227,14 @@ impl SharedStore {
                 let name = state.segments[&segment].segment.name().to_string();
                 Some(format!("{name}@{offset}+{}", entry.len))
             }
-            Place::Disk(_) => None,
+            Place::Disk(..) => None,
         }
     }
 
     /// The spill file of a partition that is on disk.
     pub fn spill_path(&self, id: PartitionId) -> Option<PathBuf> {
         match &self.inner.state().entries.get(&id)?.place {
-            Place::Disk(path) => Some(path.clone()),
+            Place::Disk(path, _) => Some(path.clone()),
             Place::Memory { .. } => None,
         }
     }
@@ -244,7 +248,7 @@ impl SharedStore {
                 let base = seg.base().as_ptr() as usize;
                 Some(base..base + seg.len())
             }
-            Place::Disk(_) => None,
+            Place::Disk(..) => None,
         }
     }
 
@@ -269,13 +273,13 @@ impl SharedStore {
                 let bytes = file
                     .single_stream()
                     .map_err(|source| StoreError::Spill { id, source })?;
-                self.inner.state().restored += file.bytes_read();
+                self.inner.state().restored += file.take_bytes_read();
                 Ok(bytes)
             }
             Encoded::Disk(file, Some(groups)) => {
                 let batch = read_groups(&file, &groups, 0..groups.len() - 1)
                     .map_err(|source| StoreError::Spill { id, source })?;
-                self.inner.state().restored += file.bytes_read();
+                self.inner.state().restored += file.take_bytes_read();
                 ipc::encode_to_buffer(&batch).map_err(StoreError::Encode)
             }
         }
@@ -344,7 +348,7 @@ impl SharedStore {
                         .map_err(PutError::Store)?;
                     state.spilled += len as u64;
                     let entry = Entry {
-                        place: Place::Disk(path),
+                        place: Place::Disk(path, IndexCache::default()),
                         len,
                         pins: 0,
                         last_use: state.tick(),
@@ -540,7 +544,7 @@ impl ObjectStore for SharedStore {
         let mut state = self.inner.state();
         if matches!(
             state.entries.get(&id).ok_or(StoreError::Missing(id))?.place,
-            Place::Disk(_)
+            Place::Disk(..)
         ) {
             state = self.inner.restore(state, id)?;
         }
@@ -713,7 +717,7 @@ impl Inner {
             Place::Memory { segment, offset } => {
                 self.release_memory(state, segment, offset, entry.len, entry.reserved)
             }
-            Place::Disk(path) => {
+            Place::Disk(path, _) => {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -795,7 +799,7 @@ impl Inner {
         self.release_memory(state, segment, offset, len, reserved);
         state.spilled += len as u64;
         let entry = state.entries.get_mut(&id).expect("present");
-        entry.place = Place::Disk(path);
+        entry.place = Place::Disk(path, IndexCache::default());
         entry.reserved = None;
         Ok(())
     }
@@ -807,13 +811,13 @@ impl Inner {
         id: PartitionId,
     ) -> Result<MutexGuard<'a, State>, StoreError> {
         let entry = state.entries.get(&id).ok_or(StoreError::Missing(id))?;
-        let (Place::Disk(path), groups) = (entry.place.clone(), entry.groups.clone()) else {
+        let (Place::Disk(path, index), groups) = (entry.place.clone(), entry.groups.clone()) else {
             return Ok(state);
         };
         // In memory the store trusts its partitions: what comes in from a
         // file is validated once, here.
         let spilled = |source| StoreError::Spill { id, source };
-        let file = SpillFile::open(&path).map_err(spilled)?;
+        let file = SpillFile::open_cached(&path, &index).map_err(spilled)?;
         let bytes = match groups {
             None => file.single_stream().map_err(spilled)?,
             // Back to one stream, as a put of the whole writes it.
@@ -849,7 +853,7 @@ impl Inner {
         // freed or restored meanwhile.
         if !matches!(
             state.entries.get(&id).map(|e| &e.place),
-            Some(Place::Disk(_))
+            Some(Place::Disk(..))
         ) {
             self.free_region(&mut state, segment, offset, len);
             return Ok(state);
@@ -899,7 +903,7 @@ impl Inner {
                 };
                 let read = read_groups(&file, &groups, first..first + count)
                     .map_err(|source| StoreError::Spill { id, source })?;
-                self.state().restored += file.bytes_read();
+                self.state().restored += file.take_bytes_read();
                 (read, groups[first] as usize)
             }
         };
@@ -953,9 +957,9 @@ impl Inner {
                     ipc::view(ptr, len, Arc::new((pin, seg)))
                 }))
             }
-            Place::Disk(path) => {
-                let file =
-                    SpillFile::open(&path).map_err(|source| StoreError::Spill { id, source })?;
+            Place::Disk(path, index) => {
+                let file = SpillFile::open_cached(&path, &index)
+                    .map_err(|source| StoreError::Spill { id, source })?;
                 Ok(Encoded::Disk(file, entry.groups.clone()))
             }
         }

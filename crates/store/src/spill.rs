@@ -24,8 +24,8 @@
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use arrow_array::RecordBatch;
 use arrow_buffer::Buffer;
@@ -220,13 +220,22 @@ where
 pub struct SpillFile {
     file: std::fs::File,
     path: PathBuf,
-    /// Stream bytes read so far.
+    /// Stream bytes read and not yet taken.
     read: std::sync::atomic::AtomicU64,
+    index: IndexCache,
 }
 
+/// A spill file's index once read and checked, kept with its partition so
+/// that each later read of the file skips it: an exchange's reducers each
+/// read a group of every map output, and the index's own read was a disk
+/// read (direct I/O) for every one of them. The file is written once and
+/// never changed, and every stream read is still checked against its CRC
+/// and validated.
+pub type IndexCache = Arc<OnceLock<Vec<Stream>>>;
+
 /// Where a stream lies in its file, and its CRC-32.
-#[derive(Clone, Copy)]
-struct Stream {
+#[derive(Clone, Copy, Debug)]
+pub struct Stream {
     at: u64,
     len: u64,
     crc: u32,
@@ -238,7 +247,14 @@ impl SpillFile {
     /// once the partition is freed or restored and its name removed: a
     /// read that opened it under the store's lock finishes whatever
     /// happens to the partition meanwhile.
+    #[cfg(test)]
     pub fn open(path: &Path) -> Result<Self, SpillError> {
+        Self::open_cached(path, &IndexCache::default())
+    }
+
+    /// [`SpillFile::open`], its index taken from `index` once read (by
+    /// this file or an earlier one of the same path), else read into it.
+    pub fn open_cached(path: &Path, index: &IndexCache) -> Result<Self, SpillError> {
         let file = streambatch_core::open_direct(path).map_err(|source| SpillError::Io {
             path: path.to_path_buf(),
             source,
@@ -247,12 +263,13 @@ impl SpillFile {
             file,
             path: path.to_path_buf(),
             read: Default::default(),
+            index: index.clone(),
         })
     }
 
-    /// Stream bytes read so far.
-    pub fn bytes_read(&self) -> u64 {
-        self.read.load(Ordering::Relaxed)
+    /// Stream bytes read since the last call.
+    pub fn take_bytes_read(&self) -> u64 {
+        self.read.swap(0, Ordering::Relaxed)
     }
 
     /// Where it was found.
@@ -310,7 +327,23 @@ impl SpillFile {
     }
 
     /// The index, checked: `streams` entries, each inside the file.
-    fn index(&self, streams: usize) -> Result<Vec<Stream>, SpillError> {
+    fn index(&self, streams: usize) -> Result<&[Stream], SpillError> {
+        let index = match self.index.get() {
+            Some(index) => index,
+            None => {
+                let index = self.read_index(streams)?;
+                self.index.get_or_init(|| index)
+            }
+        };
+        match index.len() == streams {
+            true => Ok(index),
+            false => Err(SpillError::Truncated {
+                path: self.path.clone(),
+            }),
+        }
+    }
+
+    fn read_index(&self, streams: usize) -> Result<Vec<Stream>, SpillError> {
         let truncated = || SpillError::Truncated {
             path: self.path.clone(),
         };
@@ -469,6 +502,43 @@ mod tests {
         let err = SpillFile::open(&path).err().unwrap();
         assert!(matches!(err, SpillError::Io { .. }));
         assert!(std::error::Error::source(&err).is_some());
+    }
+
+    #[test]
+    fn an_index_is_read_once_per_cache_and_each_stream_still_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.arrows");
+        let batches = [ints(0..3), ints(3..10)];
+        let streams: Vec<Vec<u8>> = batches.iter().map(stream).collect();
+        write(&path, streams.iter().map(|s| [s.as_slice()])).unwrap();
+        let cache = IndexCache::default();
+        let file = SpillFile::open_cached(&path, &cache).unwrap();
+        assert_eq!(file.read(2, 1, 1).unwrap()[0], batches[1]);
+        assert_eq!(file.take_bytes_read(), streams[1].len() as u64);
+        assert_eq!(file.take_bytes_read(), 0);
+        // The trailer broken: a file opened with the cache reads on, with
+        // its streams' CRCs checked; one opened without it reads the trailer.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let end = bytes.len();
+        bytes[end - 1] ^= 1;
+        bytes[3] ^= 1;
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let cached = SpillFile::open_cached(&path, &cache).unwrap();
+        assert_eq!(cached.read(2, 1, 1).unwrap()[0], batches[1]);
+        assert!(matches!(
+            cached.read(2, 0, 1),
+            Err(SpillError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            cached.read(3, 0, 1),
+            Err(SpillError::Truncated { .. })
+        ));
+        let fresh = SpillFile::open(&path).unwrap();
+        assert!(matches!(
+            fresh.read(2, 1, 1),
+            Err(SpillError::Truncated { .. })
+        ));
     }
 
     #[test]

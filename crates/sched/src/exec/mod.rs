@@ -13,6 +13,7 @@ pub mod metrics;
 pub(crate) mod msg;
 pub(crate) mod node;
 pub(crate) mod partition;
+pub(crate) mod read_ahead;
 pub(crate) mod restart;
 pub(crate) mod task;
 pub(crate) mod worker;

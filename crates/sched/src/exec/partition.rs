@@ -332,10 +332,13 @@ impl Part for Slice {
 /// Gathers a task's output batches and cuts them into partitions of at most
 /// `target` bytes; a single row larger than that becomes a partition alone.
 ///
-/// Joining batches copies them into fresh memory, which costs page faults
-/// (several µs per 4 KiB page here); so only small batches are joined, and a
-/// batch of at least [`Partitioner::alone_bytes`] becomes a partition by itself,
-/// with no copy.
+/// A partition comes as the batches gathered for it, not yet joined: an
+/// exchange's map side cuts them by destination in one copy (a join first
+/// would be a second, of every byte exchanged), other tasks join them
+/// ([`joined`]). Joining copies into fresh memory, which costs page faults
+/// (several µs per 4 KiB page here); so only small batches are gathered,
+/// and a batch of at least [`Partitioner::alone_bytes`] becomes a partition
+/// by itself, with no copy.
 pub struct Partitioner {
     target: u64,
     buffer: Vec<RecordBatch>,
@@ -353,35 +356,35 @@ impl Partitioner {
     }
 
     /// Adds a batch; returns the partitions it completed.
-    pub fn push(&mut self, mut batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+    pub fn push(&mut self, mut batch: RecordBatch) -> Vec<Vec<RecordBatch>> {
         let mut ready = Vec::new();
         while batch.num_rows() > 0 {
             let room = self.target - self.buffered;
             let bytes = batch_bytes(&batch);
             if bytes >= self.alone_bytes() && bytes <= self.target {
-                ready.extend(self.flush()?);
-                ready.push(batch);
+                ready.extend(self.flush());
+                ready.push(vec![batch]);
                 break;
             }
             if bytes <= room {
                 self.buffered += bytes;
                 self.buffer.push(batch);
                 if self.buffered == self.target {
-                    ready.extend(self.flush()?);
+                    ready.extend(self.flush());
                 }
                 break;
             }
             let rows = rows_within(&batch, room);
             if rows == 0 && !self.buffer.is_empty() {
-                ready.extend(self.flush()?);
+                ready.extend(self.flush());
                 continue;
             }
             let rows = rows.max(1);
             self.buffer.push(batch.slice(0, rows));
-            ready.extend(self.flush()?);
+            ready.extend(self.flush());
             batch = batch.slice(rows, batch.num_rows() - rows);
         }
-        Ok(ready)
+        ready
     }
 
     /// Batches this large are partitions by themselves: 1 MiB, or an eighth
@@ -391,19 +394,19 @@ impl Partitioner {
     }
 
     /// The rows gathered but not yet cut, as a last partition.
-    pub fn flush(&mut self) -> Result<Option<RecordBatch>> {
+    pub fn flush(&mut self) -> Option<Vec<RecordBatch>> {
         self.buffered = 0;
-        match self.buffer.len() {
-            0 => Ok(None),
-            1 => Ok(self.buffer.pop()),
-            _ => {
-                let parts = std::mem::take(&mut self.buffer);
-                arrow_select::concat::concat_batches(&parts[0].schema(), &parts)
-                    .map(Some)
-                    .map_err(|e| Error::arrow("joining output batches", e))
-            }
-        }
+        Some(std::mem::take(&mut self.buffer)).filter(|parts| !parts.is_empty())
     }
+}
+
+/// A partition's gathered batches as one batch (`parts` is not empty).
+pub fn joined(mut parts: Vec<RecordBatch>) -> Result<RecordBatch> {
+    if parts.len() == 1 {
+        return Ok(parts.pop().expect("one"));
+    }
+    arrow_select::concat::concat_batches(&parts[0].schema(), &parts)
+        .map_err(|e| Error::arrow("joining output batches", e))
 }
 
 /// The most leading rows of `batch` whose bytes fit in `room`.
@@ -487,10 +490,11 @@ mod tests {
         let mut p = Partitioner::new(800); // 100 rows of i64; alone from 100 bytes
         let mut parts = Vec::new();
         for _ in 0..45 {
-            parts.extend(p.push(ints(5)).unwrap());
-            parts.extend(p.push(ints(10).slice(0, 0)).unwrap());
+            parts.extend(p.push(ints(5)));
+            parts.extend(p.push(ints(10).slice(0, 0)));
         }
-        parts.extend(p.flush().unwrap());
+        parts.extend(p.flush());
+        let parts: Vec<RecordBatch> = parts.into_iter().map(|p| joined(p).unwrap()).collect();
         assert_eq!(
             parts.iter().map(batch_bytes).collect::<Vec<_>>(),
             vec![800, 800, 200]
@@ -504,10 +508,11 @@ mod tests {
     #[test]
     fn large_batches_pass_alone_without_copy() {
         let mut p = Partitioner::new(800);
-        let mut parts = p.push(ints(5)).unwrap();
+        let mut parts = p.push(ints(5));
         let big = ints(45);
-        parts.extend(p.push(big.clone()).unwrap());
-        parts.extend(p.flush().unwrap());
+        parts.extend(p.push(big.clone()));
+        parts.extend(p.flush());
+        let parts: Vec<RecordBatch> = parts.into_iter().map(|p| joined(p).unwrap()).collect();
         assert_eq!(
             parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
             vec![5, 45]
@@ -521,9 +526,12 @@ mod tests {
     #[test]
     fn a_row_larger_than_target_is_a_partition_alone() {
         let mut p = Partitioner::new(4);
-        let parts = p.push(ints(3)).unwrap();
+        let parts = p.push(ints(3));
         assert_eq!(
-            parts.iter().map(|b| b.num_rows()).collect::<Vec<_>>(),
+            parts
+                .iter()
+                .map(|p| joined(p.clone()).unwrap().num_rows())
+                .collect::<Vec<_>>(),
             vec![1, 1, 1]
         );
     }

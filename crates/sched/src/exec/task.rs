@@ -18,7 +18,8 @@ use streambatch_plan::{
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
 use crate::exec::budget::{Budgets, Hold};
-use crate::exec::partition::{Output, Partitioner, Slice};
+use crate::exec::partition::{Output, Partitioner, Slice, joined};
+use crate::exec::read_ahead::read_ahead;
 use crate::job::{Keep, RunInput, input_hold};
 
 /// An output to store, with its groups when the stage is an exchange's
@@ -278,14 +279,14 @@ impl TaskRun {
                 return Ok(true);
             }
             let ready = match self.stream.as_mut().expect("opened above").next() {
-                Some(batch) => self.partitioner.push(batch?)?,
+                Some(batch) => self.partitioner.push(batch?),
                 None => {
                     self.exhausted = true;
-                    self.partitioner.flush()?.into_iter().collect()
+                    self.partitioner.flush().into_iter().collect()
                 }
             };
-            for batch in ready {
-                let cut = self.cut(batch)?;
+            for parts in ready {
+                let cut = self.cut(parts)?;
                 self.pending.push_back(cut);
             }
         }
@@ -301,9 +302,9 @@ impl TaskRun {
                 }
                 TaskInput::Split(i)
             }
-            // Read as the task comes to each: a reducer that spills sorted
-            // runs never holds its whole range, and each input is let go
-            // once read.
+            // Read in order, a few slices ahead of the task (a window of a
+            // quarter partition): a reducer that spills sorted runs never
+            // holds its whole range, and each input is let go once read.
             RunInput::Parts(slices, keys) => {
                 range = keys;
                 let cap = self.job.plan.stages[self.stage].input_held_cap(self.job.target_bytes);
@@ -311,7 +312,7 @@ impl TaskRun {
                 if held > 0 {
                     self._held = Some(self.job.budgets.hold(held));
                 }
-                TaskInput::Batches(Box::new(slices.into_iter().map(|s| s.read_alone())))
+                TaskInput::Batches(read_ahead(slices, self.job.target_bytes / 4))
             }
         };
         let job = &self.job;
@@ -341,13 +342,13 @@ impl TaskRun {
         Ok(())
     }
 
-    /// An output with its rows grouped by destination, where the stage is
-    /// an exchange's map side.
-    fn cut(&self, batch: RecordBatch) -> Result<CutOutput, Error> {
+    /// An output partition's gathered batches as one, its rows grouped by
+    /// destination where the stage is an exchange's map side.
+    fn cut(&self, parts: Vec<RecordBatch>) -> Result<CutOutput, Error> {
         let Some((cut, n)) = &self.job.plan.stages[self.stage].cut else {
-            return Ok((batch, None));
+            return Ok((joined(parts)?, None));
         };
-        let cut = cut.apply(&batch, *n)?;
+        let cut = cut.apply(&parts, *n)?;
         let groups = Groups {
             starts: cut.starts.iter().map(|&s| s as u32).collect(),
             sample: cut.sample.map(Arc::new),
