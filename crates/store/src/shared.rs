@@ -336,16 +336,29 @@ impl SharedStore {
                     capacity,
                 });
             }
-            match state.lru_victim() {
+            // An exchange's map output (a grouped partition) that finds no
+            // room goes to disk itself rather than push others out: they
+            // are all read only once every one is in, so none is hotter,
+            // and its own write skips the copy into memory and the
+            // decode and re-encode a spill of another takes. It is written
+            // with the lock let go, so other tasks' puts and reads go on.
+            let victim = match groups {
+                None => state.lru_victim(),
+                Some(_) => None,
+            };
+            match victim {
                 Some(victim) => self
                     .inner
                     .spill(&mut state, victim)
                     .map_err(PutError::Store)?,
                 None => {
-                    // Nothing left to spill: this partition goes straight to disk.
+                    // This partition goes straight to disk (nothing else
+                    // can, or it is grouped).
+                    drop(state);
                     let path = self.inner.spill_file(id).map_err(PutError::Store)?;
                     write_spill(&path, &batch, &encoded, groups.as_deref())
                         .map_err(PutError::Store)?;
+                    let mut state = self.inner.state();
                     state.spilled += len as u64;
                     let entry = Entry {
                         place: Place::Disk(path, IndexCache::default()),
@@ -1388,6 +1401,34 @@ mod tests {
             part.get_rows(12_000..20_000, true).unwrap(),
             whole.slice(12_000, 8_000)
         );
+    }
+
+    #[test]
+    fn a_grouped_partition_finding_no_room_goes_to_disk_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(4 << 20, dir.path());
+        let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+            vec![1u8; (4 << 20) - (64 << 10)].as_slice(),
+        ]));
+        let plain = store
+            .put(RecordBatch::try_from_iter([("data", data)]).unwrap())
+            .unwrap();
+        let grouped = store.put_grouped(strings(), &GROUPS).unwrap();
+        assert!(
+            store.spill_path(grouped.id()).is_some(),
+            "the newcomer spilled"
+        );
+        assert!(store.spill_path(plain.id()).is_none(), "the other stays");
+        let whole = strings();
+        assert_eq!(
+            grouped.get_rows(5_000..12_000, true).unwrap(),
+            whole.slice(5_000, 7_000)
+        );
+        assert!(store.stats().spilled_bytes > 0);
+        // A plain partition still pushes the least recently used out.
+        let again = store.put(strings()).unwrap();
+        assert!(store.spill_path(plain.id()).is_some(), "pushed out");
+        assert!(store.spill_path(again.id()).is_none());
     }
 
     #[test]
