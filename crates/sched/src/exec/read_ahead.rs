@@ -83,7 +83,11 @@ fn readers() -> &'static Mutex<Sender<Arc<Shared>>> {
                     loop {
                         let turn = receive.lock().unwrap_or_else(|p| p.into_inner()).recv();
                         match turn {
-                            Ok(shared) => shared.read_one(),
+                            // A reader outlives whatever one turn does.
+                            Ok(shared) => {
+                                let turn = std::panic::AssertUnwindSafe(|| shared.read_one());
+                                let _ = std::panic::catch_unwind(turn);
+                            }
                             Err(_) => return,
                         }
                     }
@@ -158,10 +162,14 @@ impl Shared {
         state.ahead_bytes += state.bytes[i];
         let slice = state.slices[i].take().expect("each slice is read once");
         drop(state);
-        // A panic is the reducer's error at this slice, not a hang.
-        let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slice.read_alone()))
-            .unwrap_or_else(|_| Err(Error::Invalid("reading an input slice panicked".into())));
-        drop(slice);
+        // A panic (in the read, or in the slice's drop) is the reducer's
+        // error at this slice, not a hang.
+        let batch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let batch = slice.read_alone();
+            drop(slice);
+            batch
+        }))
+        .unwrap_or_else(|_| Err(Error::Invalid("reading an input slice panicked".into())));
         let mut state = self.state();
         state.read.insert(i, batch);
         self.changed.notify_all();
@@ -200,8 +208,15 @@ impl Iterator for Ahead {
 }
 
 impl Drop for Ahead {
+    /// Stops the readers and lets go of the slices not read and the
+    /// batches not taken now, not when this task's last turn comes round.
     fn drop(&mut self) {
-        self.shared.state().stopped = true;
+        let mut state = self.shared.state();
+        state.stopped = true;
+        let unread: Vec<Option<Slice>> = state.slices.iter_mut().map(Option::take).collect();
+        let untaken = std::mem::take(&mut state.read);
+        drop(state);
+        drop((unread, untaken));
     }
 }
 
