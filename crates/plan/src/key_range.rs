@@ -86,7 +86,7 @@ pub(crate) fn sorted_with_sample(
         (starts, sample) = sampled(chunks, rows, &key);
     }
     Ok(Partitioned {
-        batch: gather(parts, &positions)?,
+        batch: gather(parts, positions)?,
         starts,
         sample: Some(sample),
     })

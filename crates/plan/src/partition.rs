@@ -87,9 +87,9 @@ pub fn key_rows_of(parts: &[RecordBatch], keys: &[usize], order: &[SortOptions])
 /// batch: a `take` of a single part, else one `interleave` of them all,
 /// so that batches gathered for a partition are cut with one copy, not
 /// joined first.
-pub(crate) fn gather(parts: &[RecordBatch], order: &[u32]) -> Result<RecordBatch> {
+pub(crate) fn gather(parts: &[RecordBatch], order: Vec<u32>) -> Result<RecordBatch> {
     if let [batch] = parts {
-        return arrow_select::take::take_record_batch(batch, &UInt32Array::from(order.to_vec()))
+        return arrow_select::take::take_record_batch(batch, &UInt32Array::from(order))
             .map_err(arrow_error);
     }
     let mut starts = Vec::with_capacity(parts.len() + 1);
@@ -172,7 +172,7 @@ pub(crate) fn group(
         next[d] += 1;
     }
     Ok(Partitioned {
-        batch: gather(parts, &order)?,
+        batch: gather(parts, order)?,
         starts,
         sample: None,
     })
