@@ -730,9 +730,7 @@ impl Inner {
             Place::Memory { segment, offset } => {
                 self.release_memory(state, segment, offset, entry.len, entry.reserved)
             }
-            Place::Disk(path, _) => {
-                let _ = std::fs::remove_file(path);
-            }
+            Place::Disk(path, _) => self.spill.remove(path),
         }
     }
 
@@ -878,6 +876,8 @@ impl Inner {
         let entry = state.entries.get_mut(&id).expect("checked above");
         entry.place = place;
         entry.len = len;
+        // Here, not on the remover: the partition may spill again at once,
+        // to the same name.
         let _ = std::fs::remove_file(path);
         Ok(state)
     }
@@ -1483,6 +1483,7 @@ mod tests {
         // The last reference goes as the read starts.
         when_read_has_looked_up(move || drop(part));
         let read = store.get(id);
+        store.inner.spill.settle();
         assert!(!path.exists(), "freed");
         match read {
             Ok(batch) => assert_eq!(batch, strings()),
