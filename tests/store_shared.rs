@@ -212,6 +212,8 @@ fn a_partition_is_freed_with_its_last_reference_and_reader() {
     let path = store.spill_path(parts[0].id()).unwrap();
     assert!(path.exists());
     drop(parts);
+    // Removed by the store's remover thread: waited for here.
+    store.settle_disk();
     assert!(!path.exists());
     assert_eq!((store.stats().used_bytes, store.stats().partitions), (0, 0));
 }

@@ -63,6 +63,17 @@ pub enum StoreError {
         /// The file system: /dev/shm.
         path: PathBuf,
     },
+    /// A partition that went to disk as it was put is lost: its spill
+    /// file could not be written.
+    #[error("partition {id} is lost: writing its spill file {path} failed: {message}")]
+    SpillWrite {
+        /// The partition.
+        id: PartitionId,
+        /// Its spill file.
+        path: PathBuf,
+        /// Why the write failed.
+        message: String,
+    },
     /// A file operation failed.
     #[error("{path}: {source}")]
     Io {

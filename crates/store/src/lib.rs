@@ -36,6 +36,7 @@ mod partition;
 mod segment;
 mod shared;
 mod spill;
+mod spill_writer;
 
 pub use error::{PutError, SpillError, StoreError};
 pub use output::{OutputBuffer, with_output_store};

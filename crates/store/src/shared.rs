@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use arrow_array::RecordBatch;
 use streambatch_core::{PartitionId, format_bytes};
@@ -16,6 +16,7 @@ use crate::ipc;
 use crate::output::OutputBuffer;
 use crate::segment::{self, Segment};
 use crate::spill::{self, IndexCache, SpillDir, SpillFile};
+use crate::spill_writer::{SpillWriter, Writing, Written};
 use crate::{ObjectStore, PartitionRef, PinGuard, PutError, Release, StoreError, StoreStats};
 
 /// Settings of a [`SharedStore`].
@@ -71,11 +72,16 @@ struct Inner {
     capacity: u64,
     segment_size: usize,
     prefix: String,
+    /// Started by the first grouped put to find no room; dropped (its
+    /// queue written) before `spill`, the directory.
+    writer: OnceLock<SpillWriter>,
     spill: SpillDir,
     next_id: AtomicU64,
     /// Reserved regions alive: a put skips looking for one when there are none.
     reservations: AtomicU64,
     state: Mutex<State>,
+    /// Signalled under `state`'s lock when the spill writer ends a write.
+    written: Condvar,
 }
 
 #[derive(Default)]
@@ -97,6 +103,8 @@ struct State {
     prefaulting: Vec<std::thread::JoinHandle<()>>,
     entries: HashMap<PartitionId, Entry>,
     clock: u64,
+    /// Partitions queued on the spill writer or being written, freed or not.
+    writes: usize,
 }
 
 struct Slot {
@@ -158,6 +166,11 @@ enum Place {
     },
     /// Its spill file, and the file's index once read.
     Disk(PathBuf, IndexCache),
+    /// On its way to its spill file (see `spill_writer`), read from its
+    /// batch meanwhile.
+    Writing(Arc<Writing>),
+    /// Its spill file could not be written: the error, for its readers.
+    Lost(PathBuf, Arc<str>),
 }
 
 static STORES: AtomicU64 = AtomicU64::new(0);
@@ -213,6 +226,8 @@ impl SharedStore {
                 next_id: AtomicU64::new(1),
                 reservations: AtomicU64::new(0),
                 state: Mutex::new(State::default()),
+                writer: OnceLock::new(),
+                written: Condvar::new(),
             }),
         })
     }
@@ -227,7 +242,7 @@ impl SharedStore {
                 let name = state.segments[&segment].segment.name().to_string();
                 Some(format!("{name}@{offset}+{}", entry.len))
             }
-            Place::Disk(..) => None,
+            _ => None,
         }
     }
 
@@ -235,7 +250,29 @@ impl SharedStore {
     pub fn spill_path(&self, id: PartitionId) -> Option<PathBuf> {
         match &self.inner.state().entries.get(&id)?.place {
             Place::Disk(path, _) => Some(path.clone()),
-            Place::Memory { .. } => None,
+            _ => None,
+        }
+    }
+
+    /// Waits until the store's spill files are as its partitions are: a
+    /// partition's file that is being written (see `spill_writer`) is
+    /// written, and a freed partition's file is removed. Both happen on
+    /// threads of the store's, not in the call that put or freed it.
+    pub fn settle_disk(&self) {
+        self.writes_settled();
+        self.inner.spill.settle();
+    }
+
+    /// Waits until the spill writer has written (or failed) every
+    /// partition it was given.
+    fn writes_settled(&self) {
+        let mut state = self.inner.state();
+        while state.writes > 0 {
+            state = self
+                .inner
+                .written
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
@@ -248,7 +285,7 @@ impl SharedStore {
                 let base = seg.base().as_ptr() as usize;
                 Some(base..base + seg.len())
             }
-            Place::Disk(..) => None,
+            _ => None,
         }
     }
 
@@ -282,12 +319,68 @@ impl SharedStore {
                 self.inner.state().restored += file.take_bytes_read();
                 ipc::encode_to_buffer(&batch).map_err(StoreError::Encode)
             }
+            Encoded::Batch(batch) => ipc::encode_to_buffer(&batch).map_err(StoreError::Encode),
         }
     }
 
     /// Its spill directory.
     pub fn spill_dir(&self) -> &Path {
         self.inner.spill.path()
+    }
+
+    /// Lists partition `id`, spilled at `place` as it was put.
+    fn listed(
+        &self,
+        id: PartitionId,
+        rows: usize,
+        len: usize,
+        place: Place,
+        groups: Option<Arc<[u32]>>,
+    ) -> PartitionRef {
+        let mut state = self.inner.state();
+        state.spilled += len as u64;
+        state.writes += usize::from(matches!(place, Place::Writing(_)));
+        let entry = Entry {
+            place,
+            len,
+            pins: 0,
+            last_use: state.tick(),
+            released: false,
+            reserved: None,
+            groups,
+        };
+        state.entries.insert(id, entry);
+        PartitionRef::new(id, rows, len as u64, self.inner.clone())
+    }
+
+    /// Lists grouped partition `id` as being written and queues its write
+    /// on the spill writer (written here where the writer cannot start).
+    fn write_behind(
+        &self,
+        id: PartitionId,
+        rows: usize,
+        len: usize,
+        writing: Arc<Writing>,
+    ) -> Result<PartitionRef, PutError> {
+        let writer = match self.inner.writer.get() {
+            Some(writer) => Some(writer),
+            None => SpillWriter::start(Arc::downgrade(&self.inner))
+                .ok()
+                .map(|started| self.inner.writer.get_or_init(|| started)),
+        };
+        let groups = Some(writing.groups.clone());
+        let place = Place::Writing(writing.clone());
+        let part = self.listed(id, rows, len, place, groups);
+        let unqueued = match writer {
+            Some(writer) => writer.queue(id, writing).err(),
+            None => Some(writing),
+        };
+        if let Some(writing) = unqueued {
+            let outcome = write_groups(&writing.path, &writing.batch, &writing.groups)
+                .map_err(|e| e.to_string());
+            self.inner.written(id, &writing, outcome);
+        }
+        Ok(part)
     }
 
     fn store(
@@ -356,21 +449,18 @@ impl SharedStore {
                     // can, or it is grouped).
                     drop(state);
                     let path = self.inner.spill_file(id).map_err(PutError::Store)?;
+                    if let Some(groups) = &groups {
+                        let writing = Arc::new(Writing {
+                            batch,
+                            groups: groups.clone(),
+                            path,
+                        });
+                        return self.write_behind(id, rows, len, writing);
+                    }
                     write_spill(&path, &batch, &encoded, groups.as_deref())
                         .map_err(PutError::Store)?;
-                    let mut state = self.inner.state();
-                    state.spilled += len as u64;
-                    let entry = Entry {
-                        place: Place::Disk(path, IndexCache::default()),
-                        len,
-                        pins: 0,
-                        last_use: state.tick(),
-                        released: false,
-                        reserved: None,
-                        groups,
-                    };
-                    state.entries.insert(id, entry);
-                    return Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()));
+                    let place = Place::Disk(path, IndexCache::default());
+                    return Ok(self.listed(id, rows, len, place, groups));
                 }
             }
         };
@@ -555,6 +645,24 @@ impl ObjectStore for SharedStore {
 
     fn pin(&self, id: PartitionId) -> Result<PinGuard, StoreError> {
         let mut state = self.inner.state();
+        // A partition being written is pinned from its file, once written.
+        while matches!(
+            state.entries.get(&id).map(|e| &e.place),
+            Some(Place::Writing(_))
+        ) {
+            state = self
+                .inner
+                .written
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        if let Some(Place::Lost(path, message)) = state.entries.get(&id).map(|e| &e.place) {
+            return Err(StoreError::SpillWrite {
+                id,
+                path: path.clone(),
+                message: message.to_string(),
+            });
+        }
         if matches!(
             state.entries.get(&id).ok_or(StoreError::Missing(id))?.place,
             Place::Disk(..)
@@ -731,6 +839,9 @@ impl Inner {
                 self.release_memory(state, segment, offset, entry.len, entry.reserved)
             }
             Place::Disk(path, _) => self.spill.remove(path),
+            // The writer removes the file it finds no partition for; a
+            // failed write left none (a file at the name is not ours).
+            Place::Writing(_) | Place::Lost(..) => {}
         }
     }
 
@@ -900,6 +1011,7 @@ impl Inner {
                     .map_err(|source| StoreError::Decode { id, source })?,
                 0,
             ),
+            Encoded::Batch(batch) => (batch, 0),
             Encoded::Disk(file, groups) => {
                 #[cfg(test)]
                 tests::after_lookup();
@@ -975,6 +1087,12 @@ impl Inner {
                     .map_err(|source| StoreError::Spill { id, source })?;
                 Ok(Encoded::Disk(file, entry.groups.clone()))
             }
+            Place::Writing(writing) => Ok(Encoded::Batch(writing.batch.clone())),
+            Place::Lost(path, message) => Err(StoreError::SpillWrite {
+                id,
+                path,
+                message: message.to_string(),
+            }),
         }
     }
 }
@@ -982,6 +1100,8 @@ impl Inner {
 /// Where a partition's encoded bytes are.
 enum Encoded {
     Memory(arrow_buffer::Buffer),
+    /// A partition being written: its batch.
+    Batch(RecordBatch),
     /// Its spill file, open, and its groups.
     Disk(SpillFile, Option<Arc<[u32]>>),
 }
@@ -1044,7 +1164,11 @@ fn write_spill(
 
 /// Writes `batch` cut at `groups` as one stream per group to a new spill
 /// file at `path`.
-fn write_groups(path: &Path, batch: &RecordBatch, groups: &[u32]) -> Result<(), StoreError> {
+pub(crate) fn write_groups(
+    path: &Path,
+    batch: &RecordBatch,
+    groups: &[u32],
+) -> Result<(), StoreError> {
     let streams = groups
         .windows(2)
         .map(|w| ipc::encode(&batch.slice(w[0] as usize, (w[1] - w[0]) as usize)))
@@ -1108,6 +1232,30 @@ impl Release for Inner {
         alone: bool,
     ) -> Result<RecordBatch, StoreError> {
         self.read_range(id, Some(rows), alone)
+    }
+}
+
+impl Written for Inner {
+    fn written(&self, id: PartitionId, writing: &Arc<Writing>, outcome: Result<(), String>) {
+        let mut state = self.state();
+        state.writes -= 1;
+        let entry = state
+            .entries
+            .get_mut(&id)
+            .filter(|e| matches!(&e.place, Place::Writing(w) if Arc::ptr_eq(w, writing)));
+        match (entry, outcome) {
+            (Some(entry), Ok(())) => {
+                entry.place = Place::Disk(writing.path.clone(), IndexCache::default())
+            }
+            (Some(entry), Err(message)) => {
+                tracing::warn!(partition = %id, path = %writing.path.display(), "{message}");
+                entry.place = Place::Lost(writing.path.clone(), message.into());
+            }
+            // Freed while it was written.
+            (None, _) => self.spill.remove(writing.path.clone()),
+        }
+        drop(state);
+        self.written.notify_all();
     }
 }
 
@@ -1414,6 +1562,7 @@ mod tests {
             .put(RecordBatch::try_from_iter([("data", data)]).unwrap())
             .unwrap();
         let grouped = store.put_grouped(strings(), &GROUPS).unwrap();
+        store.writes_settled();
         assert!(
             store.spill_path(grouped.id()).is_some(),
             "the newcomer spilled"
@@ -1429,6 +1578,86 @@ mod tests {
         let again = store.put(strings()).unwrap();
         assert!(store.spill_path(plain.id()).is_some(), "pushed out");
         assert!(store.spill_path(again.id()).is_none());
+    }
+
+    /// A store of 4 MiB filled by one plain partition, which stays: a
+    /// grouped put then finds no room.
+    fn full_store(dir: &Path) -> (SharedStore, PartitionRef) {
+        let store = open(4 << 20, dir);
+        let data: ArrayRef = Arc::new(BinaryArray::from_vec(vec![
+            vec![1u8; (4 << 20) - (64 << 10)].as_slice(),
+        ]));
+        let plain = store
+            .put(RecordBatch::try_from_iter([("data", data)]).unwrap())
+            .unwrap();
+        (store, plain)
+    }
+
+    #[test]
+    fn a_grouped_partition_is_read_while_its_file_is_written_and_pinned_once_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _plain) = full_store(dir.path());
+        let whole = strings();
+        let parts: Vec<PartitionRef> = (0..6)
+            .map(|_| store.put_grouped(whole.clone(), &GROUPS).unwrap())
+            .collect();
+        // Read at once, whether written yet or not.
+        for part in &parts {
+            assert_eq!(
+                part.get_rows(5_000..12_000, true).unwrap(),
+                whole.slice(5_000, 7_000)
+            );
+        }
+        // A pin waits for the file, then restores from it.
+        let pinned = store.pin(parts[5].id()).unwrap();
+        assert!(store.spill_path(parts[5].id()).is_none(), "restored");
+        drop(pinned);
+        store.writes_settled();
+        for part in &parts[..5] {
+            let path = store.spill_path(part.id()).expect("written");
+            assert!(path.exists());
+            assert_eq!(part.get().unwrap(), whole);
+        }
+    }
+
+    #[test]
+    fn a_grouped_partition_freed_while_written_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _plain) = full_store(dir.path());
+        let ids: Vec<PartitionId> = (0..6)
+            .map(|_| store.put_grouped(strings(), &GROUPS).unwrap().id())
+            .collect();
+        store.settle_disk();
+        for id in ids {
+            let path = store.inner.spill.file(id).unwrap();
+            assert!(!path.exists(), "{} left", path.display());
+        }
+        assert_eq!(store.stats().partitions, 1);
+    }
+
+    #[test]
+    fn a_spill_file_that_cannot_be_written_loses_its_partition_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _plain) = full_store(dir.path());
+        // A file planted at the next partition's name: the write refuses it.
+        let next = PartitionId(store.inner.next_id.load(Ordering::Relaxed));
+        let planted = store.inner.spill.file(next).unwrap();
+        std::fs::write(&planted, b"not ours").unwrap();
+        let part = store.put_grouped(strings(), &GROUPS).unwrap();
+        assert_eq!(part.id(), next);
+        store.writes_settled();
+        let read = part.get().unwrap_err().to_string();
+        assert!(
+            read.contains("is lost") && read.contains(&planted.display().to_string()),
+            "{read}"
+        );
+        let pin = store
+            .pin(next)
+            .err()
+            .expect("a lost partition is not pinned");
+        assert!(pin.to_string().contains("is lost"), "{pin}");
+        drop(part);
+        assert_eq!(std::fs::read(&planted).unwrap(), b"not ours");
     }
 
     #[test]
@@ -1483,7 +1712,7 @@ mod tests {
         // The last reference goes as the read starts.
         when_read_has_looked_up(move || drop(part));
         let read = store.get(id);
-        store.inner.spill.settle();
+        store.settle_disk();
         assert!(!path.exists(), "freed");
         match read {
             Ok(batch) => assert_eq!(batch, strings()),

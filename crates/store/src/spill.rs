@@ -59,7 +59,6 @@ struct Remover {
 enum Removal {
     File(PathBuf),
     /// Say so once every file asked before is removed.
-    #[cfg(test)]
     Settle(mpsc::Sender<()>),
 }
 
@@ -74,7 +73,6 @@ impl Remover {
                         Removal::File(path) => {
                             let _ = std::fs::remove_file(path);
                         }
-                        #[cfg(test)]
                         Removal::Settle(done) => {
                             let _ = done.send(());
                         }
@@ -127,7 +125,6 @@ impl SpillDir {
 
     /// Waits until every file given to [`SpillDir::remove`] so far is
     /// removed.
-    #[cfg(test)]
     pub(crate) fn settle(&self) {
         let (done, settled) = mpsc::channel();
         let sent = {
