@@ -340,16 +340,7 @@ impl SharedStore {
         let mut state = self.inner.state();
         state.spilled += len as u64;
         state.writes += usize::from(matches!(place, Place::Writing(_)));
-        let entry = Entry {
-            place,
-            len,
-            pins: 0,
-            last_use: state.tick(),
-            released: false,
-            reserved: None,
-            groups,
-        };
-        state.entries.insert(id, entry);
+        state.list(id, place, len, groups);
         PartitionRef::new(id, rows, len as u64, self.inner.clone())
     }
 
@@ -376,7 +367,7 @@ impl SharedStore {
             None => Some(writing),
         };
         if let Some(writing) = unqueued {
-            let outcome = write_groups(&writing.path, &writing.batch, &writing.groups)
+            let outcome = spill::write_groups(&writing.path, &writing.batch, &writing.groups)
                 .map_err(|e| e.to_string());
             self.inner.written(id, &writing, outcome);
         }
@@ -471,17 +462,7 @@ impl SharedStore {
         drop(state);
         // SAFETY: the allocator gave this region to this partition alone.
         encoded.write_to(unsafe { target.region_mut(offset, len) });
-        let mut state = self.inner.state();
-        let entry = Entry {
-            place,
-            len,
-            pins: 0,
-            last_use: state.tick(),
-            released: false,
-            reserved: None,
-            groups,
-        };
-        state.entries.insert(id, entry);
+        self.inner.state().list(id, place, len, groups);
         Ok(PartitionRef::new(id, rows, len as u64, self.inner.clone()))
     }
 }
@@ -915,7 +896,7 @@ impl Inner {
                 // SAFETY: this store encoded these bytes from a valid batch.
                 let batch = unsafe { ipc::decode_trusted(&view) }
                     .map_err(|source| StoreError::Decode { id, source })?;
-                write_groups(&path, &batch, groups)?;
+                spill::write_groups(&path, &batch, groups)?;
             }
         }
         self.release_memory(state, segment, offset, len, reserved);
@@ -1158,26 +1139,25 @@ fn write_spill(
 ) -> Result<(), StoreError> {
     match groups {
         None => spill::write(path, [encoded.pieces()]).map_err(|e| StoreError::io(path, e)),
-        Some(groups) => write_groups(path, batch, groups),
+        Some(groups) => spill::write_groups(path, batch, groups),
     }
 }
 
-/// Writes `batch` cut at `groups` as one stream per group to a new spill
-/// file at `path`.
-pub(crate) fn write_groups(
-    path: &Path,
-    batch: &RecordBatch,
-    groups: &[u32],
-) -> Result<(), StoreError> {
-    let streams = groups
-        .windows(2)
-        .map(|w| ipc::encode(&batch.slice(w[0] as usize, (w[1] - w[0]) as usize)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(StoreError::Encode)?;
-    spill::write(path, streams.iter().map(|s| s.pieces())).map_err(|e| StoreError::io(path, e))
-}
-
 impl State {
+    /// Lists new partition `id` at `place`.
+    fn list(&mut self, id: PartitionId, place: Place, len: usize, groups: Option<Arc<[u32]>>) {
+        let entry = Entry {
+            place,
+            len,
+            pins: 0,
+            last_use: self.tick(),
+            released: false,
+            reserved: None,
+            groups,
+        };
+        self.entries.insert(id, entry);
+    }
+
     fn unmap(&mut self, slot: &Slot) {
         self.mapped -= slot.segment.len() as u64;
         if !slot.dedicated {

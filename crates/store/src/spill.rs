@@ -293,6 +293,21 @@ where
     written
 }
 
+/// Writes `batch` cut at `groups` as one stream per group to a new spill
+/// file at `path`.
+pub(crate) fn write_groups(
+    path: &Path,
+    batch: &RecordBatch,
+    groups: &[u32],
+) -> Result<(), StoreError> {
+    let streams = groups
+        .windows(2)
+        .map(|w| ipc::encode(&batch.slice(w[0] as usize, (w[1] - w[0]) as usize)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StoreError::Encode)?;
+    write(path, streams.iter().map(|s| s.pieces())).map_err(|e| StoreError::io(path, e))
+}
+
 /// An open spill file, read a stream at a time.
 pub struct SpillFile {
     file: std::fs::File,

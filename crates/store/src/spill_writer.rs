@@ -72,7 +72,7 @@ impl SpillWriter {
 
 fn write_each<S: Written>(todo: Receiver<Queued>, store: Weak<S>) {
     for (id, writing) in todo {
-        let outcome = crate::shared::write_groups(&writing.path, &writing.batch, &writing.groups)
+        let outcome = crate::spill::write_groups(&writing.path, &writing.batch, &writing.groups)
             .map_err(|e| e.to_string());
         match store.upgrade() {
             Some(store) => store.written(id, &writing, outcome),
