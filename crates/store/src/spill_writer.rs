@@ -72,8 +72,13 @@ impl SpillWriter {
 
 fn write_each<S: Written>(todo: Receiver<Queued>, store: Weak<S>) {
     for (id, writing) in todo {
-        let outcome = crate::spill::write_groups(&writing.path, &writing.batch, &writing.groups)
-            .map_err(|e| e.to_string());
+        // A panic is this write's failure: a partition left `Writing`
+        // would keep its pins and `settle_disk` waiting for ever.
+        let write = || crate::spill::write_groups(&writing.path, &writing.batch, &writing.groups);
+        let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(write)) {
+            Ok(written) => written.map_err(|e| e.to_string()),
+            Err(_) => Err("the spill writer panicked".to_string()),
+        };
         match store.upgrade() {
             Some(store) => store.written(id, &writing, outcome),
             // The store is closing: its directory goes with it.
