@@ -59,8 +59,9 @@ impl SpillWriter {
         })
     }
 
-    /// Queues partition `id`'s write, waiting while the queue is full.
-    /// Gives the write back when the thread is gone.
+    /// Hands partition `id`'s write to the thread, waiting until it takes
+    /// it (it writes one at a time). Gives the write back when the thread
+    /// is gone.
     pub(crate) fn queue(&self, id: PartitionId, writing: Arc<Writing>) -> Result<(), Arc<Writing>> {
         let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         match queue.as_ref() {
