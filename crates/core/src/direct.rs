@@ -26,6 +26,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Alignment of direct I/O: of offsets, lengths and buffers.
 pub const BLOCK: usize = 4096;
@@ -35,16 +37,73 @@ const CHUNK: usize = 4 << 20;
 /// A writer of a new file by direct I/O where the file system allows it.
 /// Call [`DirectWriter::finish`] at the end: dropped without it, the file
 /// may lack its last bytes (as with a `BufWriter` whose flush failed).
+///
+/// Whole chunks are written behind the caller, by the process's writer
+/// threads, while the caller fills the next chunk: a direct write blocks
+/// for as long as the disk takes, and a task that encodes its output as it
+/// writes it would otherwise wait for each chunk in turn. A failed write
+/// behind is the error of a later `write`, `flush` or `finish`, and every
+/// call after an error fails.
 pub struct DirectWriter {
-    file: File,
+    file: Arc<File>,
     buf: AlignedBlock,
     /// Bytes in `buf`, which starts at file offset `written`.
     filled: usize,
     /// Bytes at the start of `buf` already written, in whole blocks (by a
     /// flush).
     flushed: usize,
-    /// Bytes written in whole chunks before `buf`.
+    /// Bytes written or handed to the writers behind, in whole chunks,
+    /// before `buf`.
     written: u64,
+    /// Chunks handed to the writers behind, and not yet back.
+    behind: usize,
+    /// Where the writers hand back this file's chunks, once written.
+    emptied: (Sender<Written>, Receiver<Written>),
+    /// A write failed: bytes already taken may be missing.
+    failed: bool,
+}
+
+/// A chunk written behind, its block to fill again.
+type Written = io::Result<AlignedBlock>;
+
+/// A chunk for the writers behind: the file, the block and its offset,
+/// and where to hand the block back.
+type Chunk = (Arc<File>, AlignedBlock, u64, Sender<Written>);
+
+/// Chunks a writer may have written behind it at once.
+const CHUNKS_BEHIND: usize = 2;
+/// The process's writer threads. Threads of the process, not of each
+/// file: a thread made per file costs a mapping of its stack, and glibc
+/// an arena.
+const WRITERS: usize = 4;
+
+/// The queue of the process's writer threads, started on first use.
+fn writers() -> &'static Mutex<Sender<Chunk>> {
+    static WRITERS_QUEUE: OnceLock<Mutex<Sender<Chunk>>> = OnceLock::new();
+    WRITERS_QUEUE.get_or_init(|| {
+        let (queue, chunks) = std::sync::mpsc::channel::<Chunk>();
+        let chunks = Arc::new(Mutex::new(chunks));
+        for _ in 0..WRITERS {
+            let chunks = chunks.clone();
+            std::thread::Builder::new()
+                .name("streambatch-writer".into())
+                .spawn(move || {
+                    loop {
+                        let next = chunks.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                        let Ok((file, block, at, done)) = next else {
+                            return;
+                        };
+                        let written = file.write_all_at(block.as_slice(), at).map(|()| block);
+                        // Let go of the file before answering: once its
+                        // chunks are back, its writer holds it alone.
+                        drop(file);
+                        let _ = done.send(written);
+                    }
+                })
+                .expect("a writer thread starts");
+        }
+        Mutex::new(queue)
+    })
 }
 
 impl DirectWriter {
@@ -59,11 +118,14 @@ impl DirectWriter {
             .open(path)?;
         set_direct(&file);
         Ok(Self {
-            file,
+            file: Arc::new(file),
             buf: AlignedBlock::zeroed(CHUNK)?,
             filled: 0,
             flushed: 0,
             written: 0,
+            behind: 0,
+            emptied: std::sync::mpsc::channel(),
+            failed: false,
         })
     }
 
@@ -77,7 +139,65 @@ impl DirectWriter {
     pub fn finish(mut self) -> io::Result<File> {
         self.flush()?;
         self.file.set_len(self.position())?;
-        Ok(self.file)
+        let file = self.file.clone();
+        drop(self);
+        Ok(Arc::into_inner(file).expect("no chunk of the file is left behind"))
+    }
+
+    /// Fails when an earlier call did.
+    fn check(&self) -> io::Result<()> {
+        match self.failed {
+            true => Err(io::Error::other("an earlier write of this file failed")),
+            false => Ok(()),
+        }
+    }
+
+    /// Notes that `result` failed, when it did.
+    fn note<T>(&mut self, result: io::Result<T>) -> io::Result<T> {
+        self.failed |= result.is_err();
+        result
+    }
+
+    /// The next chunk written behind, its block back.
+    fn next_written(&mut self) -> Written {
+        self.behind -= 1;
+        // Each chunk handed over comes back: a writer thread answers every
+        // chunk it takes, and the sender lives in `self`.
+        self.emptied.1.recv().expect("a writer answers")
+    }
+
+    /// Waits for every chunk written behind; the first error among them.
+    fn settle(&mut self) -> io::Result<()> {
+        let mut result = Ok(());
+        while self.behind > 0 {
+            if let Err(e) = self.next_written() {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// Hands the full buffer to the writers behind and takes an empty one:
+    /// a block they have written, once [`CHUNKS_BEHIND`] are out.
+    fn write_behind(&mut self) -> io::Result<()> {
+        let empty = match self.behind < CHUNKS_BEHIND {
+            true => AlignedBlock::zeroed(CHUNK)?,
+            false => self.next_written()?,
+        };
+        let full = std::mem::replace(&mut self.buf, empty);
+        let chunk = (
+            self.file.clone(),
+            full,
+            self.written,
+            self.emptied.0.clone(),
+        );
+        writers()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(chunk)
+            .map_err(|_| io::Error::other("the writer threads are gone"))?;
+        self.behind += 1;
+        Ok(())
     }
 
     /// Writes the buffer's bytes not yet written whole, the last block
@@ -95,17 +215,24 @@ impl DirectWriter {
     }
 }
 
+impl Drop for DirectWriter {
+    /// Chunks still behind are waited for: their writes hold the file.
+    fn drop(&mut self) {
+        let _ = self.settle();
+    }
+}
+
 impl Write for DirectWriter {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.check()?;
         let n = (CHUNK - self.filled).min(bytes.len());
         self.buf.as_mut_slice()[self.filled..self.filled + n].copy_from_slice(&bytes[..n]);
         self.filled += n;
         if self.filled == CHUNK {
-            if let Err(e) = self.write_buffer() {
-                // Not taken, as an error says: a retry writes them again.
-                self.filled -= n;
-                return Err(e);
-            }
+            // The bytes already flushed are written again: a chunk is
+            // written whole.
+            let handed = self.write_behind();
+            self.note(handed)?;
             self.written += CHUNK as u64;
             self.filled = 0;
             self.flushed = 0;
@@ -113,12 +240,17 @@ impl Write for DirectWriter {
         Ok(n)
     }
 
-    /// Writes the buffered bytes (the last block padded with zeros, which
-    /// the next flush or `finish` writes again); they stay buffered, so
-    /// that later writes keep to whole blocks.
+    /// Waits for the chunks written behind, then writes the buffered bytes
+    /// (the last block padded with zeros, which the next flush or `finish`
+    /// writes again); they stay buffered, so that later writes keep to
+    /// whole blocks.
     fn flush(&mut self) -> io::Result<()> {
+        self.check()?;
+        let settled = self.settle();
+        self.note(settled)?;
         if self.filled > 0 {
-            self.write_buffer()?;
+            let written = self.write_buffer();
+            self.note(written)?;
         }
         Ok(())
     }
@@ -232,7 +364,9 @@ mod tests {
     #[test]
     fn writes_of_every_size_and_flushes_between_make_the_same_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let bytes: Vec<u8> = (0..(CHUNK * 2 + 12_345)).map(|i| (i % 251) as u8).collect();
+        let bytes: Vec<u8> = (0..(CHUNK * (CHUNKS_BEHIND + 3) + 12_345))
+            .map(|i| (i % 251) as u8)
+            .collect();
         for (n, piece) in [7, 4095, 4096, 100_000, CHUNK, CHUNK + 1]
             .into_iter()
             .enumerate()

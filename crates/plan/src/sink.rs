@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use parquet::basic::Compression;
 use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
@@ -21,6 +22,7 @@ use streambatch_core::TaskId;
 use crate::object_files::url_of;
 use crate::{BatchIter, Error, Result};
 
+mod dictionary;
 mod durable;
 mod format;
 mod object_commit;
@@ -109,8 +111,17 @@ impl ParquetWriteOptions {
         })
     }
 
-    pub(crate) fn properties(&self) -> WriterProperties {
-        WriterProperties::builder()
+    /// The writer's properties for a file whose first batch is `first`
+    /// (none for a file without rows): the codec and row groups, and no
+    /// dictionary for the columns whose values `first` shows nearly unique
+    /// (see `dictionary.rs`).
+    pub(crate) fn properties(&self, first: Option<&RecordBatch>) -> WriterProperties {
+        let plain = first.map(dictionary::plain_columns).unwrap_or_default();
+        plain
+            .into_iter()
+            .fold(WriterProperties::builder(), |builder, column| {
+                builder.set_column_dictionary_enabled(column, false)
+            })
             .set_compression(self.compression)
             .set_max_row_group_row_count(Some(self.max_row_group_rows.max(1)))
             .build()
@@ -153,7 +164,7 @@ pub fn write_part(
                 continue;
             }
             if writer.is_none() {
-                let w = FormatWriter::create(&tmp, &path, batch.schema(), &sink.format)?;
+                let w = FormatWriter::open(&tmp, &path, &batch, &sink.format)?;
                 writer = Some(w);
             }
             rows += batch.num_rows();
@@ -480,6 +491,35 @@ mod tests {
         Box::new(std::iter::once(Ok(
             RecordBatch::try_from_iter([("x", x)]).unwrap()
         )))
+    }
+
+    #[test]
+    fn a_parquet_part_keeps_a_dictionary_only_for_columns_whose_values_repeat() {
+        use parquet::basic::Encoding;
+        use parquet::file::reader::{FileReader, SerializedFileReader};
+
+        let dir = tempfile::tempdir().unwrap();
+        let sink = FileSink {
+            dir: dir.path().to_path_buf(),
+            format: FileFormat::Parquet(ParquetWriteOptions::default()),
+        };
+        let n = 20_000;
+        let id: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+        let few: ArrayRef = Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 7)));
+        let batch = RecordBatch::try_from_iter([("id", id), ("few", few)]).unwrap();
+        let input: BatchIter = Box::new(std::iter::once(Ok(batch)));
+        let written = write_part(&sink, TaskId(1), input).unwrap();
+        let file = std::fs::File::open(&written[0].0).unwrap();
+        let reader = SerializedFileReader::new(file).unwrap();
+        let group = reader.metadata().row_group(0);
+        let dictionary = |c: usize| {
+            let column = group.column(c);
+            column.dictionary_page_offset().is_some()
+                && column.encodings().any(|e| e == Encoding::RLE_DICTIONARY)
+        };
+        assert!(!dictionary(0), "unique ids are written plain");
+        assert!(dictionary(1), "seven values keep their dictionary");
+        assert_eq!(reader.metadata().file_metadata().num_rows(), n);
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl Dataset {
             for batch in self.iter_batches()? {
                 let batch = batch?;
                 if writer.is_none() {
-                    writer = Some(FormatWriter::create(tmp, path, batch.schema(), &format)?);
+                    writer = Some(FormatWriter::open(tmp, path, &batch, &format)?);
                 }
                 writer.as_mut().expect("opened above").write(&batch, path)?;
             }

@@ -53,8 +53,10 @@ impl FileFormat {
 
 /// The most bytes a Parquet row group holds in memory before it is written
 /// (it ends sooner at its row limit): two tasks writing wide rows would
-/// otherwise each hold up to a million of them.
-const ROW_GROUP_BYTES: usize = 32 << 20;
+/// otherwise each hold up to a million of them. Small enough that a file
+/// has several, so that one is written (behind the task, see
+/// `DirectWriter`) while the task encodes the next.
+const ROW_GROUP_BYTES: usize = 8 << 20;
 
 /// Where a written file's bytes go: a local file, written by direct I/O
 /// where the file system allows it (a job's output is written once and not
@@ -96,9 +98,12 @@ impl Write for Output {
         }
     }
 
+    /// Parquet flushes its sink at the end of every column chunk. A file's
+    /// bytes reach the disk in whole chunks and at `finish`: a flush here
+    /// would only force a short write the task waits for.
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
-            Self::File(file) => file.flush(),
+            Self::File(_) => Ok(()),
             Self::Object(upload) => upload.flush(),
         }
     }
@@ -121,11 +126,33 @@ impl FormatWriter {
         schema: SchemaRef,
         format: &FileFormat,
     ) -> Result<Self> {
+        Self::new(tmp, path, schema, None, format)
+    }
+
+    /// A writer into a new file at `tmp` whose first batch is `first` (not
+    /// yet written: the caller writes it), which shows how its columns are
+    /// best encoded.
+    pub(crate) fn open(
+        tmp: &Path,
+        path: &Path,
+        first: &RecordBatch,
+        format: &FileFormat,
+    ) -> Result<Self> {
+        Self::new(tmp, path, first.schema(), Some(first), format)
+    }
+
+    fn new(
+        tmp: &Path,
+        path: &Path,
+        schema: SchemaRef,
+        first: Option<&RecordBatch>,
+        format: &FileFormat,
+    ) -> Result<Self> {
         let file = Output::create(tmp, path)?;
         let failed = |e: arrow_schema::ArrowError| write_failed(path, e);
         Ok(match format {
             FileFormat::Parquet(options) => {
-                let properties = Some(options.properties());
+                let properties = Some(options.properties(first));
                 let writer = ArrowWriter::try_new(file, schema, properties);
                 Self::Parquet(writer.map_err(|e| write_failed(path, e))?)
             }

@@ -1,0 +1,109 @@
+//! Which columns of a Parquet file are written without a dictionary.
+//!
+//! The `parquet` crate tries a dictionary for every column: it hashes each
+//! value into it until the dictionary page is full (1 MiB), then writes the
+//! rest plain. For a column of nearly unique values (random keys, ids,
+//! payloads) that is all cost: the dictionary never shrinks the file, and
+//! hashing and interning every value took a seventh of S1's Parquet writes.
+//! So a file's first batch decides, as DuckDB's writer decides from its row
+//! groups: a column whose sampled values are nearly all distinct is written
+//! plain.
+
+use std::collections::HashSet;
+
+use arrow_array::{RecordBatch, UInt32Array};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::DataType;
+use parquet::schema::types::ColumnPath;
+
+/// Rows sampled from the first batch, evenly spaced.
+const SAMPLE: usize = 4096;
+
+/// Sampled values that must repeat for a column to keep its dictionary: a
+/// sample of 4,096 with fewer than 41 repeats comes from a column of some
+/// 200,000 distinct values or more per row group (by the birthday bound),
+/// whose dictionary of values of 5 bytes or more outgrows its page anyway.
+const REPEATS_FOR_A_DICTIONARY: usize = SAMPLE / 100;
+
+/// The top-level columns of `first` (a file's first batch) whose values are
+/// so nearly all distinct that a dictionary could not pay. A batch under
+/// [`SAMPLE`] rows says too little: none. Nested columns keep the writer's
+/// default.
+pub(crate) fn plain_columns(first: &RecordBatch) -> Vec<ColumnPath> {
+    let rows = first.num_rows();
+    if rows < SAMPLE {
+        return Vec::new();
+    }
+    let at = UInt32Array::from_iter_values((0..SAMPLE).map(|i| (i * rows / SAMPLE) as u32));
+    let schema = first.schema();
+    schema
+        .fields()
+        .iter()
+        .zip(first.columns())
+        .filter(|(field, _)| !field.data_type().is_nested() && !is_dictionary(field.data_type()))
+        .filter(|(_, column)| {
+            let Ok(sample) = arrow_select::take::take(column.as_ref(), &at, None) else {
+                return false;
+            };
+            distinct(&sample).is_some_and(|d| SAMPLE - d < REPEATS_FOR_A_DICTIONARY)
+        })
+        .map(|(field, _)| ColumnPath::from(field.name().as_str()))
+        .collect()
+}
+
+fn is_dictionary(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Dictionary(..))
+}
+
+/// Distinct values of `column` (nulls one value), by their `arrow-row` bytes.
+fn distinct(column: &arrow_array::ArrayRef) -> Option<usize> {
+    let converter = RowConverter::new(vec![SortField::new(column.data_type().clone())]).ok()?;
+    let rows = converter
+        .convert_columns(std::slice::from_ref(column))
+        .ok()?;
+    Some(rows.iter().map(|r| r.data()).collect::<HashSet<_>>().len())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, FixedSizeBinaryArray, Int64Array, StringArray};
+
+    use super::*;
+
+    fn names(columns: Vec<ColumnPath>) -> Vec<String> {
+        columns.iter().map(|c| c.string()).collect()
+    }
+
+    #[test]
+    fn nearly_unique_columns_go_plain_and_repeating_ones_keep_a_dictionary() {
+        let n = 10_000i64;
+        let unique: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+        let few: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..n).map(|i| format!("city-{}", i % 50)),
+        ));
+        let keys: ArrayRef = Arc::new(
+            FixedSizeBinaryArray::try_from_iter((0..n).map(|i| (i * 7919).to_le_bytes())).unwrap(),
+        );
+        // 2 % of the sampled values repeat: over the threshold.
+        let some_repeats: ArrayRef = Arc::new(Int64Array::from_iter_values(
+            (0..n).map(|i| if i % 50 == 0 { 0 } else { i }),
+        ));
+        let batch = RecordBatch::try_from_iter([
+            ("id", unique),
+            ("city", few),
+            ("key", keys),
+            ("some_repeats", some_repeats),
+        ])
+        .unwrap();
+        assert_eq!(names(plain_columns(&batch)), ["id", "key"]);
+    }
+
+    #[test]
+    fn a_small_first_batch_decides_nothing() {
+        let unique: ArrayRef = Arc::new(Int64Array::from_iter_values(0..100));
+        let batch = RecordBatch::try_from_iter([("id", unique)]).unwrap();
+        assert!(plain_columns(&batch).is_empty());
+    }
+}
