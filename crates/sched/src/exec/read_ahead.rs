@@ -24,8 +24,11 @@ use crate::exec::partition::Slice;
 use crate::job::piece::Part;
 
 /// Threads reading slices ahead of the process's reducers, and the most
-/// slices of one task being read at once.
-pub const READERS: usize = 4;
+/// slices of one task being read at once. A direct read of a slice (a few
+/// hundred KiB) waits mostly on the disk, and a disk serves more such
+/// reads at once the more it is given: with four, each of S1's reducers
+/// waited 36 ms for its 32 MiB; with sixteen, 23 ms (about 1.4 GB/s).
+pub const READERS: usize = 16;
 
 /// The batches of `slices`, each [`Slice::read_alone`], in order, read by
 /// up to [`READERS`] reader threads ahead of the caller while the slices
