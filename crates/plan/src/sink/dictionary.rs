@@ -19,6 +19,9 @@ use parquet::schema::types::ColumnPath;
 /// Rows sampled from the first batch, evenly spaced.
 const SAMPLE: usize = 4096;
 
+/// The most bytes a column's sample may copy.
+const MAX_SAMPLE_BYTES: usize = 4 << 20;
+
 /// Sampled values that must repeat for a column to keep its dictionary: a
 /// sample of 4,096 with fewer than 41 repeats comes from a column of some
 /// 200,000 distinct values or more per row group (by the birthday bound),
@@ -27,8 +30,8 @@ const REPEATS_FOR_A_DICTIONARY: usize = SAMPLE / 100;
 
 /// The top-level columns of `first` (a file's first batch) whose values are
 /// so nearly all distinct that a dictionary could not pay. A batch under
-/// [`SAMPLE`] rows says too little: none. Nested columns keep the writer's
-/// default.
+/// [`SAMPLE`] rows says too little: none. Nested columns, and columns of
+/// values over a KiB on average, keep the writer's default.
 pub(crate) fn plain_columns(first: &RecordBatch) -> Vec<ColumnPath> {
     let rows = first.num_rows();
     if rows < SAMPLE {
@@ -41,6 +44,9 @@ pub(crate) fn plain_columns(first: &RecordBatch) -> Vec<ColumnPath> {
         .iter()
         .zip(first.columns())
         .filter(|(field, _)| !field.data_type().is_nested() && !is_dictionary(field.data_type()))
+        // Copying a sample of long values (images, documents) would cost
+        // more than it saves: those keep the default.
+        .filter(|(_, column)| column.get_array_memory_size() / rows * SAMPLE <= MAX_SAMPLE_BYTES)
         .filter(|(_, column)| {
             let Ok(sample) = arrow_select::take::take(column.as_ref(), &at, None) else {
                 return false;
@@ -98,6 +104,15 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(names(plain_columns(&batch)), ["id", "key"]);
+    }
+
+    #[test]
+    fn long_values_are_not_sampled() {
+        let long: ArrayRef = Arc::new(StringArray::from_iter_values(
+            (0..5_000).map(|i| format!("{i:02048}")),
+        ));
+        let batch = RecordBatch::try_from_iter([("document", long)]).unwrap();
+        assert!(plain_columns(&batch).is_empty());
     }
 
     #[test]
