@@ -72,10 +72,14 @@ type Chunk = (Arc<File>, AlignedBlock, u64, Sender<Written>);
 
 /// Chunks a writer may have written behind it at once.
 const CHUNKS_BEHIND: usize = 2;
-/// The process's writer threads. Threads of the process, not of each
+/// The process's writer threads: enough for every core's task to have its
+/// chunks out at once, at least four. Threads of the process, not of each
 /// file: a thread made per file costs a mapping of its stack, and glibc
 /// an arena.
-const WRITERS: usize = 4;
+fn writer_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (CHUNKS_BEHIND * cores).max(4)
+}
 
 /// The queue of the process's writer threads, started on first use.
 fn writers() -> &'static Mutex<Sender<Chunk>> {
@@ -83,7 +87,7 @@ fn writers() -> &'static Mutex<Sender<Chunk>> {
     WRITERS_QUEUE.get_or_init(|| {
         let (queue, chunks) = std::sync::mpsc::channel::<Chunk>();
         let chunks = Arc::new(Mutex::new(chunks));
-        for _ in 0..WRITERS {
+        for _ in 0..writer_threads() {
             let chunks = chunks.clone();
             std::thread::Builder::new()
                 .name("streambatch-writer".into())
@@ -93,7 +97,12 @@ fn writers() -> &'static Mutex<Sender<Chunk>> {
                         let Ok((file, block, at, done)) = next else {
                             return;
                         };
-                        let written = file.write_all_at(block.as_slice(), at).map(|()| block);
+                        // Every chunk taken is answered, a panic included:
+                        // its writer waits for the answer.
+                        let write = || file.write_all_at(block.as_slice(), at);
+                        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(write))
+                            .unwrap_or_else(|_| Err(io::Error::other("a chunk's write panicked")))
+                            .map(|()| block);
                         // Let go of the file before answering: once its
                         // chunks are back, its writer holds it alone.
                         drop(file);
@@ -383,6 +392,65 @@ mod tests {
             out.finish().unwrap();
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "pieces of {piece}");
         }
+    }
+
+    #[test]
+    fn chunks_written_behind_come_back_to_be_filled_again() {
+        // No flush: more chunks than may be out at once, so blocks the
+        // writers have written are filled again.
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..(CHUNK * (CHUNKS_BEHIND + 4) + 777))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        let path = dir.path().join("f");
+        let mut out = DirectWriter::create_new(&path, 0o600).unwrap();
+        for piece in bytes.chunks(65_536) {
+            out.write_all(piece).unwrap();
+        }
+        out.finish().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn a_failed_write_behind_fails_every_later_call() {
+        const CHILD: &str = "STREAMBATCH_DIRECT_WRITE_LIMIT_CHILD";
+        let Some(dir) = std::env::var_os(CHILD) else {
+            // The file size limit is the process's: the writes run in a
+            // process of their own, this test alone.
+            let dir = tempfile::tempdir().unwrap();
+            let run = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "direct::tests::a_failed_write_behind_fails_every_later_call",
+                ])
+                .env(CHILD, dir.path())
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&run.stdout);
+            assert!(run.status.success(), "{said}");
+            assert!(said.contains("1 passed"), "the child ran the test: {said}");
+            return;
+        };
+        // SAFETY: the signal is ignored and the limit lowered in this
+        // process, which runs this test only.
+        unsafe {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let limit = libc::rlimit {
+                rlim_cur: (CHUNK + CHUNK / 2) as libc::rlim_t,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+        }
+        let path = Path::new(&dir).join("f");
+        let mut out = DirectWriter::create_new(&path, 0o600).unwrap();
+        let chunk = vec![1u8; CHUNK];
+        // The second chunk is past the limit; its failure comes back once
+        // its block is wanted again.
+        let failed = (0..8).find(|_| out.write_all(&chunk).is_err());
+        assert_eq!(failed, Some(CHUNKS_BEHIND + 1));
+        assert!(out.write_all(b"x").is_err(), "a write after the error");
+        assert!(out.flush().is_err(), "a flush after the error");
+        assert!(out.finish().is_err(), "the finish");
     }
 
     #[test]

@@ -146,9 +146,14 @@ impl Dataset {
         let path = path.as_ref();
         let format = FileFormat::Parquet(*options);
         write_whole(path, |tmp| {
-            let mut writer = None;
+            let (mut writer, mut schema) = (None, None);
             for batch in self.iter_batches()? {
                 let batch = batch?;
+                // The file opens on its first rows, which pick its encodings.
+                if batch.num_rows() == 0 {
+                    schema.get_or_insert_with(|| batch.schema());
+                    continue;
+                }
                 if writer.is_none() {
                     writer = Some(FormatWriter::open(tmp, path, &batch, &format)?);
                 }
@@ -157,7 +162,10 @@ impl Dataset {
             match writer {
                 Some(w) => w.close(path),
                 None => {
-                    let schema = self.schema_without_rows(path)?;
+                    let schema = match schema {
+                        Some(schema) => schema,
+                        None => self.schema_without_rows(path)?,
+                    };
                     FormatWriter::create(tmp, path, schema, &format)?.close(path)
                 }
             }

@@ -5,9 +5,13 @@
 //! rest plain. For a column of nearly unique values (random keys, ids,
 //! payloads) that is all cost: the dictionary never shrinks the file, and
 //! hashing and interning every value took a seventh of S1's Parquet writes.
-//! So a file's first batch decides, as DuckDB's writer decides from its row
-//! groups: a column whose sampled values are nearly all distinct is written
-//! plain.
+//! So a file's first batch decides (DuckDB's writer, too, writes a
+//! dictionary only where it pays, judged per row group): a column whose
+//! sampled values are nearly all distinct is written plain.
+//!
+//! The price of judging by the first batch: a column unique there but
+//! repeating later in the file (a file sorted by day, then product) is
+//! written plain, which makes the file larger, never wrong.
 
 use std::collections::HashSet;
 
@@ -23,9 +27,9 @@ const SAMPLE: usize = 4096;
 const MAX_SAMPLE_BYTES: usize = 4 << 20;
 
 /// Sampled values that must repeat for a column to keep its dictionary: a
-/// sample of 4,096 with fewer than 41 repeats comes from a column of some
-/// 200,000 distinct values or more per row group (by the birthday bound),
-/// whose dictionary of values of 5 bytes or more outgrows its page anyway.
+/// random sample of 4,096 with fewer than 40 repeats comes from a column of
+/// some 200,000 distinct values or more (by the birthday bound), whose
+/// dictionary of values of 5 bytes or more outgrows its page anyway.
 const REPEATS_FOR_A_DICTIONARY: usize = SAMPLE / 100;
 
 /// The top-level columns of `first` (a file's first batch) whose values are
@@ -46,7 +50,15 @@ pub(crate) fn plain_columns(first: &RecordBatch) -> Vec<ColumnPath> {
         .filter(|(field, _)| !field.data_type().is_nested() && !is_dictionary(field.data_type()))
         // Copying a sample of long values (images, documents) would cost
         // more than it saves: those keep the default.
-        .filter(|(_, column)| column.get_array_memory_size() / rows * SAMPLE <= MAX_SAMPLE_BYTES)
+        .filter(|(_, column)| {
+            // The slice's own bytes: a slice of a larger batch shares its
+            // buffers.
+            let bytes = column
+                .to_data()
+                .get_slice_memory_size()
+                .unwrap_or(usize::MAX);
+            bytes / rows * SAMPLE <= MAX_SAMPLE_BYTES
+        })
         .filter(|(_, column)| {
             let Ok(sample) = arrow_select::take::take(column.as_ref(), &at, None) else {
                 return false;
@@ -104,6 +116,13 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(names(plain_columns(&batch)), ["id", "key"]);
+    }
+
+    #[test]
+    fn a_slice_of_a_larger_batch_is_judged_by_its_own_rows() {
+        let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..2_000_000));
+        let batch = RecordBatch::try_from_iter([("id", ids)]).unwrap();
+        assert_eq!(names(plain_columns(&batch.slice(0, 10_000))), ["id"]);
     }
 
     #[test]
