@@ -1,6 +1,7 @@
 //! What a task reports: outputs, pauses, its end, its failure, and what
 //! the job does with each (retries included).
 
+use super::lineage::cut_fingerprint;
 use super::*;
 
 impl<P: Part> JobState<P> {
@@ -15,11 +16,7 @@ impl<P: Part> JobState<P> {
             if record.again.remove(&seq) {
                 let stage = record.stage;
                 let cut = self.exchanged.get(&origin);
-                let other = |(groups, sample): &(Vec<u32>, Option<u64>)| {
-                    part.groups() != Some(groups.as_slice())
-                        || part.sample().map(KeySample::fingerprint) != *sample
-                };
-                if cut.is_some_and(other) {
+                if cut.is_some_and(|&cut| cut_fingerprint(&part) != Some(cut)) {
                     return self.end(Err(Error::PartitionLost {
                         operator: self.shapes[stage].name.clone(),
                         why: "its output was made again with other destinations or keys (is an operator not deterministic?)".into(),

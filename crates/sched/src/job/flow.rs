@@ -2,7 +2,7 @@
 //! stage, limits, settling finished stages, and what each stage waits
 //! for, as the recorder reports it.
 
-use super::lineage::{by_destination, regroup};
+use super::lineage::{by_destination, cut_fingerprint, regroup};
 use super::order::OutOfOrder;
 use super::*;
 
@@ -259,10 +259,8 @@ impl<P: Part> JobState<P> {
                         let part = piece.part.as_ref().expect("all held");
                         rows += piece.id.len;
                         bytes += part.bytes();
-                        if let Some(groups) = part.groups() {
-                            let sample = part.sample().map(KeySample::fingerprint);
-                            self.exchanged
-                                .insert(piece.id.from, (groups.to_vec(), sample));
+                        if let Some(cut) = cut_fingerprint(part) {
+                            self.exchanged.insert(piece.id.from, cut);
                         }
                     }
                     self.recorder.exchanged(i, rows, bytes);

@@ -399,6 +399,17 @@ pub(super) fn by_destination<P: Part>(
     Ok(reducers(inputs.into_iter().map(|input| (input, None))))
 }
 
+/// A fingerprint of where map output `part` was cut and, for a sort's, of
+/// its keys' sample; `None` when it is not an exchange's whole map output.
+pub(super) fn cut_fingerprint<P: Part>(part: &P) -> Option<u64> {
+    use streambatch_core::{fnv1a, mix64};
+    let groups = part.groups()?;
+    let cut: Vec<u8> = groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+    // A sample's fingerprint, odd, so that no sample differs from one.
+    let sample = part.sample().map_or(0, |s| mix64(s.fingerprint()) | 1);
+    Some(mix64(fnv1a(&cut) ^ sample.rotate_left(17)))
+}
+
 /// A sort's map outputs, each sorted and cut into chunks with its keys'
 /// sample, as the reducers' inputs: ranges of the keys taken from every
 /// sample, each reducer with the chunks of each output that may hold its

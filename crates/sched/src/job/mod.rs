@@ -28,9 +28,7 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 use std::time::Duration;
 
 use streambatch_core::{Resources, TaskId};
-use streambatch_plan::{
-    Error, EventKind, KeyRange, KeySample, OpStats, PauseCause, Stage, StageKind, Wait,
-};
+use streambatch_plan::{Error, EventKind, KeyRange, OpStats, PauseCause, Stage, StageKind, Wait};
 
 pub(crate) use crate::job::piece::{Keep, Origin, Part, PieceId};
 use crate::job::piece::{LineageInput, Piece, Pieces, Reducer, all_held, missing};
@@ -408,10 +406,11 @@ pub(crate) struct JobState<P> {
     /// A sort's outputs waiting for the driver to read the one before
     /// (when the job keeps lineage, see `JobState::emit`).
     to_driver: VecDeque<Piece<P>>,
-    /// The destinations each exchanged map output was cut at, and a sort's
-    /// output's key sample (its fingerprint): a map output made again must
-    /// be cut the same, since reducers read their slices of it by these.
-    exchanged: HashMap<Origin, (Vec<u32>, Option<u64>)>,
+    /// A fingerprint of where each exchanged map output was cut (and of a
+    /// sort's output's key sample): a map output made again must be cut
+    /// the same, since reducers read their slices of it by these. A
+    /// fingerprint, not the cut: the cuts are M x N numbers.
+    exchanged: HashMap<Origin, u64>,
     /// Tasks running (placed) that were started or resumed to spill: kept
     /// as a count, since `force_if_stuck` asks on every advance.
     spilling_tasks: usize,
