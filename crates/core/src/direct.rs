@@ -27,7 +27,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use crate::Workers;
 
 /// Alignment of direct I/O: of offsets, lengths and buffers.
 pub const BLOCK: usize = 4096;
@@ -73,45 +75,28 @@ type Chunk = (Arc<File>, AlignedBlock, u64, Sender<Written>);
 /// Chunks a writer may have written behind it at once.
 const CHUNKS_BEHIND: usize = 2;
 /// The process's writer threads: enough for every core's task to have its
-/// chunks out at once, at least four. Threads of the process, not of each
-/// file: a thread made per file costs a mapping of its stack, and glibc
-/// an arena.
-fn writer_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (CHUNKS_BEHIND * cores).max(4)
-}
-
-/// The queue of the process's writer threads, started on first use.
-fn writers() -> &'static Mutex<Sender<Chunk>> {
-    static WRITERS_QUEUE: OnceLock<Mutex<Sender<Chunk>>> = OnceLock::new();
-    WRITERS_QUEUE.get_or_init(|| {
-        let (queue, chunks) = std::sync::mpsc::channel::<Chunk>();
-        let chunks = Arc::new(Mutex::new(chunks));
-        for _ in 0..writer_threads() {
-            let chunks = chunks.clone();
-            std::thread::Builder::new()
-                .name("streambatch-writer".into())
-                .spawn(move || {
-                    loop {
-                        let next = chunks.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        let Ok((file, block, at, done)) = next else {
-                            return;
-                        };
-                        // Every chunk taken is answered, a panic included:
-                        // its writer waits for the answer.
-                        let write = || file.write_all_at(block.as_slice(), at);
-                        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(write))
-                            .unwrap_or_else(|_| Err(io::Error::other("a chunk's write panicked")))
-                            .map(|()| block);
-                        // Let go of the file before answering: once its
-                        // chunks are back, its writer holds it alone.
-                        drop(file);
-                        let _ = done.send(written);
-                    }
-                })
-                .expect("a writer thread starts");
-        }
-        Mutex::new(queue)
+/// chunks out at once, at least four.
+fn writers() -> &'static Workers<Chunk> {
+    static WRITERS: OnceLock<Workers<Chunk>> = OnceLock::new();
+    WRITERS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = (CHUNKS_BEHIND * cores).max(4);
+        Workers::start(
+            "streambatch-writer",
+            threads,
+            |(file, block, at, done): Chunk| {
+                // Every chunk taken is answered, a panic included: its writer
+                // waits for the answer.
+                let write = || file.write_all_at(block.as_slice(), at);
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(write))
+                    .unwrap_or_else(|_| Err(io::Error::other("a chunk's write panicked")))
+                    .map(|()| block);
+                // Let go of the file before answering: once its chunks are
+                // back, its writer holds it alone.
+                drop(file);
+                let _ = done.send(written);
+            },
+        )
     })
 }
 
@@ -194,17 +179,12 @@ impl DirectWriter {
             false => self.next_written()?,
         };
         let full = std::mem::replace(&mut self.buf, empty);
-        let chunk = (
+        writers().send((
             self.file.clone(),
             full,
             self.written,
             self.emptied.0.clone(),
-        );
-        writers()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(chunk)
-            .map_err(|_| io::Error::other("the writer threads are gone"))?;
+        ));
         self.behind += 1;
         Ok(())
     }

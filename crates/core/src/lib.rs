@@ -11,6 +11,7 @@ mod ids;
 mod meta;
 mod resources;
 mod size;
+mod workers;
 
 pub use config::{ConfigError, NodeConfig};
 pub use direct::{AlignedBlock, BLOCK, DirectWriter, open_direct};
@@ -19,3 +20,4 @@ pub use ids::{JobId, NodeId, PartitionId, StageId, TaskId};
 pub use meta::PartitionMeta;
 pub use resources::{PoolSize, Resources, StageOptions};
 pub use size::{batch_bytes, format_bytes, parse_size};
+pub use workers::Workers;

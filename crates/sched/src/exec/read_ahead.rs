@@ -14,10 +14,10 @@
 //! S1's peak RSS by about 100 MiB.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use arrow_array::RecordBatch;
+use streambatch_core::Workers;
 use streambatch_plan::{Error, Result};
 
 use crate::exec::partition::Slice;
@@ -73,32 +73,9 @@ fn read_all_ahead(
 
 /// The process's readers: each takes a task's turn, reads one slice of it
 /// and hands the turn on.
-fn readers() -> &'static Mutex<Sender<Arc<Shared>>> {
-    static READERS_QUEUE: OnceLock<Mutex<Sender<Arc<Shared>>>> = OnceLock::new();
-    READERS_QUEUE.get_or_init(|| {
-        let (send, receive) = channel::<Arc<Shared>>();
-        let receive = Arc::new(Mutex::new(receive));
-        for n in 0..READERS {
-            let receive = receive.clone();
-            std::thread::Builder::new()
-                .name(format!("slice-reader-{n}"))
-                .spawn(move || {
-                    loop {
-                        let turn = receive.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                        match turn {
-                            // A reader outlives whatever one turn does.
-                            Ok(shared) => {
-                                let turn = std::panic::AssertUnwindSafe(|| shared.read_one());
-                                let _ = std::panic::catch_unwind(turn);
-                            }
-                            Err(_) => return,
-                        }
-                    }
-                })
-                .expect("a reader thread starts");
-        }
-        Mutex::new(send)
-    })
+fn readers() -> &'static Workers<Arc<Shared>> {
+    static READERS_QUEUE: OnceLock<Workers<Arc<Shared>>> = OnceLock::new();
+    READERS_QUEUE.get_or_init(|| Workers::start("slice-reader", READERS, Shared::read_one))
 }
 
 struct Shared {
@@ -142,13 +119,12 @@ impl Shared {
     /// Queues turns while there is a slice to read and fewer than
     /// [`READERS`] are queued.
     fn call_readers(self: &Arc<Self>, state: &mut State) {
-        let queue = readers().lock().unwrap_or_else(|p| p.into_inner());
         while state.readers < READERS && state.readers < state.slices.len() - state.next_read {
             if !state.may_read(self.window) {
                 return;
             }
             state.readers += 1;
-            let _ = queue.send(self.clone());
+            readers().send(self.clone());
         }
     }
 
