@@ -350,12 +350,16 @@ fn set_direct(file: &File) {
 mod tests {
     use super::*;
 
+    /// `len` bytes, each its place modulo a prime, so that a chunk written
+    /// at the wrong place shows.
+    fn numbered(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    }
+
     #[test]
     fn writes_of_every_size_and_flushes_between_make_the_same_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let bytes: Vec<u8> = (0..(CHUNK * (CHUNKS_BEHIND + 3) + 12_345))
-            .map(|i| (i % 251) as u8)
-            .collect();
+        let bytes = numbered(CHUNK * (CHUNKS_BEHIND + 3) + 12_345);
         for (n, piece) in [7, 4095, 4096, 100_000, CHUNK, CHUNK + 1]
             .into_iter()
             .enumerate()
@@ -379,9 +383,7 @@ mod tests {
         // No flush: more chunks than may be out at once, so blocks the
         // writers have written are filled again.
         let dir = tempfile::tempdir().unwrap();
-        let bytes: Vec<u8> = (0..(CHUNK * (CHUNKS_BEHIND + 4) + 777))
-            .map(|i| (i % 253) as u8)
-            .collect();
+        let bytes = numbered(CHUNK * (CHUNKS_BEHIND + 4) + 777);
         let path = dir.path().join("f");
         let mut out = DirectWriter::create_new(&path, 0o600).unwrap();
         for piece in bytes.chunks(65_536) {
