@@ -164,24 +164,31 @@ pub fn ranges(
     for r in 0..=bounds.len() {
         let lo = r.checked_sub(1).map(|b| bounds[b]);
         let hi = bounds.get(r).copied();
+        let range = KeyRange {
+            lo: lo.map(<[u8]>::to_vec),
+            hi: hi.map(<[u8]>::to_vec),
+        };
         let rows: Vec<(usize, u32, u32)> = outputs
             .iter()
             .enumerate()
             .filter_map(|(i, output)| {
-                let (first, last) = chunks_within(output, lo, hi)?;
-                let start = output.starts[first];
-                Some((i, start, output.starts[last] - start))
+                let (start, len) = rows_within(output, &range)?;
+                Some((i, start, len))
             })
             .collect();
         if !rows.is_empty() {
-            let range = KeyRange {
-                lo: lo.map(<[u8]>::to_vec),
-                hi: hi.map(<[u8]>::to_vec),
-            };
             inputs.push(RangeInput { range, rows });
         }
     }
     Ok(inputs)
+}
+
+/// The rows of `output` that may hold keys of `range`, as (first row,
+/// rows): the reducer of `range` reads them. `None` when it has none.
+pub fn rows_within(output: &SampledOutput<'_>, range: &KeyRange) -> Option<(u32, u32)> {
+    let (first, last) = chunks_within(output, range.lo.as_deref(), range.hi.as_deref())?;
+    let start = output.starts[first];
+    Some((start, output.starts[last] - start))
 }
 
 /// The output's chunks are cut as a sorted output's must be.

@@ -285,8 +285,8 @@ impl RelayState {
                     id,
                     rows: slice.len as u64,
                     bytes,
-                    groups: Part::groups(&slice).map_or_else(Vec::new, <[u32]>::to_vec),
-                    sample: Part::sample(&slice).map(SampleSpec::of),
+                    groups: Part::groups(&slice).map_or_else(Vec::new, |g| g.to_vec()),
+                    sample: Part::sample(&slice).map(|s| SampleSpec::of(s)),
                 }
             }
             TaskEvent::Paused(run) => {

@@ -122,17 +122,20 @@ impl<P: Part> JobState<P> {
             record.placed = false;
             self.tasks.insert(task, record);
             self.requeue(task);
-        } else if let Some(made) = &mut self.made {
-            let input = record.input.forget();
-            let reruns = record.reruns;
-            made.insert(
-                task,
-                Made {
-                    stage,
-                    input,
-                    reruns,
-                },
-            );
+        } else {
+            self.reducer_done(stage, &record.input);
+            if let Some(made) = &mut self.made {
+                let input = record.input.forget();
+                let reruns = record.reruns;
+                made.insert(
+                    task,
+                    Made {
+                        stage,
+                        input,
+                        reruns,
+                    },
+                );
+            }
         }
         Some(stage)
     }
@@ -196,9 +199,10 @@ impl<P: Part> JobState<P> {
             self.recorder.errored(streambatch_plan::ErroredTask {
                 stage: self.shapes[record.stage].name.clone(),
                 task,
-                input: record.input.describe(),
+                input: self.describe_input(record.stage, &record.input),
                 message: error.to_string(),
             });
+            self.reducer_done(record.stage, &record.input);
             tracing::warn!(%task, %error, "task skipped (max_errored_partitions)");
             return;
         }
@@ -225,11 +229,12 @@ impl<P: Part> JobState<P> {
         self.hand_over_due = true;
         let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.placed = false;
+        record.holding.clear();
         let next = std::mem::take(&mut record.again_next);
         record.again.extend(next);
         let stage = record.stage;
-        let missing = record.input.missing();
-        let lost = !record.rerun;
+        let missing = self.missing_input(stage, &self.tasks[&task].input);
+        let lost = !self.tasks[&task].rerun;
         let s = &mut self.stages[stage];
         if s.cancelled && lost {
             // Not a re-run: no more of its outputs are needed.

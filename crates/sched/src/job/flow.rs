@@ -2,7 +2,8 @@
 //! stage, limits, settling finished stages, and what each stage waits
 //! for, as the recorder reports it.
 
-use super::lineage::{by_destination, cut_fingerprint, regroup};
+use super::exchanged::Exchanged;
+use super::lineage::{cut_fingerprint, regroup};
 use super::order::OutOfOrder;
 use super::*;
 
@@ -137,9 +138,9 @@ impl<P: Part> JobState<P> {
             ShapeKind::Repartition(_) | ShapeKind::Exchange(_) => {
                 self.stages[to].collected.push(piece)
             }
-            ShapeKind::Source { .. } | ShapeKind::Map => {
-                self.stages[to].queue.push_back(vec![piece].into())
-            }
+            ShapeKind::Source { .. } | ShapeKind::Map => self.stages[to]
+                .queue
+                .push_back(LineageInput::Pieces(vec![piece])),
         }
     }
 
@@ -154,6 +155,14 @@ impl<P: Part> JobState<P> {
             let s = &mut self.stages[stage];
             if !s.cancelled {
                 self.actions.push(Action::Cancel { stage });
+            }
+            // Reducers that will not run read nothing of their exchange.
+            if let Some(exchange) = &mut self.exchanges[stage] {
+                for input in s.queue.iter().chain(&s.blocked) {
+                    if let LineageInput::Reducer(place) = input {
+                        exchange.finished(*place);
+                    }
+                }
             }
             s.cancelled = true;
             s.done = true;
@@ -200,6 +209,7 @@ impl<P: Part> JobState<P> {
 
     /// [`JobState::drop_task`] for a record already taken out.
     pub(super) fn forget_task(&mut self, task: TaskId, record: TaskRecord<P>) {
+        self.reducer_done(record.stage, &record.input);
         if let Some(made) = self.made.as_mut().filter(|_| record.delivered > 0) {
             let made_task = Made {
                 stage: record.stage,
@@ -240,7 +250,7 @@ impl<P: Part> JobState<P> {
                     if runs_tasks {
                         self.stages[next]
                             .queue
-                            .extend(groups.into_iter().map(Pieces::from));
+                            .extend(groups.into_iter().map(LineageInput::Pieces));
                     } else {
                         // A limit (or the driver) takes rows, not task inputs.
                         for piece in groups.into_iter().flatten() {
@@ -264,8 +274,13 @@ impl<P: Part> JobState<P> {
                         }
                     }
                     self.recorder.exchanged(i, rows, bytes);
-                    match by_destination(collected, n) {
-                        Ok(inputs) => self.stages[i + 1].queue.extend(inputs),
+                    match Exchanged::new(collected, n) {
+                        Ok(exchange) => {
+                            let places = exchange.places() as u32;
+                            self.exchanges[i + 1] = Some(exchange);
+                            let reducers = (0..places).map(LineageInput::Reducer);
+                            self.stages[i + 1].queue.extend(reducers);
+                        }
                         Err(message) => {
                             let stage = self.shapes[i].name.clone();
                             self.fail(Error::Invalid(format!("{stage}: {message}")));
@@ -285,13 +300,17 @@ impl<P: Part> JobState<P> {
     /// Sorts each stage's tasks waiting to run again by their input: whole
     /// ones to the retry queue, in order, those missing a piece aside.
     pub(super) fn sort_waiting_tasks(&mut self) {
-        for s in &mut self.stages {
+        for stage in 0..self.stages.len() {
+            let s = &mut self.stages[stage];
             let waiting: Vec<TaskId> = s.retry.drain(..).chain(s.blocked_tasks.drain(..)).collect();
             for task in waiting {
-                if self.tasks[&task].input.missing().is_empty() {
-                    s.retry.push_back(task);
-                } else {
-                    s.blocked_tasks.push(task);
+                let whole = self
+                    .missing_input(stage, &self.tasks[&task].input)
+                    .is_empty();
+                let s = &mut self.stages[stage];
+                match whole {
+                    true => s.retry.push_back(task),
+                    false => s.blocked_tasks.push(task),
                 }
             }
         }
@@ -315,6 +334,27 @@ impl<P: Part> JobState<P> {
         self.stages.iter().map(|s| s.running).sum()
     }
 
+    /// Pieces of partitions the job keeps, wherever: the measure of its
+    /// records that an exchange must keep growing with M + N.
+    #[cfg(test)]
+    pub(crate) fn pieces_kept(&self) -> usize {
+        let stages: usize = self
+            .stages
+            .iter()
+            .map(|s| {
+                let queued = s.queue.iter().chain(&s.blocked);
+                queued.map(|i| i.pieces().len()).sum::<usize>() + s.collected.len()
+            })
+            .sum();
+        let tasks: usize = self
+            .tasks
+            .values()
+            .map(|r| r.input.pieces().len() + r.holding.len())
+            .sum();
+        let exchanges: usize = self.exchanges.iter().flatten().map(|e| e.outputs()).sum();
+        stages + tasks + exchanges
+    }
+
     /// What the job holds, for a simulation that finds it stuck.
     pub(crate) fn describe(&self) -> String {
         let mut out = String::new();
@@ -326,7 +366,7 @@ impl<P: Part> JobState<P> {
                 s.queue.len(),
                 s.blocked
                     .iter()
-                    .map(|e| missing(e).collect::<Vec<_>>())
+                    .map(|e| self.missing_input(i, e))
                     .collect::<Vec<_>>(),
                 s.retry,
                 s.blocked_tasks,
@@ -347,7 +387,7 @@ impl<P: Part> JobState<P> {
                 r.delivered,
                 r.again,
                 r.again_next,
-                r.input.missing()
+                self.missing_input(r.stage, &r.input)
             );
         }
         out += &format!(

@@ -1,8 +1,6 @@
 //! Lineage and node loss: what a lost node took, which tasks run again to
 //! make it, what moves off a draining node, what the driver read.
 
-use streambatch_plan::key_range::{SampledOutput, ranges};
-
 use super::*;
 
 impl<P: Part> JobState<P> {
@@ -31,22 +29,33 @@ impl<P: Part> JobState<P> {
         tracing::warn!(node = %name, "node lost; making its partitions again");
         self.recorder.node_lost(name);
         let mut needed = BTreeSet::new();
-        for s in &mut self.stages {
-            for mut entry in std::mem::take(&mut s.queue) {
-                entry.iter_mut().for_each(|p| {
-                    p.lose(node);
-                });
-                if all_held(&entry) {
-                    s.queue.push_back(entry);
-                } else {
-                    s.blocked.push(entry);
-                }
-            }
-            for piece in s.blocked.iter_mut().flatten().chain(&mut s.collected) {
+        for exchange in self.exchanges.iter_mut().flatten() {
+            exchange.lose(node);
+        }
+        for stage in 0..self.stages.len() {
+            let s = &mut self.stages[stage];
+            let queue = std::mem::take(&mut s.queue);
+            for piece in s.blocked.iter_mut().flat_map(LineageInput::pieces_mut) {
                 piece.lose(node);
             }
-            needed.extend(s.blocked.iter().flat_map(|e| missing(e)));
+            for piece in &mut s.collected {
+                piece.lose(node);
+            }
             needed.extend(missing(&s.collected));
+            for mut entry in queue {
+                entry.pieces_mut().iter_mut().for_each(|p| {
+                    p.lose(node);
+                });
+                let whole = self.missing_input(stage, &entry).is_empty();
+                let s = &mut self.stages[stage];
+                match whole {
+                    true => s.queue.push_back(entry),
+                    false => s.blocked.push(entry),
+                }
+            }
+            for entry in &self.stages[stage].blocked {
+                needed.extend(self.missing_input(stage, entry));
+            }
         }
         // A sort's outputs waiting for their turn, or for the driver, are
         // made again.
@@ -59,7 +68,9 @@ impl<P: Part> JobState<P> {
         for record in self.tasks.values_mut() {
             // A task placed elsewhere may have read its input already: its
             // lost pieces are made again only should it run again.
-            record.input.lose(node);
+            for piece in record.input.pieces_mut() {
+                piece.lose(node);
+            }
         }
         let mut there: Vec<TaskId> = self
             .tasks
@@ -93,9 +104,9 @@ impl<P: Part> JobState<P> {
             self.requeue(task);
         }
         self.sort_waiting_tasks();
-        for s in &self.stages {
+        for (stage, s) in self.stages.iter().enumerate() {
             for task in &s.blocked_tasks {
-                needed.extend(self.tasks[task].input.missing());
+                needed.extend(self.missing_input(stage, &self.tasks[task].input));
             }
         }
         for origin in needed {
@@ -202,18 +213,21 @@ impl<P: Part> JobState<P> {
     }
 
     /// Calls `f` on every piece the job holds that no task has been handed:
-    /// queued, waiting for a lost piece, collected by a repartition, or the
-    /// input of a task waiting to run (again).
+    /// queued, waiting for a lost piece, collected by a repartition, the
+    /// input of a task waiting to run (again), or an exchange's output a
+    /// reducer still reads (a running reducer keeps the rows it was handed,
+    /// `TaskRecord::holding`).
     pub(super) fn for_each_unplaced_piece(&mut self, f: &mut impl FnMut(&mut Piece<P>)) {
         for s in &mut self.stages {
-            s.queue.iter_mut().flatten().for_each(&mut *f);
-            s.blocked.iter_mut().flatten().for_each(&mut *f);
+            let queued = s.queue.iter_mut().chain(&mut s.blocked);
+            queued.flat_map(LineageInput::pieces_mut).for_each(&mut *f);
             s.collected.iter_mut().for_each(&mut *f);
         }
+        for exchange in self.exchanges.iter_mut().flatten() {
+            exchange.pieces_mut().for_each(&mut *f);
+        }
         for record in self.tasks.values_mut().filter(|r| !r.placed) {
-            if let LineageInput::Pieces(pieces) = &mut record.input {
-                pieces.iter_mut().for_each(&mut *f);
-            }
+            record.input.pieces_mut().iter_mut().for_each(&mut *f);
         }
         if let Some(order) = self.order.as_mut() {
             order.held_mut().for_each(&mut *f);
@@ -256,6 +270,11 @@ impl<P: Part> JobState<P> {
                 why: format!("its task was already run again {} times", made.reruns),
             });
         }
+        if let (LineageInput::Reducer(place), Some(exchange)) =
+            (&made.input, &mut self.exchanges[made.stage])
+        {
+            exchange.read_again(*place);
+        }
         self.tasks.insert(
             origin.task,
             TaskRecord {
@@ -271,6 +290,7 @@ impl<P: Part> JobState<P> {
                 queued: false,
                 rerun: true,
                 reruns: made.reruns + u32::from(lost),
+                holding: Vec::new(),
             },
         );
         self.recorder.rerun(made.stage);
@@ -284,25 +304,30 @@ impl<P: Part> JobState<P> {
     /// waiting for it is filled, and what waited on them goes on.
     pub(super) fn remade(&mut self, stage: usize, origin: Origin, whole: P) {
         self.recorder.remade(stage);
-        for s in &mut self.stages {
-            for entry in &mut s.blocked {
-                entry.iter_mut().for_each(|p| {
-                    p.fill(origin, &whole);
-                });
-            }
-            for entry in std::mem::take(&mut s.blocked) {
-                if all_held(&entry) {
-                    s.queue.push_front(entry);
-                } else {
-                    s.blocked.push(entry);
-                }
+        for exchange in self.exchanges.iter_mut().flatten() {
+            exchange.fill(origin, &whole);
+        }
+        for at in 0..self.stages.len() {
+            let s = &mut self.stages[at];
+            for piece in s.blocked.iter_mut().flat_map(LineageInput::pieces_mut) {
+                piece.fill(origin, &whole);
             }
             for piece in &mut s.collected {
                 piece.fill(origin, &whole);
             }
+            for entry in std::mem::take(&mut s.blocked) {
+                let whole = self.missing_input(at, &entry).is_empty();
+                let s = &mut self.stages[at];
+                match whole {
+                    true => s.queue.push_front(entry),
+                    false => s.blocked.push(entry),
+                }
+            }
         }
         for record in self.tasks.values_mut() {
-            record.input.fill(origin, &whole);
+            for piece in record.input.pieces_mut() {
+                piece.fill(origin, &whole);
+            }
         }
         let order = self.order.as_mut().into_iter().flat_map(|o| o.held_mut());
         for piece in order.chain(self.to_driver.iter_mut()) {
@@ -353,52 +378,6 @@ pub(super) fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece
     groups
 }
 
-/// An exchange's map outputs, `pieces` (each whole, with its groups), as
-/// the reducers' inputs: destination `d`'s rows of every output, in the
-/// outputs' order of origin (not of arrival), for each of the `n`
-/// destinations that has rows; a sort's outputs by the ranges their
-/// samples give ([`by_key_range`]).
-pub(super) fn by_destination<P: Part>(
-    mut pieces: Vec<Piece<P>>,
-    n: usize,
-) -> Result<Vec<Pieces<P>>, String> {
-    pieces.sort_by_key(|p| p.id.from);
-    if pieces
-        .iter()
-        .any(|p| p.part.as_ref().is_some_and(|p| p.sample().is_some()))
-    {
-        return by_key_range(&pieces, n);
-    }
-    let mut inputs: Vec<Vec<Piece<P>>> = (0..n).map(|_| Vec::new()).collect();
-    for piece in &pieces {
-        let part = piece.part.as_ref().ok_or("a map output is not held")?;
-        let starts = part
-            .groups()
-            .filter(|g| {
-                g.len() == n + 1
-                    && g.first() == Some(&0)
-                    && g.last() == Some(&(piece.id.len as u32))
-            })
-            .ok_or_else(|| {
-                format!(
-                    "a map output of {} rows is not cut into {n} destinations",
-                    piece.id.len
-                )
-            })?;
-        for (d, input) in inputs.iter_mut().enumerate() {
-            let (start, end) = (starts[d] as usize, starts[d + 1] as usize);
-            if end < start {
-                return Err(format!("destination {d} ends before it starts"));
-            }
-            if end > start {
-                input.push(piece.sub(start, end - start));
-            }
-        }
-    }
-    inputs.retain(|input| !input.is_empty());
-    Ok(reducers(inputs.into_iter().map(|input| (input, None))))
-}
-
 /// A fingerprint of where map output `part` was cut and, for a sort's, of
 /// its keys' sample; `None` when it is not an exchange's whole map output.
 pub(super) fn cut_fingerprint<P: Part>(part: &P) -> Option<u64> {
@@ -408,48 +387,4 @@ pub(super) fn cut_fingerprint<P: Part>(part: &P) -> Option<u64> {
     // A sample's fingerprint, odd, so that no sample differs from one.
     let sample = part.sample().map_or(0, |s| mix64(s.fingerprint()) | 1);
     Some(mix64(fnv1a(&cut) ^ sample.rotate_left(17)))
-}
-
-/// A sort's map outputs, each sorted and cut into chunks with its keys'
-/// sample, as the reducers' inputs: ranges of the keys taken from every
-/// sample, each reducer with the chunks of each output that may hold its
-/// keys (see `streambatch_plan::key_range`).
-fn by_key_range<P: Part>(pieces: &[Piece<P>], n: usize) -> Result<Vec<Pieces<P>>, String> {
-    let mut sampled = Vec::with_capacity(pieces.len());
-    for piece in pieces {
-        let part = piece.part.as_ref().ok_or("a map output is not held")?;
-        let (Some(starts), Some(sample)) = (part.groups(), part.sample()) else {
-            return Err(format!(
-                "a map output of {} rows of a sort has no sample of its keys",
-                piece.id.len
-            ));
-        };
-        sampled.push(SampledOutput {
-            rows: piece.id.len,
-            starts,
-            sample,
-        });
-    }
-    let inputs = ranges(&sampled, n)?.into_iter().map(|input| {
-        let list = input
-            .rows
-            .iter()
-            .map(|&(i, start, len)| pieces[i].sub(start as usize, len as usize))
-            .collect();
-        (list, Some(Arc::new(input.range)))
-    });
-    Ok(reducers(inputs))
-}
-
-/// Reducers' inputs, placed in the order given.
-fn reducers<P>(
-    inputs: impl Iterator<Item = (Vec<Piece<P>>, Option<Arc<KeyRange>>)>,
-) -> Vec<Pieces<P>> {
-    inputs
-        .enumerate()
-        .map(|(place, (list, range))| {
-            let place = place as u32;
-            Pieces::of_reducer(list, Reducer { place, range })
-        })
-        .collect()
 }

@@ -10,6 +10,7 @@
 //! plain values (see the property tests below).
 
 mod events;
+mod exchanged;
 mod flow;
 mod lineage;
 mod order;
@@ -30,8 +31,9 @@ use std::time::Duration;
 use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{Error, EventKind, KeyRange, OpStats, PauseCause, Stage, StageKind, Wait};
 
+use crate::job::exchanged::Exchanged;
 pub(crate) use crate::job::piece::{Keep, Origin, Part, PieceId};
-use crate::job::piece::{LineageInput, Piece, Pieces, Reducer, all_held, missing};
+use crate::job::piece::{LineageInput, Piece, all_held, missing};
 use crate::job::record::{Recorder, StageNow};
 use policy::{Decision, Snapshot, StageView};
 
@@ -206,9 +208,9 @@ struct Paused {
 }
 
 struct StageState<P> {
-    queue: VecDeque<Pieces<P>>,
+    queue: VecDeque<LineageInput<P>>,
     /// Queued inputs with lost pieces, waiting for them to be made again.
-    blocked: Vec<Pieces<P>>,
+    blocked: Vec<LineageInput<P>>,
     retry: VecDeque<TaskId>,
     /// Tasks to run again whose input has lost pieces.
     blocked_tasks: Vec<TaskId>,
@@ -312,6 +314,9 @@ struct TaskRecord<P> {
     spilling: bool,
     /// Run again after it had finished: its input was freed, not lost.
     rerun: bool,
+    /// A reducer's rows, while an attempt is placed: the attempt may still
+    /// read them after the exchange lets them go or moves them.
+    holding: Vec<P>,
     /// Times it was run again, after it had finished, because outputs of
     /// it were lost with their node.
     reruns: u32,
@@ -411,6 +416,9 @@ pub(crate) struct JobState<P> {
     /// the same, since reducers read their slices of it by these. A
     /// fingerprint, not the cut: the cuts are M x N numbers.
     exchanged: HashMap<Origin, u64>,
+    /// Per stage: the exchange before it, once it has all its map outputs
+    /// (the stage's tasks are its reducers).
+    exchanges: Vec<Option<Exchanged<P>>>,
     /// Tasks running (placed) that were started or resumed to spill: kept
     /// as a count, since `force_if_stuck` asks on every advance.
     spilling_tasks: usize,
@@ -462,6 +470,7 @@ impl<P: Part> JobState<P> {
             order,
             to_driver: VecDeque::new(),
             exchanged: HashMap::default(),
+            exchanges: (0..stage_count).map(|_| None).collect(),
             spilling_tasks: 0,
         };
         (0..nodes).for_each(|node| job.reopen(node));
@@ -514,16 +523,23 @@ impl<P: Part> JobState<P> {
     /// leaving then costs the job nothing.
     pub(crate) fn left_cleanly(&self, node: usize) -> bool {
         let here = |p: &Piece<P>| p.part.as_ref().is_some_and(|p| p.node() == node);
+        let held_here = |parts: &[P]| parts.iter().any(|p| p.node() == node);
         self.draining.get(node).copied().unwrap_or(false)
             && !self.tasks.values().any(|t| {
                 t.placed && t.node == node
-                    || matches!(&t.input, LineageInput::Pieces(pieces) if pieces.iter().any(here))
+                    || t.input.pieces().iter().any(here)
+                    || held_here(&t.holding)
             })
             && !self.stages.iter().any(|s| {
-                s.queue.iter().flatten().any(here)
-                    || s.blocked.iter().flatten().any(here)
+                s.queue.iter().flat_map(LineageInput::pieces).any(here)
+                    || s.blocked.iter().flat_map(LineageInput::pieces).any(here)
                     || s.collected.iter().any(here)
             })
+            && !self
+                .exchanges
+                .iter()
+                .flatten()
+                .any(|e| e.pieces().any(here))
             && !self.to_driver.iter().any(here)
             && !self.order.as_ref().is_some_and(|o| o.held().any(here))
     }
@@ -638,6 +654,7 @@ impl<P: Part> JobState<P> {
             s.paused.clear();
             s.collected.clear();
         }
+        self.exchanges.iter_mut().for_each(|e| *e = None);
         self.reemit.clear();
         self.to_driver.clear();
         self.actions.push(Action::End(result));
@@ -660,16 +677,58 @@ pub(crate) fn input_hold<'a, P: Part + 'a>(
     }
 }
 
-/// The parts of an input whose pieces are all held.
-fn held_input<P: Part>(input: &LineageInput<P>) -> RunInput<P> {
-    match input {
-        LineageInput::Split(i) => RunInput::Split(*i),
-        LineageInput::Pieces(pieces) => RunInput::Parts(
-            pieces
-                .iter()
-                .map(|p| p.part.clone().expect("a task starts on held input"))
-                .collect(),
-            pieces.reducer.as_ref().and_then(|r| r.range.clone()),
-        ),
+impl<P: Part> JobState<P> {
+    /// The exchange before `stage`, whose reducers its tasks are.
+    fn exchange(&self, stage: usize) -> &Exchanged<P> {
+        self.exchanges[stage]
+            .as_ref()
+            .expect("a reducer's stage keeps its exchange")
+    }
+
+    /// The origins of the rows `input` of a task of `stage` reads that are
+    /// not held.
+    fn missing_input(&self, stage: usize, input: &LineageInput<P>) -> Vec<Origin> {
+        match input {
+            LineageInput::Reducer(place) => self.exchange(stage).missing(*place),
+            _ => missing(input.pieces()).collect(),
+        }
+    }
+
+    /// The parts of an input of a task of `stage` whose rows are all held.
+    fn held_input(&self, stage: usize, input: &LineageInput<P>) -> RunInput<P> {
+        match input {
+            LineageInput::Split(i) => RunInput::Split(*i),
+            LineageInput::Pieces(pieces) => RunInput::Parts(
+                pieces
+                    .iter()
+                    .map(|p| p.part.clone().expect("a task starts on held input"))
+                    .collect(),
+                None,
+            ),
+            LineageInput::Reducer(place) => {
+                let exchange = self.exchange(stage);
+                RunInput::Parts(exchange.parts(*place), exchange.range(*place))
+            }
+        }
+    }
+
+    /// What a task of `stage` reads, in words.
+    fn describe_input(&self, stage: usize, input: &LineageInput<P>) -> String {
+        match input {
+            LineageInput::Split(i) => format!("source split {i}"),
+            LineageInput::Pieces(pieces) => {
+                let rows: usize = pieces.iter().map(|p| p.id.len).sum();
+                format!("{} input partition(s), {rows} rows", pieces.len())
+            }
+            LineageInput::Reducer(place) => self.exchange(stage).describe(*place),
+        }
+    }
+
+    /// Reducer `place` of `stage`'s exchange finished, or will not run.
+    fn reducer_done(&mut self, stage: usize, input: &LineageInput<P>) {
+        if let (LineageInput::Reducer(place), Some(exchange)) = (input, &mut self.exchanges[stage])
+        {
+            exchange.finished(*place);
+        }
     }
 }

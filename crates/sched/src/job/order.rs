@@ -12,7 +12,7 @@ use super::HashMap;
 
 use streambatch_core::TaskId;
 
-use crate::job::piece::{Part, Piece, Pieces};
+use crate::job::piece::{Part, Piece};
 
 pub(super) struct EmitOrder<P> {
     /// The stage whose outputs are ordered: the sort's reducers.
@@ -42,12 +42,10 @@ impl<P: Part> EmitOrder<P> {
         }
     }
 
-    /// A task of the ordered stage starts over `input`: a reducer, whose
-    /// place its outputs take.
-    pub(super) fn started(&mut self, task: TaskId, input: &Pieces<P>) {
-        if let Some(reducer) = &input.reducer {
-            self.of_task.insert(task, reducer.place);
-        }
+    /// Reducer `place` of the ordered stage starts as `task`: its outputs
+    /// take its place.
+    pub(super) fn started(&mut self, task: TaskId, place: u32) {
+        self.of_task.insert(task, place);
     }
 
     /// An output of the ordered stage: the outputs it is now time to pass
@@ -116,7 +114,7 @@ impl<P: Part> EmitOrder<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::piece::{Origin, Reducer};
+    use crate::job::piece::Origin;
 
     #[derive(Clone, Debug, PartialEq)]
     struct Rows(usize);
@@ -151,9 +149,7 @@ mod tests {
         let mut order = EmitOrder::new(1);
         // Started out of place order: each task takes its input's place.
         for place in [2, 0, 1] {
-            let reducer = Reducer { place, range: None };
-            let input = Pieces::of_reducer(vec![piece(u64::from(place), 0)], reducer);
-            order.started(TaskId(10 + u64::from(place)), &input);
+            order.started(TaskId(10 + u64::from(place)), place);
         }
         order
     }

@@ -7,11 +7,10 @@
 //! Pure values: nothing here touches a node, a store or a clock.
 
 use std::collections::BTreeSet;
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use streambatch_core::TaskId;
-use streambatch_plan::{KeyRange, KeySample};
+use streambatch_plan::KeySample;
 
 /// Rows of a stored partition, as the job state sees them.
 pub(crate) trait Part: Clone {
@@ -25,12 +24,12 @@ pub(crate) trait Part: Clone {
     fn node(&self) -> usize;
     /// Where each destination's rows start (and the end), when this is a
     /// whole output of an exchange's map side.
-    fn groups(&self) -> Option<&[u32]> {
+    fn groups(&self) -> Option<&Arc<[u32]>> {
         None
     }
     /// Its keys' sample, when this is a whole output of a sort's map side
     /// (its groups are then chunks, see `streambatch_plan::key_range`).
-    fn sample(&self) -> Option<&KeySample> {
+    fn sample(&self) -> Option<&Arc<KeySample>> {
         None
     }
     /// Bytes of these rows: their share of the whole partition's.
@@ -133,107 +132,38 @@ pub(crate) fn missing<P: Part>(pieces: &[Piece<P>]) -> impl Iterator<Item = Orig
     pieces.iter().filter(|p| !p.held()).map(|p| p.id.from)
 }
 
-/// Upstream rows a task reads, and which reducer of an exchange it is,
-/// when it is one.
-#[derive(Clone)]
-pub(crate) struct Pieces<P> {
-    pub(crate) list: Vec<Piece<P>>,
-    pub(crate) reducer: Option<Reducer>,
-}
-
-/// Which reducer of an exchange a task is.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Reducer {
-    /// Its place among the reducers: a sort's outputs go on in this order.
-    pub(crate) place: u32,
-    /// A sort's reducer: the keys it keeps of its input.
-    pub(crate) range: Option<Arc<KeyRange>>,
-}
-
-impl<P> Pieces<P> {
-    /// The rows of reducer `reducer`.
-    pub(crate) fn of_reducer(list: Vec<Piece<P>>, reducer: Reducer) -> Self {
-        Self {
-            list,
-            reducer: Some(reducer),
-        }
-    }
-}
-
-impl<P> From<Vec<Piece<P>>> for Pieces<P> {
-    fn from(list: Vec<Piece<P>>) -> Self {
-        Self {
-            list,
-            reducer: None,
-        }
-    }
-}
-
-impl<P> Deref for Pieces<P> {
-    type Target = Vec<Piece<P>>;
-    fn deref(&self) -> &Self::Target {
-        &self.list
-    }
-}
-
-impl<P> DerefMut for Pieces<P> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.list
-    }
-}
-
-impl<'a, P> IntoIterator for &'a Pieces<P> {
-    type Item = &'a Piece<P>;
-    type IntoIter = std::slice::Iter<'a, Piece<P>>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.list.iter()
-    }
-}
-
-impl<'a, P> IntoIterator for &'a mut Pieces<P> {
-    type Item = &'a mut Piece<P>;
-    type IntoIter = std::slice::IterMut<'a, Piece<P>>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.list.iter_mut()
-    }
-}
-
-/// What a task reads as the job's lineage keeps it: a source split, or
-/// pieces of upstream outputs named by their origin, so that the task can
-/// run again after a loss (see [`RunInput`](super::RunInput) for what it is
-/// handed).
+/// What a task reads as the job's lineage keeps it: a source split, pieces
+/// of upstream outputs named by their origin, or its place among an
+/// exchange's reducers, so that the task can run again after a loss (see
+/// [`RunInput`](super::RunInput) for what it is handed). Inputs waiting in
+/// a stage's queue are kept the same way.
 #[derive(Clone)]
 pub(crate) enum LineageInput<P> {
     /// The i-th split of the source.
     Split(usize),
     /// Upstream rows.
-    Pieces(Pieces<P>),
+    Pieces(Vec<Piece<P>>),
+    /// Reducer `place` of the exchange before its stage: its rows of every
+    /// map output, which the job keeps once for all reducers (see
+    /// [`Exchanged`](super::exchanged::Exchanged)).
+    Reducer(u32),
 }
 
 impl<P: Part> LineageInput<P> {
-    /// The lost pieces' origins.
-    pub(crate) fn missing(&self) -> Vec<Origin> {
+    /// The pieces of upstream rows it names (none for a split or a
+    /// reducer, whose rows the exchange keeps).
+    pub(crate) fn pieces(&self) -> &[Piece<P>] {
         match self {
-            Self::Split(_) => Vec::new(),
-            Self::Pieces(pieces) => missing(pieces).collect(),
+            Self::Pieces(pieces) => pieces,
+            Self::Split(_) | Self::Reducer(_) => &[],
         }
     }
 
-    /// Forgets the partitions `node` held.
-    pub(crate) fn lose(&mut self, node: usize) {
-        if let Self::Pieces(pieces) = self {
-            for piece in pieces {
-                piece.lose(node);
-            }
-        }
-    }
-
-    /// Fills the lost pieces of output `from` from `whole`.
-    pub(crate) fn fill(&mut self, from: Origin, whole: &P) {
-        if let Self::Pieces(pieces) = self {
-            for piece in pieces {
-                piece.fill(from, whole);
-            }
+    /// [`LineageInput::pieces`], to mark lost or fill.
+    pub(crate) fn pieces_mut(&mut self) -> &mut [Piece<P>] {
+        match self {
+            Self::Pieces(pieces) => pieces,
+            Self::Split(_) | Self::Reducer(_) => &mut [],
         }
     }
 
@@ -242,21 +172,10 @@ impl<P: Part> LineageInput<P> {
     pub(crate) fn forget(&self) -> Self {
         match self {
             Self::Split(i) => Self::Split(*i),
-            Self::Pieces(pieces) => Self::Pieces(Pieces {
-                list: pieces.iter().map(|p| Piece::lost(p.id)).collect(),
-                reducer: pieces.reducer.clone(),
-            }),
-        }
-    }
-
-    /// Rows read, when known.
-    pub(crate) fn describe(&self) -> String {
-        match self {
-            Self::Split(i) => format!("source split {i}"),
             Self::Pieces(pieces) => {
-                let rows: usize = pieces.iter().map(|p| p.id.len).sum();
-                format!("{} input partition(s), {rows} rows", pieces.len())
+                Self::Pieces(pieces.iter().map(|p| Piece::lost(p.id)).collect())
             }
+            Self::Reducer(place) => Self::Reducer(*place),
         }
     }
 }
@@ -408,10 +327,11 @@ mod tests {
             offset: 0,
             len: 6,
         };
-        let input = LineageInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)].into());
+        let input = LineageInput::Pieces(vec![Piece::whole(origin(1, 2), part).sub(2, 4)]);
         let lineage = input.forget();
-        assert_eq!(lineage.missing(), vec![origin(1, 2)]);
-        assert_eq!(lineage.describe(), "1 input partition(s), 4 rows");
-        assert!(input.missing().is_empty());
+        let missing = |input: &LineageInput<Rows>| missing(input.pieces()).collect::<Vec<_>>();
+        assert_eq!(missing(&lineage), vec![origin(1, 2)]);
+        assert_eq!(lineage.pieces()[0].id, input.pieces()[0].id);
+        assert!(missing(&input).is_empty());
     }
 }

@@ -162,13 +162,7 @@ impl<P: Part> JobState<P> {
                         freed_since && memory.fits(node, i, p.pending_bytes + unseen)
                     })
                     .collect();
-                let holds = || {
-                    hold_fits(
-                        next_held_bytes(s, shape, &self.tasks),
-                        holding,
-                        memory.capacity(node),
-                    )
-                };
+                let holds = || hold_fits(self.next_held_bytes(i), holding, memory.capacity(node));
                 // A queued task starts when a slot frees, whatever memory
                 // holds then: queue only where the outputs of every task in
                 // flight and of a full queue fit now, so that no start of a
@@ -211,7 +205,7 @@ impl<P: Part> JobState<P> {
             return holding;
         }
         for r in self.tasks.values().filter(|r| r.placed && r.node == node) {
-            let held = task_hold(&self.shapes[r.stage], &r.input);
+            let held = self.task_hold(r.stage, &r.input);
             holding.all += held;
             holding.largest = holding.largest.max(held);
         }
@@ -286,12 +280,16 @@ impl<P: Part> JobState<P> {
             record.queued = false;
             record.spilling = may_spill;
             self.spilling_tasks += usize::from(may_spill);
+            let keep = Keep::of(record.delivered, &record.again);
+            let input = self.held_input(stage, &self.tasks[&task].input);
+            let holding = reducer_holding(&self.tasks[&task].input, &input);
+            self.tasks.get_mut(&task).expect("looked up above").holding = holding;
             self.actions.push(Action::Start {
                 task,
                 stage,
                 node,
-                input: held_input(&record.input),
-                keep: Keep::of(record.delivered, &record.again),
+                input,
+                keep,
                 may_spill,
             });
             return task;
@@ -307,29 +305,21 @@ impl<P: Part> JobState<P> {
                 .queue
                 .iter()
                 .take(LOCAL_SEARCH)
-                .position(|pieces| pieces.first().is_some_and(on_node))
+                .position(|input| input.pieces().first().is_some_and(on_node))
                 .unwrap_or(0);
-            LineageInput::Pieces(
-                s.queue
-                    .remove(local)
-                    .expect("the policy dispatches only stages with input"),
-            )
+            s.queue
+                .remove(local)
+                .expect("the policy dispatches only stages with input")
         };
         let task = TaskId(self.next_task);
         self.next_task += 1;
-        if let (Some(order), LineageInput::Pieces(pieces)) = (self.order.as_mut(), &input)
+        if let (Some(order), LineageInput::Reducer(place)) = (self.order.as_mut(), &input)
             && order.stage == stage
         {
-            order.started(task, pieces);
+            order.started(task, *place);
         }
-        self.actions.push(Action::Start {
-            task,
-            stage,
-            node,
-            input: held_input(&input),
-            keep: Keep::all(),
-            may_spill,
-        });
+        let run_input = self.held_input(stage, &input);
+        let holding = reducer_holding(&input, &run_input);
         self.tasks.insert(
             task,
             TaskRecord {
@@ -345,8 +335,17 @@ impl<P: Part> JobState<P> {
                 spilling: may_spill,
                 rerun: false,
                 reruns: 0,
+                holding,
             },
         );
+        self.actions.push(Action::Start {
+            task,
+            stage,
+            node,
+            input: run_input,
+            keep: Keep::all(),
+            may_spill,
+        });
         self.spilling_tasks += usize::from(may_spill);
         task
     }
@@ -435,36 +434,47 @@ impl<P: Part> JobState<P> {
     }
 }
 
-/// What the next task `start` gives `stage` holds outside the store while
-/// it runs, for a retry (which goes first) as for a new input: its split's
-/// held bytes, or a reducer's input up to its stage's cap.
-pub(super) fn next_held_bytes<P: Part>(
-    stage: &StageState<P>,
-    shape: &StageShape,
-    tasks: &HashMap<TaskId, TaskRecord<P>>,
-) -> u64 {
-    match stage.retry.front() {
-        Some(task) => tasks.get(task).map_or(0, |r| task_hold(shape, &r.input)),
-        None if stage.next_split < stage.splits => {
-            shape.held_bytes.get(stage.next_split).copied().unwrap_or(0)
+impl<P: Part> JobState<P> {
+    /// What the next task `start` gives `stage` holds outside the store
+    /// while it runs, for a retry (which goes first) as for a new input:
+    /// its split's held bytes, or a reducer's input up to its stage's cap.
+    fn next_held_bytes(&self, stage: usize) -> u64 {
+        let (s, shape) = (&self.stages[stage], &self.shapes[stage]);
+        match s.retry.front() {
+            Some(task) => self
+                .tasks
+                .get(task)
+                .map_or(0, |r| self.task_hold(stage, &r.input)),
+            None if s.next_split < s.splits => {
+                shape.held_bytes.get(s.next_split).copied().unwrap_or(0)
+            }
+            None => s
+                .queue
+                .front()
+                .map_or(0, |input| self.task_hold(stage, input)),
         }
-        None => stage.queue.front().map_or(0, |pieces| {
-            input_hold(
+    }
+
+    /// What a task of `stage` over `input` holds outside the store.
+    fn task_hold(&self, stage: usize, input: &LineageInput<P>) -> u64 {
+        let shape = &self.shapes[stage];
+        match input {
+            LineageInput::Split(i) => shape.held_bytes.get(*i).copied().unwrap_or(0),
+            LineageInput::Pieces(pieces) => input_hold(
                 shape.input_held_cap,
                 pieces.iter().filter_map(|p| p.part.as_ref()),
-            )
-        }),
+            ),
+            LineageInput::Reducer(place) => self.exchange(stage).hold(*place, shape.input_held_cap),
+        }
     }
 }
 
-/// What a task of a stage of `shape` over `input` holds outside the store.
-fn task_hold<P: Part>(shape: &StageShape, input: &LineageInput<P>) -> u64 {
-    match input {
-        LineageInput::Split(i) => shape.held_bytes.get(*i).copied().unwrap_or(0),
-        LineageInput::Pieces(pieces) => input_hold(
-            shape.input_held_cap,
-            pieces.iter().filter_map(|p| p.part.as_ref()),
-        ),
+/// What an attempt over `input` (handed `parts`) keeps while placed: a
+/// reducer's rows (see `TaskRecord::holding`), else nothing.
+fn reducer_holding<P: Part>(input: &LineageInput<P>, parts: &RunInput<P>) -> Vec<P> {
+    match (input, parts) {
+        (LineageInput::Reducer(_), RunInput::Parts(parts, _)) => parts.clone(),
+        _ => Vec::new(),
     }
 }
 

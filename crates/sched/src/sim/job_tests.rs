@@ -411,6 +411,80 @@ fn reducers_holding_large_inputs_take_turns() {
     }
 }
 
+/// An exchange of M map outputs to N reducers: the job keeps each output
+/// once and each reducer as its place, not a slice of every output for
+/// every reducer (M x N); a started reducer is handed its rows of every
+/// output, and once every reducer has finished no output is held.
+#[test]
+fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
+    let (m, n) = (60, 50);
+    let shapes = Pipeline::Exchange { n, ordered: false }.shapes(1);
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+    let budgets = node_budgets(1, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
+    let forced = Arc::new(AtomicUsize::new(0));
+    let mut job = JobState::<Rows>::new(
+        shapes,
+        vec![Resources::cpu(4.0)],
+        FailurePolicy::default(),
+        recorder,
+    );
+    let held = Arc::new(Held::admit(&budgets[0], 1, 1, true, &forced).unwrap());
+    // A map output of one row per destination.
+    let output = |groups: Option<Arc<[u32]>>| Rows {
+        start: 0,
+        len: n,
+        bytes: 10,
+        node: 0,
+        _held: held.clone(),
+        groups,
+        sample: None,
+    };
+    let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize, RunInput<Rows>)> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Start {
+                    task, stage, input, ..
+                } => Some((task, stage, input)),
+                _ => None,
+            })
+            .collect()
+    };
+    let source = starts(job.advance(&SimMemory(&budgets)));
+    job.on_output(source[0].0, 0, output(None));
+    job.on_finished(source[0].0);
+    let map = {
+        let started = starts(job.advance(&SimMemory(&budgets)));
+        assert_eq!(started.len(), 1);
+        started[0].0 // its input, the source's output, let go
+    };
+    let cut: Arc<[u32]> = (0..=n as u32).collect();
+    for seq in 0..m as u32 {
+        job.on_output(map, seq, output(Some(cut.clone())));
+    }
+    job.on_finished(map);
+    let mut started = starts(job.advance(&SimMemory(&budgets)));
+    let kept = job.pieces_kept();
+    // The outputs, and the four reducers started: their rows while placed.
+    assert_eq!(kept, m + started.len() * m, "for {m} outputs");
+    assert!(!started.is_empty());
+    let mut ran = 0;
+    while let Some((task, stage, input)) = started.pop() {
+        assert_eq!(stage, 3);
+        let RunInput::Parts(parts, None) = input else {
+            panic!("a reducer is handed parts");
+        };
+        assert_eq!(parts.len(), m, "one row of every output");
+        assert!(parts.iter().all(|p| p.len == 1));
+        ran += 1;
+        job.on_finished(task);
+        started.extend(starts(job.advance(&SimMemory(&budgets))));
+    }
+    assert_eq!(ran, n);
+    assert_eq!(Arc::strong_count(&held), 1, "no output is held any more");
+}
+
 /// A sort's map output lost after its reducers got their ranges, made
 /// again with other keys (an operator that is not deterministic): the job
 /// ends with an error naming the stage, not with rows lost or twice.

@@ -105,12 +105,12 @@ impl Part for Rows {
         self.node
     }
 
-    fn groups(&self) -> Option<&[u32]> {
-        self.groups.as_deref()
+    fn groups(&self) -> Option<&Arc<[u32]>> {
+        self.groups.as_ref()
     }
 
-    fn sample(&self) -> Option<&KeySample> {
-        self.sample.as_deref()
+    fn sample(&self) -> Option<&Arc<KeySample>> {
+        self.sample.as_ref()
     }
 
     fn keep_groups(&mut self, old: &Self) {
