@@ -19,6 +19,9 @@ pub enum StreamKind {
     Cluster,
     /// One partition fetch: a request frame, a reply frame, then its bytes.
     Fetch,
+    /// Several partitions of one holder: a request frame, then a reply
+    /// frame (and its bytes) for each, in the order asked.
+    FetchMany,
     /// One rank's epoch of a streaming split served to another process
     /// (the `split` module).
     Split,
@@ -29,6 +32,7 @@ impl StreamKind {
         match self {
             Self::Cluster => b'C',
             Self::Fetch => b'F',
+            Self::FetchMany => b'M',
             Self::Split => b'S',
         }
     }
@@ -37,6 +41,7 @@ impl StreamKind {
         match byte {
             b'C' => Some(Self::Cluster),
             b'F' => Some(Self::Fetch),
+            b'M' => Some(Self::FetchMany),
             b'S' => Some(Self::Split),
             _ => None,
         }

@@ -8,7 +8,11 @@
 //! puller maps it; no byte is copied), else its length followed by the
 //! bytes. A puller that needs only some rows (a reducer's slice of a map
 //! output) names them, and a holder that can serves those rows alone
-//! rather than the whole partition. QUIC's stream flow control is the credit: the holder writes only
+//! rather than the whole partition. A puller that needs several
+//! partitions of one holder (a reducer's slices of the map outputs the
+//! holder has) asks for them all on one [`StreamKind::FetchMany`] stream,
+//! and the holder answers each in turn, as above, on that stream.
+//! QUIC's stream flow control is the credit: the holder writes only
 //! as far as the puller has read plus the stream window (16 MiB), so a slow
 //! reader slows the sender and nothing piles up in between.
 
@@ -140,11 +144,20 @@ pub enum Fetched {
 }
 
 /// The reader's side of a partition mapped from another node's memory:
-/// dropping it closes the fetch stream, and the holder lets the bytes go.
-#[derive(Debug)]
+/// dropping it (every clone, for the partitions of one
+/// [`fetch_many`]) closes the fetch stream, and the holder lets the bytes
+/// go.
+#[derive(Clone, Debug)]
 pub struct MappedLease {
-    _send: SendStream,
-    _recv: RecvStream,
+    _streams: std::sync::Arc<(SendStream, RecvStream)>,
+}
+
+impl MappedLease {
+    fn new(send: SendStream, recv: RecvStream) -> Self {
+        Self {
+            _streams: std::sync::Arc::new((send, recv)),
+        }
+    }
 }
 
 impl PartialEq for Fetched {
@@ -203,13 +216,7 @@ pub async fn fetch(
         })
     })?;
     match reply {
-        FetchReply::Shared { name } => Ok(Fetched::Shared(
-            name,
-            MappedLease {
-                _send: send,
-                _recv: recv,
-            },
-        )),
+        FetchReply::Shared { name } => Ok(Fetched::Shared(name, MappedLease::new(send, recv))),
         FetchReply::Missing { message } => Err(NetError::Fetch {
             peer: peer.name().to_string(),
             partition,
@@ -258,6 +265,136 @@ pub async fn fetch(
             })
         }
     }
+}
+
+/// Rows of one partition, in a request for several.
+#[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartRows {
+    /// The partition's id on the holder.
+    pub partition: u64,
+    /// The rows the puller needs, when not all of them.
+    pub rows: Option<RowRange>,
+}
+
+/// A puller's request for several partitions of one holder (a reducer's
+/// slices of every map output the holder has), answered on one stream.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct FetchManyRequest {
+    /// What it needs, in the order the answers come.
+    pub parts: Vec<PartRows>,
+    /// Where the puller runs.
+    pub from: Locality,
+}
+
+/// Pulls `parts` from `peer` on one stream: one request, the answers in
+/// the order asked, as [`fetch`] gives each. Those mapped from shared
+/// memory share one lease, which holds the stream (and the holder's pins
+/// on all of them) until every clone is dropped.
+pub async fn fetch_many(
+    peer: &Peer,
+    parts: &[PartRows],
+    here: &Locality,
+) -> Result<Vec<Fetched>, NetError> {
+    let (mut send, mut recv) = peer.open(StreamKind::FetchMany).await?;
+    let request = FetchManyRequest {
+        parts: parts.to_vec(),
+        from: here.clone(),
+    };
+    write_frame(&mut send, &request)
+        .await
+        .map_err(|e| peer.broken(e))?;
+    let mut answers = Vec::with_capacity(parts.len());
+    for part in parts {
+        answers.push(read_answer(peer, &mut recv, part).await?);
+    }
+    let lease = match answers.iter().any(|a| matches!(a, Answer::Shared(_))) {
+        true => Some(MappedLease::new(send, recv)),
+        false => {
+            let _ = send.finish();
+            None
+        }
+    };
+    let fetched = answers.into_iter().map(|answer| match answer {
+        Answer::Shared(name) => {
+            let lease = lease.clone().expect("made where a name came");
+            Fetched::Shared(name, lease)
+        }
+        Answer::Fetched(fetched) => fetched,
+    });
+    Ok(fetched.collect())
+}
+
+/// One answer of a [`fetch_many`].
+enum Answer {
+    Shared(String),
+    Fetched(Fetched),
+}
+
+/// Reads the holder's answer for `part`, and its bytes.
+async fn read_answer(
+    peer: &Peer,
+    recv: &mut RecvStream,
+    part: &PartRows,
+) -> Result<Answer, NetError> {
+    let partition = part.partition;
+    let frame_error = |source| NetError::Frame {
+        peer: peer.name().to_string(),
+        source,
+    };
+    let reply = tokio::time::timeout(
+        REPLY_WITHIN,
+        read_frame::<FetchReply, _>(recv, MAX_CONTROL_FRAME),
+    )
+    .await
+    .map_err(|_| NetError::Fetch {
+        peer: peer.name().to_string(),
+        partition,
+        message: format!("no answer within {} s", REPLY_WITHIN.as_secs()),
+    })?
+    .map_err(frame_error)?
+    .ok_or_else(|| {
+        frame_error(FrameError::Truncated {
+            got: 0,
+            expected: 4,
+        })
+    })?;
+    let (len, alone) = match reply {
+        FetchReply::Shared { name } => return Ok(Answer::Shared(name)),
+        FetchReply::Missing { message } => {
+            return Err(NetError::Fetch {
+                peer: peer.name().to_string(),
+                partition,
+                message,
+            });
+        }
+        FetchReply::Rows { .. } if part.rows.is_none() => {
+            return Err(NetError::Fetch {
+                peer: peer.name().to_string(),
+                partition,
+                message: "the holder sent rows that were not asked for".into(),
+            });
+        }
+        FetchReply::Bytes { len } => (len, false),
+        FetchReply::Rows { len } => (len, true),
+    };
+    if len > MAX_PARTITION_BYTES {
+        return Err(frame_error(FrameError::Oversized {
+            len,
+            max: MAX_PARTITION_BYTES,
+        }));
+    }
+    let mut bytes = vec![0; len as usize];
+    recv.read_exact(&mut bytes).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(got) => frame_error(FrameError::Truncated {
+            got: got as u64,
+            expected: len,
+        }),
+        quinn::ReadExactError::ReadError(e) => peer.broken(e),
+    })?;
+    Ok(Answer::Fetched(match alone {
+        true => Fetched::Rows(bytes),
+        false => Fetched::Bytes(bytes),
+    }))
 }
 
 /// Answers one fetch stream. A request that is not a valid frame closes the
@@ -312,6 +449,71 @@ pub async fn serve_fetch(
         Ok(()) => tracing::debug!(target: "streambatch::serve", peer, partition, "served"),
         Err(error) => {
             tracing::debug!(target: "streambatch::serve", peer, partition, %error, "fetch not completed")
+        }
+    }
+}
+
+/// Answers one [`fetch_many`] stream: each partition in the order asked,
+/// up to the first the holder cannot serve. Partitions served by shared
+/// name stay pinned until the reader closes the stream.
+pub async fn serve_fetch_many(
+    peer: &Peer,
+    mut send: SendStream,
+    mut recv: RecvStream,
+    server: &dyn PartitionServer,
+    here: &Locality,
+) {
+    let request = match read_frame::<FetchManyRequest, _>(&mut recv, MAX_CONTROL_FRAME).await {
+        Ok(Some(request)) => request,
+        Ok(None) => return,
+        Err(e) => return peer.refuse(&e),
+    };
+    let shares_memory = request.from == *here;
+    let mut pins = Vec::new();
+    let result = async {
+        for part in &request.parts {
+            let served = match part.rows {
+                Some(rows) => server.serve_rows(part.partition, rows, shares_memory),
+                None => server.serve(part.partition, shares_memory),
+            };
+            match served {
+                Ok(Served::Shared(name, pin)) => {
+                    write_frame(&mut send, &FetchReply::Shared { name }).await?;
+                    pins.push(pin);
+                }
+                Ok(Served::Bytes(bytes)) => {
+                    let bytes = (*bytes).as_ref();
+                    let len = bytes.len() as u64;
+                    write_frame(&mut send, &FetchReply::Bytes { len }).await?;
+                    write_bytes(&mut send, bytes).await?;
+                }
+                Ok(Served::Rows(bytes)) => {
+                    let bytes = (*bytes).as_ref();
+                    let len = bytes.len() as u64;
+                    write_frame(&mut send, &FetchReply::Rows { len }).await?;
+                    write_bytes(&mut send, bytes).await?;
+                }
+                Err(message) => {
+                    write_frame(&mut send, &FetchReply::Missing { message }).await?;
+                    break;
+                }
+            }
+        }
+        send.finish()?;
+        if !pins.is_empty() {
+            // The reader maps the bytes where they are: hold them until it
+            // closes its side (or the connection goes).
+            let _ = recv.read_to_end(1).await;
+        }
+        std::io::Result::Ok(())
+    }
+    .await;
+    drop(pins);
+    let (peer, parts) = (peer.name(), request.parts.len());
+    match result {
+        Ok(()) => tracing::debug!(target: "streambatch::serve", peer, parts, "served"),
+        Err(error) => {
+            tracing::debug!(target: "streambatch::serve", peer, parts, %error, "fetch not completed")
         }
     }
 }

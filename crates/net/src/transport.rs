@@ -6,7 +6,8 @@
 //! stream, opened by the node that dialled and handed to both sides'
 //! NodeServers (`client_connect_external` on the dialling side,
 //! `ConnectionOpenedExternal` on the other), and any number of
-//! [`StreamKind::Fetch`] streams, opened by either side.
+//! [`StreamKind::Fetch`] and [`StreamKind::FetchMany`] streams, opened by
+//! either side.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -242,6 +243,21 @@ impl Transport {
         fetch::fetch(&peer, partition, rows, &self.inner.here).await
     }
 
+    /// Pulls `parts` of node `holder` on one stream (see
+    /// [`fetch::fetch_many`]), connecting first as [`Transport::fetch`]
+    /// does.
+    pub async fn fetch_many(
+        &self,
+        holder: &str,
+        parts: &[fetch::PartRows],
+    ) -> Result<Vec<Fetched>, NetError> {
+        let peer = match self.peer(holder) {
+            Some(peer) => peer,
+            None => self.connect_data(holder).await?,
+        };
+        fetch::fetch_many(&peer, parts, &self.inner.here).await
+    }
+
     async fn connect_data(&self, name: &str) -> Result<Peer, NetError> {
         let unknown = || NetError::Connection {
             peer: name.to_string(),
@@ -304,6 +320,13 @@ impl Transport {
                         tokio::spawn(async move {
                             let server = inner.partitions.as_ref();
                             fetch::serve_fetch(&peer, send, recv, server, &inner.here).await;
+                        });
+                    }
+                    StreamKind::FetchMany => {
+                        let (peer, inner) = (peer.clone(), inner.clone());
+                        tokio::spawn(async move {
+                            let server = inner.partitions.as_ref();
+                            fetch::serve_fetch_many(&peer, send, recv, server, &inner.here).await;
                         });
                     }
                     // A node serves no split (a driver does): the stream

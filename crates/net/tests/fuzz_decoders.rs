@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use streambatch_net::fetch::{FetchReply, FetchRequest, Locality};
+use streambatch_net::fetch::{FetchManyRequest, FetchReply, FetchRequest, Locality, PartRows};
 use streambatch_net::frame::{self, MAX_CONTROL_FRAME, read_frame};
 
 fn cases() -> u32 {
@@ -41,11 +41,25 @@ fn seeds() -> Vec<Vec<u8>> {
         .to_vec(),
         frame::encode(&FetchRequest {
             partition: 42,
-            from: here,
+            from: here.clone(),
             rows: Some(streambatch_net::RowRange {
                 offset: 1_000,
                 len: 64,
             }),
+        })
+        .to_vec(),
+        frame::encode(&FetchManyRequest {
+            parts: vec![
+                PartRows {
+                    partition: 42,
+                    rows: None,
+                },
+                PartRows {
+                    partition: 43,
+                    rows: Some(streambatch_net::RowRange { offset: 7, len: 9 }),
+                },
+            ],
+            from: here,
         })
         .to_vec(),
         frame::encode(&FetchReply::Bytes { len: 1 << 20 }).to_vec(),
@@ -86,6 +100,7 @@ fn inputs() -> impl Strategy<Value = Vec<u8>> {
 
 fn decode_all(bytes: &[u8]) {
     let _ = frame::decode::<FetchRequest>(bytes);
+    let _ = frame::decode::<FetchManyRequest>(bytes);
     let _ = frame::decode::<FetchReply>(bytes);
     let _ = frame::decode::<Locality>(bytes);
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage, RactorClusterMessage};
 use streambatch_net::{
-    Endpoint, Fetched, Identity, Locality, NetError, PartitionServer, RowRange, Served, TlsFiles,
-    Transport, close_code, init_cluster,
+    Endpoint, Fetched, Identity, Locality, NetError, PartRows, PartitionServer, RowRange, Served,
+    TlsFiles, Transport, close_code, init_cluster,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -126,6 +126,76 @@ async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
     assert_eq!(
         worker.fetch("head", 7).await.unwrap(),
         Fetched::Bytes(expected())
+    );
+    for t in [head, worker, sharing] {
+        t.stop();
+    }
+}
+
+/// Several partitions of one holder on one stream: each answered in the
+/// order asked, by bytes, by rows alone, or by name where memory is
+/// shared; a partition the holder lacks fails the fetch, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetches_many_partitions_of_a_holder_on_one_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1", "worker-2"]).unwrap();
+    let head = transport(&tls, "head", "/store/head").await;
+    let worker = transport(&tls, "worker-1", "/store/worker").await;
+    worker.join(head.local_addr()).await.unwrap();
+    let rows = |offset, len| Some(RowRange { offset, len });
+    let asked = [
+        PartRows {
+            partition: 7,
+            rows: rows(5, 3),
+        },
+        PartRows {
+            partition: 7,
+            rows: None,
+        },
+        PartRows {
+            partition: 7,
+            rows: rows(2_999_990, 10),
+        },
+    ];
+    let got = worker.fetch_many("head", &asked).await.unwrap();
+    assert_eq!(
+        got,
+        [
+            Fetched::Rows(expected()[5..8].to_vec()),
+            Fetched::Bytes(expected()),
+            Fetched::Rows(expected()[2_999_990..].to_vec()),
+        ]
+    );
+    let sharing = transport(&tls, "worker-2", "/store/head").await;
+    sharing.join(head.local_addr()).await.unwrap();
+    let got = sharing.fetch_many("head", &asked[..2]).await.unwrap();
+    assert!(
+        got.iter().all(|f| matches!(f, Fetched::Shared(..))),
+        "{got:?}"
+    );
+    drop(got);
+    let mut lacking = asked.to_vec();
+    lacking.insert(
+        1,
+        PartRows {
+            partition: 8,
+            rows: None,
+        },
+    );
+    let err = worker
+        .fetch_many("head", &lacking)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("head") && err.contains('8') && err.contains("no such partition"),
+        "{err}"
+    );
+    // The connection serves on.
+    assert_eq!(
+        worker.fetch_many("head", &asked[1..2]).await.unwrap(),
+        [Fetched::Bytes(expected())]
     );
     for t in [head, worker, sharing] {
         t.stop();

@@ -8,14 +8,14 @@
 //! The job's budgets here are this node's: an output that does not fit this
 //! node's share pauses its task, whatever other nodes hold.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
-use streambatch_net::{Fetched, Transport, frame};
+use streambatch_net::{Fetched, PartRows, Transport, frame};
 use streambatch_plan::{Error, ExecPlan, KeyRange, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
@@ -492,8 +492,8 @@ impl RelayState {
         let counts = self.pulled.clone();
         tokio::spawn(async move {
             let mut slices = local;
-            for (at, part) in pulls {
-                #[cfg(feature = "failpoints")]
+            #[cfg(feature = "failpoints")]
+            for (_, part) in &pulls {
                 if let Some(message) = crate::exec::failpoint::fetch(task, part.id) {
                     let error = Error::OnNode {
                         node: part.holder.clone(),
@@ -502,11 +502,34 @@ impl RelayState {
                     let _ = relay.cast(RelayMsg::Task(TaskEvent::Errored { task, error }));
                     return;
                 }
-                let pulled = pull(&transport, &part, &counts).await;
-                let (id, holder, ok) = (part.id, &part.holder, pulled.is_ok());
-                tracing::debug!(target: "streambatch::pull", task = task.0, id, holder, ok, "pulled");
+            }
+            // Each holder's slices on one stream, the holders at once.
+            let mut by_holder: BTreeMap<String, Vec<(usize, PartSpec)>> = BTreeMap::new();
+            for (at, part) in pulls {
+                by_holder
+                    .entry(part.holder.clone())
+                    .or_default()
+                    .push((at, part));
+            }
+            let pulling: Vec<_> = by_holder
+                .into_iter()
+                .map(|(holder, parts)| {
+                    let (transport, counts) = (transport.clone(), counts.clone());
+                    let pull = async move { pull_all(&transport, parts, &counts).await };
+                    (holder, tokio::spawn(pull))
+                })
+                .collect();
+            for (holder, pulled) in pulling {
+                let pulled = pulled.await.unwrap_or_else(|e| {
+                    Err(Error::OnNode {
+                        node: holder.clone(),
+                        message: format!("pulling partitions failed: {e}"),
+                    })
+                });
+                let ok = pulled.is_ok();
+                tracing::debug!(target: "streambatch::pull", task = task.0, holder, ok, "pulled");
                 match pulled {
-                    Ok(slice) => slices.push((at, slice)),
+                    Ok(pulled) => slices.extend(pulled),
                     Err(error) => {
                         // A system failure: the driver may retry the task.
                         let event = TaskEvent::Errored { task, error };
@@ -592,18 +615,60 @@ impl RelayState {
 /// Pulls one input partition from its holder: mapped from shared memory
 /// when the holder shares this node's store directory, else over QUIC.
 async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Result<Slice, Error> {
+    let fetched = transport
+        .fetch_rows(&part.holder, part.id, Some(rows_of(part)))
+        .await;
+    slice_of(part, fetched, counts)
+}
+
+/// Pulls input partitions `parts` (each with its place in the task's
+/// input), all of one holder, on one fetch stream (see [`pull`]).
+async fn pull_all(
+    transport: &Transport,
+    parts: Vec<(usize, PartSpec)>,
+    counts: &PullCounts,
+) -> Result<Vec<(usize, Slice)>, Error> {
+    let Some((_, first)) = parts.first() else {
+        return Ok(Vec::new());
+    };
+    let asked: Vec<PartRows> = parts
+        .iter()
+        .map(|(_, part)| PartRows {
+            partition: part.id,
+            rows: Some(rows_of(part)),
+        })
+        .collect();
+    let fetched = transport.fetch_many(&first.holder, &asked).await;
+    let fetched = fetched.map_err(|e| Error::OnNode {
+        node: first.holder.clone(),
+        message: format!("fetching {} partition(s): {e}", parts.len()),
+    })?;
+    parts
+        .into_iter()
+        .zip(fetched)
+        .map(|((at, part), fetched)| Ok((at, slice_of(&part, Ok(fetched), counts)?)))
+        .collect()
+}
+
+/// The rows of its partition a task's input names.
+fn rows_of(part: &PartSpec) -> streambatch_net::RowRange {
+    streambatch_net::RowRange {
+        offset: part.offset,
+        len: part.len,
+    }
+}
+
+/// The rows `part` names, from what a fetch of them brought.
+fn slice_of(
+    part: &PartSpec,
+    fetched: Result<Fetched, streambatch_net::NetError>,
+    counts: &PullCounts,
+) -> Result<Slice, Error> {
     let failed = |message: String| Error::OnNode {
         node: part.holder.clone(),
         message: format!("fetching partition {}: {message}", part.id),
     };
-    let rows = streambatch_net::RowRange {
-        offset: part.offset,
-        len: part.len,
-    };
-    let (batch, alone) = match transport
-        .fetch_rows(&part.holder, part.id, Some(rows))
-        .await
-    {
+    let (batch, alone) = match fetched {
         Ok(Fetched::Shared(name, lease)) => {
             counts.shared.fetch_add(1, Ordering::Relaxed);
             // The batch holds the lease: the holder keeps the bytes until
