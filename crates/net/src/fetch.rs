@@ -144,18 +144,39 @@ pub enum Fetched {
 }
 
 /// The reader's side of a partition mapped from another node's memory:
-/// dropping it (every clone, for the partitions of one
-/// [`fetch_many`]) closes the fetch stream, and the holder lets the bytes
-/// go.
-#[derive(Clone, Debug)]
-pub struct MappedLease {
-    _streams: std::sync::Arc<(SendStream, RecvStream)>,
+/// dropping it lets the holder let the bytes go. It closes the fetch
+/// stream or, for one of the partitions of a [`fetch_many`], tells the
+/// holder which one (the stream closes once all are dropped).
+#[derive(Debug)]
+pub struct MappedLease(Lease);
+
+#[derive(Debug)]
+enum Lease {
+    Stream {
+        _send: SendStream,
+        _recv: RecvStream,
+    },
+    /// The `index`-th partition asked for, released through `released`.
+    Part {
+        index: u32,
+        released: tokio::sync::mpsc::UnboundedSender<u32>,
+    },
 }
 
 impl MappedLease {
     fn new(send: SendStream, recv: RecvStream) -> Self {
-        Self {
-            _streams: std::sync::Arc::new((send, recv)),
+        Self(Lease::Stream {
+            _send: send,
+            _recv: recv,
+        })
+    }
+}
+
+impl Drop for MappedLease {
+    fn drop(&mut self) {
+        if let Lease::Part { index, released } = &self.0 {
+            // Gone only when the stream is (the holder lets all go then).
+            let _ = released.send(*index);
         }
     }
 }
@@ -287,10 +308,28 @@ pub struct FetchManyRequest {
 }
 
 /// Pulls `parts` from `peer` on one stream: one request, the answers in
-/// the order asked, as [`fetch`] gives each. Those mapped from shared
-/// memory share one lease, which holds the stream (and the holder's pins
-/// on all of them) until every clone is dropped.
+/// the order asked, as [`fetch`] gives each. Each partition to map from
+/// shared memory has a lease of its own: dropping it tells the holder
+/// (over the same stream) to unpin that partition alone, and the stream
+/// closes once every lease is dropped.
 pub async fn fetch_many(
+    peer: &Peer,
+    parts: &[PartRows],
+    here: &Locality,
+) -> Result<Vec<Fetched>, NetError> {
+    let mut fetched = Vec::with_capacity(parts.len());
+    for batch in parts.chunks(MANY_PER_STREAM) {
+        fetched.extend(fetch_batch(peer, batch, here).await?);
+    }
+    Ok(fetched)
+}
+
+/// The most partitions asked for on one [`fetch_many`] stream: their
+/// request stays well within a control frame (1 MiB).
+const MANY_PER_STREAM: usize = 4096;
+
+/// [`fetch_many`] of at most [`MANY_PER_STREAM`] partitions.
+async fn fetch_batch(
     peer: &Peer,
     parts: &[PartRows],
     here: &Locality,
@@ -307,20 +346,35 @@ pub async fn fetch_many(
     for part in parts {
         answers.push(read_answer(peer, &mut recv, part).await?);
     }
-    let lease = match answers.iter().any(|a| matches!(a, Answer::Shared(_))) {
-        true => Some(MappedLease::new(send, recv)),
-        false => {
-            let _ = send.finish();
-            None
+    if !answers.iter().any(|a| matches!(a, Answer::Shared(_))) {
+        let _ = send.finish();
+        return Ok(answers.into_iter().map(Answer::fetched).collect());
+    }
+    // The partitions let go, one index each, until every lease is dropped.
+    let (released, mut to_send) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    tokio::spawn(async move {
+        let _recv = recv;
+        while let Some(index) = to_send.recv().await {
+            if send.write_all(&index.to_le_bytes()).await.is_err() {
+                return;
+            }
         }
-    };
-    let fetched = answers.into_iter().map(|answer| match answer {
-        Answer::Shared(name) => {
-            let lease = lease.clone().expect("made where a name came");
-            Fetched::Shared(name, lease)
-        }
-        Answer::Fetched(fetched) => fetched,
+        let _ = send.finish();
     });
+    let fetched = answers
+        .into_iter()
+        .enumerate()
+        .map(|(at, answer)| match answer {
+            Answer::Shared(name) => {
+                let released = released.clone();
+                let lease = Lease::Part {
+                    index: at as u32,
+                    released,
+                };
+                Fetched::Shared(name, MappedLease(lease))
+            }
+            answer => answer.fetched(),
+        });
     Ok(fetched.collect())
 }
 
@@ -328,6 +382,16 @@ pub async fn fetch_many(
 enum Answer {
     Shared(String),
     Fetched(Fetched),
+}
+
+impl Answer {
+    /// The bytes fetched (not a name, which needs its lease).
+    fn fetched(self) -> Fetched {
+        match self {
+            Self::Fetched(fetched) => fetched,
+            Self::Shared(_) => unreachable!("a name is given its lease"),
+        }
+    }
 }
 
 /// Reads the holder's answer for `part`, and its bytes.
@@ -383,14 +447,22 @@ async fn read_answer(
             max: MAX_PARTITION_BYTES,
         }));
     }
-    let mut bytes = vec![0; len as usize];
-    recv.read_exact(&mut bytes).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(got) => frame_error(FrameError::Truncated {
-            got: got as u64,
-            expected: len,
-        }),
-        quinn::ReadExactError::ReadError(e) => peer.broken(e),
-    })?;
+    // Room as `fetch` makes it: what arrives, not what the holder announced.
+    let mut bytes = Vec::with_capacity(len.min(1 << 30) as usize);
+    while (bytes.len() as u64) < len {
+        let left = (len - bytes.len() as u64).min(usize::MAX as u64) as usize;
+        let chunk = recv
+            .read_chunk(left, true)
+            .await
+            .map_err(|e| peer.broken(e))?
+            .ok_or_else(|| {
+                frame_error(FrameError::Truncated {
+                    got: bytes.len() as u64,
+                    expected: len,
+                })
+            })?;
+        bytes.extend_from_slice(&chunk.bytes);
+    }
     Ok(Answer::Fetched(match alone {
         true => Fetched::Rows(bytes),
         false => Fetched::Bytes(bytes),
@@ -454,8 +526,9 @@ pub async fn serve_fetch(
 }
 
 /// Answers one [`fetch_many`] stream: each partition in the order asked,
-/// up to the first the holder cannot serve. Partitions served by shared
-/// name stay pinned until the reader closes the stream.
+/// up to the first the holder cannot serve. A partition served by shared
+/// name stays pinned until the reader sends back its index (a `u32`, little
+/// endian) or closes the stream.
 pub async fn serve_fetch_many(
     peer: &Peer,
     mut send: SendStream,
@@ -469,7 +542,7 @@ pub async fn serve_fetch_many(
         Err(e) => return peer.refuse(&e),
     };
     let shares_memory = request.from == *here;
-    let mut pins = Vec::new();
+    let mut pins: Vec<Option<Box<dyn std::any::Any + Send>>> = Vec::new();
     let result = async {
         for part in &request.parts {
             let served = match part.rows {
@@ -479,7 +552,8 @@ pub async fn serve_fetch_many(
             match served {
                 Ok(Served::Shared(name, pin)) => {
                     write_frame(&mut send, &FetchReply::Shared { name }).await?;
-                    pins.push(pin);
+                    pins.push(Some(pin));
+                    continue;
                 }
                 Ok(Served::Bytes(bytes)) => {
                     let bytes = (*bytes).as_ref();
@@ -498,12 +572,18 @@ pub async fn serve_fetch_many(
                     break;
                 }
             }
+            pins.push(None);
         }
         send.finish()?;
-        if !pins.is_empty() {
-            // The reader maps the bytes where they are: hold them until it
-            // closes its side (or the connection goes).
-            let _ = recv.read_to_end(1).await;
+        // The reader maps the bytes where they are: each stays pinned
+        // until it says it is done with it, or closes its side (or the
+        // connection goes). An index out of range is ignored.
+        let (mut index, mut pinned) = ([0; 4], pins.iter().flatten().count());
+        while pinned > 0 && recv.read_exact(&mut index).await.is_ok() {
+            let pin = pins.get_mut(u32::from_le_bytes(index) as usize);
+            if pin.and_then(Option::take).is_some() {
+                pinned -= 1;
+            }
         }
         std::io::Result::Ok(())
     }

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -18,14 +19,31 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 /// Serves fixed partitions: by name to a peer on the same host and store
-/// directory, by bytes to others.
-struct Fixed(HashMap<u64, Vec<u8>>);
+/// directory (counting the pins held), by bytes to others.
+struct Fixed(HashMap<u64, Vec<u8>>, Arc<AtomicUsize>);
+
+/// A pin on a partition served by name, counted while held.
+struct Pin(Arc<AtomicUsize>);
+
+impl Pin {
+    fn new(pinned: &Arc<AtomicUsize>) -> Self {
+        pinned.fetch_add(1, Ordering::SeqCst);
+        Self(pinned.clone())
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 impl PartitionServer for Fixed {
     fn serve(&self, partition: u64, shares_memory: bool) -> Result<Served, String> {
         let bytes = self.0.get(&partition).ok_or("no such partition")?;
         Ok(if shares_memory {
-            Served::Shared(format!("segment@0+{}", bytes.len()), Box::new(()))
+            let pin = Box::new(Pin::new(&self.1));
+            Served::Shared(format!("segment@0+{}", bytes.len()), pin)
         } else {
             Served::Bytes(Box::new(bytes.clone()))
         })
@@ -54,9 +72,19 @@ fn identity(dir: &Path, name: &str) -> Identity {
 }
 
 async fn transport(dir: &Path, name: &str, store_dir: &str) -> Transport {
+    counting_pins(dir, name, store_dir, Arc::default()).await
+}
+
+/// A transport whose partitions served by name count their pins in `pinned`.
+async fn counting_pins(
+    dir: &Path,
+    name: &str,
+    store_dir: &str,
+    pinned: Arc<AtomicUsize>,
+) -> Transport {
     let endpoint = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(dir, name)).unwrap();
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    let server = Arc::new(Fixed(HashMap::from([(7, data)])));
+    let server = Arc::new(Fixed(HashMap::from([(7, data)]), pinned));
     let here = Locality::here(Path::new(store_dir));
     Transport::start(name, endpoint, server, here, None)
         .await
@@ -140,7 +168,8 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     let dir = tempfile::tempdir().unwrap();
     let tls = dir.path().join("tls");
     init_cluster(&tls, &["head", "worker-1", "worker-2"]).unwrap();
-    let head = transport(&tls, "head", "/store/head").await;
+    let pinned = Arc::new(AtomicUsize::new(0));
+    let head = counting_pins(&tls, "head", "/store/head", pinned.clone()).await;
     let worker = transport(&tls, "worker-1", "/store/worker").await;
     worker.join(head.local_addr()).await.unwrap();
     let rows = |offset, len| Some(RowRange { offset, len });
@@ -169,12 +198,17 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     );
     let sharing = transport(&tls, "worker-2", "/store/head").await;
     sharing.join(head.local_addr()).await.unwrap();
-    let got = sharing.fetch_many("head", &asked[..2]).await.unwrap();
+    let mut got = sharing.fetch_many("head", &asked[..2]).await.unwrap();
     assert!(
         got.iter().all(|f| matches!(f, Fetched::Shared(..))),
         "{got:?}"
     );
+    // Each name holds its own pin: dropping one lets that one go.
+    assert_eq!(pinned.load(Ordering::SeqCst), 2);
+    got.pop();
+    settles(&pinned, 1).await;
     drop(got);
+    settles(&pinned, 0).await;
     let mut lacking = asked.to_vec();
     lacking.insert(
         1,
@@ -200,6 +234,17 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     for t in [head, worker, sharing] {
         t.stop();
     }
+}
+
+/// Waits (at most 5 s) for `pinned` to come to `count`.
+async fn settles(pinned: &AtomicUsize, count: usize) {
+    for _ in 0..500 {
+        if pinned.load(Ordering::SeqCst) == count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(pinned.load(Ordering::SeqCst), count, "pins held");
 }
 
 /// Connects to `head` with `config` and checks that the head refuses.
@@ -419,7 +464,7 @@ async fn a_session_under_another_name_than_its_certificate_is_stopped() {
     // worker-1's certificate, declaring itself "mallory" in the actor protocol.
     let endpoint =
         Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity(&tls, "worker-1")).unwrap();
-    let server = Arc::new(Fixed(HashMap::new()));
+    let server = Arc::new(Fixed(HashMap::new(), Arc::default()));
     let here = Locality::here(Path::new("/store/mallory"));
     let mallory = Transport::start("mallory", endpoint, server, here, None)
         .await

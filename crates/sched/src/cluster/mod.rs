@@ -6,6 +6,7 @@
 //! each failure names the config key and the file it came from.
 
 pub(crate) mod agent;
+mod pull;
 pub(crate) mod relay;
 pub(crate) mod root;
 pub(crate) mod serve;

@@ -8,17 +8,18 @@
 //! The job's budgets here are this node's: an output that does not fit this
 //! node's share pauses its task, whatever other nodes hold.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
-use streambatch_net::{Fetched, PartRows, Transport, frame};
-use streambatch_plan::{Error, ExecPlan, KeyRange, PauseCause, StageKind};
+use streambatch_net::{Transport, frame};
+use streambatch_plan::{ExecPlan, KeyRange, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
+use crate::cluster::pull::{PullCounts, pull, pull_inputs, rows_outside};
 use crate::cluster::serve::StoreServer;
 use crate::exec::budget::Budgets;
 use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
@@ -116,14 +117,6 @@ pub(crate) struct RelayState {
     /// The store's spilled bytes when the job came here: the store counts
     /// from when it opened, the job's figures from when it started.
     spilled_before: u64,
-}
-
-/// Inputs this node pulled for the job: by shared memory, over QUIC.
-#[derive(Default)]
-struct PullCounts {
-    shared: AtomicU64,
-    quic: AtomicU64,
-    quic_bytes: AtomicU64,
 }
 
 impl Actor for JobRelay {
@@ -495,7 +488,7 @@ impl RelayState {
             #[cfg(feature = "failpoints")]
             for (_, part) in &pulls {
                 if let Some(message) = crate::exec::failpoint::fetch(task, part.id) {
-                    let error = Error::OnNode {
+                    let error = streambatch_plan::Error::OnNode {
                         node: part.holder.clone(),
                         message,
                     };
@@ -503,39 +496,13 @@ impl RelayState {
                     return;
                 }
             }
-            // Each holder's slices on one stream, the holders at once.
-            let mut by_holder: BTreeMap<String, Vec<(usize, PartSpec)>> = BTreeMap::new();
-            for (at, part) in pulls {
-                by_holder
-                    .entry(part.holder.clone())
-                    .or_default()
-                    .push((at, part));
-            }
-            let pulling: Vec<_> = by_holder
-                .into_iter()
-                .map(|(holder, parts)| {
-                    let (transport, counts) = (transport.clone(), counts.clone());
-                    let pull = async move { pull_all(&transport, parts, &counts).await };
-                    (holder, tokio::spawn(pull))
-                })
-                .collect();
-            for (holder, pulled) in pulling {
-                let pulled = pulled.await.unwrap_or_else(|e| {
-                    Err(Error::OnNode {
-                        node: holder.clone(),
-                        message: format!("pulling partitions failed: {e}"),
-                    })
-                });
-                let ok = pulled.is_ok();
-                tracing::debug!(target: "streambatch::pull", task = task.0, holder, ok, "pulled");
-                match pulled {
-                    Ok(pulled) => slices.extend(pulled),
-                    Err(error) => {
-                        // A system failure: the driver may retry the task.
-                        let event = TaskEvent::Errored { task, error };
-                        let _ = relay.cast(RelayMsg::Task(event));
-                        return;
-                    }
+            match pull_inputs(&transport, pulls, &counts, task).await {
+                Ok(pulled) => slices.extend(pulled),
+                Err(error) => {
+                    // A system failure: the driver may retry the task.
+                    let event = TaskEvent::Errored { task, error };
+                    let _ = relay.cast(RelayMsg::Task(event));
+                    return;
                 }
             }
             slices.sort_by_key(|(at, _)| *at);
@@ -612,111 +579,6 @@ impl RelayState {
     }
 }
 
-/// Pulls one input partition from its holder: mapped from shared memory
-/// when the holder shares this node's store directory, else over QUIC.
-async fn pull(transport: &Transport, part: &PartSpec, counts: &PullCounts) -> Result<Slice, Error> {
-    let fetched = transport
-        .fetch_rows(&part.holder, part.id, Some(rows_of(part)))
-        .await;
-    slice_of(part, fetched, counts)
-}
-
-/// Pulls input partitions `parts` (each with its place in the task's
-/// input), all of one holder, on one fetch stream (see [`pull`]).
-async fn pull_all(
-    transport: &Transport,
-    parts: Vec<(usize, PartSpec)>,
-    counts: &PullCounts,
-) -> Result<Vec<(usize, Slice)>, Error> {
-    let Some((_, first)) = parts.first() else {
-        return Ok(Vec::new());
-    };
-    let asked: Vec<PartRows> = parts
-        .iter()
-        .map(|(_, part)| PartRows {
-            partition: part.id,
-            rows: Some(rows_of(part)),
-        })
-        .collect();
-    let fetched = transport.fetch_many(&first.holder, &asked).await;
-    let fetched = fetched.map_err(|e| Error::OnNode {
-        node: first.holder.clone(),
-        message: format!("fetching {} partition(s): {e}", parts.len()),
-    })?;
-    parts
-        .into_iter()
-        .zip(fetched)
-        .map(|((at, part), fetched)| Ok((at, slice_of(&part, Ok(fetched), counts)?)))
-        .collect()
-}
-
-/// The rows of its partition a task's input names.
-fn rows_of(part: &PartSpec) -> streambatch_net::RowRange {
-    streambatch_net::RowRange {
-        offset: part.offset,
-        len: part.len,
-    }
-}
-
-/// The rows `part` names, from what a fetch of them brought.
-fn slice_of(
-    part: &PartSpec,
-    fetched: Result<Fetched, streambatch_net::NetError>,
-    counts: &PullCounts,
-) -> Result<Slice, Error> {
-    let failed = |message: String| Error::OnNode {
-        node: part.holder.clone(),
-        message: format!("fetching partition {}: {message}", part.id),
-    };
-    let (batch, alone) = match fetched {
-        Ok(Fetched::Shared(name, lease)) => {
-            counts.shared.fetch_add(1, Ordering::Relaxed);
-            // The batch holds the lease: the holder keeps the bytes until
-            // the last buffer mapping them is gone.
-            let batch = streambatch_store::open_shared_keeping(&name, Arc::new(lease))
-                .map_err(|e| failed(e.to_string()))?
-                .batch;
-            // A small part of it is copied out now, which drops the
-            // mapping: a mapping holds its fetch stream open (and the
-            // holder's pin), and a reducer pulling a slice of every map
-            // output would hold one per map output while it pulls the
-            // rest, past QUIC's limit of concurrent streams (a stall).
-            let slice = Slice::fetched(batch)
-                .sub_within(part.offset, part.len)
-                .ok_or_else(|| rows_outside(part))?;
-            return slice.read_alone().map(Slice::fetched);
-        }
-        Ok(fetched @ (Fetched::Bytes(_) | Fetched::Rows(_))) => {
-            let (bytes, alone) = match fetched {
-                Fetched::Rows(bytes) => (bytes, true),
-                Fetched::Bytes(bytes) => (bytes, false),
-                Fetched::Shared(..) => unreachable!("matched above"),
-            };
-            counts.quic.fetch_add(1, Ordering::Relaxed);
-            counts
-                .quic_bytes
-                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            let batch = streambatch_store::ipc::decode_unaligned(&bytes)
-                .map_err(|e| failed(e.to_string()))?;
-            (batch, alone)
-        }
-        Err(e) => return Err(failed(e.to_string())),
-    };
-    // The rows alone are the slice itself: as many as asked, or the
-    // holder's answer is wrong.
-    let (offset, len) = if alone {
-        (0, part.len)
-    } else {
-        (part.offset, part.len)
-    };
-    if alone && batch.num_rows() as u64 != part.len {
-        return Err(rows_outside(part));
-    }
-    Slice::fetched(batch)
-        .sub_within(offset, len)
-        .ok_or_else(|| rows_outside(part))
-}
-
 /// Stores a partition taken over from a draining node as an output of
 /// `stage`, if the stage's budget and the store have room for it.
 fn store_adopted(ctx: &JobCtx, stage: usize, batch: RecordBatch) -> Result<Arc<Output>, String> {
@@ -747,16 +609,6 @@ fn within_a_frame(mut message: String) -> String {
         message.push_str(" [...]");
     }
     message
-}
-
-fn rows_outside(part: &PartSpec) -> Error {
-    Error::OnNode {
-        node: part.holder.clone(),
-        message: format!(
-            "rows {}..+{} are outside partition {}",
-            part.offset, part.len, part.id
-        ),
-    }
 }
 
 /// Checks an order's indexes against the plan before any is used, so that
@@ -798,7 +650,7 @@ mod tests {
     use std::sync::Mutex;
 
     use streambatch_core::{NodeConfig, Resources};
-    use streambatch_plan::{Dataset, JobStream, Runner};
+    use streambatch_plan::{Dataset, Error, JobStream, Runner};
 
     use super::*;
 

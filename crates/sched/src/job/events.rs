@@ -226,6 +226,9 @@ impl<P: Part> JobState<P> {
     /// input is whole (its lost pieces are asked for), or dropped when its
     /// stage is no longer needed.
     pub(super) fn requeue(&mut self, task: TaskId) {
+        if self.ended {
+            return; // its input may be gone with the job's exchanges
+        }
         self.hand_over_due = true;
         let record = self.tasks.get_mut(&task).expect("the caller found it");
         record.placed = false;

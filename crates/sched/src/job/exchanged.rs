@@ -115,6 +115,10 @@ impl<P: Part> Exchanged<P> {
             }
             exchanged.reducers[place].bytes = bytes;
         }
+        // Outputs no reducer reads (no rows, or none in a kept range).
+        for output in exchanged.outputs.iter_mut().filter(|o| o.readers == 0) {
+            output.piece.part = None;
+        }
         Ok(exchanged)
     }
 
@@ -363,13 +367,17 @@ mod tests {
 
     #[test]
     fn reducers_read_their_destination_of_every_output_in_order_of_origin() {
-        // Arrived out of order; destination 1 has no rows, so no reducer.
+        // Arrived out of order; destination 1 has no rows, so no reducer;
+        // an output of no rows is let go at once.
         let collected = vec![
             Piece::whole(origin(7), output(7, 1, &[0, 2, 2, 5])),
             Piece::whole(origin(3), output(3, 0, &[0, 1, 1, 1])),
+            Piece::whole(origin(5), output(5, 0, &[0, 0, 0, 0])),
         ];
         let exchange = Exchanged::new(collected, 3).unwrap();
         assert_eq!(exchange.places(), 2);
+        let held: Vec<bool> = exchange.outputs.iter().map(|o| o.piece.held()).collect();
+        assert_eq!(held, [true, false, true], "in order of origin");
         assert_eq!(handed(&exchange, 0), [(3, 0, 1), (7, 0, 2)]);
         assert_eq!(handed(&exchange, 1), [(7, 2, 3)]);
         assert_eq!(exchange.hold(0, u64::MAX), 30);

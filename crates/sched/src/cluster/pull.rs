@@ -1,0 +1,179 @@
+//! A task's inputs held by other nodes, pulled: each holder's on one fetch
+//! stream, the holders at once, each slice mapped from shared memory where
+//! the holder shares this node's store directory, else sent over QUIC.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use streambatch_core::TaskId;
+use streambatch_net::{Fetched, PartRows, Transport};
+use streambatch_plan::Error;
+
+use crate::exec::partition::Slice;
+use crate::wire::PartSpec;
+
+/// Inputs this node pulled for the job: by shared memory, over QUIC.
+#[derive(Default)]
+pub(crate) struct PullCounts {
+    pub(crate) shared: AtomicU64,
+    pub(crate) quic: AtomicU64,
+    pub(crate) quic_bytes: AtomicU64,
+}
+
+/// Pulls `pulls` (each with its place in task `task`'s input) from their
+/// holders: each holder's on one stream, the holders at once. The first
+/// failure is the error, and the other pulls are dropped.
+pub(crate) async fn pull_inputs(
+    transport: &Transport,
+    pulls: Vec<(usize, PartSpec)>,
+    counts: &Arc<PullCounts>,
+    task: TaskId,
+) -> Result<Vec<(usize, Slice)>, Error> {
+    let mut by_holder: BTreeMap<String, Vec<(usize, PartSpec)>> = BTreeMap::new();
+    for (at, part) in pulls {
+        by_holder
+            .entry(part.holder.clone())
+            .or_default()
+            .push((at, part));
+    }
+    let mut pulling = tokio::task::JoinSet::new();
+    for (holder, parts) in by_holder {
+        let (transport, counts) = (transport.clone(), counts.clone());
+        pulling.spawn(async move {
+            let pulled = pull_all(&transport, parts, &counts).await;
+            (holder, pulled)
+        });
+    }
+    let mut slices = Vec::new();
+    while let Some(done) = pulling.join_next().await {
+        let (holder, pulled) = done.unwrap_or_else(|e| {
+            let message = format!("pulling a task's input failed: {e}");
+            (String::new(), Err(Error::Invalid(message)))
+        });
+        let ok = pulled.is_ok();
+        tracing::debug!(target: "streambatch::pull", task = task.0, holder, ok, "pulled");
+        slices.extend(pulled?);
+    }
+    Ok(slices)
+}
+
+/// Pulls one input partition from its holder: mapped from shared memory
+/// when the holder shares this node's store directory, else over QUIC.
+pub(crate) async fn pull(
+    transport: &Transport,
+    part: &PartSpec,
+    counts: &PullCounts,
+) -> Result<Slice, Error> {
+    let fetched = transport
+        .fetch_rows(&part.holder, part.id, Some(rows_of(part)))
+        .await;
+    slice_of(part, fetched, counts)
+}
+
+/// Pulls input partitions `parts` (each with its place in the task's
+/// input), all of one holder, on one fetch stream (see [`pull`]).
+async fn pull_all(
+    transport: &Transport,
+    parts: Vec<(usize, PartSpec)>,
+    counts: &PullCounts,
+) -> Result<Vec<(usize, Slice)>, Error> {
+    let Some((_, first)) = parts.first() else {
+        return Ok(Vec::new());
+    };
+    let asked: Vec<PartRows> = parts
+        .iter()
+        .map(|(_, part)| PartRows {
+            partition: part.id,
+            rows: Some(rows_of(part)),
+        })
+        .collect();
+    let fetched = transport.fetch_many(&first.holder, &asked).await;
+    let fetched = fetched.map_err(|e| Error::OnNode {
+        node: first.holder.clone(),
+        message: format!("fetching {} partition(s): {e}", parts.len()),
+    })?;
+    parts
+        .into_iter()
+        .zip(fetched)
+        .map(|((at, part), fetched)| Ok((at, slice_of(&part, Ok(fetched), counts)?)))
+        .collect()
+}
+
+/// The rows of its partition a task's input names.
+fn rows_of(part: &PartSpec) -> streambatch_net::RowRange {
+    streambatch_net::RowRange {
+        offset: part.offset,
+        len: part.len,
+    }
+}
+
+/// The rows `part` names, from what a fetch of them brought.
+fn slice_of(
+    part: &PartSpec,
+    fetched: Result<Fetched, streambatch_net::NetError>,
+    counts: &PullCounts,
+) -> Result<Slice, Error> {
+    let failed = |message: String| Error::OnNode {
+        node: part.holder.clone(),
+        message: format!("fetching partition {}: {message}", part.id),
+    };
+    let (batch, alone) = match fetched {
+        Ok(Fetched::Shared(name, lease)) => {
+            counts.shared.fetch_add(1, Ordering::Relaxed);
+            // The batch holds the lease: the holder keeps the bytes until
+            // the last buffer mapping them is gone.
+            let batch = streambatch_store::open_shared_keeping(&name, Arc::new(lease))
+                .map_err(|e| failed(e.to_string()))?
+                .batch;
+            // A small part of it is copied out now, which drops the
+            // mapping: a mapping holds its fetch stream open (and the
+            // holder's pin), and a reducer pulling a slice of every map
+            // output would hold one per map output while it pulls the
+            // rest, past QUIC's limit of concurrent streams (a stall).
+            let slice = Slice::fetched(batch)
+                .sub_within(part.offset, part.len)
+                .ok_or_else(|| rows_outside(part))?;
+            return slice.read_alone().map(Slice::fetched);
+        }
+        Ok(fetched @ (Fetched::Bytes(_) | Fetched::Rows(_))) => {
+            let (bytes, alone) = match fetched {
+                Fetched::Rows(bytes) => (bytes, true),
+                Fetched::Bytes(bytes) => (bytes, false),
+                Fetched::Shared(..) => unreachable!("matched above"),
+            };
+            counts.quic.fetch_add(1, Ordering::Relaxed);
+            counts
+                .quic_bytes
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let batch = streambatch_store::ipc::decode_unaligned(&bytes)
+                .map_err(|e| failed(e.to_string()))?;
+            (batch, alone)
+        }
+        Err(e) => return Err(failed(e.to_string())),
+    };
+    // The rows alone are the slice itself: as many as asked, or the
+    // holder's answer is wrong.
+    let (offset, len) = if alone {
+        (0, part.len)
+    } else {
+        (part.offset, part.len)
+    };
+    if alone && batch.num_rows() as u64 != part.len {
+        return Err(rows_outside(part));
+    }
+    Slice::fetched(batch)
+        .sub_within(offset, len)
+        .ok_or_else(|| rows_outside(part))
+}
+
+/// The error of rows `part` names that its partition does not have.
+pub(crate) fn rows_outside(part: &PartSpec) -> Error {
+    Error::OnNode {
+        node: part.holder.clone(),
+        message: format!(
+            "rows {}..+{} are outside partition {}",
+            part.offset, part.len, part.id
+        ),
+    }
+}
