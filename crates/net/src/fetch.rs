@@ -215,75 +215,11 @@ pub async fn fetch(
     write_frame(&mut send, &request)
         .await
         .map_err(|e| peer.broken(e))?;
-    let frame_error = |source| NetError::Frame {
-        peer: peer.name().to_string(),
-        source,
-    };
-    let reply = tokio::time::timeout(
-        REPLY_WITHIN,
-        read_frame::<FetchReply, _>(&mut recv, MAX_CONTROL_FRAME),
-    )
-    .await
-    .map_err(|_| NetError::Fetch {
-        peer: peer.name().to_string(),
-        partition,
-        message: format!("no answer within {} s", REPLY_WITHIN.as_secs()),
-    })?
-    .map_err(frame_error)?
-    .ok_or_else(|| {
-        frame_error(FrameError::Truncated {
-            got: 0,
-            expected: 4,
-        })
-    })?;
-    match reply {
-        FetchReply::Shared { name } => Ok(Fetched::Shared(name, MappedLease::new(send, recv))),
-        FetchReply::Missing { message } => Err(NetError::Fetch {
-            peer: peer.name().to_string(),
-            partition,
-            message,
-        }),
-        FetchReply::Bytes { len } | FetchReply::Rows { len } if len > MAX_PARTITION_BYTES => {
-            Err(frame_error(FrameError::Oversized {
-                len,
-                max: MAX_PARTITION_BYTES,
-            }))
-        }
-        FetchReply::Rows { .. } if rows.is_none() => Err(NetError::Fetch {
-            peer: peer.name().to_string(),
-            partition,
-            message: "the holder sent rows that were not asked for".into(),
-        }),
-        FetchReply::Bytes { len } | FetchReply::Rows { len } => {
-            let alone = matches!(reply, FetchReply::Rows { .. });
+    match read_answer(peer, &mut recv, &PartRows { partition, rows }).await? {
+        Answer::Shared(name) => Ok(Fetched::Shared(name, MappedLease::new(send, recv))),
+        Answer::Fetched(fetched) => {
             let _ = send.finish();
-            // Room for the announced length up to 1 GiB (mapped lazily, so
-            // it costs what arrives); past that it grows with the bytes.
-            let mut bytes = Vec::with_capacity(len.min(1 << 30) as usize);
-            while let Some(chunk) = recv
-                .read_chunk(usize::MAX, true)
-                .await
-                .map_err(|e| peer.broken(e))?
-            {
-                if bytes.len() as u64 + chunk.bytes.len() as u64 > len {
-                    return Err(frame_error(FrameError::Oversized {
-                        len: bytes.len() as u64 + chunk.bytes.len() as u64,
-                        max: len,
-                    }));
-                }
-                bytes.extend_from_slice(&chunk.bytes);
-            }
-            if bytes.len() as u64 != len {
-                return Err(frame_error(FrameError::Truncated {
-                    got: bytes.len() as u64,
-                    expected: len,
-                }));
-            }
-            Ok(if alone {
-                Fetched::Rows(bytes)
-            } else {
-                Fetched::Bytes(bytes)
-            })
+            Ok(fetched)
         }
     }
 }
@@ -489,27 +425,11 @@ pub async fn serve_fetch(
         None => server.serve(request.partition, shares_memory),
     };
     let result = async {
-        match reply {
-            Ok(Served::Shared(name, pin)) => {
-                write_frame(&mut send, &FetchReply::Shared { name }).await?;
-                // The reader maps the bytes where they are: hold them until
-                // it closes its side (or the connection goes).
-                let _ = recv.read_to_end(1).await;
-                drop(pin);
-            }
-            Ok(Served::Bytes(bytes)) => {
-                let bytes = (*bytes).as_ref();
-                let len = bytes.len() as u64;
-                write_frame(&mut send, &FetchReply::Bytes { len }).await?;
-                write_bytes(&mut send, bytes).await?;
-            }
-            Ok(Served::Rows(bytes)) => {
-                let bytes = (*bytes).as_ref();
-                let len = bytes.len() as u64;
-                write_frame(&mut send, &FetchReply::Rows { len }).await?;
-                write_bytes(&mut send, bytes).await?;
-            }
-            Err(message) => write_frame(&mut send, &FetchReply::Missing { message }).await?,
+        if let Some(pin) = answer(&mut send, reply).await? {
+            // The reader maps the bytes where they are: hold them until
+            // it closes its side (or the connection goes).
+            let _ = recv.read_to_end(1).await;
+            drop(pin);
         }
         send.finish()?;
         std::io::Result::Ok(())
@@ -549,30 +469,11 @@ pub async fn serve_fetch_many(
                 Some(rows) => server.serve_rows(part.partition, rows, shares_memory),
                 None => server.serve(part.partition, shares_memory),
             };
-            match served {
-                Ok(Served::Shared(name, pin)) => {
-                    write_frame(&mut send, &FetchReply::Shared { name }).await?;
-                    pins.push(Some(pin));
-                    continue;
-                }
-                Ok(Served::Bytes(bytes)) => {
-                    let bytes = (*bytes).as_ref();
-                    let len = bytes.len() as u64;
-                    write_frame(&mut send, &FetchReply::Bytes { len }).await?;
-                    write_bytes(&mut send, bytes).await?;
-                }
-                Ok(Served::Rows(bytes)) => {
-                    let bytes = (*bytes).as_ref();
-                    let len = bytes.len() as u64;
-                    write_frame(&mut send, &FetchReply::Rows { len }).await?;
-                    write_bytes(&mut send, bytes).await?;
-                }
-                Err(message) => {
-                    write_frame(&mut send, &FetchReply::Missing { message }).await?;
-                    break;
-                }
+            let missing = served.is_err();
+            pins.push(answer(&mut send, served).await?);
+            if missing {
+                break;
             }
-            pins.push(None);
         }
         send.finish()?;
         // The reader maps the bytes where they are: each stays pinned
@@ -596,4 +497,34 @@ pub async fn serve_fetch_many(
             tracing::debug!(target: "streambatch::serve", peer, parts, %error, "fetch not completed")
         }
     }
+}
+
+/// Writes the answer for one partition, and its bytes. A partition served
+/// by name comes back pinned: the caller holds the pin until the reader is
+/// done with the bytes.
+async fn answer(
+    send: &mut SendStream,
+    served: Result<Served, String>,
+) -> std::io::Result<Option<Box<dyn std::any::Any + Send>>> {
+    let (bytes, alone) = match served {
+        Ok(Served::Shared(name, pin)) => {
+            write_frame(send, &FetchReply::Shared { name }).await?;
+            return Ok(Some(pin));
+        }
+        Err(message) => {
+            write_frame(send, &FetchReply::Missing { message }).await?;
+            return Ok(None);
+        }
+        Ok(Served::Bytes(bytes)) => (bytes, false),
+        Ok(Served::Rows(bytes)) => (bytes, true),
+    };
+    let bytes = (*bytes).as_ref();
+    let len = bytes.len() as u64;
+    let reply = match alone {
+        true => FetchReply::Rows { len },
+        false => FetchReply::Bytes { len },
+    };
+    write_frame(send, &reply).await?;
+    write_bytes(send, bytes).await?;
+    Ok(None)
 }
