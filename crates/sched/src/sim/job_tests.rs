@@ -346,6 +346,24 @@ fn tasks_holding_large_inputs_take_turns() {
     assert_eq!(next, vec![2, 3]);
 }
 
+/// A job of a source, a map, an exchange to `n` reducers and the reducers
+/// (holding up to `cap` of their input) on one node of four CPU slots,
+/// with that node's budgets and a count of outputs forced past them.
+fn exchange_on_one_node(n: usize, cap: u64) -> (JobState<Rows>, Vec<Budgets>, Arc<AtomicUsize>) {
+    let mut shapes = Pipeline::Exchange { n, ordered: false }.shapes(1);
+    shapes[3].input_held_cap = cap;
+    let names = shapes.iter().map(|s| s.name.clone()).collect();
+    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
+    let budgets = node_budgets(1, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
+    let job = JobState::new(
+        shapes,
+        vec![Resources::cpu(4.0)],
+        FailurePolicy::default(),
+        recorder,
+    );
+    (job, budgets, Arc::new(AtomicUsize::new(0)))
+}
+
 /// A sort's or join's reducers hold their input outside the store (up to
 /// their stage's cap): three reducers whose holds do not fit beside each
 /// other take turns on a node with slots for all, where reducers that
@@ -353,22 +371,7 @@ fn tasks_holding_large_inputs_take_turns() {
 #[test]
 fn reducers_holding_large_inputs_take_turns() {
     for (cap, at_once) in [(0, 3), (CAPACITY / 2 + 1, 1)] {
-        let mut shapes = Pipeline::Exchange {
-            n: 3,
-            ordered: false,
-        }
-        .shapes(1);
-        shapes[3].input_held_cap = cap;
-        let names = shapes.iter().map(|s| s.name.clone()).collect();
-        let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
-        let budgets = node_budgets(1, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
-        let forced = Arc::new(AtomicUsize::new(0));
-        let mut job = JobState::<Rows>::new(
-            shapes,
-            vec![Resources::cpu(4.0)],
-            FailurePolicy::default(),
-            recorder,
-        );
+        let (mut job, budgets, forced) = exchange_on_one_node(3, cap);
         // One row to each reducer, in a map output whose partition says it
         // is large (its budget takes a few bytes).
         let output = |groups: Option<Arc<[u32]>>| Rows {
@@ -418,17 +421,7 @@ fn reducers_holding_large_inputs_take_turns() {
 #[test]
 fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
     let (m, n) = (60, 50);
-    let shapes = Pipeline::Exchange { n, ordered: false }.shapes(1);
-    let names = shapes.iter().map(|s| s.name.clone()).collect();
-    let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
-    let budgets = node_budgets(1, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
-    let forced = Arc::new(AtomicUsize::new(0));
-    let mut job = JobState::<Rows>::new(
-        shapes,
-        vec![Resources::cpu(4.0)],
-        FailurePolicy::default(),
-        recorder,
-    );
+    let (mut job, budgets, forced) = exchange_on_one_node(n, 0);
     let held = Arc::new(Held::admit(&budgets[0], 1, 1, true, &forced).unwrap());
     // A map output of one row per destination.
     let output = |groups: Option<Arc<[u32]>>| Rows {
