@@ -3,8 +3,11 @@
 //! the exchange once per map task, whatever its rows: a hot key is cheap),
 //! and each reducer merges the states of its groups and finishes them.
 //!
-//! Groups are found by their keys' `arrow-row` encoding (nulls are a key
-//! like any other). Partial states are plain Arrow columns, one or more
+//! Groups are found by their keys: one integer or string key as itself,
+//! short string keys (one or several, 16 bytes in all) packed into one
+//! integer (`packed_keys.rs`: hashed and compared in a few
+//! instructions), others by their `arrow-row` encoding; nulls are a key
+//! like any other. Partial states are plain Arrow columns, one or more
 //! per aggregate, named `__p{i}_{what}`:
 //! - count: `c` (rows);
 //! - sum: `s` (Int64 over integers, else Float64) and `c` (values);
@@ -30,6 +33,7 @@ use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, UInt32
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field, Schema, SortOptions};
 
+use crate::packed_keys::packed_keys;
 use crate::partition::{column_indices, key_rows};
 use crate::{Error, Result};
 
@@ -175,9 +179,15 @@ fn groups(batch: &RecordBatch, keys: &[usize]) -> Result<Groups> {
         if let Some(v) = column.as_primitive_opt::<arrow_array::types::Int32Type>() {
             return Ok(grouped(v.iter()));
         }
-        if let Some(v) = column.as_string_opt::<i32>() {
-            return Ok(grouped(v.iter()));
-        }
+    }
+    // Short strings, one key or several: packed into an integer.
+    if let Some(packed) = packed_keys(batch, keys) {
+        return Ok(grouped(packed.into_iter()));
+    }
+    if let [key] = keys
+        && let Some(v) = batch.column(*key).as_string_opt::<i32>()
+    {
+        return Ok(grouped(v.iter()));
     }
     let rows = key_rows(batch, keys, &[])?;
     Ok(grouped((0..batch.num_rows()).map(|row| rows.row(row))))

@@ -28,6 +28,7 @@ mod object_files;
 mod object_runtime;
 mod object_writes;
 pub mod ops;
+mod packed_keys;
 mod parquet_source;
 pub mod partition;
 mod plan;
