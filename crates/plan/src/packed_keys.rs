@@ -138,6 +138,57 @@ mod tests {
     fn a_sliced_column_is_judged_by_its_own_values() {
         let b = batch(vec![vec![Some("0123456789abcdefgh"), Some("x"), Some("y")]]).slice(1, 2);
         let packed = packed_keys(&b, &[0]).unwrap();
+        let fresh = packed_keys(&batch(vec![vec![Some("x"), Some("y")]]), &[0]).unwrap();
+        assert_eq!(packed, fresh);
+    }
+
+    #[test]
+    fn bytes_after_a_short_value_do_not_count() {
+        // Each short value is read 16 bytes at once, its neighbours' bytes
+        // with it: equal keys followed by other bytes pack equal. The long
+        // values are sliced off, so the keys are short.
+        let long_b = "b".repeat(40);
+        let long_c = "c".repeat(40);
+        let column = vec![
+            Some("a"),
+            Some(long_b.as_str()),
+            Some("a"),
+            Some(long_c.as_str()),
+            Some("a"),
+        ];
+        let values = StringArray::from(column);
+        let alone = packed_keys(&batch(vec![vec![Some("a")]]), &[0]).unwrap()[0];
+        // Rows 0 and 2 have 16 bytes behind their start, row 4 does not.
+        for at in [0, 2, 4] {
+            let one =
+                RecordBatch::try_from_iter([("k", Arc::new(values.slice(at, 1)) as ArrayRef)])
+                    .unwrap();
+            assert_eq!(packed_keys(&one, &[0]).unwrap(), vec![alone], "row {at}");
+        }
+    }
+
+    #[test]
+    fn a_null_is_not_an_empty_string_in_one_key() {
+        let b = batch(vec![vec![Some(""), None, Some(""), None]]);
+        let packed = packed_keys(&b, &[0]).unwrap();
+        assert_eq!(packed[0], packed[2]);
+        assert_eq!(packed[1], packed[3]);
         assert_ne!(packed[0], packed[1]);
+    }
+
+    #[test]
+    fn a_null_slot_with_bytes_behind_it_packs_as_null() {
+        use arrow_buffer::{NullBuffer, OffsetBuffer};
+        // Row 1 is null but its offsets span "zz".
+        let offsets = OffsetBuffer::new(vec![0, 1, 3, 4].into());
+        let values = arrow_buffer::Buffer::from(b"azza".as_slice());
+        let nulls = NullBuffer::from(vec![true, false, true]);
+        let column = StringArray::new(offsets, values, Some(nulls));
+        let b = RecordBatch::try_from_iter([("k", Arc::new(column) as ArrayRef)]).unwrap();
+        let with_null = batch(vec![vec![Some("a"), None, Some("a")]]);
+        assert_eq!(
+            packed_keys(&b, &[0]).unwrap(),
+            packed_keys(&with_null, &[0]).unwrap()
+        );
     }
 }
