@@ -5,7 +5,7 @@
 //! `id0000000001`, alone or in pairs, are such keys).
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, RecordBatch, StringArray};
+use arrow_array::{Array, RecordBatch};
 
 /// The most bytes a row's packed keys take: each key's bytes after a byte
 /// giving its length.
@@ -28,45 +28,41 @@ pub(crate) fn packed_keys(batch: &RecordBatch, keys: &[usize]) -> Option<Vec<u12
         let offsets = column.value_offsets();
         let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
         width += 1 + usize::try_from(longest).ok()?;
-    }
-    if width > PACKED_BYTES {
-        return None;
+        if width > PACKED_BYTES {
+            return None;
+        }
     }
     if let [column] = columns[..] {
         // One key: no shifting, and no null to look for where it has none.
         let (offsets, values) = (column.value_offsets(), column.value_data());
         let no_nulls = column.null_count() == 0;
         let packed = (0..batch.num_rows()).map(|row| match no_nulls || column.is_valid(row) {
-            true => {
-                let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
-                (value_bits(values, start, end) << 8) | (end - start) as u128
-            }
+            true => field(offsets, values, row).0,
             false => u128::from(NULL),
         });
         return Some(packed.collect());
     }
-    let field = |column: &StringArray, row: usize| -> (u128, u32) {
-        if column.is_null(row) {
-            return (u128::from(NULL), 8);
-        }
-        let offsets = column.value_offsets();
-        let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
-        let bits = value_bits(column.value_data(), start, end);
-        (
-            (bits << 8) | (end - start) as u128,
-            8 * (1 + (end - start) as u32),
-        )
-    };
     let packed = (0..batch.num_rows()).map(|row| {
         let (mut key, mut shift) = (0u128, 0);
         for column in &columns {
-            let (bits, width) = field(column, row);
+            let (bits, bytes) = match column.is_null(row) {
+                true => (u128::from(NULL), 1),
+                false => field(column.value_offsets(), column.value_data(), row),
+            };
             key |= bits << shift;
-            shift += width;
+            shift += 8 * bytes;
         }
         key
     });
     Some(packed.collect())
+}
+
+/// Row `row`'s value (`offsets` into `values`) after a byte of its
+/// length, and the bytes that takes.
+fn field(offsets: &[i32], values: &[u8], row: usize) -> (u128, usize) {
+    let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+    let bits = (value_bits(values, start, end) << 8) | (end - start) as u128;
+    (bits, 1 + end - start)
 }
 
 /// The bytes `start..end` (at most 15) of `values`, little endian: read 16
