@@ -198,6 +198,30 @@ fn a_shuffle_on_two_nodes_gives_the_single_node_output() {
     }
 }
 
+/// A reducer names its destination of each map output, and the output's
+/// holder finds its rows by the cut its store keeps: a peer sharing the
+/// holder's store maps them (the holder names the rows), others get them
+/// over QUIC; the output is the single-node run's either way.
+#[test]
+fn reducers_read_their_destination_by_shared_memory_and_over_quic() {
+    let expected = single_node();
+    let cluster = Cluster::start(&[
+        NodeSpec::cpu("worker-1", 2),
+        NodeSpec::cpu("worker-2", 2),
+        NodeSpec::cpu("worker-3", 2).sharing_store_with("worker-1"),
+    ]);
+    let ctx = Context::connect(cluster.driver_config()).unwrap();
+    let ds = shuffled(&ctx, 0);
+    assert_eq!(partitions(&ds.collect().unwrap()), expected);
+    let stats = ds.stats().unwrap();
+    let pulled = |by: fn(&streambatch::NodeStats) -> u64| stats.nodes.iter().map(by).sum::<u64>();
+    assert!(
+        pulled(|n| n.inputs_shared) > 0,
+        "none by shared memory: {stats}"
+    );
+    assert!(pulled(|n| n.inputs_quic) > 0, "none over QUIC: {stats}");
+}
+
 #[test]
 fn a_node_killed_mid_exchange_costs_only_its_map_outputs() {
     let expected = single_node();

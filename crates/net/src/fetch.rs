@@ -9,9 +9,13 @@
 //! bytes. A puller that needs only some rows (a reducer's slice of a map
 //! output) names them, and a holder that can serves those rows alone
 //! rather than the whole partition. A puller that needs several
-//! partitions of one holder (a reducer's slices of the map outputs the
+//! partitions of one holder (a reducer's rows of the map outputs the
 //! holder has) asks for them all on one [`StreamKind::FetchMany`] stream,
-//! and the holder answers each in turn, as above, on that stream.
+//! and the holder answers each in turn, as above, on that stream. There
+//! it may also ask for a group of a partition stored cut into groups (a
+//! reducer's destination of an exchange's map output, [`Want::Group`]):
+//! the holder finds its rows by the cut it keeps and names them first
+//! ([`FetchReply::Group`]), so that no one else need keep the cut.
 //! QUIC's stream flow control is the credit: the holder writes only
 //! as far as the puller has read plus the stream window (16 MiB), so a slow
 //! reader slows the sender and nothing piles up in between.
@@ -67,6 +71,32 @@ pub struct RowRange {
 }
 
 pub use reply::FetchReply;
+pub use want::Want;
+
+// rkyv's derive makes an enum of resolvers with undocumented fields.
+#[allow(missing_docs)]
+mod want {
+    use rkyv::{Archive, Deserialize, Serialize};
+
+    /// Which rows of a partition a puller needs.
+    #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Want {
+        /// All of them.
+        Whole,
+        /// These.
+        Rows(super::RowRange),
+        /// Group `g` of a partition stored cut into groups (a reducer's
+        /// destination of an exchange's map output): the holder finds its
+        /// rows by the cut it keeps, and names them in its answer.
+        Group(u32),
+    }
+
+    impl From<Option<super::RowRange>> for Want {
+        fn from(rows: Option<super::RowRange>) -> Self {
+            rows.map_or(Want::Whole, Want::Rows)
+        }
+    }
+}
 
 // rkyv's derive makes an enum of resolvers with undocumented fields.
 #[allow(missing_docs)]
@@ -95,6 +125,14 @@ mod reply {
         Missing {
             /// Why.
             message: String,
+        },
+        /// The rows of the group asked for: the answer that follows (after
+        /// this frame) holds them alone, or the partition they lie in.
+        Group {
+            /// The first row.
+            offset: u64,
+            /// How many.
+            len: u64,
         },
     }
 }
@@ -127,6 +165,12 @@ pub trait PartitionServer: Send + Sync + 'static {
     ) -> Result<Served, String> {
         let _ = rows;
         self.serve(partition, shares_memory)
+    }
+    /// Where group `group` of `partition` lies, when the partition is kept
+    /// cut into groups; by default none is.
+    fn group_rows(&self, partition: u64, group: u32) -> Result<RowRange, String> {
+        let _ = group;
+        Err(format!("partition {partition} is not kept cut into groups"))
     }
 }
 
@@ -215,7 +259,10 @@ pub async fn fetch(
     write_frame(&mut send, &request)
         .await
         .map_err(|e| peer.broken(e))?;
-    match read_answer(peer, &mut recv, &PartRows { partition, rows }).await? {
+    match read_answer(peer, &mut recv, partition, rows.into())
+        .await?
+        .0
+    {
         Answer::Shared(name) => Ok(Fetched::Shared(name, MappedLease::new(send, recv))),
         Answer::Fetched(fetched) => {
             let _ = send.finish();
@@ -229,7 +276,18 @@ pub async fn fetch(
 pub struct PartRows {
     /// The partition's id on the holder.
     pub partition: u64,
-    /// The rows the puller needs, when not all of them.
+    /// The rows the puller needs.
+    pub want: Want,
+}
+
+/// One partition a [`fetch_many`] brought.
+#[derive(Debug, PartialEq)]
+pub struct FetchedPart {
+    /// What came.
+    pub fetched: Fetched,
+    /// The rows of the partition it is (rows alone) or holds (the whole
+    /// partition, or its name): those asked for, or those the holder
+    /// found for a group; `None` for all of them.
     pub rows: Option<RowRange>,
 }
 
@@ -252,7 +310,7 @@ pub async fn fetch_many(
     peer: &Peer,
     parts: &[PartRows],
     here: &Locality,
-) -> Result<Vec<Fetched>, NetError> {
+) -> Result<Vec<FetchedPart>, NetError> {
     let mut fetched = Vec::with_capacity(parts.len());
     for batch in parts.chunks(MANY_PER_STREAM) {
         fetched.extend(fetch_batch(peer, batch, here).await?);
@@ -269,7 +327,7 @@ async fn fetch_batch(
     peer: &Peer,
     parts: &[PartRows],
     here: &Locality,
-) -> Result<Vec<Fetched>, NetError> {
+) -> Result<Vec<FetchedPart>, NetError> {
     let (mut send, mut recv) = peer.open(StreamKind::FetchMany).await?;
     let request = FetchManyRequest {
         parts: parts.to_vec(),
@@ -280,11 +338,15 @@ async fn fetch_batch(
         .map_err(|e| peer.broken(e))?;
     let mut answers = Vec::with_capacity(parts.len());
     for part in parts {
-        answers.push(read_answer(peer, &mut recv, part).await?);
+        answers.push(read_answer(peer, &mut recv, part.partition, part.want).await?);
     }
-    if !answers.iter().any(|a| matches!(a, Answer::Shared(_))) {
+    if !answers.iter().any(|(a, _)| matches!(a, Answer::Shared(_))) {
         let _ = send.finish();
-        return Ok(answers.into_iter().map(Answer::fetched).collect());
+        let fetched = answers.into_iter().map(|(answer, rows)| FetchedPart {
+            fetched: answer.fetched(),
+            rows,
+        });
+        return Ok(fetched.collect());
     }
     // The partitions let go, one index each, until every lease is dropped.
     let (released, mut to_send) = tokio::sync::mpsc::unbounded_channel::<u32>();
@@ -297,10 +359,8 @@ async fn fetch_batch(
         }
         let _ = send.finish();
     });
-    let fetched = answers
-        .into_iter()
-        .enumerate()
-        .map(|(at, answer)| match answer {
+    let fetched = answers.into_iter().enumerate().map(|(at, (answer, rows))| {
+        let fetched = match answer {
             Answer::Shared(name) => {
                 let released = released.clone();
                 let lease = Lease::Part {
@@ -310,7 +370,9 @@ async fn fetch_batch(
                 Fetched::Shared(name, MappedLease(lease))
             }
             answer => answer.fetched(),
-        });
+        };
+        FetchedPart { fetched, rows }
+    });
     Ok(fetched.collect())
 }
 
@@ -330,52 +392,51 @@ impl Answer {
     }
 }
 
-/// Reads the holder's answer for `part`, and its bytes.
+/// Reads the holder's answer for the rows `want` of `partition`, and its
+/// bytes, with the rows it holds (see [`FetchedPart::rows`]).
 async fn read_answer(
     peer: &Peer,
     recv: &mut RecvStream,
-    part: &PartRows,
-) -> Result<Answer, NetError> {
-    let partition = part.partition;
-    let frame_error = |source| NetError::Frame {
-        peer: peer.name().to_string(),
-        source,
-    };
-    let reply = tokio::time::timeout(
-        REPLY_WITHIN,
-        read_frame::<FetchReply, _>(recv, MAX_CONTROL_FRAME),
-    )
-    .await
-    .map_err(|_| NetError::Fetch {
+    partition: u64,
+    want: Want,
+) -> Result<(Answer, Option<RowRange>), NetError> {
+    let refused = |message: String| NetError::Fetch {
         peer: peer.name().to_string(),
         partition,
-        message: format!("no answer within {} s", REPLY_WITHIN.as_secs()),
-    })?
-    .map_err(frame_error)?
-    .ok_or_else(|| {
-        frame_error(FrameError::Truncated {
-            got: 0,
-            expected: 4,
-        })
-    })?;
-    let (len, alone) = match reply {
-        FetchReply::Shared { name } => return Ok(Answer::Shared(name)),
-        FetchReply::Missing { message } => {
-            return Err(NetError::Fetch {
-                peer: peer.name().to_string(),
-                partition,
-                message,
-            });
+        message,
+    };
+    let rows = match want {
+        Want::Whole => None,
+        Want::Rows(rows) => Some(rows),
+        Want::Group(group) => match read_reply(peer, recv, partition).await? {
+            FetchReply::Group { offset, len } => Some(RowRange { offset, len }),
+            FetchReply::Missing { message } => return Err(refused(message)),
+            _ => {
+                return Err(refused(format!(
+                    "the holder did not say which rows group {group} holds"
+                )));
+            }
+        },
+    };
+    let (len, alone) = match read_reply(peer, recv, partition).await? {
+        FetchReply::Shared { name } => return Ok((Answer::Shared(name), rows)),
+        FetchReply::Missing { message } => return Err(refused(message)),
+        FetchReply::Rows { .. } if rows.is_none() => {
+            return Err(refused(
+                "the holder sent rows that were not asked for".into(),
+            ));
         }
-        FetchReply::Rows { .. } if part.rows.is_none() => {
-            return Err(NetError::Fetch {
-                peer: peer.name().to_string(),
-                partition,
-                message: "the holder sent rows that were not asked for".into(),
-            });
+        FetchReply::Group { .. } => {
+            return Err(refused(
+                "the holder named a group that was not asked for".into(),
+            ));
         }
         FetchReply::Bytes { len } => (len, false),
         FetchReply::Rows { len } => (len, true),
+    };
+    let frame_error = |source| NetError::Frame {
+        peer: peer.name().to_string(),
+        source,
     };
     if len > MAX_PARTITION_BYTES {
         return Err(frame_error(FrameError::Oversized {
@@ -399,10 +460,40 @@ async fn read_answer(
             })?;
         bytes.extend_from_slice(&chunk.bytes);
     }
-    Ok(Answer::Fetched(match alone {
+    let fetched = match alone {
         true => Fetched::Rows(bytes),
         false => Fetched::Bytes(bytes),
-    }))
+    };
+    Ok((Answer::Fetched(fetched), rows))
+}
+
+/// Reads one of the holder's answer frames for `partition`.
+async fn read_reply(
+    peer: &Peer,
+    recv: &mut RecvStream,
+    partition: u64,
+) -> Result<FetchReply, NetError> {
+    let frame_error = |source| NetError::Frame {
+        peer: peer.name().to_string(),
+        source,
+    };
+    tokio::time::timeout(
+        REPLY_WITHIN,
+        read_frame::<FetchReply, _>(recv, MAX_CONTROL_FRAME),
+    )
+    .await
+    .map_err(|_| NetError::Fetch {
+        peer: peer.name().to_string(),
+        partition,
+        message: format!("no answer within {} s", REPLY_WITHIN.as_secs()),
+    })?
+    .map_err(frame_error)?
+    .ok_or_else(|| {
+        frame_error(FrameError::Truncated {
+            got: 0,
+            expected: 4,
+        })
+    })
 }
 
 /// Answers one fetch stream. A request that is not a valid frame closes the
@@ -465,9 +556,17 @@ pub async fn serve_fetch_many(
     let mut pins: Vec<Option<Box<dyn std::any::Any + Send>>> = Vec::new();
     let result = async {
         for part in &request.parts {
-            let served = match part.rows {
-                Some(rows) => server.serve_rows(part.partition, rows, shares_memory),
-                None => server.serve(part.partition, shares_memory),
+            let served = match part.want {
+                Want::Whole => server.serve(part.partition, shares_memory),
+                Want::Rows(rows) => server.serve_rows(part.partition, rows, shares_memory),
+                Want::Group(group) => match server.group_rows(part.partition, group) {
+                    Ok(rows) => {
+                        let (offset, len) = (rows.offset, rows.len);
+                        write_frame(&mut send, &FetchReply::Group { offset, len }).await?;
+                        server.serve_rows(part.partition, rows, shares_memory)
+                    }
+                    Err(message) => Err(message),
+                },
             };
             let missing = served.is_err();
             pins.push(answer(&mut send, served).await?);

@@ -37,7 +37,9 @@ pub use endpoint::{
     DEFAULT_PEER_TIMEOUT, Endpoint, Peer, StreamKind, close_code, handshake, transport,
 };
 pub use error::{FrameError, NetError};
-pub use fetch::{Fetched, Locality, MappedLease, PartRows, PartitionServer, RowRange, Served};
+pub use fetch::{
+    Fetched, FetchedPart, Locality, MappedLease, PartRows, PartitionServer, RowRange, Served, Want,
+};
 pub use membership::Sessions;
 pub use tls::{Identity, TlsFiles, init_cluster};
 pub use transport::Transport;

@@ -250,7 +250,7 @@ impl Transport {
         &self,
         holder: &str,
         parts: &[fetch::PartRows],
-    ) -> Result<Vec<Fetched>, NetError> {
+    ) -> Result<Vec<fetch::FetchedPart>, NetError> {
         let peer = match self.peer(holder) {
             Some(peer) => peer,
             None => self.connect_data(holder).await?,

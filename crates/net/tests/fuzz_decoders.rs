@@ -8,7 +8,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use streambatch_net::fetch::{FetchManyRequest, FetchReply, FetchRequest, Locality, PartRows};
+use streambatch_net::fetch::{
+    FetchManyRequest, FetchReply, FetchRequest, Locality, PartRows, Want,
+};
 use streambatch_net::frame::{self, MAX_CONTROL_FRAME, read_frame};
 
 fn cases() -> u32 {
@@ -52,11 +54,15 @@ fn seeds() -> Vec<Vec<u8>> {
             parts: vec![
                 PartRows {
                     partition: 42,
-                    rows: None,
+                    want: Want::Whole,
                 },
                 PartRows {
                     partition: 43,
-                    rows: Some(streambatch_net::RowRange { offset: 7, len: 9 }),
+                    want: Want::Rows(streambatch_net::RowRange { offset: 7, len: 9 }),
+                },
+                PartRows {
+                    partition: 44,
+                    want: Want::Group(1_023),
                 },
             ],
             from: here,
@@ -64,6 +70,11 @@ fn seeds() -> Vec<Vec<u8>> {
         .to_vec(),
         frame::encode(&FetchReply::Bytes { len: 1 << 20 }).to_vec(),
         frame::encode(&FetchReply::Rows { len: 4096 }).to_vec(),
+        frame::encode(&FetchReply::Group {
+            offset: 1_000,
+            len: 64,
+        })
+        .to_vec(),
         frame::encode(&FetchReply::Shared {
             name: "sb-local-1-0-0@64+1024".into(),
         })

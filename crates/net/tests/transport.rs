@@ -12,8 +12,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use ractor_cluster::{NodeEventSubscription, NodeServerMessage, RactorClusterMessage};
 use streambatch_net::{
-    Endpoint, Fetched, Identity, Locality, NetError, PartRows, PartitionServer, RowRange, Served,
-    TlsFiles, Transport, close_code, init_cluster,
+    Endpoint, Fetched, FetchedPart, Identity, Locality, NetError, PartRows, PartitionServer,
+    RowRange, Served, TlsFiles, Transport, Want, close_code, init_cluster,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -64,6 +64,18 @@ impl PartitionServer for Fixed {
         let (at, len) = (rows.offset as usize, rows.len as usize);
         let rows = bytes.get(at..at + len).ok_or("no such rows")?;
         Ok(Served::Rows(Box::new(rows.to_vec())))
+    }
+
+    /// Kept cut into three groups of a million rows.
+    fn group_rows(&self, partition: u64, group: u32) -> Result<RowRange, String> {
+        self.0.get(&partition).ok_or("no such partition")?;
+        match group {
+            0..3 => Ok(RowRange {
+                offset: u64::from(group) * 1_000_000,
+                len: 1_000_000,
+            }),
+            _ => Err(format!("no group {group}")),
+        }
     }
 }
 
@@ -162,7 +174,8 @@ async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
 
 /// Several partitions of one holder on one stream: each answered in the
 /// order asked, by bytes, by rows alone, or by name where memory is
-/// shared; a partition the holder lacks fails the fetch, naming it.
+/// shared; a group's rows named by the holder; a partition or group the
+/// holder lacks fails the fetch, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,35 +186,44 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     let worker = transport(&tls, "worker-1", "/store/worker").await;
     worker.join(head.local_addr()).await.unwrap();
     let rows = |offset, len| Some(RowRange { offset, len });
+    let want = |want| PartRows { partition: 7, want };
     let asked = [
-        PartRows {
-            partition: 7,
-            rows: rows(5, 3),
-        },
-        PartRows {
-            partition: 7,
-            rows: None,
-        },
-        PartRows {
-            partition: 7,
-            rows: rows(2_999_990, 10),
-        },
+        want(Want::Rows(RowRange { offset: 5, len: 3 })),
+        want(Want::Whole),
+        want(Want::Group(1)),
+        want(Want::Rows(RowRange {
+            offset: 2_999_990,
+            len: 10,
+        })),
     ];
     let got = worker.fetch_many("head", &asked).await.unwrap();
+    let part = |fetched, rows| FetchedPart { fetched, rows };
     assert_eq!(
         got,
         [
-            Fetched::Rows(expected()[5..8].to_vec()),
-            Fetched::Bytes(expected()),
-            Fetched::Rows(expected()[2_999_990..].to_vec()),
+            part(Fetched::Rows(expected()[5..8].to_vec()), rows(5, 3)),
+            part(Fetched::Bytes(expected()), None),
+            part(
+                Fetched::Rows(expected()[1_000_000..2_000_000].to_vec()),
+                rows(1_000_000, 1_000_000)
+            ),
+            part(
+                Fetched::Rows(expected()[2_999_990..].to_vec()),
+                rows(2_999_990, 10)
+            ),
         ]
     );
     let sharing = transport(&tls, "worker-2", "/store/head").await;
     sharing.join(head.local_addr()).await.unwrap();
-    let mut got = sharing.fetch_many("head", &asked[..2]).await.unwrap();
+    let mut got = sharing.fetch_many("head", &asked[1..3]).await.unwrap();
     assert!(
-        got.iter().all(|f| matches!(f, Fetched::Shared(..))),
+        got.iter().all(|f| matches!(f.fetched, Fetched::Shared(..))),
         "{got:?}"
+    );
+    assert_eq!(
+        got[1].rows,
+        rows(1_000_000, 1_000_000),
+        "a group's rows named"
     );
     // Each name holds its own pin: dropping one lets that one go.
     assert_eq!(pinned.load(Ordering::SeqCst), 2);
@@ -209,27 +231,33 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     settles(&pinned, 1).await;
     drop(got);
     settles(&pinned, 0).await;
-    let mut lacking = asked.to_vec();
-    lacking.insert(
-        1,
-        PartRows {
-            partition: 8,
-            rows: None,
-        },
-    );
-    let err = worker
-        .fetch_many("head", &lacking)
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("head") && err.contains('8') && err.contains("no such partition"),
-        "{err}"
-    );
+    for (lacks, why) in [
+        (
+            PartRows {
+                partition: 8,
+                want: Want::Whole,
+            },
+            "no such partition",
+        ),
+        (want(Want::Group(3)), "no group 3"),
+    ] {
+        let mut lacking = asked.to_vec();
+        lacking.insert(1, lacks);
+        let err = worker
+            .fetch_many("head", &lacking)
+            .await
+            .unwrap_err()
+            .to_string();
+        let partition = lacks.partition.to_string();
+        assert!(
+            err.contains("head") && err.contains(&partition) && err.contains(why),
+            "{err}"
+        );
+    }
     // The connection serves on.
     assert_eq!(
         worker.fetch_many("head", &asked[1..2]).await.unwrap(),
-        [Fetched::Bytes(expected())]
+        [part(Fetched::Bytes(expected()), None)]
     );
     for t in [head, worker, sharing] {
         t.stop();

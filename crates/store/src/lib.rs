@@ -151,4 +151,11 @@ pub trait Release: Send + Sync {
         }
         Ok(batch.slice(rows.start, rows.len()))
     }
+    /// Where each group of partition `id`'s rows starts, and the end, when
+    /// it was stored with groups ([`ObjectStore::put_grouped`]); the
+    /// default keeps none.
+    fn groups(&self, id: PartitionId) -> Option<Arc<[u32]>> {
+        let _ = id;
+        None
+    }
 }

@@ -71,6 +71,15 @@ impl PartitionRef {
     }
 }
 
+impl PartitionRef {
+    /// Where each group of its rows starts, and the end, when it was
+    /// stored with groups (`ObjectStore::put_grouped`): an exchange's map
+    /// output, whose reducers its holder finds by them.
+    pub fn groups(&self) -> Option<Arc<[u32]>> {
+        self.inner.store.groups(self.inner.id)
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.store.release(self.id, self.bytes);

@@ -1205,6 +1205,10 @@ impl Release for Inner {
         self.read_range(id, None, false)
     }
 
+    fn groups(&self, id: PartitionId) -> Option<Arc<[u32]>> {
+        self.state().entries.get(&id)?.groups.clone()
+    }
+
     fn read_rows(
         self: Arc<Self>,
         id: PartitionId,
@@ -1487,6 +1491,7 @@ mod tests {
         let part = store.put_grouped(strings(), &GROUPS).unwrap();
         spill_first(&store);
         assert!(store.spill_path(part.id()).is_some(), "spilled");
+        assert_eq!(part.groups().as_deref(), Some(&GROUPS[..]), "kept spilled");
         let whole = strings();
         let spilled = store.stats().spilled_bytes;
         for w in GROUPS.windows(2) {
@@ -1651,6 +1656,7 @@ mod tests {
             &[0],
         ] {
             let part = store.put_grouped(strings(), groups).unwrap();
+            assert!(part.groups().is_none(), "{groups:?} kept");
             spill_first(&store);
             assert_eq!(
                 part.get_rows(100..200, true).unwrap(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use streambatch_core::TaskId;
-use streambatch_net::{Fetched, PartRows, Transport};
+use streambatch_net::{Fetched, FetchedPart, PartRows, Transport, Want};
 use streambatch_plan::Error;
 
 use crate::exec::partition::Slice;
@@ -65,10 +65,8 @@ pub(crate) async fn pull(
     part: &PartSpec,
     counts: &PullCounts,
 ) -> Result<Slice, Error> {
-    let fetched = transport
-        .fetch_rows(&part.holder, part.id, Some(rows_of(part)))
-        .await;
-    slice_of(part, fetched, counts)
+    let mut pulled = pull_all(transport, vec![(0, part.clone())], counts).await?;
+    Ok(pulled.pop().expect("one asked, one pulled").1)
 }
 
 /// Pulls input partitions `parts` (each with its place in the task's
@@ -85,7 +83,7 @@ async fn pull_all(
         .iter()
         .map(|(_, part)| PartRows {
             partition: part.id,
-            rows: Some(rows_of(part)),
+            want: part.rows,
         })
         .collect();
     let fetched = transport.fetch_many(&first.holder, &asked).await;
@@ -96,30 +94,20 @@ async fn pull_all(
     parts
         .into_iter()
         .zip(fetched)
-        .map(|((at, part), fetched)| Ok((at, slice_of(&part, Ok(fetched), counts)?)))
+        .map(|((at, part), fetched)| Ok((at, slice_of(&part, fetched, counts)?)))
         .collect()
 }
 
-/// The rows of its partition a task's input names.
-fn rows_of(part: &PartSpec) -> streambatch_net::RowRange {
-    streambatch_net::RowRange {
-        offset: part.offset,
-        len: part.len,
-    }
-}
-
-/// The rows `part` names, from what a fetch of them brought.
-fn slice_of(
-    part: &PartSpec,
-    fetched: Result<Fetched, streambatch_net::NetError>,
-    counts: &PullCounts,
-) -> Result<Slice, Error> {
+/// The rows `part` names, from what a fetch of them brought: the rows it
+/// asked for, or those the holder found for the group it asked for.
+fn slice_of(part: &PartSpec, fetched: FetchedPart, counts: &PullCounts) -> Result<Slice, Error> {
     let failed = |message: String| Error::OnNode {
         node: part.holder.clone(),
         message: format!("fetching partition {}: {message}", part.id),
     };
+    let FetchedPart { fetched, rows } = fetched;
     let (batch, alone) = match fetched {
-        Ok(Fetched::Shared(name, lease)) => {
+        Fetched::Shared(name, lease) => {
             counts.shared.fetch_add(1, Ordering::Relaxed);
             // The batch holds the lease: the holder keeps the bytes until
             // the last buffer mapping them is gone.
@@ -131,12 +119,10 @@ fn slice_of(
             // holder's pin), and a reducer pulling a slice of every map
             // output would hold one per map output while it pulls the
             // rest, past QUIC's limit of concurrent streams (a stall).
-            let slice = Slice::fetched(batch)
-                .sub_within(part.offset, part.len)
-                .ok_or_else(|| rows_outside(part))?;
+            let slice = within(Slice::fetched(batch), rows).ok_or_else(|| rows_outside(part))?;
             return slice.read_alone().map(Slice::fetched);
         }
-        Ok(fetched @ (Fetched::Bytes(_) | Fetched::Rows(_))) => {
+        fetched @ (Fetched::Bytes(_) | Fetched::Rows(_)) => {
             let (bytes, alone) = match fetched {
                 Fetched::Rows(bytes) => (bytes, true),
                 Fetched::Bytes(bytes) => (bytes, false),
@@ -150,30 +136,33 @@ fn slice_of(
                 .map_err(|e| failed(e.to_string()))?;
             (batch, alone)
         }
-        Err(e) => return Err(failed(e.to_string())),
     };
-    // The rows alone are the slice itself: as many as asked, or the
-    // holder's answer is wrong.
-    let (offset, len) = if alone {
-        (0, part.len)
-    } else {
-        (part.offset, part.len)
-    };
-    if alone && batch.num_rows() as u64 != part.len {
-        return Err(rows_outside(part));
+    // The rows alone are the slice itself: as many as asked (or as the
+    // holder said its group holds), or the holder's answer is wrong.
+    match (alone, rows) {
+        (true, Some(rows)) if batch.num_rows() as u64 == rows.len => Ok(Slice::fetched(batch)),
+        (true, _) => Err(rows_outside(part)),
+        (false, rows) => within(Slice::fetched(batch), rows).ok_or_else(|| rows_outside(part)),
     }
-    Slice::fetched(batch)
-        .sub_within(offset, len)
-        .ok_or_else(|| rows_outside(part))
+}
+
+/// Rows `rows` of `slice` (all of it for `None`), when it has them.
+fn within(slice: Slice, rows: Option<streambatch_net::RowRange>) -> Option<Slice> {
+    match rows {
+        Some(rows) => slice.sub_within(rows.offset, rows.len),
+        None => Some(slice),
+    }
 }
 
 /// The error of rows `part` names that its partition does not have.
 pub(crate) fn rows_outside(part: &PartSpec) -> Error {
+    let rows = match part.rows {
+        Want::Whole => "its rows are".to_string(),
+        Want::Rows(rows) => format!("rows {}..+{} are", rows.offset, rows.len),
+        Want::Group(d) => format!("destination {d}'s rows are"),
+    };
     Error::OnNode {
         node: part.holder.clone(),
-        message: format!(
-            "rows {}..+{} are outside partition {}",
-            part.offset, part.len, part.id
-        ),
+        message: format!("{rows} outside partition {}", part.id),
     }
 }

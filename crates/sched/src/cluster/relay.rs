@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use arrow_array::RecordBatch;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
-use streambatch_net::{Transport, frame};
+use streambatch_net::{Transport, Want, frame};
 use streambatch_plan::{ExecPlan, KeyRange, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
@@ -408,12 +408,7 @@ impl RelayState {
                 rows,
                 stage,
             } => {
-                let part = PartSpec {
-                    holder,
-                    id,
-                    offset: 0,
-                    len: rows,
-                };
+                let part = PartSpec::range(holder, id, 0, rows);
                 self.adopt(part, stage as usize, myself)
             }
             JobOrder::End => {
@@ -465,16 +460,14 @@ impl RelayState {
                 .get(&part.id)
                 .filter(|_| part.holder == self.node)
             {
-                Some(output) => {
-                    match Slice::whole(output.clone()).sub_within(part.offset, part.len) {
-                        Some(slice) => local.push((at, slice)),
-                        None => {
-                            self.running.remove(&task);
-                            self.share.ended(task, TaskEnd::Errored);
-                            return self.on_task_event(TaskEvent::Failed(rows_outside(&part)));
-                        }
+                Some(output) => match local_rows(output, &part) {
+                    Some(slice) => local.push((at, slice)),
+                    None => {
+                        self.running.remove(&task);
+                        self.share.ended(task, TaskEnd::Errored);
+                        return self.on_task_event(TaskEvent::Failed(rows_outside(&part)));
                     }
-                }
+                },
                 None => pulls.push((at, part)),
             }
         }
@@ -576,6 +569,19 @@ impl RelayState {
     fn dispatch(&self, run: Box<TaskRun>) {
         let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
         let _ = self.manager.cast(NodeMsg::Run { run, pool });
+    }
+}
+
+/// The rows `part` names of `output`, held here: `None` when it does not
+/// have them.
+fn local_rows(output: &Arc<Output>, part: &PartSpec) -> Option<Slice> {
+    let whole = Slice::whole(output.clone());
+    match part.rows {
+        Want::Whole => Some(whole),
+        Want::Rows(rows) => whole.sub_within(rows.offset, rows.len),
+        Want::Group(d) => {
+            Some(Part::group(&whole, d as usize)).filter(|s| s.destination().is_none())
+        }
     }
 }
 
@@ -775,16 +781,54 @@ mod tests {
             .unwrap();
         let id = part.id().0;
         state.outputs.insert(id, Output::new(part, 80, None));
-        let outside = PartSpec {
-            holder: "node".into(),
-            id,
-            offset: 5,
-            len: 20,
-        };
+        let outside = PartSpec::range("node".into(), id, 5, 20);
         let input = InputSpec::Parts(vec![outside]);
         state.run(TaskId(1), 1, (input, None), Keep::all(), false, &myself);
         assert!(state.running.is_empty(), "the failed task still runs here");
         transport.stop();
+    }
+
+    /// A reducer's destination of a map output is found by the cut the
+    /// holder's store keeps with it: read here, or served to a peer. No
+    /// cut, or no such destination, is refused.
+    #[test]
+    fn a_destination_is_found_by_the_cut_its_holders_store_keeps() {
+        use arrow_array::{ArrayRef, Int64Array};
+        use streambatch_net::{PartitionServer, RowRange};
+        use streambatch_store::{SharedStore, StoreConfig};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SharedStore::open(StoreConfig::new(16 << 20, dir.path().join("spill"))).unwrap();
+        let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10));
+        let batch = RecordBatch::try_from_iter([("x", x)]).unwrap();
+        let grouped = store.put_grouped(batch.clone(), &[0, 3, 3, 10]).unwrap();
+        let plain = store.put(batch.clone()).unwrap();
+        let server = StoreServer::new(store.clone());
+        let (grouped_id, plain_id) = (grouped.id().0, plain.id().0);
+        server.offer(grouped.clone());
+        server.offer(plain.clone());
+        let grouped = Output::new(grouped, 80, None);
+        let plain = Output::new(plain, 80, None);
+        let group = |output: &Arc<Output>, d| {
+            let spec = PartSpec {
+                holder: "node".into(),
+                id: output.part().id().0,
+                rows: Want::Group(d),
+            };
+            local_rows(output, &spec).map(|slice| slice.read().unwrap())
+        };
+        assert_eq!(group(&grouped, 0), Some(batch.slice(0, 3)));
+        assert_eq!(group(&grouped, 1), Some(batch.slice(3, 0)));
+        assert_eq!(group(&grouped, 2), Some(batch.slice(3, 7)));
+        assert_eq!(group(&grouped, 3), None, "cut into 3");
+        assert_eq!(group(&plain, 0), None, "kept no cut");
+        let range = |offset, len| RowRange { offset, len };
+        assert_eq!(server.group_rows(grouped_id, 2), Ok(range(3, 7)));
+        let refused = server.group_rows(grouped_id, 3).unwrap_err();
+        assert!(refused.contains("no destination 3"), "{refused}");
+        let refused = server.group_rows(plain_id, 0).unwrap_err();
+        assert!(refused.contains("not kept cut"), "{refused}");
     }
 
     #[test]

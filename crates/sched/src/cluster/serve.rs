@@ -92,6 +92,25 @@ impl PartitionServer for StoreServer {
         let bytes = streambatch_store::ipc::encode_to_buffer(&batch).map_err(|e| e.to_string())?;
         Ok(Served::Rows(Box::new(BufferBytes(bytes))))
     }
+
+    /// A reducer's destination of a map output, by the cut the store kept
+    /// with it: no one else keeps it.
+    fn group_rows(&self, partition: u64, group: u32) -> Result<RowRange, String> {
+        let part = self.offered_part(partition)?;
+        let cut = part
+            .groups()
+            .ok_or_else(|| format!("partition {partition} is not kept cut into destinations"))?;
+        match cut.get(group as usize..group as usize + 2) {
+            Some(&[start, end]) => Ok(RowRange {
+                offset: u64::from(start),
+                len: u64::from(end - start),
+            }),
+            _ => Err(format!(
+                "partition {partition} has no destination {group}: it is cut into {}",
+                cut.len() - 1
+            )),
+        }
+    }
 }
 
 /// An Arrow buffer as the bytes a fetch sends.

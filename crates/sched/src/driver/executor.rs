@@ -18,16 +18,14 @@ use streambatch_plan::{Error, ExecPlan, JobStats, KeySample};
 use streambatch_store::ObjectStore;
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
-use crate::driver::remote::RemoteNode;
+use crate::driver::remote::{RemoteNode, part_spec};
 use crate::exec::budget::{Budgets, StageTotals};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{RemotePart, RemoteSource, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::record::Recorder;
 use crate::job::{Action, FailurePolicy, JobState, Memory, Origin, RunInput, StageShape};
-use crate::wire::{
-    Happened, InputSpec, JobKey, JobOrder, KeyRangeSpec, NodeEvent, PartSpec, StoreView,
-};
+use crate::wire::{Happened, InputSpec, JobKey, JobOrder, KeyRangeSpec, NodeEvent, StoreView};
 
 /// The Executor actor.
 pub(crate) struct Executor;
@@ -796,22 +794,7 @@ impl Remote {
                 let (input, range) = match input {
                     RunInput::Split(i) => (InputSpec::Split(i as u64), None),
                     RunInput::Parts(parts, range) => (
-                        InputSpec::Parts(
-                            parts
-                                .iter()
-                                .map(|slice| {
-                                    let part = slice
-                                        .remote_part()
-                                        .expect("a cluster job's partitions are on its nodes");
-                                    PartSpec {
-                                        holder: part.holder.clone(),
-                                        id: part.id,
-                                        offset: slice.offset as u64,
-                                        len: slice.len as u64,
-                                    }
-                                })
-                                .collect(),
-                        ),
+                        InputSpec::Parts(parts.iter().map(part_spec).collect()),
                         range,
                     ),
                 };

@@ -3,10 +3,11 @@
 
 use ractor::ActorRef;
 use streambatch_core::Resources;
-use streambatch_net::frame;
+use streambatch_net::{RowRange, Want, frame};
 
+use crate::exec::partition::Slice;
 use crate::wire::msg::AgentMsg;
-use crate::wire::{JobKey, JobOrder, NodeInfo, Order};
+use crate::wire::{JobKey, JobOrder, NodeInfo, Order, PartSpec};
 
 /// A cluster node as a job's executor sees it.
 pub(crate) struct RemoteNode {
@@ -43,5 +44,23 @@ impl RemoteNode {
         self.agent
             .cast(AgentMsg::Order(frame::encode(&order).to_vec()))
             .map_err(|_| ())
+    }
+}
+
+/// Where `slice`, held by a node of a cluster job, lies, for the node that
+/// reads it: its rows, or its destination for the holder to find.
+pub(super) fn part_spec(slice: &Slice) -> PartSpec {
+    let part = slice
+        .remote_part()
+        .expect("a cluster job's partitions are on its nodes");
+    let (offset, len) = (slice.offset as u64, slice.len as u64);
+    let rows = match slice.destination() {
+        Some(d) => Want::Group(d),
+        None => Want::Rows(RowRange { offset, len }),
+    };
+    PartSpec {
+        holder: part.holder.clone(),
+        id: part.id,
+        rows,
     }
 }

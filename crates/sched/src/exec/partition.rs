@@ -127,6 +127,12 @@ pub struct Slice {
     groups: Option<Arc<[u32]>>,
     /// The whole output of a sort's map side: its keys' sample.
     sample: Option<Arc<KeySample>>,
+    /// A hash exchange's map output whose cut its holder alone keeps
+    /// (`Part::forget_cut`).
+    cut_at_holder: bool,
+    /// Destination `d`'s rows of such an output, which its holder finds
+    /// (`offset` and `len` are then not known here).
+    destination: Option<u32>,
 }
 
 impl Slice {
@@ -139,6 +145,8 @@ impl Slice {
             len,
             groups: None,
             sample: None,
+            cut_at_holder: false,
+            destination: None,
         }
     }
 
@@ -151,6 +159,8 @@ impl Slice {
             len,
             groups: None,
             sample: None,
+            cut_at_holder: false,
+            destination: None,
         }
     }
 
@@ -163,6 +173,8 @@ impl Slice {
             len,
             groups: None,
             sample: None,
+            cut_at_holder: false,
+            destination: None,
         }
     }
 
@@ -197,7 +209,28 @@ impl Slice {
             len,
             groups: self.groups.clone().filter(|_| whole),
             sample: self.sample.clone().filter(|_| whole),
+            cut_at_holder: self.cut_at_holder && whole,
+            destination: self.destination,
         }
+    }
+
+    /// Its rows are known here: not a destination left to a holder that
+    /// kept no cut of the partition.
+    fn resolved(&self) -> Result<()> {
+        match self.destination {
+            None => Ok(()),
+            Some(d) => Err(Error::Invalid(format!(
+                "destination {d}'s rows of a partition of {} bytes are left to its holder, \
+                 which keeps no cut of it",
+                self.partition_bytes()
+            ))),
+        }
+    }
+
+    /// The destination whose rows of its map output this slice names,
+    /// when its holder is to find them (see `Part::group`).
+    pub fn destination(&self) -> Option<u32> {
+        self.destination
     }
 
     /// The stored partition behind this slice, when it is in this process.
@@ -231,6 +264,7 @@ impl Slice {
     /// whole while it ran. A spilled map output reads only this slice's
     /// rows (see `PartitionRef::get_rows`).
     pub fn read_alone(&self) -> Result<RecordBatch> {
+        self.resolved()?;
         let whole = match &self.data {
             Data::Stored(output) => {
                 return output
@@ -252,6 +286,7 @@ impl Slice {
 
     /// Reads the rows.
     pub fn read(&self) -> Result<RecordBatch> {
+        self.resolved()?;
         let batch = match &self.data {
             Data::Stored(output) => output
                 .part
@@ -325,6 +360,35 @@ impl Part for Slice {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();
             self.sample = old.sample.clone();
+        }
+    }
+
+    fn forget_cut(&mut self) {
+        self.cut_at_holder = self.groups.take().is_some();
+    }
+
+    fn cut_at_holder(&self) -> bool {
+        self.cut_at_holder
+    }
+
+    /// In this process's store, found now by the cut the store keeps;
+    /// elsewhere, named for the holder to find.
+    fn group(&self, d: usize) -> Self {
+        let cut = self.stored().and_then(|output| output.part.groups());
+        if let Some(cut) = cut.filter(|cut| d + 1 < cut.len() && self.offset == 0) {
+            let (start, end) = (cut[d] as usize, cut[d + 1] as usize);
+            if start <= end && end <= self.len {
+                return self.sub(start, end - start);
+            }
+        }
+        Self {
+            data: self.data.clone(),
+            offset: 0,
+            len: 0,
+            groups: None,
+            sample: None,
+            cut_at_holder: false,
+            destination: Some(d as u32),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What a task reports: outputs, pauses, its end, its failure, and what
 //! the job does with each (retries included).
 
+use super::exchanged::leave_cut_to_holder;
 use super::lineage::cut_fingerprint;
 use super::*;
 
@@ -21,6 +22,10 @@ impl<P: Part> JobState<P> {
                         operator: self.shapes[stage].name.clone(),
                         why: "its output was made again with other destinations or keys (is an operator not deterministic?)".into(),
                     }));
+                }
+                let mut part = part;
+                if cut.is_some() {
+                    leave_cut_to_holder(&mut part);
                 }
                 self.remade(stage, origin, part);
             }

@@ -1,10 +1,14 @@
 //! An exchange's map outputs as the job keeps them for its reducers: once,
-//! in their order of origin, each with where it was cut. A reducer's input
-//! is its place among the reducers, not a list of slices, so that the
-//! job's records grow with M + N, not M x N: a reducer's rows of each
-//! output are worked out when it starts ([`Exchanged::parts`]), and an
-//! output lost with its node is marked lost once, not in every reducer's
-//! input.
+//! in their order of origin. A reducer's input is its place among the
+//! reducers, not a list of slices, and a hash exchange's outputs are kept
+//! without their cuts (each holder keeps its own, and finds a
+//! destination's rows by it), so that the job's records grow with M + N,
+//! not M x N: what the cuts add up to per destination is summed as the
+//! outputs arrive ([`CutSums`]), a reducer reads its destination of every
+//! output ([`Exchanged::parts`]), and an output lost with its node is
+//! marked lost once, not in every reducer's input. A sort's outputs keep
+//! their chunk starts (at most `key_range`'s chunks, whatever N is), by
+//! which its reducers' rows are found here.
 
 use std::sync::Arc;
 
@@ -13,15 +17,83 @@ use streambatch_plan::{KeyRange, KeySample};
 
 use crate::job::piece::{Origin, Part, Piece};
 
+/// What a hash exchange's cuts add up to, per destination, as its map
+/// outputs arrive: the job keeps these N sums, not the M cuts.
+pub(crate) struct CutSums {
+    /// Rows of each destination.
+    rows: Vec<u64>,
+    /// Bytes of each destination: its rows' share of each output's bytes.
+    bytes: Vec<u64>,
+    /// Outputs folded in.
+    folded: usize,
+    /// Why an output could not be folded in (the first such).
+    refused: Option<String>,
+}
+
+impl CutSums {
+    /// Sums for `n` destinations.
+    pub(crate) fn new(n: usize) -> Self {
+        Self {
+            rows: vec![0; n],
+            bytes: vec![0; n],
+            folded: 0,
+            refused: None,
+        }
+    }
+
+    /// Adds where map output `part` (whole) was cut and leaves the cut to
+    /// its holder ([`Part::forget_cut`]). A sort's output keeps its cut
+    /// and is not summed.
+    pub(crate) fn fold<P: Part>(&mut self, part: &mut P) {
+        if part.sample().is_some() {
+            return;
+        }
+        let (n, rows) = (self.rows.len(), part.rows());
+        let cut = match part.groups() {
+            Some(cut) => fits(cut, n, rows).and_then(|fits| match fits {
+                true => Ok(cut.clone()),
+                false => Err(format!(
+                    "a map output of {rows} rows is not cut into {n} destinations"
+                )),
+            }),
+            None => Err(format!(
+                "a map output of {rows} rows is not cut into {n} destinations"
+            )),
+        };
+        let cut = match cut {
+            Ok(cut) => cut,
+            Err(why) => {
+                self.refused.get_or_insert(why);
+                return;
+            }
+        };
+        let whole = u128::from(part.bytes());
+        for (d, w) in cut.windows(2).enumerate() {
+            let len = u64::from(w[1] - w[0]);
+            self.rows[d] += len;
+            self.bytes[d] += (whole * u128::from(len) / rows.max(1) as u128) as u64;
+        }
+        self.folded += 1;
+        leave_cut_to_holder(part);
+    }
+}
+
+/// Leaves where a hash exchange's map output `part` was cut to its holder
+/// ([`Part::forget_cut`]); a sort's output keeps its chunks.
+pub(crate) fn leave_cut_to_holder<P: Part>(part: &mut P) {
+    if part.sample().is_none() {
+        part.forget_cut();
+    }
+}
+
 /// A map output of the exchange.
 struct MapOutput<P> {
     /// The whole output. Its part is `None` while it is lost with its node,
     /// and once no reducer still to finish reads it (freed).
     piece: Piece<P>,
-    /// Where each destination's rows start (a sort's: each chunk's), and
-    /// the end: kept while the part is lost, since its reducers' rows are
-    /// found by it.
-    cut: Arc<[u32]>,
+    /// A sort's output: where each chunk's rows start, and the end; kept
+    /// while the part is lost, since its reducers' rows are found by it.
+    chunks: Option<Arc<[u32]>>,
     /// A sort's output: its keys' sample.
     sample: Option<Arc<KeySample>>,
     /// Reducers still to finish that read rows of it.
@@ -34,10 +106,20 @@ struct Share {
     destination: usize,
     /// A sort's reducer: the keys it keeps.
     range: Option<Arc<KeyRange>>,
-    /// Bytes of its rows: their share of each output's bytes.
+    /// Its rows, and their bytes (their share of each output's bytes).
+    rows: u64,
     bytes: u64,
     /// Counted in the readers of the outputs it reads, until it finishes.
     reading: bool,
+}
+
+/// Which rows of an output a reducer reads.
+#[derive(Clone, Copy)]
+enum Read {
+    /// Rows `start..start + len` (a sort's reducer).
+    Rows(usize, usize),
+    /// Its destination, which the output's holder finds (a hash one's).
+    Group(usize),
 }
 
 /// An exchange's map outputs and its reducers, those with rows only, by
@@ -48,42 +130,37 @@ pub(crate) struct Exchanged<P> {
 }
 
 impl<P: Part> Exchanged<P> {
-    /// The exchange of map outputs `collected` (each whole and held, cut
-    /// for `n` destinations) to its reducers: one per destination with
-    /// rows; a sort's by ranges of the keys its outputs' samples give
-    /// (see `streambatch_plan::key_range`).
-    pub(crate) fn new(mut collected: Vec<Piece<P>>, n: usize) -> Result<Self, String> {
+    /// The exchange of map outputs `collected` (each whole and held) to
+    /// its reducers: a hash exchange's (its cuts summed in `sums`) one per
+    /// destination with rows; a sort's (its outputs still cut into
+    /// chunks) by ranges of the keys its outputs' samples give (see
+    /// `streambatch_plan::key_range`).
+    pub(crate) fn new(mut collected: Vec<Piece<P>>, sums: CutSums) -> Result<Self, String> {
+        if let Some(why) = sums.refused {
+            return Err(why);
+        }
         collected.sort_by_key(|p| p.id.from);
-        let sorted = collected
-            .iter()
-            .any(|p| p.part.as_ref().is_some_and(|p| p.sample().is_some()));
+        let sorted = sums.folded < collected.len();
         let mut outputs = Vec::with_capacity(collected.len());
         for piece in collected {
             let part = piece.part.as_ref().ok_or("a map output is not held")?;
             let rows = piece.id.len;
-            let (cut, sample) = (part.groups().cloned(), part.sample().cloned());
-            let cut = match (cut, sample.is_some(), sorted) {
-                (Some(cut), true, true) => cut,
-                (_, false, true) => {
+            let (chunks, sample) = match (part.groups(), part.sample()) {
+                (_, None) if sorted => {
                     return Err(format!(
                         "a map output of {rows} rows of a sort has no sample of its keys"
                     ));
                 }
-                (None, true, true) => {
+                (None, Some(_)) => {
                     return Err(format!(
                         "a map output of {rows} rows of a sort is not cut into chunks"
                     ));
                 }
-                (Some(cut), _, false) if fits(&cut, n, rows)? => cut,
-                _ => {
-                    return Err(format!(
-                        "a map output of {rows} rows is not cut into {n} destinations"
-                    ));
-                }
+                (chunks, sample) => (chunks.cloned(), sample.cloned()),
             };
             outputs.push(MapOutput {
                 piece,
-                cut,
+                chunks,
                 sample,
                 readers: 0,
             });
@@ -93,27 +170,34 @@ impl<P: Part> Exchanged<P> {
             reducers: Vec::new(),
         };
         exchanged.reducers = match sorted {
-            true => exchanged.sort_reducers(n)?,
-            false => (0..n)
-                .filter(|&d| exchanged.outputs.iter().any(|o| o.cut[d + 1] > o.cut[d]))
+            true => exchanged.sort_reducers(sums.rows.len())?,
+            false => (0..sums.rows.len())
+                .filter(|&d| sums.rows[d] > 0)
                 .map(|destination| Share {
                     destination,
                     range: None,
-                    bytes: 0,
+                    rows: sums.rows[destination],
+                    bytes: sums.bytes[destination],
                     reading: true,
                 })
                 .collect(),
         };
         for place in 0..exchanged.reducers.len() {
-            let reads: Vec<(usize, usize, usize)> = exchanged.reads(place).collect();
-            let mut bytes = 0;
-            for (i, start, len) in reads {
+            let reads: Vec<(usize, Read)> = exchanged.reads(place).collect();
+            let (mut rows, mut bytes) = (0, 0);
+            for (i, read) in reads {
                 let output = &mut exchanged.outputs[i];
                 output.readers += 1;
-                let part = output.piece.part.as_ref().expect("checked above");
-                bytes += part.sub(start, len).sliced_bytes();
+                if let Read::Rows(start, len) = read {
+                    let part = output.piece.part.as_ref().expect("checked above");
+                    rows += len as u64;
+                    bytes += part.sub(start, len).sliced_bytes();
+                }
             }
-            exchanged.reducers[place].bytes = bytes;
+            let share = &mut exchanged.reducers[place];
+            if sorted {
+                (share.rows, share.bytes) = (rows, bytes);
+            }
         }
         // Outputs no reducer reads (no rows, or none in a kept range).
         for output in exchanged.outputs.iter_mut().filter(|o| o.readers == 0) {
@@ -130,6 +214,7 @@ impl<P: Part> Exchanged<P> {
             .map(|input| Share {
                 destination: 0,
                 range: Some(Arc::new(input.range)),
+                rows: 0,
                 bytes: 0,
                 reading: true,
             })
@@ -147,21 +232,23 @@ impl<P: Part> Exchanged<P> {
         self.outputs.len()
     }
 
-    /// The outputs reducer `place` reads rows of: (output, first row, rows).
-    fn reads(&self, place: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    /// The outputs reducer `place` reads, and which rows of each. A hash
+    /// exchange's reducer reads every output with rows: which of them hold
+    /// rows of its destination only their holders know.
+    fn reads(&self, place: usize) -> impl Iterator<Item = (usize, Read)> + '_ {
         let share = &self.reducers[place];
         self.outputs
             .iter()
             .enumerate()
             .filter_map(move |(i, output)| {
-                let (start, len) = match &share.range {
-                    Some(range) => rows_within(&sampled(output), range)?,
-                    None => {
-                        let d = share.destination;
-                        (output.cut[d], output.cut[d + 1] - output.cut[d])
+                let read = match &share.range {
+                    Some(range) => {
+                        let (start, len) = rows_within(&sampled(output), range)?;
+                        (len > 0).then_some(Read::Rows(start as usize, len as usize))?
                     }
+                    None => (output.piece.id.len > 0).then_some(Read::Group(share.destination))?,
                 };
-                (len > 0).then_some((i, start as usize, len as usize))
+                Some((i, read))
             })
     }
 
@@ -178,17 +265,16 @@ impl<P: Part> Exchanged<P> {
 
     /// Rows reducer `place` reads, in how many outputs.
     pub(crate) fn describe(&self, place: u32) -> String {
-        let (outputs, rows) = self
-            .reads(place as usize)
-            .fold((0, 0), |(n, rows), (_, _, len)| (n + 1, rows + len));
+        let outputs = self.reads(place as usize).count();
+        let rows = self.reducers[place as usize].rows;
         format!("reducer {place} of an exchange: {outputs} input partition(s), {rows} rows")
     }
 
     /// The outputs reducer `place` reads that are not held.
     pub(crate) fn missing(&self, place: u32) -> Vec<Origin> {
         self.reads(place as usize)
-            .filter(|&(i, _, _)| !self.outputs[i].piece.held())
-            .map(|(i, _, _)| self.outputs[i].piece.id.from)
+            .filter(|&(i, _)| !self.outputs[i].piece.held())
+            .map(|(i, _)| self.outputs[i].piece.id.from)
             .collect()
     }
 
@@ -197,10 +283,13 @@ impl<P: Part> Exchanged<P> {
     /// the outputs were made). Each must be held.
     pub(crate) fn parts(&self, place: u32) -> Vec<P> {
         self.reads(place as usize)
-            .map(|(i, start, len)| {
+            .map(|(i, read)| {
                 let part = self.outputs[i].piece.part.as_ref();
-                part.expect("a reducer starts on held input")
-                    .sub(start, len)
+                let part = part.expect("a reducer starts on held input");
+                match read {
+                    Read::Rows(start, len) => part.sub(start, len),
+                    Read::Group(d) => part.group(d),
+                }
             })
             .collect()
     }
@@ -230,7 +319,7 @@ impl<P: Part> Exchanged<P> {
         if !std::mem::take(&mut self.reducers[place as usize].reading) {
             return;
         }
-        let read: Vec<usize> = self.reads(place as usize).map(|(i, _, _)| i).collect();
+        let read: Vec<usize> = self.reads(place as usize).map(|(i, _)| i).collect();
         for i in read {
             let output = &mut self.outputs[i];
             output.readers -= 1;
@@ -246,7 +335,7 @@ impl<P: Part> Exchanged<P> {
         if std::mem::replace(&mut self.reducers[place as usize].reading, true) {
             return;
         }
-        let read: Vec<usize> = self.reads(place as usize).map(|(i, _, _)| i).collect();
+        let read: Vec<usize> = self.reads(place as usize).map(|(i, _)| i).collect();
         for i in read {
             self.outputs[i].readers += 1;
         }
@@ -273,7 +362,10 @@ impl<P: Part> Exchanged<P> {
 fn sampled<P>(output: &MapOutput<P>) -> SampledOutput<'_> {
     SampledOutput {
         rows: output.piece.id.len,
-        starts: &output.cut,
+        starts: output
+            .chunks
+            .as_deref()
+            .expect("a sort's outputs have chunks"),
         sample: output
             .sample
             .as_deref()
@@ -298,7 +390,8 @@ mod tests {
 
     use super::*;
 
-    /// Rows `offset..offset + len` of a map output on `node`.
+    /// Rows `offset..offset + len` of a map output on `node`, of 10 bytes
+    /// a row.
     #[derive(Clone, Debug, PartialEq)]
     struct Rows {
         task: u64,
@@ -307,6 +400,8 @@ mod tests {
         len: usize,
         groups: Option<Arc<[u32]>>,
         sample: Option<Arc<KeySample>>,
+        /// `groups` stand for the cut its holder keeps: the job sees none.
+        cut_at_holder: bool,
     }
 
     impl Part for Rows {
@@ -314,7 +409,7 @@ mod tests {
             self.len
         }
         fn bytes(&self) -> u64 {
-            100
+            self.len as u64 * 10
         }
         fn sub(&self, offset: usize, len: usize) -> Self {
             let whole = offset == 0 && len == self.len;
@@ -323,6 +418,7 @@ mod tests {
                 len,
                 groups: self.groups.clone().filter(|_| whole),
                 sample: self.sample.clone().filter(|_| whole),
+                cut_at_holder: self.cut_at_holder && whole,
                 ..self.clone()
             }
         }
@@ -330,13 +426,21 @@ mod tests {
             self.node
         }
         fn groups(&self) -> Option<&Arc<[u32]>> {
-            self.groups.as_ref()
+            self.groups.as_ref().filter(|_| !self.cut_at_holder)
         }
         fn sample(&self) -> Option<&Arc<KeySample>> {
             self.sample.as_ref()
         }
-        fn sliced_bytes(&self) -> u64 {
-            self.len as u64 * 10
+        fn forget_cut(&mut self) {
+            self.cut_at_holder = true;
+        }
+        fn cut_at_holder(&self) -> bool {
+            self.cut_at_holder
+        }
+        fn group(&self, d: usize) -> Self {
+            assert!(self.cut_at_holder, "a destination is found by its holder");
+            let cut = self.groups.clone().unwrap();
+            self.sub(cut[d] as usize, (cut[d + 1] - cut[d]) as usize)
         }
     }
 
@@ -356,7 +460,18 @@ mod tests {
             len: *cut.last().unwrap() as usize,
             groups: Some(cut.into()),
             sample: None,
+            cut_at_holder: false,
         }
+    }
+
+    /// The exchange of `collected` to `n` destinations, each output's cut
+    /// summed as it arrives, as the job does.
+    fn exchange(mut collected: Vec<Piece<Rows>>, n: usize) -> Result<Exchanged<Rows>, String> {
+        let mut sums = CutSums::new(n);
+        for piece in &mut collected {
+            sums.fold(piece.part.as_mut().unwrap());
+        }
+        Exchanged::new(collected, sums)
     }
 
     /// What reducer `place` is handed: (task, first row, rows) per part.
@@ -374,13 +489,18 @@ mod tests {
             Piece::whole(origin(3), output(3, 0, &[0, 1, 1, 1])),
             Piece::whole(origin(5), output(5, 0, &[0, 0, 0, 0])),
         ];
-        let exchange = Exchanged::new(collected, 3).unwrap();
+        let exchange = exchange(collected, 3).unwrap();
         assert_eq!(exchange.places(), 2);
         let held: Vec<bool> = exchange.outputs.iter().map(|o| o.piece.held()).collect();
         assert_eq!(held, [true, false, true], "in order of origin");
+        let kept: Vec<&Rows> = exchange.pieces().filter_map(|p| p.part.as_ref()).collect();
+        assert!(kept.iter().all(|p| p.groups().is_none()), "no cut kept");
+        assert!(kept.iter().all(|p| p.cut_at_holder()));
         assert_eq!(handed(&exchange, 0), [(3, 0, 1), (7, 0, 2)]);
-        assert_eq!(handed(&exchange, 1), [(7, 2, 3)]);
-        assert_eq!(exchange.hold(0, u64::MAX), 30);
+        // Which outputs hold rows of a destination only their holders
+        // know: output 3's holder finds none of destination 2.
+        assert_eq!(handed(&exchange, 1), [(3, 1, 0), (7, 2, 3)]);
+        assert_eq!(exchange.hold(0, u64::MAX), 30, "each output's share");
         assert_eq!(exchange.hold(1, 20), 20, "up to the cap");
         assert!(exchange.range(0).is_none());
         assert_eq!(
@@ -395,14 +515,17 @@ mod tests {
             Piece::whole(origin(1), output(1, 0, &[0, 2, 4])),
             Piece::whole(origin(2), output(2, 1, &[0, 0, 3])),
         ];
-        let mut exchange = Exchanged::new(collected, 2).unwrap();
+        let mut exchange = exchange(collected, 2).unwrap();
         exchange.lose(1);
-        assert!(exchange.missing(0).is_empty(), "reducer 0 reads none of it");
+        assert_eq!(exchange.missing(0), [origin(2)], "every reducer reads it");
         assert_eq!(exchange.missing(1), [origin(2)]);
         assert_eq!(exchange.pieces().filter(|p| p.held()).count(), 1);
-        exchange.fill(origin(2), &output(2, 2, &[0, 0, 3]));
+        let mut remade = output(2, 2, &[0, 0, 3]);
+        leave_cut_to_holder(&mut remade);
+        exchange.fill(origin(2), &remade);
         assert!(exchange.missing(1).is_empty());
         assert_eq!(exchange.parts(1)[1].node, 2, "read where it was made again");
+        assert_eq!(handed(&exchange, 1), [(1, 2, 2), (2, 0, 3)]);
     }
 
     #[test]
@@ -410,22 +533,28 @@ mod tests {
         let collected = vec![
             Piece::whole(origin(1), output(1, 0, &[0, 2, 4])),
             Piece::whole(origin(2), output(2, 0, &[0, 0, 3])),
+            Piece::whole(origin(3), output(3, 0, &[0, 0, 0])),
         ];
-        let mut exchange = Exchanged::new(collected, 2).unwrap();
+        let mut exchange = exchange(collected, 2).unwrap();
         exchange.finished(0);
         exchange.finished(0);
         assert!(exchange.missing(1).is_empty(), "reducer 1 still reads both");
+        assert_eq!(exchange.pieces().count(), 2, "reducer 1 reads both");
         exchange.finished(1);
         assert_eq!(exchange.pieces().count(), 0, "no reader left");
-        // Reducer 0's output was lost: it reads output 1 again, which was
-        // let go, and none of output 2.
+        // Reducer 0's output was lost: it reads both outputs with rows
+        // again, which were let go.
         exchange.read_again(0);
-        assert_eq!(exchange.missing(0), [origin(1)]);
-        exchange.fill(origin(2), &output(2, 0, &[0, 0, 3]));
+        assert_eq!(exchange.missing(0), [origin(1), origin(2)]);
         let held = |e: &Exchanged<Rows>| e.pieces().filter(|p| p.held()).count();
+        exchange.fill(origin(3), &output(3, 0, &[0, 0, 0]));
         assert_eq!(held(&exchange), 0, "not filled: no one reads it");
-        exchange.fill(origin(1), &output(1, 1, &[0, 2, 4]));
-        assert_eq!(handed(&exchange, 0), [(1, 0, 2)]);
+        for task in [1, 2] {
+            let mut remade = output(task, 1, &[[0, 2, 4], [0, 0, 3]][task as usize - 1]);
+            leave_cut_to_holder(&mut remade);
+            exchange.fill(origin(task), &remade);
+        }
+        assert_eq!(handed(&exchange, 0), [(1, 0, 2), (2, 0, 0)]);
     }
 
     #[test]
@@ -444,10 +573,17 @@ mod tests {
             Piece::whole(origin(1), sorted(1, &[1, 3, 4])),
             Piece::whole(origin(2), sorted(2, &[5, 7, 8])),
         ];
-        let mut exchange = Exchanged::new(collected, 2).unwrap();
+        let mut exchange = exchange(collected, 2).unwrap();
         assert_eq!(exchange.places(), 2);
+        assert!(
+            exchange
+                .pieces()
+                .all(|p| p.part.as_ref().unwrap().groups().is_some()),
+            "a sort's outputs keep their chunks"
+        );
         assert_eq!(handed(&exchange, 0), [(1, 0, 4)]);
         assert_eq!(handed(&exchange, 1), [(2, 0, 4)]);
+        assert_eq!(exchange.hold(0, u64::MAX), 40);
         assert!(exchange.range(0).unwrap().hi.is_some());
         exchange.finished(0);
         assert_eq!(exchange.pieces().count(), 1, "the first output is let go");
@@ -457,7 +593,7 @@ mod tests {
     fn an_output_cut_otherwise_is_refused() {
         let refused = |cut: &[u32], n| {
             let collected = vec![Piece::whole(origin(1), output(1, 0, cut))];
-            Exchanged::new(collected, n).err().unwrap()
+            exchange(collected, n).err().unwrap()
         };
         assert!(refused(&[0, 2], 2).contains("not cut into 2 destinations"));
         assert!(refused(&[0, 3, 2, 4], 3).contains("destination 1 ends before it starts"));
@@ -465,7 +601,13 @@ mod tests {
         let mut sampled = output(2, 0, &[0, 1]);
         sampled.sample = Some(Arc::new(KeySample::default()));
         let collected = vec![unsampled(1), Piece::whole(origin(2), sampled)];
-        let err = Exchanged::new(collected, 1).err().unwrap();
+        let err = exchange(collected, 1).err().unwrap();
         assert!(err.contains("has no sample"), "{err}");
+        let mut uncut = output(1, 0, &[0, 1]);
+        uncut.groups = None;
+        let err = exchange(vec![Piece::whole(origin(1), uncut)], 1)
+            .err()
+            .unwrap();
+        assert!(err.contains("not cut into 1 destinations"), "{err}");
     }
 }

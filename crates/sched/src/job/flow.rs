@@ -2,7 +2,7 @@
 //! stage, limits, settling finished stages, and what each stage waits
 //! for, as the recorder reports it.
 
-use super::exchanged::Exchanged;
+use super::exchanged::{CutSums, Exchanged};
 use super::lineage::{cut_fingerprint, regroup};
 use super::order::OutOfOrder;
 use super::*;
@@ -135,7 +135,18 @@ impl<P: Part> JobState<P> {
                 self.route(to + 1, piece.sub(0, take));
                 self.check_limits();
             }
-            ShapeKind::Repartition(_) | ShapeKind::Exchange(_) => {
+            ShapeKind::Repartition(_) => self.stages[to].collected.push(piece),
+            ShapeKind::Exchange(n) => {
+                let mut piece = piece;
+                if let Some(part) = piece.part.as_mut() {
+                    // Kept before the cut is left to the holder: an output
+                    // made again must be cut the same.
+                    if let Some(cut) = cut_fingerprint(part) {
+                        self.exchanged.insert(piece.id.from, cut);
+                    }
+                    let s = &mut self.stages[to];
+                    s.cut_sums.get_or_insert_with(|| CutSums::new(n)).fold(part);
+                }
                 self.stages[to].collected.push(piece)
             }
             ShapeKind::Source { .. } | ShapeKind::Map => self.stages[to]
@@ -169,6 +180,7 @@ impl<P: Part> JobState<P> {
             s.queue.clear();
             s.blocked.clear();
             s.collected.clear();
+            s.cut_sums = None;
             s.next_split = s.splits;
             // Re-runs go on: a later stage waits for what they make again.
             // The other tasks not running are dropped (paused ones too: the
@@ -263,18 +275,15 @@ impl<P: Part> JobState<P> {
                         break;
                     }
                     let collected = std::mem::take(&mut self.stages[i].collected);
+                    let sums = self.stages[i].cut_sums.take();
                     // The stats show what crossed the exchange.
                     let (mut rows, mut bytes) = (0, 0);
                     for piece in &collected {
-                        let part = piece.part.as_ref().expect("all held");
                         rows += piece.id.len;
-                        bytes += part.bytes();
-                        if let Some(cut) = cut_fingerprint(part) {
-                            self.exchanged.insert(piece.id.from, cut);
-                        }
+                        bytes += piece.part.as_ref().expect("all held").bytes();
                     }
                     self.recorder.exchanged(i, rows, bytes);
-                    match Exchanged::new(collected, n) {
+                    match Exchanged::new(collected, sums.unwrap_or_else(|| CutSums::new(n))) {
                         Ok(exchange) => {
                             let places = exchange.places() as u32;
                             self.exchanges[i + 1] = Some(exchange);
@@ -353,6 +362,18 @@ impl<P: Part> JobState<P> {
             .sum();
         let exchanges: usize = self.exchanges.iter().flatten().map(|e| e.outputs()).sum();
         stages + tasks + exchanges
+    }
+
+    /// Numbers of map outputs' cuts the job keeps, collected or exchanged:
+    /// none of a hash exchange's, whose holders keep them.
+    #[cfg(test)]
+    pub(crate) fn cut_numbers_kept(&self) -> usize {
+        let collected = self.stages.iter().flat_map(|s| &s.collected);
+        let exchanged = self.exchanges.iter().flatten().flat_map(|e| e.pieces());
+        collected
+            .chain(exchanged)
+            .filter_map(|p| p.part.as_ref()?.groups().map(|g| g.len()))
+            .sum()
     }
 
     /// What the job holds, for a simulation that finds it stuck.

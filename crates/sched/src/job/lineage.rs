@@ -181,7 +181,8 @@ impl<P: Part> JobState<P> {
         let mut asked = Vec::new();
         let moving = std::mem::take(&mut self.moving);
         self.for_each_unplaced_piece(&mut |piece: &mut Piece<P>| {
-            if let Some(part) = &piece.part {
+            // An output whose cut only its holder knows stays there.
+            if let Some(part) = piece.part.as_ref().filter(|p| !p.cut_at_holder()) {
                 let from = part.node();
                 if draining[from] && !moving.contains_key(&piece.id.from) {
                     asked.push((piece.id.from, from, part.clone()));

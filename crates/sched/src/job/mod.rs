@@ -225,6 +225,8 @@ struct StageState<P> {
     cancelled: bool,
     limit_left: usize,
     collected: Vec<Piece<P>>,
+    /// An exchange's: what its map outputs' cuts add up to, so far.
+    cut_sums: Option<exchanged::CutSums>,
     typical_bytes: u64,
     /// Outputs made and tasks finished so far, and how long a task
     /// typically computes (a moving average; zero before the first ends).
@@ -257,6 +259,7 @@ impl<P: Part> StageState<P> {
                 _ => 0,
             },
             collected: Vec::new(),
+            cut_sums: None,
             typical_bytes: 0,
             outputs: 0,
             finished: 0,
@@ -412,9 +415,9 @@ pub(crate) struct JobState<P> {
     /// (when the job keeps lineage, see `JobState::emit`).
     to_driver: VecDeque<Piece<P>>,
     /// A fingerprint of where each exchanged map output was cut (and of a
-    /// sort's output's key sample): a map output made again must be cut
-    /// the same, since reducers read their slices of it by these. A
-    /// fingerprint, not the cut: the cuts are M x N numbers.
+    /// sort's output's key sample), taken as it arrives: a map output made
+    /// again must be cut the same, since reducers read their rows of it
+    /// by the cut. A fingerprint, not the cut: the cuts are M x N numbers.
     exchanged: HashMap<Origin, u64>,
     /// Per stage: the exchange before it, once it has all its map outputs
     /// (the stage's tasks are its reducers).
@@ -653,6 +656,7 @@ impl<P: Part> JobState<P> {
             s.blocked.clear();
             s.paused.clear();
             s.collected.clear();
+            s.cut_sums = None;
         }
         self.exchanges.iter_mut().for_each(|e| *e = None);
         self.reemit.clear();

@@ -132,6 +132,9 @@ mod tests {
         fn node(&self) -> usize {
             0
         }
+        fn group(&self, _: usize) -> Self {
+            unreachable!("no exchange here")
+        }
     }
 
     fn piece(task: u64, seq: u32) -> Piece<Rows> {

@@ -40,6 +40,20 @@ pub(crate) trait Part: Clone {
     fn keep_groups(&mut self, old: &Self) {
         let _ = old;
     }
+    /// Leaves where this whole output of a hash exchange was cut to its
+    /// holder, which keeps it with the partition: the job keeps only what
+    /// the cuts add up to (see `exchanged::CutSums`) and reads a
+    /// destination's rows by [`Part::group`].
+    fn forget_cut(&mut self) {}
+    /// Whether its holder alone knows where it was cut
+    /// ([`Part::forget_cut`]): it stays where it is, since a node it moved
+    /// to would not know.
+    fn cut_at_holder(&self) -> bool {
+        false
+    }
+    /// Destination `d`'s rows of this whole output, which its holder
+    /// finds by the cut it keeps ([`Part::forget_cut`]).
+    fn group(&self, d: usize) -> Self;
 }
 
 /// Which output of which task a partition is: its name across re-runs.
@@ -250,6 +264,9 @@ mod tests {
         }
         fn node(&self) -> usize {
             self.node
+        }
+        fn group(&self, _: usize) -> Self {
+            unreachable!("no exchange here")
         }
     }
 

@@ -211,6 +211,7 @@ fn simulate(
             _held: Arc::new(held),
             groups: None,
             sample: None,
+            cut_at_holder: false,
         };
         job.on_output(id, seq, part);
     }
@@ -373,15 +374,17 @@ fn reducers_holding_large_inputs_take_turns() {
     for (cap, at_once) in [(0, 3), (CAPACITY / 2 + 1, 1)] {
         let (mut job, budgets, forced) = exchange_on_one_node(3, cap);
         // One row to each reducer, in a map output whose partition says it
-        // is large (its budget takes a few bytes).
+        // is large (its budget takes a few bytes): a third of it each,
+        // more than half the cap.
         let output = |groups: Option<Arc<[u32]>>| Rows {
             start: 0,
             len: 3,
-            bytes: 2_100,
+            bytes: 6_300,
             node: 0,
             _held: Arc::new(Held::admit(&budgets[0], 1, 3, true, &forced).unwrap()),
             groups,
             sample: None,
+            cut_at_holder: false,
         };
         let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
             actions
@@ -415,9 +418,10 @@ fn reducers_holding_large_inputs_take_turns() {
 }
 
 /// An exchange of M map outputs to N reducers: the job keeps each output
-/// once and each reducer as its place, not a slice of every output for
-/// every reducer (M x N); a started reducer is handed its rows of every
-/// output, and once every reducer has finished no output is held.
+/// once (without its cut, which its holder keeps) and each reducer as its
+/// place, not a slice of every output for every reducer (M x N); a
+/// started reducer is handed its rows of every output, and once every
+/// reducer has finished no output is held.
 #[test]
 fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
     let (m, n) = (60, 50);
@@ -432,6 +436,7 @@ fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
         _held: held.clone(),
         groups,
         sample: None,
+        cut_at_holder: false,
     };
     let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize, RunInput<Rows>)> {
         actions
@@ -455,9 +460,11 @@ fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
     let cut: Arc<[u32]> = (0..=n as u32).collect();
     for seq in 0..m as u32 {
         job.on_output(map, seq, output(Some(cut.clone())));
+        assert_eq!(job.cut_numbers_kept(), 0, "the holder keeps the cut");
     }
     job.on_finished(map);
     let mut started = starts(job.advance(&SimMemory(&budgets)));
+    assert_eq!(job.cut_numbers_kept(), 0);
     let kept = job.pieces_kept();
     // The outputs, and the four reducers started: their rows while placed.
     assert_eq!(kept, m + started.len() * m, "for {m} outputs");
@@ -478,17 +485,30 @@ fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
     assert_eq!(Arc::strong_count(&held), 1, "no output is held any more");
 }
 
-/// A sort's map output lost after its reducers got their ranges, made
-/// again with other keys (an operator that is not deterministic): the job
-/// ends with an error naming the stage, not with rows lost or twice.
+/// A map output's cut, and a sort's output's keys' sample.
+type Cut = (Vec<u32>, Option<[u8; 3]>);
+
+/// A map output lost after its reducers got their rows (a sort's ranges,
+/// a hash exchange's destinations), made again with other keys or
+/// destinations (an operator that is not deterministic): the job ends
+/// with an error naming the stage, not with rows lost or twice.
 #[test]
-fn a_sort_output_made_again_with_other_keys_ends_the_job() {
-    let shapes = Pipeline::Exchange {
-        n: 2,
-        ordered: true,
+fn an_exchange_output_made_again_cut_otherwise_ends_the_job() {
+    // Two rows, one to each reducer; made again, both to the first.
+    let sort: [Cut; 2] = [
+        (vec![0, 1, 2], Some([1, 5, 5])),
+        (vec![0, 1, 2], Some([1, 7, 7])),
+    ];
+    let hash: [Cut; 2] = [(vec![0, 1, 2], None), (vec![0, 2, 2], None)];
+    for (ordered, [first, remade]) in [(true, sort), (false, hash)] {
+        made_again_cut_otherwise(ordered, first, remade);
     }
-    .shapes(1);
-    let names = shapes.iter().map(|s| s.name.clone()).collect();
+}
+
+fn made_again_cut_otherwise(ordered: bool, first: Cut, remade: Cut) {
+    let shapes = Pipeline::Exchange { n: 2, ordered }.shapes(1);
+    let names: Vec<String> = shapes.iter().map(|s| s.name.clone()).collect();
+    let map_name = names[1].clone();
     let recorder = Recorder::new(Arc::new(Mutex::new(JobStats::default())), names, CAPACITY);
     let budgets = node_budgets(2, CAPACITY, &[RESERVE, RESERVE, 0, RESERVE]);
     let forced = Arc::new(AtomicUsize::new(0));
@@ -502,8 +522,8 @@ fn a_sort_output_made_again_with_other_keys_ends_the_job() {
         recorder,
     )
     .with_lineage();
-    let sample = |keys: [u8; 3]| {
-        let sample = KeySample::from_parts(keys.to_vec(), vec![1, 2, 3]).unwrap();
+    let sample = |keys: Option<[u8; 3]>| {
+        let sample = KeySample::from_parts(keys?.to_vec(), vec![1, 2, 3]).unwrap();
         Some(Arc::new(sample))
     };
     let output = |node, groups: Option<Arc<[u32]>>, sample| Rows {
@@ -514,6 +534,7 @@ fn a_sort_output_made_again_with_other_keys_ends_the_job() {
         _held: Arc::new(Held::admit(&budgets[node], 1, 200, true, &forced).unwrap()),
         groups,
         sample,
+        cut_at_holder: false,
     };
     let starts = |actions: Vec<Action<Rows>>| -> Vec<(TaskId, usize)> {
         actions
@@ -532,11 +553,12 @@ fn a_sort_output_made_again_with_other_keys_ends_the_job() {
     job.on_finished(source[0].0);
     let map = starts(job.advance(&SimMemory(&budgets)));
     assert_eq!(map.len(), 1);
-    // Two chunks of one row, keys 1 and 5, the last key 5: two ranges.
+    // A sort's two chunks of one row, keys 1 and 5, the last key 5: two
+    // ranges.
     job.on_output(
         map[0].0,
         0,
-        output(1, Some(vec![0, 1, 2].into()), sample([1, 5, 5])),
+        output(1, Some(first.0.into()), sample(first.1)),
     );
     job.on_finished(map[0].0);
     let reducers = starts(job.advance(&SimMemory(&budgets)));
@@ -557,7 +579,7 @@ fn a_sort_output_made_again_with_other_keys_ends_the_job() {
     job.on_output(
         map[0].0,
         0,
-        output(0, Some(vec![0, 1, 2].into()), sample([1, 7, 7])),
+        output(0, Some(remade.0.into()), sample(remade.1)),
     );
     let ended = job
         .advance(&SimMemory(&budgets))
@@ -568,6 +590,7 @@ fn a_sort_output_made_again_with_other_keys_ends_the_job() {
         });
     let err = ended.expect("the job ended").unwrap_err().to_string();
     assert!(err.contains("other destinations or keys"), "{err}");
+    assert!(err.contains(&map_name), "{err}");
 }
 
 /// A large split retried after its node is lost waits while another large
@@ -667,6 +690,7 @@ fn short_tasks_queue_beyond_the_slots_long_ones_do_not() {
                 _held: Arc::new(held),
                 groups: None,
                 sample: None,
+                cut_at_holder: false,
             };
             job.on_output(task, 0, part);
             let stage = job.on_finished(task).unwrap();

@@ -602,7 +602,13 @@ impl<'a> Sim<'a> {
                                 p.node
                             ));
                         }
-                        parts.iter().map(|p| (p.start, p.len)).collect()
+                        // A reducer's part of an output holding no rows
+                        // of its destination makes nothing.
+                        parts
+                            .iter()
+                            .filter(|p| p.len > 0)
+                            .map(|p| (p.start, p.len))
+                            .collect()
                     }
                 };
                 self.tasks += 1;
@@ -689,6 +695,7 @@ impl<'a> Sim<'a> {
                 _held: Arc::new(held),
                 groups: None,
                 sample: None,
+                cut_at_holder: false,
             };
             self.job.on_moved(m.origin, whole);
             self.moved += 1;
@@ -870,6 +877,7 @@ impl<'a> Sim<'a> {
                     .collect()
             }),
             sample: None,
+            cut_at_holder: false,
         };
         self.schedule_step(id, t);
         self.job.on_output(id, seq, part);

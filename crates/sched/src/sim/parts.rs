@@ -29,6 +29,9 @@ pub(crate) struct Rows {
     pub(crate) groups: Option<Arc<[u32]>>,
     /// A sort's map output: its keys' sample.
     pub(crate) sample: Option<Arc<KeySample>>,
+    /// A hash exchange's map output whose cut its holder alone keeps: the
+    /// job sees no `groups` then, which stand for what the holder keeps.
+    pub(crate) cut_at_holder: bool,
 }
 
 pub(crate) struct Held {
@@ -97,6 +100,7 @@ impl Part for Rows {
             len,
             groups: self.groups.clone().filter(|_| whole),
             sample: self.sample.clone().filter(|_| whole),
+            cut_at_holder: self.cut_at_holder && whole,
             ..self.clone()
         }
     }
@@ -106,7 +110,7 @@ impl Part for Rows {
     }
 
     fn groups(&self) -> Option<&Arc<[u32]>> {
-        self.groups.as_ref()
+        self.groups.as_ref().filter(|_| !self.cut_at_holder)
     }
 
     fn sample(&self) -> Option<&Arc<KeySample>> {
@@ -118,6 +122,21 @@ impl Part for Rows {
             self.groups = old.groups.clone();
             self.sample = old.sample.clone();
         }
+    }
+
+    fn forget_cut(&mut self) {
+        self.cut_at_holder = self.groups.is_some();
+    }
+
+    fn cut_at_holder(&self) -> bool {
+        self.cut_at_holder
+    }
+
+    /// As a holder finds them: by the cut it keeps.
+    fn group(&self, d: usize) -> Self {
+        assert!(self.cut_at_holder, "a destination is found by a kept cut");
+        let cut = self.groups.as_ref().expect("its holder keeps its cut");
+        self.sub(cut[d] as usize, (cut[d + 1] - cut[d]) as usize)
     }
 }
 

@@ -83,12 +83,14 @@ fn seeds() -> Vec<Vec<u8>> {
             order: JobOrder::Run {
                 task: 3,
                 stage: 1,
-                input: InputSpec::Parts(vec![PartSpec {
-                    holder: "a".into(),
-                    id: 9,
-                    offset: 0,
-                    len: 5,
-                }]),
+                input: InputSpec::Parts(vec![
+                    PartSpec::range("a".into(), 9, 0, 5),
+                    PartSpec {
+                        holder: "b".into(),
+                        id: 10,
+                        rows: streambatch_net::Want::Group(3),
+                    },
+                ]),
                 keep_from: 0,
                 keep_again: vec![1],
                 may_spill: false,

@@ -12,7 +12,7 @@ pub(crate) mod msg;
 pub(crate) mod plan;
 
 use rkyv::{Archive, Deserialize, Serialize};
-use streambatch_net::Locality;
+use streambatch_net::{Locality, Want};
 use streambatch_plan::{KeyRange, KeySample};
 
 /// A node introducing itself to the head: its slots, its store, and the
@@ -92,10 +92,17 @@ pub(crate) struct PartSpec {
     pub(crate) holder: String,
     /// Its id in the holder's store.
     pub(crate) id: u64,
-    /// First row.
-    pub(crate) offset: u64,
-    /// Rows.
-    pub(crate) len: u64,
+    /// Which of its rows: a range, or a hash exchange's reducer's
+    /// destination, which the holder finds by the cut it keeps.
+    pub(crate) rows: Want,
+}
+
+impl PartSpec {
+    /// Rows `offset..offset + len` of partition `id` of `holder`.
+    pub(crate) fn range(holder: String, id: u64, offset: u64, len: u64) -> Self {
+        let rows = Want::Rows(streambatch_net::RowRange { offset, len });
+        Self { holder, id, rows }
+    }
 }
 
 /// Driver to node: a task's input.
