@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Cluster, NodeSpec};
-use streambatch::{Context, Resources};
+use streambatch::{Context, Dataset, Resources};
 use streambatch_bench::{Shape, registry, w1_pipeline};
 
 /// A small W1: 40 rows of 64 KiB, quick sleeps.
@@ -646,17 +646,28 @@ fn a_drained_node_finishes_its_tasks_and_leaves_with_nothing_redone() {
 
 #[test]
 fn a_drained_node_hands_its_partitions_over_and_leaves_before_the_job_ends() {
+    drained_node_hands_over(|ds| ds.repartition(3));
+}
+
+/// A shuffle's map outputs, whose cuts only their holders keep, are
+/// handed over with their cuts.
+#[test]
+fn a_drained_node_hands_its_map_outputs_over_with_their_cuts() {
+    drained_node_hands_over(|ds| ds.random_shuffle(5));
+}
+
+/// 100 source tasks of 100 ms, then `after` (a repartition or an
+/// exchange): its inputs wait where they were made until the last source
+/// task ends (about 4 s once worker-2 drains), so worker-2 leaves before
+/// that only if it hands them over.
+fn drained_node_hands_over(after: fn(Dataset) -> Dataset) {
     let slow = "worker.sleep=100";
     let mut cluster = Cluster::start(&[
         NodeSpec::cpu("worker-1", 2).with_env("SB_FAILPOINTS", slow),
         NodeSpec::cpu("worker-2", 2).with_env("SB_FAILPOINTS", slow),
     ]);
     let ctx = Context::connect(cluster.driver_config()).unwrap();
-    // 100 source tasks of 100 ms, then a repartition: its inputs wait where
-    // they were made until the last source task ends (about 4 s once
-    // worker-2 drains), so worker-2 leaves before that only if it hands
-    // them over.
-    let ds = ctx.range(100, 100).repartition(3);
+    let ds = after(ctx.range(100, 100));
     let mut batches = ds.iter_batches().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(700));
     let node = cluster

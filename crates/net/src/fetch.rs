@@ -89,6 +89,9 @@ mod want {
         /// destination of an exchange's map output): the holder finds its
         /// rows by the cut it keeps, and names them in its answer.
         Group(u32),
+        /// All of a partition stored cut into groups, and its cut (a map
+        /// output moving off a draining node, whose cut goes with it).
+        WithCut,
     }
 
     impl From<Option<super::RowRange>> for Want {
@@ -134,6 +137,12 @@ mod reply {
             /// How many.
             len: u64,
         },
+        /// The cut of the partition asked for with it: where each group
+        /// starts, and the end; the whole partition follows.
+        Cut {
+            /// The starts and the end.
+            starts: Vec<u32>,
+        },
     }
 }
 
@@ -170,6 +179,11 @@ pub trait PartitionServer: Send + Sync + 'static {
     /// cut into groups; by default none is.
     fn group_rows(&self, partition: u64, group: u32) -> Result<RowRange, String> {
         let _ = group;
+        Err(format!("partition {partition} is not kept cut into groups"))
+    }
+    /// The cut `partition` is kept with (where each group starts, and the
+    /// end); by default none is.
+    fn cut(&self, partition: u64) -> Result<Vec<u32>, String> {
         Err(format!("partition {partition} is not kept cut into groups"))
     }
 }
@@ -289,6 +303,9 @@ pub struct FetchedPart {
     /// partition, or its name): those asked for, or those the holder
     /// found for a group; `None` for all of them.
     pub rows: Option<RowRange>,
+    /// The partition's cut, as its holder keeps it, when asked for
+    /// ([`Want::WithCut`]); unchecked.
+    pub cut: Option<Vec<u32>>,
 }
 
 /// A puller's request for several partitions of one holder (a reducer's
@@ -340,11 +357,12 @@ async fn fetch_batch(
     for part in parts {
         answers.push(read_answer(peer, &mut recv, part.partition, part.want).await?);
     }
-    if !answers.iter().any(|(a, _)| matches!(a, Answer::Shared(_))) {
+    if !answers.iter().any(|(a, ..)| matches!(a, Answer::Shared(_))) {
         let _ = send.finish();
-        let fetched = answers.into_iter().map(|(answer, rows)| FetchedPart {
+        let fetched = answers.into_iter().map(|(answer, rows, cut)| FetchedPart {
             fetched: answer.fetched(),
             rows,
+            cut,
         });
         return Ok(fetched.collect());
     }
@@ -359,20 +377,23 @@ async fn fetch_batch(
         }
         let _ = send.finish();
     });
-    let fetched = answers.into_iter().enumerate().map(|(at, (answer, rows))| {
-        let fetched = match answer {
-            Answer::Shared(name) => {
-                let released = released.clone();
-                let lease = Lease::Part {
-                    index: at as u32,
-                    released,
-                };
-                Fetched::Shared(name, MappedLease(lease))
-            }
-            answer => answer.fetched(),
-        };
-        FetchedPart { fetched, rows }
-    });
+    let fetched = answers
+        .into_iter()
+        .enumerate()
+        .map(|(at, (answer, rows, cut))| {
+            let fetched = match answer {
+                Answer::Shared(name) => {
+                    let released = released.clone();
+                    let lease = Lease::Part {
+                        index: at as u32,
+                        released,
+                    };
+                    Fetched::Shared(name, MappedLease(lease))
+                }
+                answer => answer.fetched(),
+            };
+            FetchedPart { fetched, rows, cut }
+        });
     Ok(fetched.collect())
 }
 
@@ -393,23 +414,23 @@ impl Answer {
 }
 
 /// Reads the holder's answer for the rows `want` of `partition`, and its
-/// bytes, with the rows it holds (see [`FetchedPart::rows`]).
+/// bytes, with the rows it holds and its cut (see [`FetchedPart`]).
 async fn read_answer(
     peer: &Peer,
     recv: &mut RecvStream,
     partition: u64,
     want: Want,
-) -> Result<(Answer, Option<RowRange>), NetError> {
+) -> Result<(Answer, Option<RowRange>, Option<Vec<u32>>), NetError> {
     let refused = |message: String| NetError::Fetch {
         peer: peer.name().to_string(),
         partition,
         message,
     };
-    let rows = match want {
-        Want::Whole => None,
-        Want::Rows(rows) => Some(rows),
+    let (rows, cut) = match want {
+        Want::Whole => (None, None),
+        Want::Rows(rows) => (Some(rows), None),
         Want::Group(group) => match read_reply(peer, recv, partition).await? {
-            FetchReply::Group { offset, len } => Some(RowRange { offset, len }),
+            FetchReply::Group { offset, len } => (Some(RowRange { offset, len }), None),
             FetchReply::Missing { message } => return Err(refused(message)),
             _ => {
                 return Err(refused(format!(
@@ -417,18 +438,23 @@ async fn read_answer(
                 )));
             }
         },
+        Want::WithCut => match read_reply(peer, recv, partition).await? {
+            FetchReply::Cut { starts } => (None, Some(starts)),
+            FetchReply::Missing { message } => return Err(refused(message)),
+            _ => return Err(refused("the holder sent no cut".into())),
+        },
     };
     let (len, alone) = match read_reply(peer, recv, partition).await? {
-        FetchReply::Shared { name } => return Ok((Answer::Shared(name), rows)),
+        FetchReply::Shared { name } => return Ok((Answer::Shared(name), rows, cut)),
         FetchReply::Missing { message } => return Err(refused(message)),
         FetchReply::Rows { .. } if rows.is_none() => {
             return Err(refused(
                 "the holder sent rows that were not asked for".into(),
             ));
         }
-        FetchReply::Group { .. } => {
+        FetchReply::Group { .. } | FetchReply::Cut { .. } => {
             return Err(refused(
-                "the holder named a group that was not asked for".into(),
+                "the holder named a group or cut that was not asked for".into(),
             ));
         }
         FetchReply::Bytes { len } => (len, false),
@@ -464,7 +490,7 @@ async fn read_answer(
         true => Fetched::Rows(bytes),
         false => Fetched::Bytes(bytes),
     };
-    Ok((Answer::Fetched(fetched), rows))
+    Ok((Answer::Fetched(fetched), rows, cut))
 }
 
 /// Reads one of the holder's answer frames for `partition`.
@@ -564,6 +590,13 @@ pub async fn serve_fetch_many(
                         let (offset, len) = (rows.offset, rows.len);
                         write_frame(&mut send, &FetchReply::Group { offset, len }).await?;
                         server.serve_rows(part.partition, rows, shares_memory)
+                    }
+                    Err(message) => Err(message),
+                },
+                Want::WithCut => match server.cut(part.partition) {
+                    Ok(starts) => {
+                        write_frame(&mut send, &FetchReply::Cut { starts }).await?;
+                        server.serve(part.partition, shares_memory)
                     }
                     Err(message) => Err(message),
                 },

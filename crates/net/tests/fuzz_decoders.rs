@@ -64,6 +64,10 @@ fn seeds() -> Vec<Vec<u8>> {
                     partition: 44,
                     want: Want::Group(1_023),
                 },
+                PartRows {
+                    partition: 45,
+                    want: Want::WithCut,
+                },
             ],
             from: here,
         })
@@ -73,6 +77,10 @@ fn seeds() -> Vec<Vec<u8>> {
         frame::encode(&FetchReply::Group {
             offset: 1_000,
             len: 64,
+        })
+        .to_vec(),
+        frame::encode(&FetchReply::Cut {
+            starts: vec![0, 3, 3, 10],
         })
         .to_vec(),
         frame::encode(&FetchReply::Shared {

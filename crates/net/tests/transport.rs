@@ -77,6 +77,11 @@ impl PartitionServer for Fixed {
             _ => Err(format!("no group {group}")),
         }
     }
+
+    fn cut(&self, partition: u64) -> Result<Vec<u32>, String> {
+        self.0.get(&partition).ok_or("no such partition")?;
+        Ok(vec![0, 1_000_000, 2_000_000, 3_000_000])
+    }
 }
 
 fn identity(dir: &Path, name: &str) -> Identity {
@@ -174,8 +179,9 @@ async fn fetches_by_bytes_or_by_name_and_refuses_strangers() {
 
 /// Several partitions of one holder on one stream: each answered in the
 /// order asked, by bytes, by rows alone, or by name where memory is
-/// shared; a group's rows named by the holder; a partition or group the
-/// holder lacks fails the fetch, naming it.
+/// shared; a group's rows named by the holder, a partition's cut sent
+/// before it; a partition or group the holder lacks fails the fetch,
+/// naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetches_many_partitions_of_a_holder_on_one_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -195,9 +201,14 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
             offset: 2_999_990,
             len: 10,
         })),
+        want(Want::WithCut),
     ];
     let got = worker.fetch_many("head", &asked).await.unwrap();
-    let part = |fetched, rows| FetchedPart { fetched, rows };
+    let part = |fetched, rows| FetchedPart {
+        fetched,
+        rows,
+        cut: None,
+    };
     assert_eq!(
         got,
         [
@@ -211,6 +222,10 @@ async fn fetches_many_partitions_of_a_holder_on_one_stream() {
                 Fetched::Rows(expected()[2_999_990..].to_vec()),
                 rows(2_999_990, 10)
             ),
+            FetchedPart {
+                cut: Some(vec![0, 1_000_000, 2_000_000, 3_000_000]),
+                ..part(Fetched::Bytes(expected()), None)
+            },
         ]
     );
     let sharing = transport(&tls, "worker-2", "/store/head").await;

@@ -58,15 +58,27 @@ pub(crate) async fn pull_inputs(
     Ok(slices)
 }
 
-/// Pulls one input partition from its holder: mapped from shared memory
-/// when the holder shares this node's store directory, else over QUIC.
+/// Pulls one partition from its holder (one a draining node hands over):
+/// mapped from shared memory when the holder shares this node's store
+/// directory, else over QUIC; with its cut, where asked for
+/// (`Want::WithCut`).
 pub(crate) async fn pull(
     transport: &Transport,
     part: &PartSpec,
     counts: &PullCounts,
-) -> Result<Slice, Error> {
-    let mut pulled = pull_all(transport, vec![(0, part.clone())], counts).await?;
-    Ok(pulled.pop().expect("one asked, one pulled").1)
+) -> Result<(Slice, Option<Vec<u32>>), Error> {
+    let asked = [PartRows {
+        partition: part.id,
+        want: part.rows,
+    }];
+    let fetched = transport.fetch_many(&part.holder, &asked).await;
+    let mut fetched = fetched.map_err(|e| Error::OnNode {
+        node: part.holder.clone(),
+        message: format!("fetching partition {}: {e}", part.id),
+    })?;
+    let mut fetched = fetched.pop().expect("one asked, one answered");
+    let cut = fetched.cut.take();
+    Ok((slice_of(part, fetched, counts)?, cut))
 }
 
 /// Pulls input partitions `parts` (each with its place in the task's
@@ -105,7 +117,7 @@ fn slice_of(part: &PartSpec, fetched: FetchedPart, counts: &PullCounts) -> Resul
         node: part.holder.clone(),
         message: format!("fetching partition {}: {message}", part.id),
     };
-    let FetchedPart { fetched, rows } = fetched;
+    let FetchedPart { fetched, rows, .. } = fetched;
     let (batch, alone) = match fetched {
         Fetched::Shared(name, lease) => {
             counts.shared.fetch_add(1, Ordering::Relaxed);
@@ -157,7 +169,7 @@ fn within(slice: Slice, rows: Option<streambatch_net::RowRange>) -> Option<Slice
 /// The error of rows `part` names that its partition does not have.
 pub(crate) fn rows_outside(part: &PartSpec) -> Error {
     let rows = match part.rows {
-        Want::Whole => "its rows are".to_string(),
+        Want::Whole | Want::WithCut => "its rows are".to_string(),
         Want::Rows(rows) => format!("rows {}..+{} are", rows.offset, rows.len),
         Want::Group(d) => format!("destination {d}'s rows are"),
     };

@@ -26,7 +26,7 @@ use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{Output, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
-use crate::job::{Keep, Part, RunInput};
+use crate::job::{Keep, Part, RunInput, fingerprint_cut};
 use crate::wire::groups::remote_member;
 use crate::wire::msg::PortMsg;
 use crate::wire::{
@@ -407,8 +407,16 @@ impl RelayState {
                 id,
                 rows,
                 stage,
+                with_cut,
             } => {
-                let part = PartSpec::range(holder, id, 0, rows);
+                let part = match with_cut {
+                    true => PartSpec {
+                        holder,
+                        id,
+                        rows: Want::WithCut,
+                    },
+                    false => PartSpec::range(holder, id, 0, rows),
+                };
                 self.adopt(part, stage as usize, myself)
             }
             JobOrder::End => {
@@ -524,10 +532,10 @@ impl RelayState {
         let relay = myself.clone();
         tokio::spawn(async move {
             let stored = match pull(&transport, &part, &counts).await {
-                Ok(slice) => slice
+                Ok((slice, cut)) => slice
                     .read()
                     .map_err(|e| e.to_string())
-                    .and_then(|batch| store_adopted(&ctx, stage, batch)),
+                    .and_then(|batch| store_adopted(&ctx, stage, batch, cut.as_deref())),
                 Err(e) => Err(e.to_string()),
             };
             match stored {
@@ -555,6 +563,8 @@ impl RelayState {
         let part = output.part().clone();
         let (id, rows) = (part.id().0, part.rows() as u64);
         let bytes = Slice::whole(output.clone()).partition_bytes();
+        // The cut as the store kept it (none where it did not cut the rows).
+        let cut = part.groups().map(|cut| fingerprint_cut(&cut, None));
         self.server.offer(part);
         self.outputs.insert(id, output);
         self.report(Happened::Adopted {
@@ -563,6 +573,7 @@ impl RelayState {
             id,
             rows,
             bytes,
+            cut,
         });
     }
 
@@ -577,7 +588,7 @@ impl RelayState {
 fn local_rows(output: &Arc<Output>, part: &PartSpec) -> Option<Slice> {
     let whole = Slice::whole(output.clone());
     match part.rows {
-        Want::Whole => Some(whole),
+        Want::Whole | Want::WithCut => Some(whole),
         Want::Rows(rows) => whole.sub_within(rows.offset, rows.len),
         Want::Group(d) => {
             Some(Part::group(&whole, d as usize)).filter(|s| s.destination().is_none())
@@ -586,14 +597,24 @@ fn local_rows(output: &Arc<Output>, part: &PartSpec) -> Option<Slice> {
 }
 
 /// Stores a partition taken over from a draining node as an output of
-/// `stage`, if the stage's budget and the store have room for it.
-fn store_adopted(ctx: &JobCtx, stage: usize, batch: RecordBatch) -> Result<Arc<Output>, String> {
+/// `stage` (with the `cut` it came with), if the stage's budget and the
+/// store have room for it.
+fn store_adopted(
+    ctx: &JobCtx,
+    stage: usize,
+    batch: RecordBatch,
+    cut: Option<&[u32]>,
+) -> Result<Arc<Output>, String> {
     let bytes = batch_bytes(&batch);
     let reservation = ctx
         .budgets
         .try_admit(stage, bytes)
         .map_err(|refused| refused.to_string())?;
-    match ctx.store.try_put(batch) {
+    let put = match cut {
+        Some(cut) => ctx.store.try_put_grouped(batch, cut),
+        None => ctx.store.try_put(batch),
+    };
+    match put {
         Ok(part) => Ok(Output::new(part, bytes, Some(reservation))),
         Err(e) => {
             reservation.cancel();

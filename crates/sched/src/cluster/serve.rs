@@ -111,6 +111,14 @@ impl PartitionServer for StoreServer {
             )),
         }
     }
+
+    /// A map output's cut, for the node it moves to off this one.
+    fn cut(&self, partition: u64) -> Result<Vec<u32>, String> {
+        let part = self.offered_part(partition)?;
+        let cut = part.groups();
+        cut.map(|cut| cut.to_vec())
+            .ok_or_else(|| format!("partition {partition} is not kept cut into destinations"))
+    }
 }
 
 /// An Arrow buffer as the bytes a fetch sends.

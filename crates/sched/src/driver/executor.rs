@@ -24,7 +24,7 @@ use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{RemotePart, RemoteSource, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
 use crate::job::record::Recorder;
-use crate::job::{Action, FailurePolicy, JobState, Memory, Origin, RunInput, StageShape};
+use crate::job::{Action, FailurePolicy, JobState, Memory, Origin, Part, RunInput, StageShape};
 use crate::wire::{Happened, InputSpec, JobKey, JobOrder, KeyRangeSpec, NodeEvent, StoreView};
 
 /// The Executor actor.
@@ -591,10 +591,19 @@ impl ExecState {
                 id,
                 rows,
                 bytes,
+                cut,
             } => {
-                let Some((origin, stage)) = remote.adopting.remove(&(holder, from)) else {
+                let Some((origin, stage)) = remote.adopting.remove(&(holder.clone(), from)) else {
                     return;
                 };
+                // A map output's cut must have come whole: a reducer's rows
+                // are found by it. Else the copy goes, the output stays.
+                let expected = job.cut_fingerprint(origin);
+                if expected.is_some() && cut != expected {
+                    tracing::warn!(node = %event.node, %holder, partition = from, "a moved map output came with another cut; it stays where it was");
+                    let source = remote.source.clone();
+                    return source.release(&event.node, id);
+                }
                 let shadow = remote.shadows[node].force_admit(stage, bytes);
                 let part = RemotePart::new(
                     (node, event.node),
@@ -839,18 +848,20 @@ impl Remote {
             Action::Move {
                 origin,
                 stage,
-                part,
+                part: slice,
                 to,
             } => {
-                let part = part
+                let part = slice
                     .remote_part()
                     .expect("a cluster job's partitions are on its nodes");
+                let with_cut = slice.cut_at_holder();
                 let (holder, id) = (part.holder.clone(), part.id);
                 let order = JobOrder::Adopt {
                     holder: holder.clone(),
                     id,
                     rows: part.rows as u64,
                     stage: stage as u64,
+                    with_cut,
                 };
                 self.adopting.insert((holder, id), (origin, stage));
                 self.tell(to, order, job);

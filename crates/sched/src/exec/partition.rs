@@ -360,6 +360,7 @@ impl Part for Slice {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();
             self.sample = old.sample.clone();
+            self.cut_at_holder = old.cut_at_holder;
         }
     }
 

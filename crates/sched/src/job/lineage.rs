@@ -181,8 +181,7 @@ impl<P: Part> JobState<P> {
         let mut asked = Vec::new();
         let moving = std::mem::take(&mut self.moving);
         self.for_each_unplaced_piece(&mut |piece: &mut Piece<P>| {
-            // An output whose cut only its holder knows stays there.
-            if let Some(part) = piece.part.as_ref().filter(|p| !p.cut_at_holder()) {
+            if let Some(part) = &piece.part {
                 let from = part.node();
                 if draining[from] && !moving.contains_key(&piece.id.from) {
                     asked.push((piece.id.from, from, part.clone()));
@@ -382,10 +381,15 @@ pub(super) fn regroup<P: Part>(pieces: Vec<Piece<P>>, n: usize) -> Vec<Vec<Piece
 /// A fingerprint of where map output `part` was cut and, for a sort's, of
 /// its keys' sample; `None` when it is not an exchange's whole map output.
 pub(super) fn cut_fingerprint<P: Part>(part: &P) -> Option<u64> {
+    Some(fingerprint_cut(part.groups()?, part.sample().map(|s| &**s)))
+}
+
+/// A fingerprint of cut `groups` and, for a sort's output, of its keys'
+/// `sample` (see [`cut_fingerprint`]).
+pub(crate) fn fingerprint_cut(groups: &[u32], sample: Option<&streambatch_plan::KeySample>) -> u64 {
     use streambatch_core::{fnv1a, mix64};
-    let groups = part.groups()?;
     let cut: Vec<u8> = groups.iter().flat_map(|g| g.to_le_bytes()).collect();
     // A sample's fingerprint, odd, so that no sample differs from one.
-    let sample = part.sample().map_or(0, |s| mix64(s.fingerprint()) | 1);
-    Some(mix64(fnv1a(&cut) ^ sample.rotate_left(17)))
+    let sample = sample.map_or(0, |s| mix64(s.fingerprint()) | 1);
+    mix64(fnv1a(&cut) ^ sample.rotate_left(17))
 }

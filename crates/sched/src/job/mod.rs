@@ -32,6 +32,7 @@ use streambatch_core::{Resources, TaskId};
 use streambatch_plan::{Error, EventKind, KeyRange, OpStats, PauseCause, Stage, StageKind, Wait};
 
 use crate::job::exchanged::Exchanged;
+pub(crate) use crate::job::lineage::fingerprint_cut;
 pub(crate) use crate::job::piece::{Keep, Origin, Part, PieceId};
 use crate::job::piece::{LineageInput, Piece, all_held, missing};
 use crate::job::record::{Recorder, StageNow};
@@ -595,6 +596,12 @@ impl<P: Part> JobState<P> {
     /// The stage of a task that has not finished.
     pub(crate) fn stage_of(&self, task: TaskId) -> Option<usize> {
         self.tasks.get(&task).map(|r| r.stage)
+    }
+
+    /// The fingerprint of exchanged map output `origin`'s cut, as it
+    /// arrived (see [`fingerprint_cut`]).
+    pub(crate) fn cut_fingerprint(&self, origin: Origin) -> Option<u64> {
+        self.exchanged.get(&origin).copied()
     }
 
     /// The node task `task` runs (or is paused) on.

@@ -36,7 +36,8 @@ pub(crate) trait Part: Clone {
     fn sliced_bytes(&self) -> u64 {
         self.bytes()
     }
-    /// Takes `old`'s groups: this is the same output, moved to another node.
+    /// Takes `old`'s groups: this is the same output, moved to another node
+    /// (which took its cut along where only its holder kept it).
     fn keep_groups(&mut self, old: &Self) {
         let _ = old;
     }
@@ -46,8 +47,7 @@ pub(crate) trait Part: Clone {
     /// destination's rows by [`Part::group`].
     fn forget_cut(&mut self) {}
     /// Whether its holder alone knows where it was cut
-    /// ([`Part::forget_cut`]): it stays where it is, since a node it moved
-    /// to would not know.
+    /// ([`Part::forget_cut`]): moved to another node, the cut goes along.
     fn cut_at_holder(&self) -> bool {
         false
     }

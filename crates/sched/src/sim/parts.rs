@@ -121,6 +121,7 @@ impl Part for Rows {
         if self.groups.is_none() && old.len == self.len {
             self.groups = old.groups.clone();
             self.sample = old.sample.clone();
+            self.cut_at_holder = old.cut_at_holder;
         }
     }
 

@@ -139,6 +139,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 id: 9,
                 rows: 5,
                 stage: 0,
+                with_cut: true,
             },
         })
         .to_vec(),
@@ -151,6 +152,7 @@ fn seeds() -> Vec<Vec<u8>> {
                 id: 2,
                 rows: 5,
                 bytes: 40,
+                cut: Some(0x5eed),
             },
             store: StoreView::default(),
             pulled: Pulled::default(),

@@ -172,12 +172,14 @@ pub(crate) enum JobOrder {
     Peer { name: String, addr: String },
     /// Take over partition `id` (of `rows` rows, an output of `stage`)
     /// from `holder`, which drains: pull it, store it here, and report it
-    /// (`Happened::Adopted`).
+    /// (`Happened::Adopted`). `with_cut`: a hash exchange's map output,
+    /// whose cut only its holder keeps: pull and keep that too.
     Adopt {
         holder: String,
         id: u64,
         rows: u64,
         stage: u64,
+        with_cut: bool,
     },
     /// The job ended: free all it holds here.
     End,
@@ -240,13 +242,16 @@ pub(crate) enum Happened {
     /// holds over (`JobOrder::Adopt` to other nodes) and leaves once the job
     /// has no more of it.
     Draining,
-    /// Partition `from` of draining node `holder` is stored here as `id`.
+    /// Partition `from` of draining node `holder` is stored here as `id`;
+    /// `cut`: the fingerprint of the cut it was pulled and stored with
+    /// (`job::fingerprint_cut`), for the driver to check.
     Adopted {
         holder: String,
         from: u64,
         id: u64,
         rows: u64,
         bytes: u64,
+        cut: Option<u64>,
     },
     /// The job's relay on the node failed (sent by the node's agent): the
     /// node is lost to the job, with all it held of it.
