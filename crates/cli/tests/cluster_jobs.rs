@@ -650,10 +650,12 @@ fn a_drained_node_hands_its_partitions_over_and_leaves_before_the_job_ends() {
 }
 
 /// A shuffle's map outputs, whose cuts only their holders keep, are
-/// handed over with their cuts.
+/// handed over with their cuts; a sort's, whose chunks the driver keeps,
+/// as any partition.
 #[test]
 fn a_drained_node_hands_its_map_outputs_over_with_their_cuts() {
     drained_node_hands_over(|ds| ds.random_shuffle(5));
+    drained_node_hands_over(|ds| ds.sort(&["id"], false));
 }
 
 /// 100 source tasks of 100 ms, then `after` (a repartition or an

@@ -78,6 +78,14 @@ impl PartitionRef {
     pub fn groups(&self) -> Option<Arc<[u32]>> {
         self.inner.store.groups(self.inner.id)
     }
+
+    /// The rows of group `group` of it, when it was stored with groups and
+    /// has that group.
+    pub fn group_rows(&self, group: usize) -> Option<std::ops::Range<usize>> {
+        let cut = self.groups()?;
+        let (start, end) = (*cut.get(group)?, *cut.get(group.checked_add(1)?)?);
+        (start <= end).then_some(start as usize..end as usize)
+    }
 }
 
 impl Drop for Inner {

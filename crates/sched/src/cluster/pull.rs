@@ -1,6 +1,8 @@
-//! A task's inputs held by other nodes, pulled: each holder's on one fetch
-//! stream, the holders at once, each slice mapped from shared memory where
-//! the holder shares this node's store directory, else sent over QUIC.
+//! A task's inputs: those held here sliced from the store, those held by
+//! other nodes pulled (each holder's on one fetch stream, the holders at
+//! once, each slice mapped from shared memory where the holder shares this
+//! node's store directory, else sent over QUIC), and a hash exchange
+//! reducer's checked against the rows the cuts said it reads.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +12,8 @@ use streambatch_core::TaskId;
 use streambatch_net::{Fetched, FetchedPart, PartRows, Transport, Want};
 use streambatch_plan::Error;
 
-use crate::exec::partition::Slice;
+use crate::exec::partition::{Output, Slice};
+use crate::job::Part;
 use crate::wire::PartSpec;
 
 /// Inputs this node pulled for the job: by shared memory, over QUIC.
@@ -69,7 +72,7 @@ pub(crate) async fn pull(
 ) -> Result<(Slice, Option<Vec<u32>>), Error> {
     let asked = [PartRows {
         partition: part.id,
-        want: part.rows,
+        want: part.want,
     }];
     let fetched = transport.fetch_many(&part.holder, &asked).await;
     let mut fetched = fetched.map_err(|e| Error::OnNode {
@@ -95,7 +98,7 @@ async fn pull_all(
         .iter()
         .map(|(_, part)| PartRows {
             partition: part.id,
-            want: part.rows,
+            want: part.want,
         })
         .collect();
     let fetched = transport.fetch_many(&first.holder, &asked).await;
@@ -168,7 +171,7 @@ fn within(slice: Slice, rows: Option<streambatch_net::RowRange>) -> Option<Slice
 
 /// The error of rows `part` names that its partition does not have.
 pub(crate) fn rows_outside(part: &PartSpec) -> Error {
-    let rows = match part.rows {
+    let rows = match part.want {
         Want::Whole | Want::WithCut => "its rows are".to_string(),
         Want::Rows(rows) => format!("rows {}..+{} are", rows.offset, rows.len),
         Want::Group(d) => format!("destination {d}'s rows are"),
@@ -176,5 +179,114 @@ pub(crate) fn rows_outside(part: &PartSpec) -> Error {
     Error::OnNode {
         node: part.holder.clone(),
         message: format!("{rows} outside partition {}", part.id),
+    }
+}
+
+/// The rows `part` names of `output`, held here: `None` when it does not
+/// have them.
+pub(crate) fn local_rows(output: &Arc<Output>, part: &PartSpec) -> Option<Slice> {
+    let whole = Slice::whole(output.clone());
+    match part.want {
+        Want::Whole | Want::WithCut => Some(whole),
+        Want::Rows(rows) => whole.sub_within(rows.offset, rows.len),
+        Want::Group(d) => {
+            Some(Part::group(&whole, d as usize)).filter(|s| s.destination().is_none())
+        }
+    }
+}
+
+/// Whether `slices`, a hash exchange reducer's input as its holders found
+/// it, hold the `rows` the map outputs' cuts said they would.
+pub(crate) fn found_all(
+    task: TaskId,
+    slices: &[(usize, Slice)],
+    rows: Option<u64>,
+) -> Result<(), streambatch_plan::Error> {
+    let found: usize = slices.iter().map(|(_, slice)| slice.len).sum();
+    match rows {
+        Some(rows) if rows != found as u64 => Err(streambatch_plan::Error::Invalid(format!(
+            "task {}: the holders of its input found {found} rows of its destination, \
+             where the map outputs' cuts held {rows}",
+            task.0
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::RecordBatch;
+    use streambatch_store::ObjectStore;
+
+    use super::*;
+    use crate::cluster::serve::StoreServer;
+
+    /// A reducer's destination of a map output is found by the cut the
+    /// holder's store keeps with it: read here, or served to a peer. No
+    /// cut, or no such destination, is refused.
+    #[test]
+    fn a_destination_is_found_by_the_cut_its_holders_store_keeps() {
+        use arrow_array::{ArrayRef, Int64Array};
+        use streambatch_net::{PartitionServer, RowRange};
+        use streambatch_store::{SharedStore, StoreConfig};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SharedStore::open(StoreConfig::new(16 << 20, dir.path().join("spill"))).unwrap();
+        let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10));
+        let batch = RecordBatch::try_from_iter([("x", x)]).unwrap();
+        let grouped = store.put_grouped(batch.clone(), &[0, 3, 3, 10]).unwrap();
+        let plain = store.put(batch.clone()).unwrap();
+        let server = StoreServer::new(store.clone());
+        let (grouped_id, plain_id) = (grouped.id().0, plain.id().0);
+        server.offer(grouped.clone());
+        server.offer(plain.clone());
+        let grouped = Output::new(grouped, 80, None);
+        let plain = Output::new(plain, 80, None);
+        let group = |output: &Arc<Output>, d| {
+            let spec = PartSpec {
+                holder: "node".into(),
+                id: output.part().id().0,
+                want: Want::Group(d),
+            };
+            local_rows(output, &spec).map(|slice| slice.read().unwrap())
+        };
+        assert_eq!(group(&grouped, 0), Some(batch.slice(0, 3)));
+        assert_eq!(group(&grouped, 1), Some(batch.slice(3, 0)));
+        assert_eq!(group(&grouped, 2), Some(batch.slice(3, 7)));
+        assert_eq!(group(&grouped, 3), None, "cut into 3");
+        assert_eq!(group(&plain, 0), None, "kept no cut");
+        let range = |offset, len| RowRange { offset, len };
+        assert_eq!(server.group_rows(grouped_id, 2), Ok(range(3, 7)));
+        let refused = server.group_rows(grouped_id, 3).unwrap_err();
+        assert!(refused.contains("no destination 3"), "{refused}");
+        let refused = server.group_rows(plain_id, 0).unwrap_err();
+        assert!(refused.contains("not kept cut into groups"), "{refused}");
+    }
+
+    /// A hash exchange's reducer whose holders found other rows than the
+    /// map outputs' cuts held fails, not runs on them.
+    #[test]
+    fn a_reducer_fails_where_its_holders_found_other_rows_than_the_cuts_held() {
+        use arrow_array::{ArrayRef, Int64Array};
+
+        let slice = |at, n| {
+            let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..n));
+            (
+                at,
+                Slice::fetched(RecordBatch::try_from_iter([("x", x)]).unwrap()),
+            )
+        };
+        let slices = [slice(0, 3), slice(1, 0), slice(2, 4)];
+        assert!(found_all(TaskId(5), &slices, Some(7)).is_ok());
+        assert!(found_all(TaskId(5), &slices, None).is_ok(), "not a reducer");
+        let err = found_all(TaskId(5), &slices, Some(8))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("task 5") && err.contains("found 7 rows"),
+            "{err}"
+        );
+        assert!(err.contains("held 8"), "{err}");
     }
 }

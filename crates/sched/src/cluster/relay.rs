@@ -19,7 +19,7 @@ use streambatch_net::{Transport, Want, frame};
 use streambatch_plan::{ExecPlan, KeyRange, PauseCause, StageKind};
 use streambatch_store::{ObjectStore, batch_bytes};
 
-use crate::cluster::pull::{PullCounts, pull, pull_inputs, rows_outside};
+use crate::cluster::pull::{PullCounts, found_all, local_rows, pull, pull_inputs, rows_outside};
 use crate::cluster::serve::StoreServer;
 use crate::exec::budget::Budgets;
 use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
@@ -354,6 +354,7 @@ impl RelayState {
                 mut keep_again,
                 may_spill,
                 range,
+                rows,
             } => {
                 keep_again.sort_unstable();
                 keep_again.dedup();
@@ -361,7 +362,7 @@ impl RelayState {
                     from: keep_from,
                     again: keep_again,
                 };
-                let input = (input, range.map(|r| Arc::new(r.into())));
+                let input = (input, range.map(|r| Arc::new(r.into())), rows);
                 self.run(TaskId(task), stage as usize, input, keep, may_spill, myself)
             }
             JobOrder::Resume { task, may_spill } => {
@@ -413,7 +414,7 @@ impl RelayState {
                     true => PartSpec {
                         holder,
                         id,
-                        rows: Want::WithCut,
+                        want: Want::WithCut,
                     },
                     false => PartSpec::range(holder, id, 0, rows),
                 };
@@ -437,7 +438,7 @@ impl RelayState {
         &mut self,
         task: TaskId,
         stage: usize,
-        (input, range): (InputSpec, Option<Arc<KeyRange>>),
+        (input, range, rows): (InputSpec, Option<Arc<KeyRange>>, Option<u64>),
         keep: Keep,
         may_spill: bool,
         myself: &ActorRef<RelayMsg>,
@@ -507,6 +508,10 @@ impl RelayState {
                 }
             }
             slices.sort_by_key(|(at, _)| *at);
+            if let Err(error) = found_all(task, &slices, rows) {
+                let _ = relay.cast(RelayMsg::Task(TaskEvent::Errored { task, error }));
+                return;
+            }
             let input = RunInput::Parts(slices.into_iter().map(|(_, s)| s).collect(), range);
             let mut run = TaskRun::new(ctx.clone(), task, stage, input, keep);
             run.may_spill = may_spill;
@@ -580,19 +585,6 @@ impl RelayState {
     fn dispatch(&self, run: Box<TaskRun>) {
         let pool = self.ctx.plan.stages[run.stage].options.pool.map(|p| p.max);
         let _ = self.manager.cast(NodeMsg::Run { run, pool });
-    }
-}
-
-/// The rows `part` names of `output`, held here: `None` when it does not
-/// have them.
-fn local_rows(output: &Arc<Output>, part: &PartSpec) -> Option<Slice> {
-    let whole = Slice::whole(output.clone());
-    match part.rows {
-        Want::Whole | Want::WithCut => Some(whole),
-        Want::Rows(rows) => whole.sub_within(rows.offset, rows.len),
-        Want::Group(d) => {
-            Some(Part::group(&whole, d as usize)).filter(|s| s.destination().is_none())
-        }
     }
 }
 
@@ -716,6 +708,7 @@ mod tests {
             keep_again: Vec::new(),
             may_spill: false,
             range: None,
+            rows: None,
         }
     }
 
@@ -804,52 +797,16 @@ mod tests {
         state.outputs.insert(id, Output::new(part, 80, None));
         let outside = PartSpec::range("node".into(), id, 5, 20);
         let input = InputSpec::Parts(vec![outside]);
-        state.run(TaskId(1), 1, (input, None), Keep::all(), false, &myself);
+        state.run(
+            TaskId(1),
+            1,
+            (input, None, None),
+            Keep::all(),
+            false,
+            &myself,
+        );
         assert!(state.running.is_empty(), "the failed task still runs here");
         transport.stop();
-    }
-
-    /// A reducer's destination of a map output is found by the cut the
-    /// holder's store keeps with it: read here, or served to a peer. No
-    /// cut, or no such destination, is refused.
-    #[test]
-    fn a_destination_is_found_by_the_cut_its_holders_store_keeps() {
-        use arrow_array::{ArrayRef, Int64Array};
-        use streambatch_net::{PartitionServer, RowRange};
-        use streambatch_store::{SharedStore, StoreConfig};
-
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            SharedStore::open(StoreConfig::new(16 << 20, dir.path().join("spill"))).unwrap();
-        let x: ArrayRef = Arc::new(Int64Array::from_iter_values(0..10));
-        let batch = RecordBatch::try_from_iter([("x", x)]).unwrap();
-        let grouped = store.put_grouped(batch.clone(), &[0, 3, 3, 10]).unwrap();
-        let plain = store.put(batch.clone()).unwrap();
-        let server = StoreServer::new(store.clone());
-        let (grouped_id, plain_id) = (grouped.id().0, plain.id().0);
-        server.offer(grouped.clone());
-        server.offer(plain.clone());
-        let grouped = Output::new(grouped, 80, None);
-        let plain = Output::new(plain, 80, None);
-        let group = |output: &Arc<Output>, d| {
-            let spec = PartSpec {
-                holder: "node".into(),
-                id: output.part().id().0,
-                rows: Want::Group(d),
-            };
-            local_rows(output, &spec).map(|slice| slice.read().unwrap())
-        };
-        assert_eq!(group(&grouped, 0), Some(batch.slice(0, 3)));
-        assert_eq!(group(&grouped, 1), Some(batch.slice(3, 0)));
-        assert_eq!(group(&grouped, 2), Some(batch.slice(3, 7)));
-        assert_eq!(group(&grouped, 3), None, "cut into 3");
-        assert_eq!(group(&plain, 0), None, "kept no cut");
-        let range = |offset, len| RowRange { offset, len };
-        assert_eq!(server.group_rows(grouped_id, 2), Ok(range(3, 7)));
-        let refused = server.group_rows(grouped_id, 3).unwrap_err();
-        assert!(refused.contains("no destination 3"), "{refused}");
-        let refused = server.group_rows(plain_id, 0).unwrap_err();
-        assert!(refused.contains("not kept cut"), "{refused}");
     }
 
     #[test]

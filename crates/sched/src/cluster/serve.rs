@@ -97,18 +97,16 @@ impl PartitionServer for StoreServer {
     /// with it: no one else keeps it.
     fn group_rows(&self, partition: u64, group: u32) -> Result<RowRange, String> {
         let part = self.offered_part(partition)?;
-        let cut = part
-            .groups()
-            .ok_or_else(|| format!("partition {partition} is not kept cut into destinations"))?;
-        match cut.get(group as usize..group as usize + 2) {
-            Some(&[start, end]) => Ok(RowRange {
-                offset: u64::from(start),
-                len: u64::from(end - start),
+        match (part.group_rows(group as usize), part.groups()) {
+            (Some(rows), _) => Ok(RowRange {
+                offset: rows.start as u64,
+                len: rows.len() as u64,
             }),
-            _ => Err(format!(
+            (None, Some(cut)) => Err(format!(
                 "partition {partition} has no destination {group}: it is cut into {}",
                 cut.len() - 1
             )),
+            (None, None) => Err(format!("partition {partition} is not kept cut into groups")),
         }
     }
 
@@ -117,7 +115,7 @@ impl PartitionServer for StoreServer {
         let part = self.offered_part(partition)?;
         let cut = part.groups();
         cut.map(|cut| cut.to_vec())
-            .ok_or_else(|| format!("partition {partition} is not kept cut into destinations"))
+            .ok_or_else(|| format!("partition {partition} is not kept cut into groups"))
     }
 }
 

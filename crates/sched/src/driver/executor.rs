@@ -144,8 +144,9 @@ struct Remote {
     /// Per node: it was lost (its events are not heard any more).
     gone: Vec<bool>,
     /// Partitions asked to move off a draining node, by holder and id:
-    /// which output they are, of which stage.
-    adopting: HashMap<(String, u64), (Origin, usize)>,
+    /// which output they are, of which stage, and whether their cut goes
+    /// with them (`JobOrder::Adopt.with_cut`).
+    adopting: HashMap<(String, u64), (Origin, usize, bool)>,
 }
 
 /// Memory as the local store and the job's budgets have it now.
@@ -593,13 +594,13 @@ impl ExecState {
                 bytes,
                 cut,
             } => {
-                let Some((origin, stage)) = remote.adopting.remove(&(holder.clone(), from)) else {
+                let adopting = remote.adopting.remove(&(holder.clone(), from));
+                let Some((origin, stage, with_cut)) = adopting else {
                     return;
                 };
                 // A map output's cut must have come whole: a reducer's rows
                 // are found by it. Else the copy goes, the output stays.
-                let expected = job.cut_fingerprint(origin);
-                if expected.is_some() && cut != expected {
+                if with_cut && cut != job.cut_fingerprint(origin) {
                     tracing::warn!(node = %event.node, %holder, partition = from, "a moved map output came with another cut; it stays where it was");
                     let source = remote.source.clone();
                     return source.release(&event.node, id);
@@ -797,6 +798,7 @@ impl Remote {
                 stage,
                 node,
                 input,
+                rows,
                 keep,
                 may_spill,
             } => {
@@ -819,6 +821,7 @@ impl Remote {
                     keep_again: keep.again,
                     may_spill,
                     range,
+                    rows,
                 };
                 self.tell(node, order, job);
             }
@@ -863,7 +866,8 @@ impl Remote {
                     stage: stage as u64,
                     with_cut,
                 };
-                self.adopting.insert((holder, id), (origin, stage));
+                self.adopting
+                    .insert((holder, id), (origin, stage, with_cut));
                 self.tell(to, order, job);
             }
             Action::Emit { .. } | Action::End(_) | Action::Drained => {

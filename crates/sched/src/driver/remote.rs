@@ -54,13 +54,13 @@ pub(super) fn part_spec(slice: &Slice) -> PartSpec {
         .remote_part()
         .expect("a cluster job's partitions are on its nodes");
     let (offset, len) = (slice.offset as u64, slice.len as u64);
-    let rows = match slice.destination() {
+    let want = match slice.destination() {
         Some(d) => Want::Group(d),
         None => Want::Rows(RowRange { offset, len }),
     };
     PartSpec {
         holder: part.holder.clone(),
         id: part.id,
-        rows,
+        want,
     }
 }

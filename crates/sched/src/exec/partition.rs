@@ -123,7 +123,8 @@ pub struct Slice {
     /// Rows.
     pub len: usize,
     /// The whole output of an exchange's map side: where each
-    /// destination's rows start, and the end.
+    /// destination's rows start, and the end (a hash exchange's only until
+    /// the job sums it, `Part::forget_cut`).
     groups: Option<Arc<[u32]>>,
     /// The whole output of a sort's map side: its keys' sample.
     sample: Option<Arc<KeySample>>,
@@ -136,11 +137,10 @@ pub struct Slice {
 }
 
 impl Slice {
-    /// The whole partition.
-    pub fn whole(output: Arc<Output>) -> Self {
-        let len = output.part.rows();
+    /// All `len` rows of `data`.
+    fn all(data: Data, len: usize) -> Self {
         Self {
-            data: Data::Stored(output),
+            data,
             offset: 0,
             len,
             groups: None,
@@ -148,34 +148,24 @@ impl Slice {
             cut_at_holder: false,
             destination: None,
         }
+    }
+
+    /// The whole partition.
+    pub fn whole(output: Arc<Output>) -> Self {
+        let len = output.part.rows();
+        Self::all(Data::Stored(output), len)
     }
 
     /// The whole of a partition another node holds.
     pub fn remote(part: RemotePart) -> Self {
         let len = part.rows;
-        Self {
-            data: Data::Remote(Arc::new(part)),
-            offset: 0,
-            len,
-            groups: None,
-            sample: None,
-            cut_at_holder: false,
-            destination: None,
-        }
+        Self::all(Data::Remote(Arc::new(part)), len)
     }
 
     /// Rows read from another node.
     pub fn fetched(batch: RecordBatch) -> Self {
         let len = batch.num_rows();
-        Self {
-            data: Data::Fetched(batch),
-            offset: 0,
-            len,
-            groups: None,
-            sample: None,
-            cut_at_holder: false,
-            destination: None,
-        }
+        Self::all(Data::Fetched(batch), len)
     }
 
     /// This slice, a whole output cut by destination at `groups` (see
@@ -202,6 +192,7 @@ impl Slice {
     /// Rows `offset..offset + len` of this slice. A part of a whole cut by
     /// destination no longer has the whole's groups.
     pub fn sub(&self, offset: usize, len: usize) -> Self {
+        debug_assert!(self.destination.is_none(), "rows of rows not known here");
         let whole = offset == 0 && len == self.len;
         Self {
             data: self.data.clone(),
@@ -210,18 +201,19 @@ impl Slice {
             groups: self.groups.clone().filter(|_| whole),
             sample: self.sample.clone().filter(|_| whole),
             cut_at_holder: self.cut_at_holder && whole,
-            destination: self.destination,
+            destination: None,
         }
     }
 
-    /// Its rows are known here: not a destination left to a holder that
-    /// kept no cut of the partition.
+    /// Its rows are known here, not a destination its holder is to find
+    /// (asked for by a node's order, `Want::Group`), or that no cut of this
+    /// process's store could find.
     fn resolved(&self) -> Result<()> {
         match self.destination {
             None => Ok(()),
             Some(d) => Err(Error::Invalid(format!(
-                "destination {d}'s rows of a partition of {} bytes are left to its holder, \
-                 which keeps no cut of it",
+                "destination {d}'s rows of a partition of {} bytes are not known here: \
+                 its holder finds them",
                 self.partition_bytes()
             ))),
         }
@@ -375,21 +367,13 @@ impl Part for Slice {
     /// In this process's store, found now by the cut the store keeps;
     /// elsewhere, named for the holder to find.
     fn group(&self, d: usize) -> Self {
-        let cut = self.stored().and_then(|output| output.part.groups());
-        if let Some(cut) = cut.filter(|cut| d + 1 < cut.len() && self.offset == 0) {
-            let (start, end) = (cut[d] as usize, cut[d + 1] as usize);
-            if start <= end && end <= self.len {
-                return self.sub(start, end - start);
-            }
+        let rows = self.stored().and_then(|output| output.part.group_rows(d));
+        if let Some(rows) = rows.filter(|rows| self.offset == 0 && rows.end <= self.len) {
+            return self.sub(rows.start, rows.len());
         }
         Self {
-            data: self.data.clone(),
-            offset: 0,
-            len: 0,
-            groups: None,
-            sample: None,
-            cut_at_holder: false,
             destination: Some(d as u32),
+            ..Self::all(self.data.clone(), 0)
         }
     }
 }

@@ -49,20 +49,17 @@ impl CutSums {
             return;
         }
         let (n, rows) = (self.rows.len(), part.rows());
-        let cut = match part.groups() {
-            Some(cut) => fits(cut, n, rows).and_then(|fits| match fits {
-                true => Ok(cut.clone()),
-                false => Err(format!(
-                    "a map output of {rows} rows is not cut into {n} destinations"
-                )),
-            }),
-            None => Err(format!(
-                "a map output of {rows} rows is not cut into {n} destinations"
-            )),
-        };
-        let cut = match cut {
-            Ok(cut) => cut,
-            Err(why) => {
+        let cut = match part
+            .groups()
+            .map(|cut| fits(cut, n, rows).map(|()| cut.clone()))
+        {
+            Some(Ok(cut)) => cut,
+            Some(Err(why)) => {
+                self.refused.get_or_insert(why);
+                return;
+            }
+            None => {
+                let why = format!("a map output of {rows} rows is not cut into {n} destinations");
                 self.refused.get_or_insert(why);
                 return;
             }
@@ -252,6 +249,13 @@ impl<P: Part> Exchanged<P> {
             })
     }
 
+    /// A hash exchange's reducer `place`: the rows its outputs' holders
+    /// must find for it (a sort's reducer is handed its rows).
+    pub(crate) fn rows_found_by_holders(&self, place: u32) -> Option<u64> {
+        let share = &self.reducers[place as usize];
+        share.range.is_none().then_some(share.rows)
+    }
+
     /// A sort's reducer's keys.
     pub(crate) fn range(&self, place: u32) -> Option<Arc<KeyRange>> {
         self.reducers[place as usize].range.clone()
@@ -373,14 +377,16 @@ fn sampled<P>(output: &MapOutput<P>) -> SampledOutput<'_> {
     }
 }
 
-/// Whether `cut` cuts `rows` rows into `n` destinations, in order.
-fn fits(cut: &[u32], n: usize, rows: usize) -> Result<bool, String> {
+/// That `cut` cuts `rows` rows into `n` destinations, in order.
+fn fits(cut: &[u32], n: usize, rows: usize) -> Result<(), String> {
     if cut.len() != n + 1 || cut.first() != Some(&0) || cut.last() != Some(&(rows as u32)) {
-        return Ok(false);
+        return Err(format!(
+            "a map output of {rows} rows is not cut into {n} destinations"
+        ));
     }
     match cut.windows(2).position(|w| w[1] < w[0]) {
         Some(d) => Err(format!("destination {d} ends before it starts")),
-        None => Ok(true),
+        None => Ok(()),
     }
 }
 

@@ -89,6 +89,9 @@ pub(crate) enum Action<P> {
         stage: usize,
         node: usize,
         input: RunInput<P>,
+        /// A hash exchange's reducer: the rows its holders must find in
+        /// all (the cuts summed as they arrived), checked where it runs.
+        rows: Option<u64>,
         keep: Keep,
         may_spill: bool,
     },
@@ -720,6 +723,15 @@ impl<P: Part> JobState<P> {
                 let exchange = self.exchange(stage);
                 RunInput::Parts(exchange.parts(*place), exchange.range(*place))
             }
+        }
+    }
+
+    /// The rows the holders of a hash exchange reducer's input must find
+    /// for it (see `Action::Start`); `None` for other tasks.
+    fn rows_found_by_holders(&self, stage: usize, input: &LineageInput<P>) -> Option<u64> {
+        match input {
+            LineageInput::Reducer(place) => self.exchange(stage).rows_found_by_holders(*place),
+            _ => None,
         }
     }
 

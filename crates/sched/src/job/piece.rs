@@ -23,7 +23,8 @@ pub(crate) trait Part: Clone {
     /// The node that holds it.
     fn node(&self) -> usize;
     /// Where each destination's rows start (and the end), when this is a
-    /// whole output of an exchange's map side.
+    /// whole output of an exchange's map side whose cut the job keeps: a
+    /// sort's always, a hash exchange's until [`Part::forget_cut`].
     fn groups(&self) -> Option<&Arc<[u32]>> {
         None
     }

@@ -282,6 +282,7 @@ impl<P: Part> JobState<P> {
             self.spilling_tasks += usize::from(may_spill);
             let keep = Keep::of(record.delivered, &record.again);
             let input = self.held_input(stage, &self.tasks[&task].input);
+            let rows = self.rows_found_by_holders(stage, &self.tasks[&task].input);
             let holding = reducer_holding(&self.tasks[&task].input, &input);
             self.tasks.get_mut(&task).expect("looked up above").holding = holding;
             self.actions.push(Action::Start {
@@ -289,6 +290,7 @@ impl<P: Part> JobState<P> {
                 stage,
                 node,
                 input,
+                rows,
                 keep,
                 may_spill,
             });
@@ -319,6 +321,7 @@ impl<P: Part> JobState<P> {
             order.started(task, *place);
         }
         let run_input = self.held_input(stage, &input);
+        let rows = self.rows_found_by_holders(stage, &input);
         let holding = reducer_holding(&input, &run_input);
         self.tasks.insert(
             task,
@@ -343,6 +346,7 @@ impl<P: Part> JobState<P> {
             stage,
             node,
             input: run_input,
+            rows,
             keep: Keep::all(),
             may_spill,
         });

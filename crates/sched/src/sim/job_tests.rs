@@ -111,6 +111,7 @@ fn simulate(
                     input,
                     keep,
                     may_spill,
+                    ..
                 } => {
                     let outputs = match input {
                         RunInput::Split(i) => split_outputs(bases[i], split_rows[i]),

@@ -578,11 +578,22 @@ impl<'a> Sim<'a> {
                 stage,
                 node,
                 input,
+                rows,
                 keep,
                 may_spill,
             } => {
                 if self.state[node] != NodeState::Up {
                     return Err(format!("task {task} started on node {node}, not up"));
+                }
+                // What the holders find for a hash exchange's reducer adds
+                // up to what the cuts said, as a node checks.
+                if let (Some(rows), RunInput::Parts(parts, _)) = (rows, &input) {
+                    let found: usize = parts.iter().map(|p| p.len).sum();
+                    if found as u64 != rows {
+                        return Err(format!(
+                            "task {task}: holders found {found} rows, cuts said {rows}"
+                        ));
+                    }
                 }
                 let cap = self.scenario.pipeline.input_held_cap(stage);
                 let hold = match &input {

@@ -88,7 +88,7 @@ fn seeds() -> Vec<Vec<u8>> {
                     PartSpec {
                         holder: "b".into(),
                         id: 10,
-                        rows: streambatch_net::Want::Group(3),
+                        want: streambatch_net::Want::Group(3),
                     },
                 ]),
                 keep_from: 0,
@@ -98,6 +98,7 @@ fn seeds() -> Vec<Vec<u8>> {
                     lo: Some(vec![1, 2]),
                     hi: None,
                 }),
+                rows: Some(17),
             },
         })
         .to_vec(),

@@ -94,14 +94,14 @@ pub(crate) struct PartSpec {
     pub(crate) id: u64,
     /// Which of its rows: a range, or a hash exchange's reducer's
     /// destination, which the holder finds by the cut it keeps.
-    pub(crate) rows: Want,
+    pub(crate) want: Want,
 }
 
 impl PartSpec {
     /// Rows `offset..offset + len` of partition `id` of `holder`.
     pub(crate) fn range(holder: String, id: u64, offset: u64, len: u64) -> Self {
-        let rows = Want::Rows(streambatch_net::RowRange { offset, len });
-        Self { holder, id, rows }
+        let want = Want::Rows(streambatch_net::RowRange { offset, len });
+        Self { holder, id, want }
     }
 }
 
@@ -159,6 +159,9 @@ pub(crate) enum JobOrder {
         may_spill: bool,
         /// A sort's reducer: the keys it keeps of its input.
         range: Option<KeyRangeSpec>,
+        /// A hash exchange's reducer: the rows the holders must find for it
+        /// in all (the cuts summed as the driver got them).
+        rows: Option<u64>,
     },
     /// Resume a task paused here.
     Resume { task: u64, may_spill: bool },
