@@ -15,7 +15,9 @@
 //! it may also ask for a group of a partition stored cut into groups (a
 //! reducer's destination of an exchange's map output, [`Want::Group`]):
 //! the holder finds its rows by the cut it keeps and names them first
-//! ([`FetchReply::Group`]), so that no one else need keep the cut.
+//! ([`FetchReply::Group`]), so that no one else need keep the cut; or for
+//! a whole such partition with its cut ([`Want::WithCut`], a map output
+//! moving off a draining node): the cut comes first ([`FetchReply::Cut`]).
 //! QUIC's stream flow control is the credit: the holder writes only
 //! as far as the puller has read plus the stream window (16 MiB), so a slow
 //! reader slows the sender and nothing piles up in between.

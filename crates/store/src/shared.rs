@@ -1091,12 +1091,12 @@ enum Encoded {
 /// `rows`: at least one, so that even no rows read with their schema.
 fn groups_holding(groups: &[u32], rows: &std::ops::Range<usize>) -> (usize, usize) {
     let n = groups.len() - 1;
-    if rows.is_empty() {
-        // The first group starting there: an empty destination's own, so
-        // that only its stream's header is read (a hash exchange's reducer
-        // asks every map output for its destination, rows or not).
-        let first = groups.partition_point(|&s| (s as usize) < rows.start);
-        return (first.min(n - 1), 1);
+    // No rows where a group starts (an empty destination's own): only
+    // that group's stream is read, its header (a hash exchange's reducer
+    // asks every map output for its destination, rows or not).
+    let first = groups.partition_point(|&s| (s as usize) < rows.start);
+    if rows.is_empty() && first < n && groups[first] as usize == rows.start {
+        return (first, 1);
     }
     let first = groups
         .partition_point(|&s| s as usize <= rows.start)
@@ -1516,7 +1516,14 @@ mod tests {
             }
         }
         // Across groups, within one, and the whole: the same rows as memory holds.
-        for rows in [4_000..13_000, 6_000..7_000, 5_000..5_000, 0..20_000] {
+        for rows in [
+            4_000..13_000,
+            6_000..7_000,
+            5_000..5_000,
+            2_000..2_000,
+            20_000..20_000,
+            0..20_000,
+        ] {
             let read = part.get_rows(rows.clone(), false).unwrap();
             assert_eq!(read, whole.slice(rows.start, rows.len()), "{rows:?}");
         }

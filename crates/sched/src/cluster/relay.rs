@@ -525,9 +525,10 @@ impl RelayState {
     }
 
     /// Takes over `part` from its draining holder: pulls it (on a task of
-    /// its own), stores it here within the job's budget and the store's
-    /// room, and reports it. A partition that does not fit stays where it
-    /// is, and its holder leaves once the job is done with it.
+    /// its own; a map output with its cut), stores it here within the
+    /// job's budget and the store's room, and reports it. A partition that
+    /// does not fit, or whose cut did not come whole, stays where it is,
+    /// and its holder leaves once the job is done with it.
     fn adopt(&self, part: PartSpec, stage: usize, myself: &ActorRef<RelayMsg>) {
         let (ctx, transport, counts) = (
             self.ctx.clone(),
@@ -597,6 +598,13 @@ fn store_adopted(
     batch: RecordBatch,
     cut: Option<&[u32]>,
 ) -> Result<Arc<Output>, String> {
+    let rows = batch.num_rows();
+    if let Some(cut) = cut.filter(|cut| !cuts(cut, rows)) {
+        let groups = cut.len().saturating_sub(1);
+        return Err(format!(
+            "the cut sent with it ({groups} groups) does not cut its {rows} rows in order"
+        ));
+    }
     let bytes = batch_bytes(&batch);
     let reservation = ctx
         .budgets
@@ -613,6 +621,15 @@ fn store_adopted(
             Err(e.to_string())
         }
     }
+}
+
+/// Whether `cut` (starts and the end, from a peer) cuts `rows` rows in
+/// order.
+fn cuts(cut: &[u32], rows: usize) -> bool {
+    cut.len() >= 2
+        && cut[0] == 0
+        && cut[cut.len() - 1] as usize == rows
+        && cut.windows(2).all(|w| w[0] <= w[1])
 }
 
 /// A UDF's error message may be long; the event carrying it must fit in a
@@ -807,6 +824,16 @@ mod tests {
         );
         assert!(state.running.is_empty(), "the failed task still runs here");
         transport.stop();
+    }
+
+    /// A cut a peer sent with a map output it hands over is kept only if
+    /// it cuts the rows that came, in order.
+    #[test]
+    fn a_cut_sent_with_a_partition_must_cut_its_rows_in_order() {
+        assert!(cuts(&[0, 3, 3, 10], 10));
+        for refused in [&[0, 3, 2, 10][..], &[0, 3], &[1, 10], &[10], &[]] {
+            assert!(!cuts(refused, 10), "{refused:?}");
+        }
     }
 
     #[test]

@@ -92,8 +92,9 @@ pub(crate) struct PartSpec {
     pub(crate) holder: String,
     /// Its id in the holder's store.
     pub(crate) id: u64,
-    /// Which of its rows: a range, or a hash exchange's reducer's
-    /// destination, which the holder finds by the cut it keeps.
+    /// Which of its rows: a range, a hash exchange's reducer's destination
+    /// (which the holder finds by the cut it keeps), or all of a map output
+    /// with its cut (`WithCut`, moving it off a draining node).
     pub(crate) want: Want,
 }
 
