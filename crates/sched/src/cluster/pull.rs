@@ -70,18 +70,29 @@ pub(crate) async fn pull(
     part: &PartSpec,
     counts: &PullCounts,
 ) -> Result<(Slice, Option<Vec<u32>>), Error> {
-    let asked = [PartRows {
-        partition: part.id,
-        want: part.want,
-    }];
-    let fetched = transport.fetch_many(&part.holder, &asked).await;
-    let mut fetched = fetched.map_err(|e| Error::OnNode {
-        node: part.holder.clone(),
-        message: format!("fetching partition {}: {e}", part.id),
-    })?;
+    let mut fetched = fetch(transport, std::slice::from_ref(part)).await?;
     let mut fetched = fetched.pop().expect("one asked, one answered");
     let cut = fetched.cut.take();
     Ok((slice_of(part, fetched, counts)?, cut))
+}
+
+/// Fetches `parts`, all of one holder, on one stream: an answer for each.
+async fn fetch(transport: &Transport, parts: &[PartSpec]) -> Result<Vec<FetchedPart>, Error> {
+    let Some(first) = parts.first() else {
+        return Ok(Vec::new());
+    };
+    let asked: Vec<PartRows> = parts
+        .iter()
+        .map(|part| PartRows {
+            partition: part.id,
+            want: part.want,
+        })
+        .collect();
+    let fetched = transport.fetch_many(&first.holder, &asked).await;
+    fetched.map_err(|e| Error::OnNode {
+        node: first.holder.clone(),
+        message: format!("fetching {} partition(s): {e}", parts.len()),
+    })
 }
 
 /// Pulls input partitions `parts` (each with its place in the task's
@@ -91,25 +102,12 @@ async fn pull_all(
     parts: Vec<(usize, PartSpec)>,
     counts: &PullCounts,
 ) -> Result<Vec<(usize, Slice)>, Error> {
-    let Some((_, first)) = parts.first() else {
-        return Ok(Vec::new());
-    };
-    let asked: Vec<PartRows> = parts
-        .iter()
-        .map(|(_, part)| PartRows {
-            partition: part.id,
-            want: part.want,
-        })
-        .collect();
-    let fetched = transport.fetch_many(&first.holder, &asked).await;
-    let fetched = fetched.map_err(|e| Error::OnNode {
-        node: first.holder.clone(),
-        message: format!("fetching {} partition(s): {e}", parts.len()),
-    })?;
-    parts
+    let (places, parts): (Vec<usize>, Vec<PartSpec>) = parts.into_iter().unzip();
+    let fetched = fetch(transport, &parts).await?;
+    places
         .into_iter()
-        .zip(fetched)
-        .map(|((at, part), fetched)| Ok((at, slice_of(&part, fetched, counts)?)))
+        .zip(parts.iter().zip(fetched))
+        .map(|(at, (part, fetched))| Ok((at, slice_of(part, fetched, counts)?)))
         .collect()
 }
 
@@ -201,10 +199,10 @@ pub(crate) fn found_all(
     task: TaskId,
     slices: &[(usize, Slice)],
     rows: Option<u64>,
-) -> Result<(), streambatch_plan::Error> {
+) -> Result<(), Error> {
     let found: usize = slices.iter().map(|(_, slice)| slice.len).sum();
     match rows {
-        Some(rows) if rows != found as u64 => Err(streambatch_plan::Error::Invalid(format!(
+        Some(rows) if rows != found as u64 => Err(Error::Invalid(format!(
             "task {}: the holders of its input found {found} rows of its destination, \
              where the map outputs' cuts held {rows}",
             task.0
