@@ -21,7 +21,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 use crate::driver::executor::{ExecutorArgs, Nodes};
 use crate::driver::msg::ExecutorMsg;
 use crate::driver::output::JobOutput;
-use crate::driver::remote::RemoteNode;
+use crate::driver::remote::{MAX_PAYLOAD_BYTES, RemoteNode};
 use crate::driver::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::error::ClusterError;
 use crate::exec::partition::{RemotePart, RemoteSource};
@@ -30,9 +30,6 @@ use crate::wire::join::{load_identity, peer_timeout, runtime};
 use crate::wire::msg::AgentMsg;
 use crate::wire::plan::PlanSpec;
 use crate::wire::{JobKey, JobOrder, JobStart, Members, NodeInfo, Order};
-
-/// Room in a cluster frame for ractor_cluster's envelope around a payload.
-const ENVELOPE_BYTES: usize = 64 << 10;
 
 /// Running jobs' executors, each with the names of the nodes it uses.
 type RunningJobs = Arc<Mutex<Vec<(Vec<String>, ActorRef<ExecutorMsg>)>>>;
@@ -181,7 +178,7 @@ impl ClusterClient {
         let bytes = frame::encode(&start).to_vec();
         // A frame over ractor_cluster's limit would close the session (and
         // the node would look lost): refuse such a plan here, saying why.
-        let limit = frame::MAX_CONTROL_FRAME as usize - ENVELOPE_BYTES;
+        let limit = MAX_PAYLOAD_BYTES;
         if bytes.len() > limit {
             return Err(Error::Invalid(format!(
                 "the plan takes {} bytes on the wire, over the {limit} a cluster message \

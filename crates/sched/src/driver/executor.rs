@@ -18,7 +18,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats, KeySample};
 use streambatch_store::ObjectStore;
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
-use crate::driver::remote::{RemoteNode, part_spec};
+use crate::driver::remote::{MAX_PAYLOAD_BYTES, OrderError, RemoteNode, part_spec};
 use crate::exec::budget::{Budgets, StageTotals};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{RemotePart, RemoteSource, Slice};
@@ -879,9 +879,20 @@ impl Remote {
     /// Sends `node` an order; a node that cannot be reached is lost.
     fn tell(&mut self, node: usize, order: JobOrder, job: &mut JobState<Slice>) {
         let target = &self.nodes[node];
-        if target.order(&self.key, order).is_err() {
-            self.gone[node] = true;
-            job.on_node_lost(node, &target.name.clone());
+        match target.order(&self.key, order) {
+            Ok(()) => {}
+            Err(OrderError::Gone) => {
+                self.gone[node] = true;
+                job.on_node_lost(node, &target.name.clone());
+            }
+            // A task's input listing too many partitions (a reducer of an
+            // exchange of as many map outputs): the job cannot go on.
+            Err(OrderError::TooLarge(bytes)) => job.fail(Error::Invalid(format!(
+                "an order to node {} takes {bytes} bytes, over the {MAX_PAYLOAD_BYTES} a \
+                 cluster message carries: its task reads too many partitions (an exchange \
+                 of this many map outputs; a larger target_partition_bytes makes fewer)",
+                target.name
+            ))),
         }
     }
 

@@ -35,15 +35,40 @@ impl RemoteNode {
         }
     }
 
-    /// Sends the node an order of job `key`; an error when its agent is gone.
-    pub(crate) fn order(&self, key: &JobKey, order: JobOrder) -> Result<(), ()> {
-        let order = Order {
-            key: key.clone(),
-            order,
-        };
-        self.agent
-            .cast(AgentMsg::Order(frame::encode(&order).to_vec()))
-            .map_err(|_| ())
+    /// Sends the node an order of job `key`.
+    pub(crate) fn order(&self, key: &JobKey, order: JobOrder) -> Result<(), OrderError> {
+        let order = encode_order(key, order)?;
+        let sent = self.agent.cast(AgentMsg::Order(order));
+        sent.map_err(|_| OrderError::Gone)
+    }
+}
+
+/// Room in a cluster frame for ractor_cluster's envelope around a payload.
+pub(super) const ENVELOPE_BYTES: usize = 64 << 10;
+
+/// The most bytes a payload of a cluster message may take: one over it
+/// would close the session, and the node would look lost.
+pub(super) const MAX_PAYLOAD_BYTES: usize = frame::MAX_CONTROL_FRAME as usize - ENVELOPE_BYTES;
+
+/// Why an order did not go.
+#[derive(Debug, PartialEq)]
+pub(crate) enum OrderError {
+    /// The node's agent is gone.
+    Gone,
+    /// It takes this many bytes, over [`MAX_PAYLOAD_BYTES`].
+    TooLarge(usize),
+}
+
+/// Order `order` of job `key` as a cluster message carries it.
+fn encode_order(key: &JobKey, order: JobOrder) -> Result<Vec<u8>, OrderError> {
+    let order = Order {
+        key: key.clone(),
+        order,
+    };
+    let bytes = frame::encode(&order).to_vec();
+    match bytes.len() {
+        len if len > MAX_PAYLOAD_BYTES => Err(OrderError::TooLarge(len)),
+        _ => Ok(bytes),
     }
 }
 
@@ -62,5 +87,51 @@ pub(super) fn part_spec(slice: &Slice) -> PartSpec {
         holder: part.holder.clone(),
         id: part.id,
         want,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::InputSpec;
+
+    /// A reducer's order naming `outputs` map outputs' destinations.
+    fn reducer_order(outputs: u64) -> JobOrder {
+        let part = |id| PartSpec {
+            holder: "worker-1".into(),
+            id,
+            want: Want::Group(7),
+        };
+        JobOrder::Run {
+            task: 1,
+            stage: 2,
+            input: InputSpec::Parts((0..outputs).map(part).collect()),
+            keep_from: 0,
+            keep_again: Vec::new(),
+            may_spill: false,
+            range: None,
+            rows: Some(outputs),
+        }
+    }
+
+    /// An order a cluster message cannot carry is refused with its size,
+    /// not sent to close the session (the node would look lost).
+    #[test]
+    fn an_order_over_a_cluster_message_is_refused_with_its_size() {
+        let key = JobKey {
+            cluster: "c".into(),
+            driver: "driver".into(),
+            job: 1,
+        };
+        let fits = encode_order(&key, reducer_order(1_000)).unwrap();
+        let per_output = fits.len() / 1_000;
+        assert!(
+            (24..=64).contains(&per_output),
+            "{per_output} bytes an output"
+        );
+        match encode_order(&key, reducer_order(40_000)) {
+            Err(OrderError::TooLarge(len)) => assert!(len > MAX_PAYLOAD_BYTES),
+            other => panic!("{:?}", other.map(|b| b.len())),
+        }
     }
 }
