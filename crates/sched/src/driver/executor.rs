@@ -18,7 +18,7 @@ use streambatch_plan::{Error, ExecPlan, JobStats, KeySample};
 use streambatch_store::ObjectStore;
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
-use crate::driver::remote::{MAX_PAYLOAD_BYTES, OrderError, RemoteNode, part_spec};
+use crate::driver::remote::{OrderError, RemoteNode, part_spec};
 use crate::exec::budget::{Budgets, StageTotals};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{RemotePart, RemoteSource, Slice};
@@ -885,14 +885,7 @@ impl Remote {
                 self.gone[node] = true;
                 job.on_node_lost(node, &target.name.clone());
             }
-            // A task's input listing too many partitions (a reducer of an
-            // exchange of as many map outputs): the job cannot go on.
-            Err(OrderError::TooLarge(bytes)) => job.fail(Error::Invalid(format!(
-                "an order to node {} takes {bytes} bytes, over the {MAX_PAYLOAD_BYTES} a \
-                 cluster message carries: its task reads too many partitions (an exchange \
-                 of this many map outputs; a larger target_partition_bytes makes fewer)",
-                target.name
-            ))),
+            Err(too_large) => job.fail(too_large.why(&target.name)),
         }
     }
 

@@ -59,6 +59,23 @@ pub(crate) enum OrderError {
     TooLarge(usize),
 }
 
+impl OrderError {
+    /// Why an order to node `node` did not go, as the job's error.
+    pub(crate) fn why(&self, node: &str) -> streambatch_plan::Error {
+        let message = match self {
+            Self::Gone => format!("node {node} is gone"),
+            // A task's input listing too many partitions (a reducer of an
+            // exchange of as many map outputs): the job cannot go on.
+            Self::TooLarge(bytes) => format!(
+                "an order to node {node} takes {bytes} bytes, over the {MAX_PAYLOAD_BYTES} a \
+                 cluster message carries: its task reads too many partitions (an exchange \
+                 of this many map outputs; a larger target_partition_bytes makes fewer)"
+            ),
+        };
+        streambatch_plan::Error::Invalid(message)
+    }
+}
+
 /// Order `order` of job `key` as a cluster message carries it.
 fn encode_order(key: &JobKey, order: JobOrder) -> Result<Vec<u8>, OrderError> {
     let order = Order {
@@ -130,7 +147,14 @@ mod tests {
             "{per_output} bytes an output"
         );
         match encode_order(&key, reducer_order(40_000)) {
-            Err(OrderError::TooLarge(len)) => assert!(len > MAX_PAYLOAD_BYTES),
+            Err(too_large @ OrderError::TooLarge(len)) => {
+                assert!(len > MAX_PAYLOAD_BYTES);
+                let why = too_large.why("worker-1").to_string();
+                assert!(
+                    why.contains("worker-1") && why.contains(&len.to_string()),
+                    "{why}"
+                );
+            }
             other => panic!("{:?}", other.map(|b| b.len())),
         }
     }
