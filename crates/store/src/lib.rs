@@ -40,7 +40,7 @@ mod spill_writer;
 
 pub use error::{PutError, SpillError, StoreError};
 pub use output::{OutputBuffer, with_output_store};
-pub use partition::{PartitionRef, PinGuard};
+pub use partition::{PartitionRef, PinGuard, cuts_in_order};
 pub use shared::{
     SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_keeping,
     open_shared_unchecked,

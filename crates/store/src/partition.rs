@@ -88,6 +88,16 @@ impl PartitionRef {
     }
 }
 
+/// Whether `groups` (where each group starts, and the end) cut `rows`
+/// rows in order: the groups a store keeps with a partition
+/// (`ObjectStore::put_grouped`), as a peer's cut sent with one must be.
+pub fn cuts_in_order(groups: &[u32], rows: usize) -> bool {
+    groups.len() >= 2
+        && groups[0] == 0
+        && groups[groups.len() - 1] as usize == rows
+        && groups.windows(2).all(|w| w[0] <= w[1])
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.store.release(self.id, self.bytes);
@@ -113,5 +123,20 @@ impl PinGuard {
     /// Made by a store around its own pin record, released when dropped.
     pub fn new(pin: Arc<dyn std::any::Any + Send + Sync>) -> Self {
         Self { _pin: pin }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cut a peer sent with a map output it hands over is kept only if
+    /// it cuts the rows that came, in order.
+    #[test]
+    fn a_cut_sent_with_a_partition_must_cut_its_rows_in_order() {
+        assert!(cuts_in_order(&[0, 3, 3, 10], 10));
+        for refused in [&[0, 3, 2, 10][..], &[0, 3], &[1, 10], &[10], &[]] {
+            assert!(!cuts_in_order(refused, 10), "{refused:?}");
+        }
     }
 }

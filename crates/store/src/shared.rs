@@ -383,12 +383,7 @@ impl SharedStore {
         let rows = batch.num_rows();
         // Groups that do not cut these rows in order are not kept.
         let groups: Option<Arc<[u32]>> = groups
-            .filter(|g| {
-                g.len() >= 2
-                    && g[0] == 0
-                    && g[g.len() - 1] as usize == rows
-                    && g.windows(2).all(|w| w[0] <= w[1])
-            })
+            .filter(|g| crate::cuts_in_order(g, rows))
             .map(Arc::from);
         let encoded = ipc::encode(&batch).map_err(|e| PutError::Store(StoreError::Encode(e)))?;
         if let Some(part) = self.adopt(&encoded, rows, &groups) {

@@ -17,7 +17,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use streambatch_core::{JobId, TaskId};
 use streambatch_net::{Transport, Want, frame};
 use streambatch_plan::{ExecPlan, KeyRange, PauseCause, StageKind};
-use streambatch_store::{ObjectStore, batch_bytes};
+use streambatch_store::{ObjectStore, batch_bytes, cuts_in_order};
 
 use crate::cluster::pull::{PullCounts, found_all, local_rows, pull, pull_inputs, rows_outside};
 use crate::cluster::serve::StoreServer;
@@ -599,7 +599,7 @@ fn store_adopted(
     cut: Option<&[u32]>,
 ) -> Result<Arc<Output>, String> {
     let rows = batch.num_rows();
-    if let Some(cut) = cut.filter(|cut| !cuts(cut, rows)) {
+    if let Some(cut) = cut.filter(|cut| !cuts_in_order(cut, rows)) {
         let groups = cut.len().saturating_sub(1);
         return Err(format!(
             "the cut sent with it ({groups} groups) does not cut its {rows} rows in order"
@@ -621,15 +621,6 @@ fn store_adopted(
             Err(e.to_string())
         }
     }
-}
-
-/// Whether `cut` (starts and the end, from a peer) cuts `rows` rows in
-/// order.
-fn cuts(cut: &[u32], rows: usize) -> bool {
-    cut.len() >= 2
-        && cut[0] == 0
-        && cut[cut.len() - 1] as usize == rows
-        && cut.windows(2).all(|w| w[0] <= w[1])
 }
 
 /// A UDF's error message may be long; the event carrying it must fit in a
@@ -824,16 +815,6 @@ mod tests {
         );
         assert!(state.running.is_empty(), "the failed task still runs here");
         transport.stop();
-    }
-
-    /// A cut a peer sent with a map output it hands over is kept only if
-    /// it cuts the rows that came, in order.
-    #[test]
-    fn a_cut_sent_with_a_partition_must_cut_its_rows_in_order() {
-        assert!(cuts(&[0, 3, 3, 10], 10));
-        for refused in [&[0, 3, 2, 10][..], &[0, 3], &[1, 10], &[10], &[]] {
-            assert!(!cuts(refused, 10), "{refused:?}");
-        }
     }
 
     #[test]

@@ -49,17 +49,9 @@ impl CutSums {
             return;
         }
         let (n, rows) = (self.rows.len(), part.rows());
-        let cut = match part
-            .groups()
-            .map(|cut| fits(cut, n, rows).map(|()| cut.clone()))
-        {
-            Some(Ok(cut)) => cut,
-            Some(Err(why)) => {
-                self.refused.get_or_insert(why);
-                return;
-            }
-            None => {
-                let why = format!("a map output of {rows} rows is not cut into {n} destinations");
+        let cut = match fits(part.groups(), n, rows) {
+            Ok(cut) => cut.clone(),
+            Err(why) => {
                 self.refused.get_or_insert(why);
                 return;
             }
@@ -377,16 +369,14 @@ fn sampled<P>(output: &MapOutput<P>) -> SampledOutput<'_> {
     }
 }
 
-/// That `cut` cuts `rows` rows into `n` destinations, in order.
-fn fits(cut: &[u32], n: usize, rows: usize) -> Result<(), String> {
-    if cut.len() != n + 1 || cut.first() != Some(&0) || cut.last() != Some(&(rows as u32)) {
-        return Err(format!(
-            "a map output of {rows} rows is not cut into {n} destinations"
-        ));
-    }
+/// `cut`, when it cuts `rows` rows into `n` destinations, in order.
+fn fits(cut: Option<&Arc<[u32]>>, n: usize, rows: usize) -> Result<&Arc<[u32]>, String> {
+    let cut = cut
+        .filter(|c| c.len() == n + 1 && c.first() == Some(&0) && c.last() == Some(&(rows as u32)))
+        .ok_or_else(|| format!("a map output of {rows} rows is not cut into {n} destinations"))?;
     match cut.windows(2).position(|w| w[1] < w[0]) {
         Some(d) => Err(format!("destination {d} ends before it starts")),
-        None => Ok(()),
+        None => Ok(cut),
     }
 }
 
