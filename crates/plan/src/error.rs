@@ -108,7 +108,7 @@ pub enum Error {
         message: String,
     },
     /// A rank of a streaming split was lost mid-epoch (its process died or
-    /// its connection closed) under [`LostRank::Fail`](crate::LostRank::Fail):
+    /// its connection closed) under [`LostRank::Fail`](crate::train::split::LostRank::Fail):
     /// every other rank is told.
     #[error("epoch {epoch} of the split: rank {rank} was lost ({reason})")]
     SplitRankLost {

@@ -1,94 +1,79 @@
 //! The plan side of streambatch: the lazy [`Dataset`] builder, the logical
 //! plan, the user-function traits ([`BatchFn`], [`BatchUdf`], rows),
 //! expressions ([`col`], [`lit`]), the fusion of consecutive operators with
-//! equal resources into stages, and the sources and sinks.
+//! equal resources into stages, and the sources, exchanges and sinks that
+//! tasks run.
 //!
-//! This crate decides *what* runs; it knows nothing of scheduling or of where
-//! data lives. Consuming calls hand an [`ExecPlan`] to a [`Runner`].
+//! This crate decides *what* runs and how a task runs it; where a task runs
+//! and how much memory a job may hold is the scheduler's
+//! (`streambatch-sched`). Consuming calls hand an [`ExecPlan`] to a
+//! [`Runner`].
+//!
+//! The modules are folders by concern, each importing only those below it
+//! (checked by `tests/layout.rs`), from the bottom up:
+//!
+//! - `error`: the crate's [`Error`].
+//! - `udf`: what a user writes into a plan: function traits, expressions,
+//!   rows, recipes.
+//! - `object`: object stores: files, writes, manifests, credentials.
+//! - `read`, `exchange`, `sink`: what a task runs at a plan's start (the
+//!   readers), across an exchange (cut, sort, group, join and their
+//!   spilling reducers) and at its end (the writers).
+//! - `stats`: what a job did, and its timeline.
+//! - `logical`: the plan and its operators, which name every family above.
+//! - `dataset`: the [`Dataset`] builder and its all-to-all, join, union and
+//!   write calls.
+//! - `train`: what a trainer reads: batches, a shuffle window, splits.
 
-mod aggregate;
-mod all_to_all;
-mod aws_profile;
-mod batching;
 mod dataset;
 mod error;
 mod exchange;
-mod explain;
-mod expr;
-mod gather;
-mod hash_join;
-mod held;
-mod images;
-mod join;
-mod join_spill;
-pub mod key_range;
-mod key_sample;
-mod manifest;
-mod object_files;
-mod object_runtime;
-mod object_writes;
-pub mod ops;
-mod packed_keys;
-mod parquet_source;
-pub mod partition;
-mod plan;
-mod prune;
-mod read_ahead;
-mod reading;
-mod recipe;
-mod row;
-mod row_sample;
-mod scratch;
-mod shuffle_window;
-mod side;
+mod logical;
+mod object;
+mod read;
 pub mod sink;
-mod sort_runs;
-mod sorted;
-mod source;
-mod split;
 mod stats;
-pub mod timeline;
-mod train_test_split;
+mod train;
 mod udf;
-mod union;
-mod write;
 
-pub use aggregate::{Agg, AggKind, Step};
-pub use all_to_all::Grouped;
-pub use batching::{BatchOptions, Batches, Collate, Prefetched, counted};
-pub use dataset::{BatchStream, Dataset, JobStream, Runner, SplitWatch};
+pub use dataset::held::{HeldAt, HeldRows, HeldSource, Piece, Pulled};
+pub use dataset::write::ResumedWrite;
+pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
+pub use exchange::group::aggregate::{Agg, AggKind, Step};
+pub use exchange::join::hash::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
+pub use exchange::scratch::Scratch;
+pub use exchange::sort::range as key_range;
+pub use exchange::sort::range::KeyRange;
+pub use exchange::sort::sample::KeySample;
 pub use exchange::{Cut, Exchange, Reduce};
-pub use explain::{Explain, StageExplain};
-pub use expr::{BinaryOp, Expr, Literal, col, lit};
-pub use hash_join::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
-pub use held::{HeldAt, HeldRows, HeldSource, Piece, Pulled};
-pub use images::ImageSize;
-pub use key_range::KeyRange;
-pub use key_sample::KeySample;
-pub use object_files::{
-    bytes_read as object_bytes_read, gets as object_gets, url_of as object_url,
-};
-pub use ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
-pub use plan::{
+pub use logical::explain::{Explain, StageExplain};
+pub use logical::ops;
+pub use logical::ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
+pub use logical::plan::{
     ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,
 };
-pub use read_ahead::{ReadAheadOwner, forget as forget_read_ahead, taken as object_reads_ahead};
-pub use recipe::{Named, Recipe, Registry, UdfFactory};
-pub use row::{Row, Value, batch_to_rows, rows_to_batch};
-pub use row_sample::RowSample;
-pub use scratch::Scratch;
-pub use side::Side;
-pub use source::SourceSplit;
-pub use split::{BatchCount, EpochStream, LostRank, RankStats, Split, SplitOptions};
+pub use logical::side::Side;
+pub use logical::source::SourceSplit;
+pub use object::files::{
+    bytes_read as object_bytes_read, gets as object_gets, url_of as object_url,
+};
+pub use object::read_ahead::{
+    ReadAheadOwner, forget as forget_read_ahead, taken as object_reads_ahead,
+};
+pub use read::images::ImageSize;
+pub use read::row_sample::RowSample;
+pub use stats::timeline;
 pub use stats::{
     ErroredTask, Event, EventKind, Exchanged, JobStats, MAX_EVENTS, NodeStats, OpStats,
-    OperatorStats, PauseCause, Pauses, RankWait, Recovery, StoreSample, Wait, WaitSpan,
+    OperatorStats, PauseCause, Pauses, RankStats, RankWait, Recovery, StoreSample, Wait, WaitSpan,
 };
+pub use train::batching::{BatchOptions, Batches, Collate, Prefetched, counted};
+pub use train::split::{BatchCount, EpochStream, LostRank, Split, SplitOptions};
+pub use udf::expr::{BinaryOp, Expr, Literal, col, lit};
+pub use udf::recipe::{Named, Registry, UdfFactory};
+pub use udf::row::{Row, Value, batch_to_rows, rows_to_batch};
 pub use udf::{
-    BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn, Stateful, UdfError,
+    BatchFn, BatchGeneratorFn, BatchIter, BatchUdf, Predicate, Recipe, RowFlatMapFn, RowMapFn,
+    Stateful, UdfError,
 };
-pub use write::ResumedWrite;
-
-/// A stream of batches: what sources yield and operators transform.
-pub type BatchIter = Box<dyn Iterator<Item = Result<arrow_array::RecordBatch>> + Send>;

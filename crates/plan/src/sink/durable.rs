@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::{Error, Result};
+use crate::{error::Error, error::Result};
 
 /// Notes a step in test builds (nothing otherwise).
 macro_rules! record {

@@ -11,9 +11,9 @@ use parquet::arrow::ArrowWriter;
 use streambatch_core::DirectWriter;
 
 use super::{ParquetWriteOptions, write_failed};
-use crate::Result;
-use crate::object_files::url_of;
-use crate::object_writes::ObjectUpload;
+use crate::error::Result;
+use crate::object::files::url_of;
+use crate::object::writes::ObjectUpload;
 
 /// The format of a write's files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
