@@ -1,3 +1,7 @@
+//! The store's errors: [`StoreError`] for an operation that failed,
+//! [`SpillError`] for a spill file that cannot be read back, and
+//! [`PutError`] for a put that did not happen, which hands the batch back.
+
 use std::path::PathBuf;
 
 use arrow_array::RecordBatch;

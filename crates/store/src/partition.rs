@@ -1,3 +1,8 @@
+//! [`PartitionRef`], the counted reference to a stored partition that
+//! frees it when its last clone drops, and [`PinGuard`], which keeps one in
+//! memory; with [`cuts_in_order`], the check of the row groups a partition
+//! may be stored with.
+
 use std::fmt;
 use std::sync::Arc;
 

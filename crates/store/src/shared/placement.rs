@@ -16,8 +16,8 @@ use crate::output::OutputBuffer;
 use crate::segment::{self, Segment};
 use crate::{PartitionRef, StoreError};
 
-pub(crate) struct Slot {
-    pub(crate) segment: Arc<Segment>,
+pub(super) struct Slot {
+    pub(super) segment: Arc<Segment>,
     alloc: Allocator,
     /// Made for one large partition; unmapped when it is freed.
     dedicated: bool,
@@ -180,7 +180,7 @@ impl Inner {
     /// asks for it), so a small job maps and pre-faults little; they are
     /// made with the lock released, since pre-faulting takes time. `None`:
     /// no room; an error: a segment could not be made.
-    pub(crate) fn allocate<'a>(
+    pub(super) fn allocate<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         len: usize,
@@ -303,7 +303,7 @@ impl Inner {
 
     /// Gives back a partition's memory: its region, or its hold on the
     /// reserved region it was adopted in.
-    pub(crate) fn release_memory(
+    pub(super) fn release_memory(
         &self,
         state: &mut State,
         segment: usize,
@@ -331,7 +331,7 @@ impl Inner {
         }
     }
 
-    pub(crate) fn free_region(&self, state: &mut State, segment: usize, offset: usize, len: usize) {
+    pub(super) fn free_region(&self, state: &mut State, segment: usize, offset: usize, len: usize) {
         state.used -= aligned(len) as u64;
         let slot = state
             .segments

@@ -1,17 +1,17 @@
 //! The shared store's side of spilling: moving a partition from its segment
-//! to a spill file and back, a grouped partition that goes to disk as it is
-//! put (written behind on the spill writer), and reading the groups of a
-//! file that a read asks for. Which partition spills when stays the store's
-//! choice; this is how it goes and comes back.
+//! to a spill file and back, and a grouped partition that goes to disk as
+//! it is put (written behind on the spill writer). The files themselves
+//! (their format, writing and reading groups back) are `crate::spill`'s;
+//! which partition spills when stays the store's choice; this is how it
+//! goes and comes back.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, MutexGuard};
 
-use arrow_array::RecordBatch;
 use streambatch_core::PartitionId;
 
+use super::{Inner, Place, SharedStore, State};
 use crate::ipc;
-use crate::shared::{Inner, Place, SharedStore, State};
 use crate::spill::{self, IndexCache, SpillFile};
 use crate::spill_writer::{SpillWriter, Writing, Written};
 use crate::{PartitionRef, PutError, StoreError};
@@ -19,7 +19,7 @@ use crate::{PartitionRef, PutError, StoreError};
 impl SharedStore {
     /// Waits until the spill writer has written (or failed) every
     /// partition it was given.
-    pub(crate) fn writes_settled(&self) {
+    pub(super) fn writes_settled(&self) {
         let mut state = self.inner.state();
         while state.writes > 0 {
             state = self
@@ -31,7 +31,7 @@ impl SharedStore {
     }
 
     /// Lists partition `id`, spilled at `place` as it was put.
-    pub(crate) fn listed(
+    pub(super) fn listed(
         &self,
         id: PartitionId,
         rows: usize,
@@ -48,7 +48,7 @@ impl SharedStore {
 
     /// Lists grouped partition `id` as being written and queues its write
     /// on the spill writer (written here where the writer cannot start).
-    pub(crate) fn write_behind(
+    pub(super) fn write_behind(
         &self,
         id: PartitionId,
         rows: usize,
@@ -78,12 +78,12 @@ impl SharedStore {
 }
 
 impl Inner {
-    pub(crate) fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
+    pub(super) fn spill_file(&self, id: PartitionId) -> Result<PathBuf, StoreError> {
         self.spill.file(id)
     }
 
     /// Moves a partition from memory to a spill file.
-    pub(crate) fn spill(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
+    pub(super) fn spill(&self, state: &mut State, id: PartitionId) -> Result<(), StoreError> {
         let entry = &state.entries[&id];
         let (len, reserved, Place::Memory { segment, offset }) =
             (entry.len, entry.reserved, entry.place.clone())
@@ -117,7 +117,7 @@ impl Inner {
     }
 
     /// Brings a spilled partition back into memory (spilling others if needed).
-    pub(crate) fn restore<'a>(
+    pub(super) fn restore<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         id: PartitionId,
@@ -134,7 +134,9 @@ impl Inner {
             None => file.single_stream().map_err(spilled)?,
             // Back to one stream, as a put of the whole writes it.
             Some(groups) => {
-                let batch = read_groups(&file, &groups, 0..groups.len() - 1).map_err(spilled)?;
+                let batch = file
+                    .read_groups(&groups, 0..groups.len() - 1)
+                    .map_err(spilled)?;
                 ipc::encode_to_buffer(&batch).map_err(StoreError::Encode)?
             }
         };
@@ -184,69 +186,6 @@ impl Inner {
     }
 }
 
-/// The groups (first, count) of `groups` (starts and the end) that hold
-/// `rows`: at least one, so that even no rows read with their schema.
-pub(crate) fn groups_holding(groups: &[u32], rows: &std::ops::Range<usize>) -> (usize, usize) {
-    let n = groups.len() - 1;
-    // No rows where a group starts (an empty destination's own): only
-    // that group's stream is read, its header (a hash exchange's reducer
-    // asks every map output for its destination, rows or not).
-    let first = groups.partition_point(|&s| (s as usize) < rows.start);
-    if rows.is_empty() && first < n && groups[first] as usize == rows.start {
-        return (first, 1);
-    }
-    let first = groups
-        .partition_point(|&s| s as usize <= rows.start)
-        .saturating_sub(1)
-        .min(n - 1);
-    let end = groups.partition_point(|&s| (s as usize) < rows.end).min(n);
-    (first, end.saturating_sub(first).max(1))
-}
-
-/// Groups `range` of a spill file cut at `groups`, as one batch.
-pub(crate) fn read_groups(
-    file: &SpillFile,
-    groups: &[u32],
-    range: std::ops::Range<usize>,
-) -> Result<RecordBatch, crate::SpillError> {
-    let mut batches = file.read(groups.len() - 1, range.start, range.len())?;
-    // A file whose groups hold other row counts than the store wrote is
-    // not this partition's.
-    let counts = groups[range.start..=range.end].windows(2);
-    if groups[range.end] != u32::MAX
-        && counts
-            .zip(&batches)
-            .any(|(w, b)| b.num_rows() != (w[1] - w[0]) as usize)
-    {
-        return Err(crate::SpillError::Corrupt {
-            path: file.path().to_path_buf(),
-        });
-    }
-    if batches.len() == 1 {
-        return Ok(batches.pop().expect("one"));
-    }
-    arrow_select::concat::concat_batches(&batches[0].schema(), &batches).map_err(|source| {
-        crate::SpillError::Decode {
-            path: file.path().to_path_buf(),
-            source,
-        }
-    })
-}
-
-/// Writes partition `batch` (`encoded`) to a new spill file at `path`: one
-/// stream per group where it has groups.
-pub(crate) fn write_spill(
-    path: &Path,
-    batch: &RecordBatch,
-    encoded: &ipc::Encoded,
-    groups: Option<&[u32]>,
-) -> Result<(), StoreError> {
-    match groups {
-        None => spill::write(path, [encoded.pieces()]).map_err(|e| StoreError::io(path, e)),
-        Some(groups) => spill::write_groups(path, batch, groups),
-    }
-}
-
 impl Written for Inner {
     fn written(&self, id: PartitionId, writing: &Arc<Writing>, outcome: Result<(), String>) {
         let mut state = self.state();
@@ -273,9 +212,10 @@ impl Written for Inner {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
     use std::sync::atomic::Ordering;
 
-    use arrow_array::{ArrayRef, BinaryArray};
+    use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
 
     use super::*;
     use crate::shared::tests::{GROUPS, open, spill_first, strings};

@@ -308,6 +308,39 @@ pub(crate) fn write_groups(
     write(path, streams.iter().map(|s| s.pieces())).map_err(|e| StoreError::io(path, e))
 }
 
+/// Writes partition `batch` (`encoded`) to a new spill file at `path`: one
+/// stream per group where it has groups.
+pub(crate) fn write_partition(
+    path: &Path,
+    batch: &RecordBatch,
+    encoded: &ipc::Encoded,
+    groups: Option<&[u32]>,
+) -> Result<(), StoreError> {
+    match groups {
+        None => write(path, [encoded.pieces()]).map_err(|e| StoreError::io(path, e)),
+        Some(groups) => write_groups(path, batch, groups),
+    }
+}
+
+/// The groups (first, count) of `groups` (starts and the end) that hold
+/// `rows`: at least one, so that even no rows read with their schema.
+pub(crate) fn groups_holding(groups: &[u32], rows: &std::ops::Range<usize>) -> (usize, usize) {
+    let n = groups.len() - 1;
+    // No rows where a group starts (an empty destination's own): only
+    // that group's stream is read, its header (a hash exchange's reducer
+    // asks every map output for its destination, rows or not).
+    let first = groups.partition_point(|&s| (s as usize) < rows.start);
+    if rows.is_empty() && first < n && groups[first] as usize == rows.start {
+        return (first, 1);
+    }
+    let first = groups
+        .partition_point(|&s| s as usize <= rows.start)
+        .saturating_sub(1)
+        .min(n - 1);
+    let end = groups.partition_point(|&s| (s as usize) < rows.end).min(n);
+    (first, end.saturating_sub(first).max(1))
+}
+
 /// An open spill file, read a stream at a time.
 pub struct SpillFile {
     file: std::fs::File,
@@ -364,11 +397,6 @@ impl SpillFile {
         self.read.swap(0, Ordering::Relaxed)
     }
 
-    /// Where it was found.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Reads streams `first..first + count` of the file, which holds
     /// `streams` in all: each checked against its CRC-32 and decoded with
     /// Arrow's full validation, since a file is outside the process and
@@ -400,6 +428,35 @@ impl SpillFile {
                 self.decode(&self.checked(stream, s)?)
             })
             .collect()
+    }
+
+    /// Groups `range` of a file cut at `groups` (starts and the end, as
+    /// [`write_groups`] wrote them), as one batch.
+    pub(crate) fn read_groups(
+        &self,
+        groups: &[u32],
+        range: std::ops::Range<usize>,
+    ) -> Result<RecordBatch, SpillError> {
+        let mut batches = self.read(groups.len() - 1, range.start, range.len())?;
+        // A file whose groups hold other row counts than the store wrote is
+        // not this partition's.
+        let counts = groups[range.start..=range.end].windows(2);
+        if groups[range.end] != u32::MAX
+            && counts
+                .zip(&batches)
+                .any(|(w, b)| b.num_rows() != (w[1] - w[0]) as usize)
+        {
+            return Err(self.corrupt());
+        }
+        if batches.len() == 1 {
+            return Ok(batches.pop().expect("one"));
+        }
+        arrow_select::concat::concat_batches(&batches[0].schema(), &batches).map_err(|source| {
+            SpillError::Decode {
+                path: self.path.clone(),
+                source,
+            }
+        })
     }
 
     /// The bytes of the file's one stream (of `streams` = 1), checked
