@@ -43,6 +43,6 @@ pub use job::policy;
 
 pub use cluster::ClusterNode;
 pub use driver::client::ClusterClient;
-pub use driver::local::LocalCluster;
+pub use driver::embedded::LocalCluster;
 pub use error::ClusterError;
 pub use wire::{Members, NodeInfo};

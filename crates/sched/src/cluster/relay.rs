@@ -25,7 +25,7 @@ use crate::exec::budget::Budgets;
 use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::exec::msg::NodeMsg;
 use crate::exec::partition::{Output, Slice};
-use crate::exec::task::{JobCtx, TaskEvent, TaskRun};
+use crate::exec::task::{JobCtx, TaskEvent, TaskRun, task_event_sink};
 use crate::job::{Keep, Part, RunInput, fingerprint_cut};
 use crate::wire::groups::remote_member;
 use crate::wire::msg::PortMsg;
@@ -56,22 +56,7 @@ pub(crate) enum RelayMsg {
 
 impl ractor::Message for RelayMsg {}
 
-impl From<TaskEvent> for RelayMsg {
-    fn from(event: TaskEvent) -> Self {
-        Self::Task(event)
-    }
-}
-
-impl TryFrom<RelayMsg> for TaskEvent {
-    type Error = RelayMsg;
-
-    fn try_from(msg: RelayMsg) -> Result<Self, RelayMsg> {
-        match msg {
-            RelayMsg::Task(event) => Ok(event),
-            other => Err(other),
-        }
-    }
-}
+task_event_sink!(RelayMsg);
 
 /// What a relay is started with.
 pub(crate) struct RelayArgs {
@@ -153,20 +138,14 @@ impl Actor for JobRelay {
             args.plan.stages.iter().map(|s| s.name.clone()),
             &args.metrics,
         );
-        let ctx = Arc::new(JobCtx {
-            job: args.job,
-            cancelled: args
-                .plan
-                .stages
-                .iter()
-                .map(|_| Default::default())
-                .collect(),
-            plan: args.plan,
-            store: args.store,
+        let ctx = Arc::new(JobCtx::new(
+            args.job,
+            args.plan,
+            args.store,
             budgets,
-            events: myself.get_derived(),
-            target_bytes: args.target_bytes,
-        });
+            myself.get_derived(),
+            args.target_bytes,
+        ));
         let spilled_before = ctx.store.stats().spilled_bytes;
         Ok(RelayState {
             key: args.key,
@@ -765,16 +744,17 @@ mod tests {
         let plan = Arc::new(plan());
         let store: Arc<dyn ObjectStore> = Arc::new(shared);
         let metrics = NodeMetrics::new(store.clone(), 1.0, 1.0);
-        let stages = plan.stages.len();
-        let ctx = Arc::new(JobCtx {
-            job: JobId(1),
-            cancelled: (0..stages).map(|_| Default::default()).collect(),
-            plan: plan.clone(),
-            store: store.clone(),
-            budgets: Budgets::new(16 << 20, vec![0; stages], Arc::new(|| {})),
-            events: myself.get_derived(),
-            target_bytes: 1 << 20,
-        });
+        let budgets = Budgets::new(16 << 20, vec![0; plan.stages.len()], Arc::new(|| {}));
+        let events = myself.get_derived();
+        let ctx = JobCtx::new(
+            JobId(1),
+            plan.clone(),
+            store.clone(),
+            budgets,
+            events,
+            1 << 20,
+        );
+        let ctx = Arc::new(ctx);
         let mut state = RelayState {
             key: JobKey {
                 cluster: "c".into(),

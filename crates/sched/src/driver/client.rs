@@ -18,10 +18,10 @@ use streambatch_net::{
 };
 use streambatch_plan::{Error, ExecPlan, JobStats, JobStream, Result, Runner};
 
+use crate::driver::executor::remote::{Joining, MAX_PAYLOAD_BYTES, RemoteNode};
 use crate::driver::executor::{ExecutorArgs, Nodes};
 use crate::driver::msg::ExecutorMsg;
 use crate::driver::output::JobOutput;
-use crate::driver::remote::{MAX_PAYLOAD_BYTES, RemoteNode};
 use crate::driver::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::error::ClusterError;
 use crate::exec::partition::{RemotePart, RemoteSource};
@@ -256,7 +256,7 @@ struct RunningJob {
     jobs: RunningJobs,
     source: Arc<ClusterSource>,
     /// Where new nodes wait for the executor.
-    joining: crate::driver::executor::Joining,
+    joining: Joining,
 }
 
 /// While job `start.key` runs: every second, asks the head for its members and
@@ -349,7 +349,7 @@ impl Runner for ClusterClient {
             places: Mutex::new(ClusterSource::places_of(&members)),
             key: key.clone(),
         });
-        let joining = crate::driver::executor::Joining::default();
+        let joining = Joining::default();
         let (port, executor, watcher) = self.runtime.block_on(async {
             let executor = executor_cell.clone();
             let port = ractor::call!(self.supervisor, |reply| SupervisorMsg::OpenPort {

@@ -1,11 +1,11 @@
 //! The messages of a job's `Executor` and what it sends its driver. Tasks
-//! reach the executor through a narrow sink (`From<TaskEvent>`), never by
+//! reach the executor through a narrow sink (`task_event_sink`), never by
 //! its message type.
 
 use streambatch_plan::Error;
 
 use crate::exec::partition::Slice;
-use crate::exec::task::TaskEvent;
+use crate::exec::task::{TaskEvent, task_event_sink};
 use crate::job::PieceId;
 
 /// Events the `Executor` reacts to.
@@ -37,22 +37,7 @@ pub enum ExecutorMsg {
     },
 }
 
-impl From<TaskEvent> for ExecutorMsg {
-    fn from(event: TaskEvent) -> Self {
-        Self::Task(event)
-    }
-}
-
-impl TryFrom<ExecutorMsg> for TaskEvent {
-    type Error = ExecutorMsg;
-
-    fn try_from(msg: ExecutorMsg) -> Result<Self, ExecutorMsg> {
-        match msg {
-            ExecutorMsg::Task(event) => Ok(event),
-            other => Err(other),
-        }
-    }
-}
+task_event_sink!(ExecutorMsg);
 
 /// What the executor sends the driver.
 pub enum JobItem {

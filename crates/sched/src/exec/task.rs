@@ -82,6 +82,31 @@ pub enum TaskEvent {
 /// Where a job's tasks send their [`TaskEvent`]s.
 pub type TaskEvents = DerivedActorRef<TaskEvent>;
 
+/// Makes the actor message `$msg` a sink of [`TaskEvent`]s through its
+/// variant `$msg::Task`, so that its actor's reference derives the narrow
+/// [`TaskEvents`] its tasks hold (the executor's and a relay's).
+macro_rules! task_event_sink {
+    ($msg:ident) => {
+        impl From<$crate::exec::task::TaskEvent> for $msg {
+            fn from(event: $crate::exec::task::TaskEvent) -> Self {
+                Self::Task(event)
+            }
+        }
+
+        impl TryFrom<$msg> for $crate::exec::task::TaskEvent {
+            type Error = $msg;
+
+            fn try_from(msg: $msg) -> Result<Self, $msg> {
+                match msg {
+                    $msg::Task(event) => Ok(event),
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+pub(crate) use task_event_sink;
+
 /// What every task of one job shares.
 pub struct JobCtx {
     /// The job's id (unique per process).
@@ -98,6 +123,31 @@ pub struct JobCtx {
     pub target_bytes: u64,
     /// Per stage: set when the stage's remaining work is no longer needed.
     pub cancelled: Vec<AtomicBool>,
+}
+
+impl JobCtx {
+    /// What the tasks of job `job` over `plan` share: they store into
+    /// `store` within `budgets`, cut partitions of `target_bytes`, and
+    /// report to `events`; no stage is cancelled yet.
+    pub fn new(
+        job: JobId,
+        plan: Arc<ExecPlan>,
+        store: Arc<dyn ObjectStore>,
+        budgets: Budgets,
+        events: TaskEvents,
+        target_bytes: u64,
+    ) -> Self {
+        let cancelled = plan.stages.iter().map(|_| AtomicBool::default()).collect();
+        Self {
+            job,
+            plan,
+            store,
+            budgets,
+            events,
+            target_bytes,
+            cancelled,
+        }
+    }
 }
 
 /// A task, from dispatch to its last output.

@@ -78,23 +78,26 @@ pub(crate) enum RunInput<P> {
     Parts(Vec<P>, Option<Arc<KeyRange>>),
 }
 
+/// A task to start, as [`Action::Start`] carries it: `task` of `stage` on
+/// `node` over `input`, storing the outputs `keep` names (an attempt after
+/// the first skips what earlier ones delivered). With `may_spill`, its
+/// outputs may go over budget and the store spills to make room.
+pub(crate) struct Start<P> {
+    pub(crate) task: TaskId,
+    pub(crate) stage: usize,
+    pub(crate) node: usize,
+    pub(crate) input: RunInput<P>,
+    /// A hash exchange's reducer: the rows its holders must find in all
+    /// (the cuts summed as they arrived), checked where it runs.
+    pub(crate) rows: Option<u64>,
+    pub(crate) keep: Keep,
+    pub(crate) may_spill: bool,
+}
+
 /// A decision for the executor to carry out, in order.
 pub(crate) enum Action<P> {
-    /// Start `task` of `stage` over `input`, storing the outputs `keep`
-    /// names (an attempt after the first skips what earlier ones
-    /// delivered). With `may_spill`, its outputs may go over budget and
-    /// the store spills to make room.
-    Start {
-        task: TaskId,
-        stage: usize,
-        node: usize,
-        input: RunInput<P>,
-        /// A hash exchange's reducer: the rows its holders must find in
-        /// all (the cuts summed as they arrived), checked where it runs.
-        rows: Option<u64>,
-        keep: Keep,
-        may_spill: bool,
-    },
+    /// Start a task (see [`Start`]).
+    Start(Start<P>),
     /// Resume the paused `task` on `node`, where it paused.
     Resume {
         task: TaskId,
@@ -727,7 +730,7 @@ impl<P: Part> JobState<P> {
     }
 
     /// The rows the holders of a hash exchange reducer's input must find
-    /// for it (see `Action::Start`); `None` for other tasks.
+    /// for it (see [`Start::rows`]); `None` for other tasks.
     fn rows_found_by_holders(&self, stage: usize, input: &LineageInput<P>) -> Option<u64> {
         match input {
             LineageInput::Reducer(place) => self.exchange(stage).rows_found_by_holders(*place),

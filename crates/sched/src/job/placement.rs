@@ -281,19 +281,10 @@ impl<P: Part> JobState<P> {
             record.spilling = may_spill;
             self.spilling_tasks += usize::from(may_spill);
             let keep = Keep::of(record.delivered, &record.again);
-            let input = self.held_input(stage, &self.tasks[&task].input);
-            let rows = self.rows_found_by_holders(stage, &self.tasks[&task].input);
-            let holding = reducer_holding(&self.tasks[&task].input, &input);
+            let input = &self.tasks[&task].input;
+            let (start, holding) = self.start_of(task, stage, node, input, keep, may_spill);
             self.tasks.get_mut(&task).expect("looked up above").holding = holding;
-            self.actions.push(Action::Start {
-                task,
-                stage,
-                node,
-                input,
-                rows,
-                keep,
-                may_spill,
-            });
+            self.actions.push(Action::Start(start));
             return task;
         }
         let input = if s.next_split < s.splits {
@@ -320,9 +311,7 @@ impl<P: Part> JobState<P> {
         {
             order.started(task, *place);
         }
-        let run_input = self.held_input(stage, &input);
-        let rows = self.rows_found_by_holders(stage, &input);
-        let holding = reducer_holding(&input, &run_input);
+        let (start, holding) = self.start_of(task, stage, node, &input, Keep::all(), may_spill);
         self.tasks.insert(
             task,
             TaskRecord {
@@ -341,17 +330,34 @@ impl<P: Part> JobState<P> {
                 holding,
             },
         );
-        self.actions.push(Action::Start {
+        self.actions.push(Action::Start(start));
+        self.spilling_tasks += usize::from(may_spill);
+        task
+    }
+
+    /// How `task` of `stage` starts on `node` over `input` (held now),
+    /// and what of a reducer's input it holds while it runs.
+    fn start_of(
+        &self,
+        task: TaskId,
+        stage: usize,
+        node: usize,
+        input: &LineageInput<P>,
+        keep: Keep,
+        may_spill: bool,
+    ) -> (Start<P>, Vec<P>) {
+        let run_input = self.held_input(stage, input);
+        let holding = reducer_holding(input, &run_input);
+        let start = Start {
             task,
             stage,
             node,
             input: run_input,
-            rows,
-            keep: Keep::all(),
+            rows: self.rows_found_by_holders(stage, input),
+            keep,
             may_spill,
-        });
-        self.spilling_tasks += usize::from(may_spill);
-        task
+        };
+        (start, holding)
     }
 
     /// The stage and node of a task placed on a node.

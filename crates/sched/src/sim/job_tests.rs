@@ -17,7 +17,7 @@ use streambatch_plan::{JobStats, KeySample};
 
 use crate::exec::budget::Budgets;
 use crate::job::record::Recorder;
-use crate::job::{Action, FailurePolicy, JobState, Keep, RunInput, ShapeKind, StageShape};
+use crate::job::{Action, FailurePolicy, JobState, Keep, RunInput, ShapeKind, StageShape, Start};
 use crate::sim::Pipeline;
 use crate::sim::parts::{
     CAPACITY, Held, RESERVE, ROW_BYTES, Rows, SimMemory, node_budgets, split_outputs,
@@ -104,32 +104,22 @@ fn simulate(
     while ended.is_none() {
         for action in job.advance(&SimMemory(&budgets)) {
             match action {
-                Action::Start {
-                    task,
-                    stage,
-                    node,
-                    input,
-                    keep,
-                    may_spill,
-                    ..
-                } => {
-                    let outputs = match input {
+                Action::Start(start) => {
+                    let outputs = match start.input {
                         RunInput::Split(i) => split_outputs(bases[i], split_rows[i]),
                         RunInput::Parts(parts, _) => {
                             parts.iter().map(|p| (p.start, p.len)).collect()
                         }
                     };
-                    running.insert(
-                        task,
-                        SimTask {
-                            stage,
-                            node,
-                            outputs,
-                            next: 0,
-                            keep,
-                            may_spill,
-                        },
-                    );
+                    let task = SimTask {
+                        stage: start.stage,
+                        node: start.node,
+                        outputs,
+                        next: 0,
+                        keep: start.keep,
+                        may_spill: start.may_spill,
+                    };
+                    running.insert(start.task, task);
                 }
                 Action::Resume {
                     task,
@@ -324,11 +314,11 @@ fn tasks_holding_large_inputs_take_turns() {
         actions
             .into_iter()
             .filter_map(|a| match a {
-                Action::Start {
+                Action::Start(Start {
                     task,
                     input: RunInput::Split(i),
                     ..
-                } => Some((task, i)),
+                }) => Some((task, i)),
                 _ => None,
             })
             .collect()
@@ -391,7 +381,7 @@ fn reducers_holding_large_inputs_take_turns() {
             actions
                 .into_iter()
                 .filter_map(|a| match a {
-                    Action::Start { task, stage, .. } => Some((task, stage)),
+                    Action::Start(start) => Some((start.task, start.stage)),
                     _ => None,
                 })
                 .collect()
@@ -443,9 +433,7 @@ fn an_exchange_keeps_each_map_output_once_whatever_its_reducers() {
         actions
             .into_iter()
             .filter_map(|a| match a {
-                Action::Start {
-                    task, stage, input, ..
-                } => Some((task, stage, input)),
+                Action::Start(start) => Some((start.task, start.stage, start.input)),
                 _ => None,
             })
             .collect()
@@ -541,9 +529,7 @@ fn made_again_cut_otherwise(ordered: bool, first: Cut, remade: Cut) {
         actions
             .into_iter()
             .filter_map(|a| match a {
-                Action::Start {
-                    task, stage, node, ..
-                } => Some((task, stage, node)),
+                Action::Start(start) => Some((start.task, start.stage, start.node)),
                 _ => None,
             })
             .map(|(task, stage, _)| (task, stage))
@@ -618,12 +604,12 @@ fn a_retried_large_split_waits_for_the_other_large_one() {
         actions
             .into_iter()
             .filter_map(|a| match a {
-                Action::Start {
+                Action::Start(Start {
                     task,
                     node,
                     input: RunInput::Split(i),
                     ..
-                } => Some((task, node, i)),
+                }) => Some((task, node, i)),
                 _ => None,
             })
             .collect()
@@ -672,7 +658,7 @@ fn short_tasks_queue_beyond_the_slots_long_ones_do_not() {
             actions
                 .into_iter()
                 .filter_map(|a| match a {
-                    Action::Start { task, .. } => Some(task),
+                    Action::Start(start) => Some(start.task),
                     _ => None,
                 })
                 .collect()

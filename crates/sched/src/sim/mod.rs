@@ -38,7 +38,7 @@ use streambatch_plan::{JobStats, Recovery};
 use crate::exec::budget::{Budgets, Hold};
 use crate::job::record::Recorder;
 use crate::job::{
-    Action, FailurePolicy, JobState, Keep, Origin, PieceId, RunInput, ShapeKind, StageShape,
+    Action, FailurePolicy, JobState, Keep, Origin, PieceId, RunInput, ShapeKind, StageShape, Start,
     input_hold,
 };
 use crate::sim::parts::{
@@ -573,69 +573,7 @@ impl<'a> Sim<'a> {
     /// Carries out one of the job's decisions; `Some` when the job ended.
     fn act(&mut self, action: Action<Rows>) -> Result<Option<Result<(), String>>, String> {
         match action {
-            Action::Start {
-                task,
-                stage,
-                node,
-                input,
-                rows,
-                keep,
-                may_spill,
-            } => {
-                if self.state[node] != NodeState::Up {
-                    return Err(format!("task {task} started on node {node}, not up"));
-                }
-                // What the holders find for a hash exchange's reducer adds
-                // up to what the cuts said, as a node checks.
-                if let (Some(rows), RunInput::Parts(parts, _)) = (rows, &input) {
-                    let found: usize = parts.iter().map(|p| p.len).sum();
-                    if found as u64 != rows {
-                        return Err(format!(
-                            "task {task}: holders found {found} rows, cuts said {rows}"
-                        ));
-                    }
-                }
-                let cap = self.scenario.pipeline.input_held_cap(stage);
-                let hold = match &input {
-                    RunInput::Parts(parts, _) if cap > 0 => {
-                        Some(self.budgets[node].hold(input_hold(cap, parts)))
-                    }
-                    _ => None,
-                };
-                let outputs = match input {
-                    RunInput::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
-                    RunInput::Parts(parts, _) => {
-                        if let Some(p) =
-                            parts.iter().find(|p| self.state[p.node] == NodeState::Gone)
-                        {
-                            return Err(format!(
-                                "task {task} reads rows held by node {}, which is gone",
-                                p.node
-                            ));
-                        }
-                        // A reducer's part of an output holding no rows
-                        // of its destination makes nothing.
-                        parts
-                            .iter()
-                            .filter(|p| p.len > 0)
-                            .map(|p| (p.start, p.len))
-                            .collect()
-                    }
-                };
-                self.tasks += 1;
-                self.tasks_on[node] += 1;
-                let t = SimTask {
-                    stage,
-                    node,
-                    outputs,
-                    next: 0,
-                    keep,
-                    may_spill,
-                    turn: 0,
-                    _hold: hold,
-                };
-                self.schedule_step(task, t);
-            }
+            Action::Start(start) => self.start(start)?,
             Action::Resume {
                 task,
                 node,
@@ -685,6 +623,63 @@ impl<'a> Sim<'a> {
             Action::Drained => {}
         }
         Ok(None)
+    }
+
+    /// Starts a task the job decided on, checking what it reads.
+    fn start(&mut self, start: Start<Rows>) -> Result<(), String> {
+        let (task, node) = (start.task, start.node);
+        if self.state[node] != NodeState::Up {
+            return Err(format!("task {task} started on node {node}, not up"));
+        }
+        // What the holders find for a hash exchange's reducer adds up to
+        // what the cuts said, as a node checks.
+        if let (Some(rows), RunInput::Parts(parts, _)) = (start.rows, &start.input) {
+            let found: usize = parts.iter().map(|p| p.len).sum();
+            if found as u64 != rows {
+                return Err(format!(
+                    "task {task}: holders found {found} rows, cuts said {rows}"
+                ));
+            }
+        }
+        let cap = self.scenario.pipeline.input_held_cap(start.stage);
+        let hold = match &start.input {
+            RunInput::Parts(parts, _) if cap > 0 => {
+                Some(self.budgets[node].hold(input_hold(cap, parts)))
+            }
+            _ => None,
+        };
+        let outputs = match start.input {
+            RunInput::Split(i) => split_outputs(self.bases[i], self.scenario.split_rows[i]),
+            RunInput::Parts(parts, _) => {
+                if let Some(p) = parts.iter().find(|p| self.state[p.node] == NodeState::Gone) {
+                    return Err(format!(
+                        "task {task} reads rows held by node {}, which is gone",
+                        p.node
+                    ));
+                }
+                // A reducer's part of an output holding no rows of its
+                // destination makes nothing.
+                parts
+                    .iter()
+                    .filter(|p| p.len > 0)
+                    .map(|p| (p.start, p.len))
+                    .collect()
+            }
+        };
+        self.tasks += 1;
+        self.tasks_on[node] += 1;
+        let t = SimTask {
+            stage: start.stage,
+            node,
+            outputs,
+            next: 0,
+            keep: start.keep,
+            may_spill: start.may_spill,
+            turn: 0,
+            _hold: hold,
+        };
+        self.schedule_step(task, t);
+        Ok(())
     }
 
     /// An output moved off a draining node lands on its new node, if that
