@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use streambatch::arrow::schema::DataType;
 use streambatch::prelude::*;
-use streambatch::{RemoteSplit, Split, SplitHandle, SplitOptions, SplitService, TlsFiles};
+use streambatch::{Split, SplitOptions, TlsFiles};
+use streambatch_split::{RemoteSplit, SplitHandle, SplitService};
 
 const SEED: u64 = 7;
 const IMAGES: usize = 2_000;

@@ -8,8 +8,9 @@ mod common;
 use std::process::Command;
 
 use common::ctx;
-use streambatch::{SplitOptions, SplitService, TlsFiles, init_cluster};
+use streambatch::{SplitOptions, TlsFiles, init_cluster};
 use streambatch_bench::skip_test;
+use streambatch_split::SplitService;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/flight/read_split.py");
 

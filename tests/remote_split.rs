@@ -16,9 +16,8 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use common::ctx;
 use streambatch::prelude::*;
-use streambatch::{
-    LostRank, RemoteSplit, SplitHandle, SplitOptions, SplitService, TlsFiles, init_cluster,
-};
+use streambatch::{LostRank, SplitOptions, TlsFiles, init_cluster};
+use streambatch_split::{RemoteSplit, SplitHandle, SplitService};
 
 const ROLE: &str = "SB_TEST_TRAINER";
 /// How long any trainer process may take.

@@ -13,7 +13,8 @@ use std::time::Duration;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use common::{Cluster, NodeSpec};
-use streambatch::{Context, PieceSources, RemoteSplit, SplitHandle, SplitOptions, TlsFiles};
+use streambatch::{Context, SplitOptions, TlsFiles};
+use streambatch_split::{PieceSources, RemoteSplit, SplitContext, SplitHandle};
 
 /// What a trainer got: its ids of each epoch, and where its pieces came from.
 type Got = (Vec<Vec<i64>>, PieceSources);

@@ -29,8 +29,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::SplitHandle;
-use super::ranks::Ranks;
+use crate::SplitHandle;
+use crate::ranks::Ranks;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
@@ -40,7 +40,7 @@ impl SplitHandle {
     /// `SERVICE/RANK/EPOCH`, `SERVICE` in hexadecimal.
     ///
     /// ```
-    /// let handle: streambatch::SplitHandle =
+    /// let handle: streambatch_split::SplitHandle =
     ///     "sbsplit://driver@127.0.0.1:7500/00000000000000ff/1/2".parse().unwrap();
     /// assert_eq!(handle.flight_ticket(3), b"00000000000000ff/1/3".to_vec());
     /// ```
@@ -67,7 +67,7 @@ fn parse_ticket(ticket: &[u8]) -> std::result::Result<(u64, u32, u64), Status> {
 }
 
 /// Listens on `listen` (TCP) and serves Flight until the runtime stops.
-pub(super) fn start(
+pub(crate) fn start(
     runtime: &tokio::runtime::Runtime,
     identity: &Identity,
     listen: SocketAddr,

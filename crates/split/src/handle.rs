@@ -1,3 +1,6 @@
+//! [`SplitHandle`]: the printable name of one rank of a served split,
+//! what a launcher hands a trainer process (`sbsplit://NAME@ADDR/SERVICE/RANK/RANKS`).
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -11,7 +14,7 @@ use streambatch_plan::Error;
 /// cluster.
 ///
 /// ```
-/// use streambatch::SplitHandle;
+/// use streambatch_split::SplitHandle;
 /// let handle: SplitHandle = "sbsplit://driver@127.0.0.1:7500/00000000000000ff/1/2".parse().unwrap();
 /// assert_eq!((handle.rank, handle.ranks), (1, 2));
 /// assert_eq!(handle.to_string().parse::<SplitHandle>().unwrap(), handle);

@@ -20,7 +20,7 @@ use streambatch_store::{ipc, open_shared_keeping};
 const MAX_MAPPED: usize = 256;
 
 /// The nodes a trainer fetches from.
-pub(super) struct Holders {
+pub(crate) struct Holders {
     endpoint: Endpoint,
     /// This trainer's host (boot id, or a host of its own when it must not
     /// map another process's memory).
@@ -37,7 +37,7 @@ pub(super) struct Holders {
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// How a piece came from its node.
-pub(super) enum Came {
+pub(crate) enum Came {
     /// Mapped from the node's shared memory.
     ByMemory,
     /// As bytes over QUIC.
@@ -57,7 +57,7 @@ impl Drop for Mapped {
 }
 
 impl Holders {
-    pub(super) fn new(endpoint: Endpoint, host: String) -> Self {
+    pub(crate) fn new(endpoint: Endpoint, host: String) -> Self {
         Self {
             endpoint,
             host,
@@ -69,7 +69,7 @@ impl Holders {
 
     /// Fetches the rows `from` names from their node; the error says why
     /// not (the driver then sends them itself).
-    pub(super) async fn fetch(&self, from: &FetchFrom) -> Result<(RecordBatch, Came), String> {
+    pub(crate) async fn fetch(&self, from: &FetchFrom) -> Result<(RecordBatch, Came), String> {
         let rows = from.rows;
         if rows
             .offset

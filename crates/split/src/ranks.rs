@@ -14,7 +14,7 @@ use streambatch_plan::{EpochStream, HeldRows, Piece, Split};
 use streambatch_store::{ObjectStore, SharedStore, ipc};
 
 /// The split's ranks, on the service.
-pub(super) struct Ranks {
+pub(crate) struct Ranks {
     service: u64,
     /// Emptied when the service is dropped.
     splits: Mutex<Vec<Split>>,
@@ -24,7 +24,7 @@ pub(super) struct Ranks {
 }
 
 impl Ranks {
-    pub(super) fn new(service: u64, splits: Vec<Split>, pieces: SharedStore) -> Self {
+    pub(crate) fn new(service: u64, splits: Vec<Split>, pieces: SharedStore) -> Self {
         Self {
             service,
             splits: Mutex::new(splits),
@@ -34,17 +34,17 @@ impl Ranks {
     }
 
     /// The counters of the shared memory pieces are copied into.
-    pub(super) fn pieces_stats(&self) -> streambatch_store::StoreStats {
+    pub(crate) fn pieces_stats(&self) -> streambatch_store::StoreStats {
         self.pieces.stats()
     }
 
-    pub(super) fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
+    pub(crate) fn splits(&self) -> std::sync::MutexGuard<'_, Vec<Split>> {
         self.splits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Rank `rank`'s stream of epoch `epoch` for `peer` (forwarded: what
     /// it yields is in flight until confirmed), once per rank and epoch.
-    pub(super) fn claim(
+    pub(crate) fn claim(
         &self,
         service: u64,
         rank: u32,

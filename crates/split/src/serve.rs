@@ -1,3 +1,8 @@
+//! The driver's side: [`SplitService`] serves every rank of one split to
+//! trainer processes, over QUIC on an endpoint of its own (the driver's
+//! cluster certificate, a trainer's required) and over Arrow Flight, until
+//! it is dropped.
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -6,11 +11,11 @@ use streambatch_net::{Endpoint, Identity, StreamKind, TlsFiles, handshake};
 use streambatch_plan::{Error, Result, Split};
 use streambatch_store::{SharedStore, StoreConfig};
 
-use super::ranks::Ranks;
-use super::{SplitHandle, locality, runtime};
+use crate::ranks::Ranks;
+use crate::{SplitHandle, locality, runtime};
 
 /// The ranks of a split served to trainer processes, as long as it lives:
-/// see [`Context::serve_splits`](crate::Context::serve_splits). Dropping it
+/// see [`SplitContext::serve_splits`](crate::SplitContext::serve_splits). Dropping it
 /// stops serving (trainers reading get an error).
 pub struct SplitService {
     handles: Vec<SplitHandle>,
@@ -26,7 +31,7 @@ const PIECES_STORE_BYTES: u64 = 512 << 20;
 
 impl SplitService {
     /// Serves `splits` (the ranks of one
-    /// [`streaming_split`](crate::Dataset::streaming_split), in rank order)
+    /// [`streaming_split`](streambatch::Dataset::streaming_split), in rank order)
     /// on `listen` (port 0 picks one) to trainers holding a certificate of
     /// the cluster whose CA `tls` names; the service presents `tls`'s own
     /// certificate.
@@ -62,7 +67,7 @@ impl SplitService {
         let ranks = Arc::new(Ranks::new(service, splits, pieces));
         runtime.spawn(accept(endpoint.clone(), ranks.clone()));
         let flight_listen = SocketAddr::new(listen.ip(), 0);
-        let flight_addr = super::flight::start(&runtime, &identity, flight_listen, ranks.clone())?;
+        let flight_addr = crate::flight::start(&runtime, &identity, flight_listen, ranks.clone())?;
         Ok(Self {
             handles,
             endpoint,

@@ -1,15 +1,19 @@
+//! [`Context`]: where datasets run (an embedded node in this process, or a
+//! cluster of node processes) and the sources they start from (`range`,
+//! `read_parquet`, ...); and [`resolve_gpu_slots`], which turns
+//! `gpus = "auto"` into GPU slots.
+
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use streambatch_core::NodeConfig;
 use streambatch_gpu::{AdapterChoice, GpuPool};
-use streambatch_plan::{Dataset, ImageSize, Result, Runner, Split};
+use streambatch_plan::{Dataset, ImageSize, Result, Runner};
 use streambatch_sched::{ClusterClient, LocalCluster};
 use streambatch_store::StoreStats;
 
 use crate::progress::ProgressRunner;
-use crate::remote_split::{RemoteSplit, SplitHandle, SplitService};
 
 /// Turns `gpus = "auto"` into one slot per hardware GPU adapter found (of
 /// the configured name and backend), opening those adapters for this
@@ -153,25 +157,6 @@ impl Context {
     /// /metrics`), when its config sets `metrics_addr`.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.local.as_ref().and_then(|l| l.metrics_addr())
-    }
-
-    /// Serves the ranks of one [`streaming_split`](Dataset::streaming_split)
-    /// (all of them, in rank order) to trainer processes, which open them
-    /// by handle ([`Context::open_split`]). The service presents this
-    /// context's certificate (`tls_cert` of its config) and listens on its
-    /// `listen` address, on a port of its own; only holders of a
-    /// certificate of the same cluster reach it.
-    pub fn serve_splits(&self, splits: Vec<Split>) -> Result<SplitService> {
-        let tls = crate::remote_split::tls_files(self.config(), "serving splits")?;
-        let listen = std::net::SocketAddr::new(self.config().listen.ip(), 0);
-        SplitService::start(splits, &tls, listen)
-    }
-
-    /// Opens the rank of a split that `handle` names (served by a driver
-    /// with [`Context::serve_splits`]), with this context's certificate.
-    pub fn open_split(&self, handle: &SplitHandle) -> Result<RemoteSplit> {
-        let tls = crate::remote_split::tls_files(self.config(), "opening a split")?;
-        RemoteSplit::open(&tls, handle)
     }
 
     /// Integers `0..n` in a column `id`, in `partitions` partitions.

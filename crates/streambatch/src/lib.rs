@@ -16,6 +16,10 @@
 //!     .unwrap();
 //! assert_eq!(evens, 500);
 //! ```
+//!
+//! Trainers in other processes read a split's ranks with the
+//! `streambatch-split` crate (a crate of its own, so that this one builds
+//! no gRPC).
 
 mod augment;
 mod chunks;
@@ -25,19 +29,12 @@ mod memory;
 pub mod ops;
 pub mod pipeline;
 mod progress;
-mod remote_split;
 mod runtime_dir;
 
 pub use cluster::{main, registry, run_node};
 pub use context::{Context, resolve_gpu_slots};
 pub use memory::keep_freed_memory;
-pub use remote_split::{PieceSources, RemoteEpoch, RemoteSplit, SplitHandle, SplitService};
 pub use runtime_dir::use_private_runtime_dir;
-
-// The README's examples compile as doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;
 pub use streambatch_core::{
     JobId, NodeConfig, NodeId, PoolSize, Resources, StageId, StageOptions, TaskId, format_bytes,
     parse_size,

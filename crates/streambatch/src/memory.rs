@@ -13,9 +13,9 @@
 ///
 /// Called by nodes ([`run_node`](crate::run_node)), embedded nodes
 /// ([`Context::local`](crate::Context::local) and its kin) and trainers
-/// ([`RemoteSplit::open`](crate::RemoteSplit::open), with one arena: see
-/// `keep_freed_memory_in_one_heap`); a process's setting, harmless to call
-/// twice. Elsewhere than glibc it does nothing.
+/// (`streambatch_split::RemoteSplit::open`, which also keeps to one
+/// arena); a process's setting, harmless to call twice. Elsewhere than
+/// glibc it does nothing.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator thresholds; any value is valid.
@@ -40,20 +40,4 @@ pub fn keep_freed_memory() {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn arenas() -> libc::c_int {
     std::thread::available_parallelism().map_or(8, |n| n.get().min(1024) as libc::c_int)
-}
-
-/// [`keep_freed_memory`], for a process whose few threads hand large
-/// buffers to each other (a trainer: its prefetch thread makes the
-/// batches its training loop frees): one glibc arena, so that a freed
-/// batch is the next one's memory, where an arena per thread kept each
-/// thread's freed batches apart (W6a's trainers held 270-360 MiB, 220-255
-/// with one arena, no slower). Not for nodes, whose worker threads all
-/// allocate at once and would contend for the one arena's lock.
-pub(crate) fn keep_freed_memory_in_one_heap() {
-    keep_freed_memory();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator settings; any value is valid.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
 }

@@ -2,7 +2,7 @@
 //! `seeded_uniform` constants), [`chunk_binary`] (large binary values cut
 //! into pieces without copies), training augmentations over `read_images`
 //! rows ([`random_resized_crop`], [`flip`], [`normalize`]), and the demo embedding model of the main job
-//! (`examples/batch_inference.rs`), on the CPU ([`CpuEmbedder`]) or as a WGSL
+//! (`crates/cli/src/infer.rs`), on the CPU ([`CpuEmbedder`]) or as a WGSL
 //! kernel ([`gpu_embedder`]).
 //!
 //! The images they take are rows of `id` (Int64) and `image`: 64 x 64 x 3

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use rand::{Rng, SeedableRng};
 use streambatch::{
-    Context, Dataset, Error, NodeConfig, Resources, Result, Split, SplitOptions, SplitService,
-    TlsFiles, UdfError,
+    Context, Dataset, Error, NodeConfig, Resources, Result, Split, SplitOptions, TlsFiles, UdfError,
 };
+use streambatch_split::SplitService;
 use trainer::TrainerSpec;
 pub use trainer::w6_trainer;
 

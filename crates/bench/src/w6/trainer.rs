@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int64Type};
-use streambatch::{BatchOptions, Error, RemoteSplit, Result, SplitHandle, TlsFiles};
+use streambatch::{BatchOptions, Error, Result, TlsFiles};
+use streambatch_split::{RemoteSplit, SplitHandle};
 
 use super::{BATCH, RowCheck, SEED, image_id};
 use crate::{checksum, checksum_filled, peak_rss_mib, w1_byte};
