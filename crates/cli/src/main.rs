@@ -1,4 +1,5 @@
-//! The `streambatch` command: `streambatch run pipeline.toml`;
+//! The `streambatch` command: `streambatch infer [--cluster FILE]` (the
+//! main job, `infer.rs`); `streambatch run pipeline.toml`;
 //! `streambatch bench <WORKLOAD> [--store-cap SIZE]` (W1 to W6b, G1 and the
 //! others of docs/workloads.md; the workloads live in
 //! `streambatch-bench`); `streambatch node --config
@@ -9,6 +10,8 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use streambatch::{NodeConfig, parse_size};
 use streambatch_bench as workloads;
+
+mod infer;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +26,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: reads 64,000 synthetic images (made in data/images on
+    /// the first run), preprocesses and embeds them (on a GPU where one is
+    /// found, else with a CPU matmul), writes out/embeddings and checks
+    /// every embedding against a direct computation.
+    Infer {
+        /// Run it on this cluster (a driver's config naming the head, as
+        /// configs/cluster.toml) instead of on an embedded node.
+        #[arg(long)]
+        cluster: Option<std::path::PathBuf>,
+    },
     /// Runs a pipeline of built-in operators and WGSL kernels written in TOML.
     Run {
         /// The pipeline file (see examples/pipelines/embed.toml).
@@ -274,6 +287,7 @@ fn run(cli: Cli) -> Result<(), AnyError> {
 
 fn run_job(command: Command) -> streambatch::Result<()> {
     match command {
+        Command::Infer { cluster } => infer::run(cluster.as_deref()),
         Command::Run {
             pipeline,
             cluster,
@@ -553,7 +567,7 @@ fn say_where_kernels_run(kernels: &[String]) {
              at about {LAVAPIPE_ROWS_PER_S} rows/s for the shipped embedding on 2 cores \
              (examples/pipelines/embed.toml: 1,000 images in {LAVAPIPE_EMBED_S} s); \
              a hardware GPU runs it in well under a second. For larger inputs on this \
-             machine, the CPU embedder (cargo run --release --example batch_inference) \
+             machine, the CPU embedder (cargo run --release -- infer) \
              is faster.",
             adapters.join(", ")
         );

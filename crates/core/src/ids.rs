@@ -1,3 +1,7 @@
+//! The typed ids of partitions, nodes, tasks, stages and jobs: newtypes over
+//! integers, each displayed with its own prefix (`p7`, `node-2`, `t12`,
+//! `stage-1`, `job-3`).
+
 use std::fmt;
 
 macro_rules! id_type {

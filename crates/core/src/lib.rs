@@ -1,5 +1,9 @@
-//! Types shared by every streambatch crate: ids, [`Resources`], [`PartitionMeta`],
-//! node configuration ([`NodeConfig`]) and its error type.
+//! Types and helpers shared by every streambatch crate: ids, [`Resources`]
+//! and [`StageOptions`], [`PartitionMeta`], node configuration
+//! ([`NodeConfig`]) and its error type ([`ConfigError`]), byte sizes
+//! ([`parse_size`], [`batch_bytes`]), stable hashes ([`fnv1a`]), direct-I/O
+//! file writing ([`DirectWriter`]) and long-lived worker threads
+//! ([`Workers`]).
 //!
 //! This crate knows nothing of actors, sockets or GPUs, so that each of the
 //! store, the planner and the scheduler can be embedded on its own.

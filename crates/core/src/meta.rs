@@ -1,3 +1,6 @@
+//! [`PartitionMeta`]: what the executor knows of a stored partition without
+//! reading it (its id, rows, bytes, schema and the node that holds it).
+
 use arrow_schema::SchemaRef;
 
 use crate::{NodeId, PartitionId};

@@ -1,3 +1,7 @@
+//! What an operator asks to run with: the logical CPU and GPU slots and
+//! memory one task holds ([`Resources`]), and its rows per call, fusing and
+//! worker pool ([`StageOptions`], [`PoolSize`]).
+
 /// Logical resources one task of an operator holds while it runs.
 ///
 /// Slots are logical, as in Ray: a node declares how many CPU and GPU slots it

@@ -1,3 +1,6 @@
+//! Byte sizes: parsing them from settings (`300MiB`), formatting them for
+//! people (`1.5 GiB`), and the memory a record batch's slice refers to.
+
 use arrow_array::{Array, RecordBatch};
 
 /// Parses a byte size such as `300MiB`, `4GiB`, `64 MB` or `1048576`.

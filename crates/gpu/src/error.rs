@@ -1,3 +1,6 @@
+//! The errors of GPU operators ([`GpuError`]) and what the device reported
+//! when a kernel failed on it ([`DeviceFailure`]).
+
 /// Errors of GPU operators; each names the kernel or the adapter, and keeps
 /// wgpu's or Arrow's error as its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]

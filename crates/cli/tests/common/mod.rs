@@ -373,3 +373,39 @@ pub fn preprocess_pipeline(dir: &Path, out: &str) -> String {
     std::fs::write(dir.join(&file), text).unwrap();
     file
 }
+
+/// A small W1 for the cluster job tests: 40 rows of 64 KiB in 8
+/// partitions, quick sleeps.
+pub fn tiny_w1_shape() -> streambatch_bench::Shape {
+    streambatch_bench::Shape {
+        rows: 40,
+        partitions: 8,
+        row_bytes: 64 << 10,
+        millis: (20, 5, 5),
+    }
+}
+
+/// The sorted ids a W1-shaped job of [`tiny_w1_shape`] outputs on `ctx`,
+/// and its stats.
+pub fn w1_ids(ctx: &streambatch::Context) -> (Vec<i64>, streambatch::JobStats) {
+    let shape = tiny_w1_shape();
+    let ds = streambatch_bench::w1_pipeline(
+        ctx.range(shape.rows, shape.partitions),
+        &streambatch_bench::registry(),
+        shape,
+    )
+    .unwrap();
+    let mut ids = Vec::new();
+    for batch in ds.iter_batches().unwrap() {
+        ids.extend_from_slice(ids_of(&batch.unwrap()));
+    }
+    ids.sort_unstable();
+    (ids, ds.stats().unwrap())
+}
+
+/// The ids (first column) of a W1-shaped job's output batch.
+pub fn ids_of(batch: &arrow_array::RecordBatch) -> &[i64] {
+    let column = batch.column(0).as_any();
+    let ids = column.downcast_ref::<arrow_array::Int64Array>().unwrap();
+    ids.values()
+}
