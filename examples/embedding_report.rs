@@ -1,7 +1,7 @@
 //! cargo run --release --example embedding_report
 //!
-//! A report on the main job's output (run `cargo run --release --example
-//! batch_inference` first): its 64,000 embeddings joined with a table of
+//! A report on the main job's output (run `cargo run --release -- infer`
+//! first): its 64,000 embeddings joined with a table of
 //! labels (made here from the ids: the first 60,000 images have one),
 //! counted per label, and the images without a label found by an anti
 //! join. The README shows the same code.
@@ -9,11 +9,11 @@
 use streambatch::prelude::*;
 
 fn main() -> Result<()> {
-    // SAFETY: first thing in `main`, one thread (see batch_inference).
+    // SAFETY: first thing in `main`, one thread (see `streambatch infer`).
     unsafe { streambatch::use_private_runtime_dir() };
     if !std::path::Path::new("out/embeddings").exists() {
         return Err(Error::Invalid(
-            "no out/embeddings: run `cargo run --release --example batch_inference` first".into(),
+            "no out/embeddings: run `cargo run --release -- infer` first".into(),
         ));
     }
     let ctx = Context::local()?;
