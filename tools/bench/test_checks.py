@@ -29,7 +29,7 @@ def test_a_nan_embedding_is_not_correct():
 
 
 def test_the_checksum_is_streambatchs_and_sees_a_wrong_byte():
-    # crates/bench/src/lib.rs asserts the same value for checksum().
+    # crates/bench/src/check.rs asserts the same value for checksum().
     assert common.checksum(bytes(range(256)) + b"abc") == 0x3531_2D29_3E5D_1521
     for length in (0, 1, 7, 8, 9, 1001, common.W1_ROW_BYTES):
         assert common.checksum(bytes([46]) * length) == common.checksum_filled(46, length)

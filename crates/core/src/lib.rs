@@ -1,9 +1,8 @@
 //! Types and helpers shared by every streambatch crate: ids, [`Resources`]
-//! and [`StageOptions`], [`PartitionMeta`], node configuration
-//! ([`NodeConfig`]) and its error type ([`ConfigError`]), byte sizes
-//! ([`parse_size`], [`batch_bytes`]), stable hashes ([`fnv1a`]), direct-I/O
-//! file writing ([`DirectWriter`]) and long-lived worker threads
-//! ([`Workers`]).
+//! and [`StageOptions`], node configuration ([`NodeConfig`]) and its error
+//! type ([`ConfigError`]), byte sizes ([`parse_size`], [`batch_bytes`]),
+//! stable hashes ([`fnv1a`]), direct-I/O file writing ([`DirectWriter`]) and
+//! long-lived worker threads ([`Workers`]).
 //!
 //! This crate knows nothing of actors, sockets or GPUs, so that each of the
 //! store, the planner and the scheduler can be embedded on its own.
@@ -12,7 +11,6 @@ mod config;
 mod direct;
 mod hash;
 mod ids;
-mod meta;
 mod resources;
 mod size;
 mod workers;
@@ -21,7 +19,6 @@ pub use config::{ConfigError, NodeConfig};
 pub use direct::{AlignedBlock, BLOCK, DirectWriter, open_direct};
 pub use hash::{fnv1a, mix64};
 pub use ids::{JobId, NodeId, PartitionId, StageId, TaskId};
-pub use meta::PartitionMeta;
 pub use resources::{PoolSize, Resources, StageOptions};
 pub use size::{batch_bytes, format_bytes, parse_size};
 pub use workers::Workers;

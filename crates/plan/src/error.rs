@@ -1,3 +1,8 @@
+//! The crate's [`Error`]: what a plan, a source, an operator or a sink
+//! can fail with, each naming the file, operator or node at fault, and
+//! `bad_file` for a file that cannot be read as its format. The bottom
+//! floor of the crate, imported by every folder.
+
 use std::path::PathBuf;
 
 use arrow_schema::ArrowError;

@@ -4,8 +4,9 @@
 //! equal resources into stages, and the sources, exchanges and sinks that
 //! tasks run.
 //!
-//! This crate decides *what* runs and how a task runs it; where a task runs
-//! and how much memory a job may hold is the scheduler's
+//! This crate decides *what* runs and how a task runs it, and the partition
+//! size and store reserves a plan implies ([`ExecPlan::sizing`]); where and
+//! when a task runs, and what memory it may take, is the scheduler's
 //! (`streambatch-sched`). Consuming calls hand an [`ExecPlan`] to a
 //! [`Runner`].
 //!
@@ -50,9 +51,7 @@ pub use exchange::{Cut, Exchange, Reduce};
 pub use logical::explain::{Explain, StageExplain};
 pub use logical::ops;
 pub use logical::ops::{OpCounter, OpKind, OpSpec, SharedInstance, TaskEnv};
-pub use logical::plan::{
-    ExecPlan, LogicalOp, LogicalPlan, REDUCER_HELD_PARTITIONS, Stage, StageKind, TaskInput,
-};
+pub use logical::plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, TaskInput};
 pub use logical::side::Side;
 pub use logical::source::SourceSplit;
 pub use object::files::{

@@ -32,7 +32,7 @@ mod alloc;
 mod error;
 pub mod ipc;
 mod output;
-mod partition;
+mod reference;
 mod segment;
 mod shared;
 mod spill;
@@ -40,7 +40,7 @@ mod spill_writer;
 
 pub use error::{PutError, SpillError, StoreError};
 pub use output::{OutputBuffer, with_output_store};
-pub use partition::{PartitionRef, PinGuard, cuts_in_order};
+pub use reference::{PartitionRef, PinGuard, cuts_in_order};
 pub use shared::{
     SharedPartition, SharedStore, StoreConfig, open_shared, open_shared_keeping,
     open_shared_unchecked,

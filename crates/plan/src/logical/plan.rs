@@ -96,14 +96,6 @@ pub struct Stage {
     pub cut: Option<(crate::exchange::Cut, usize)>,
 }
 
-/// A sort or join reducer holds up to this many partitions' worth of its
-/// input (the job's target partition size) before it writes to scratch
-/// files: an input of the size the exchange meant (about one) never does;
-/// one that a hot key made several times larger does, rather than fill
-/// memory. The scheduler counts what it holds against the store's
-/// capacity ([`Stage::input_held_cap`]).
-pub const REDUCER_HELD_PARTITIONS: u64 = 4;
-
 /// The input of one task.
 pub enum TaskInput {
     /// The i-th split of a source stage.
@@ -223,17 +215,6 @@ impl Stage {
                 .cloned()
                 .collect(),
             _ => Vec::new(),
-        }
-    }
-
-    /// What a task of this stage may hold of its input outside the store
-    /// for a partition size of `target_bytes`: a sort's or join's reducer
-    /// holds up to [`REDUCER_HELD_PARTITIONS`] partitions before it writes
-    /// scratch files; 0 for other stages, which stream their input.
-    pub fn input_held_cap(&self, target_bytes: u64) -> u64 {
-        match self.writes_scratch() {
-            true => REDUCER_HELD_PARTITIONS * target_bytes,
-            false => 0,
         }
     }
 

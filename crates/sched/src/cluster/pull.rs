@@ -12,7 +12,7 @@ use streambatch_core::TaskId;
 use streambatch_net::{Fetched, FetchedPart, PartRows, Transport, Want};
 use streambatch_plan::Error;
 
-use crate::exec::partition::{Output, Slice};
+use crate::exec::partitioner::{Output, Slice};
 use crate::job::Part;
 use crate::wire::PartSpec;
 

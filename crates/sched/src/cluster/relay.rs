@@ -24,7 +24,7 @@ use crate::cluster::serve::StoreServer;
 use crate::exec::budget::Budgets;
 use crate::exec::metrics::{NodeMetrics, NodeShare, TaskEnd};
 use crate::exec::msg::NodeMsg;
-use crate::exec::partition::{Output, Slice};
+use crate::exec::partitioner::{Output, Slice};
 use crate::exec::task::{JobCtx, TaskEvent, TaskRun, task_event_sink};
 use crate::job::{Keep, Part, RunInput, fingerprint_cut};
 use crate::wire::groups::remote_member;

@@ -24,7 +24,7 @@ use crate::driver::msg::ExecutorMsg;
 use crate::driver::output::JobOutput;
 use crate::driver::supervise::{Supervisor, SupervisorArgs, SupervisorMsg};
 use crate::error::ClusterError;
-use crate::exec::partition::{RemotePart, RemoteSource};
+use crate::exec::partitioner::{RemotePart, RemoteSource};
 use crate::wire::groups::{head_group, node_group, remote_member};
 use crate::wire::join::{load_identity, peer_timeout, runtime};
 use crate::wire::msg::AgentMsg;

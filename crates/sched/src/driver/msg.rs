@@ -4,7 +4,7 @@
 
 use streambatch_plan::Error;
 
-use crate::exec::partition::Slice;
+use crate::exec::partitioner::Slice;
 use crate::exec::task::{TaskEvent, task_event_sink};
 use crate::job::PieceId;
 

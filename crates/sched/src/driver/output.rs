@@ -11,7 +11,7 @@ use ractor::ActorRef;
 use streambatch_plan::{Error, HeldAt, HeldRows, HeldSource, JobStats, JobStream, Pulled, Result};
 
 use crate::driver::msg::{ExecutorMsg, JobItem};
-use crate::exec::partition::Slice;
+use crate::exec::partitioner::Slice;
 use crate::job::PieceId;
 
 /// Outputs with rows found lost.

@@ -23,6 +23,25 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+/// A sort or join reducer holds up to this many partitions' worth of its
+/// input (the job's target partition size) before it writes to scratch
+/// files: an input of the size the exchange meant (about one) never does;
+/// one that a hot key made several times larger does, rather than fill
+/// memory. What it holds counts against the store's capacity
+/// ([`input_held_cap`]).
+pub const REDUCER_HELD_PARTITIONS: u64 = 4;
+
+/// What a task of `stage` may hold of its input outside the store for a
+/// partition size of `target_bytes`: a sort's or join's reducer holds up
+/// to [`REDUCER_HELD_PARTITIONS`] partitions before it writes scratch
+/// files; 0 for other stages, which stream their input.
+pub fn input_held_cap(stage: &streambatch_plan::Stage, target_bytes: u64) -> u64 {
+    match stage.writes_scratch() {
+        true => REDUCER_HELD_PARTITIONS * target_bytes,
+        false => 0,
+    }
+}
+
 /// What happens when memory is returned (the executor re-runs its policy).
 pub type OnRelease = Arc<dyn Fn() + Send + Sync>;
 

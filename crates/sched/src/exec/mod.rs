@@ -12,7 +12,7 @@ pub(crate) mod failpoint;
 pub mod metrics;
 pub(crate) mod msg;
 pub(crate) mod node;
-pub(crate) mod partition;
+pub(crate) mod partitioner;
 pub(crate) mod read_ahead;
 pub(crate) mod restart;
 pub(crate) mod task;

@@ -20,7 +20,7 @@ use arrow_array::RecordBatch;
 use streambatch_core::Workers;
 use streambatch_plan::{Error, Result};
 
-use crate::exec::partition::Slice;
+use crate::exec::partitioner::Slice;
 use crate::job::piece::Part;
 
 /// Threads reading slices ahead of the process's reducers, and the most
@@ -207,7 +207,7 @@ mod tests {
     use arrow_array::Int64Array;
 
     use super::*;
-    use crate::exec::partition::{RemotePart, RemoteSource};
+    use crate::exec::partitioner::{RemotePart, RemoteSource};
 
     fn ints(from: i64, n: i64) -> RecordBatch {
         let column = Arc::new(Int64Array::from_iter_values(from..from + n));

@@ -18,7 +18,7 @@ use streambatch_plan::{
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
 use crate::exec::budget::{Budgets, Hold};
-use crate::exec::partition::{Output, Partitioner, Slice, joined};
+use crate::exec::partitioner::{Output, Partitioner, Slice, joined};
 use crate::exec::read_ahead::read_ahead;
 use crate::job::{Keep, RunInput, input_hold};
 
@@ -357,7 +357,10 @@ impl TaskRun {
             // holds its whole range, and each input is let go once read.
             RunInput::Parts(slices, keys) => {
                 range = keys;
-                let cap = self.job.plan.stages[self.stage].input_held_cap(self.job.target_bytes);
+                let cap = crate::exec::budget::input_held_cap(
+                    &self.job.plan.stages[self.stage],
+                    self.job.target_bytes,
+                );
                 let held = input_hold(cap, &slices);
                 if held > 0 {
                     self._held = Some(self.job.budgets.hold(held));
@@ -373,7 +376,8 @@ impl TaskRun {
         .map_err(|e| Error::store("making a scratch directory", e))?
         .map(|dir| {
             let store = job.store.clone();
-            let budget = job.plan.stages[self.stage].input_held_cap(job.target_bytes);
+            let budget =
+                crate::exec::budget::input_held_cap(&job.plan.stages[self.stage], job.target_bytes);
             Scratch::new(
                 dir.to_path_buf(),
                 budget,

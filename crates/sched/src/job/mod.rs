@@ -145,7 +145,7 @@ pub(crate) struct StageShape {
     /// Its tasks reduce a sort's exchange: their outputs are in order.
     pub(crate) ordered: bool,
     /// What a task holds of its input outside the store at most (a sort's
-    /// or join's reducer: [`streambatch_plan::Stage::input_held_cap`]); 0
+    /// or join's reducer: `exec::budget::input_held_cap`); 0
     /// for stages that stream their input.
     pub(crate) input_held_cap: u64,
 }

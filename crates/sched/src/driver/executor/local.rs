@@ -16,7 +16,7 @@ use crate::driver::executor::{Backend, Opened, Opening, memory_freed};
 use crate::driver::msg::ExecutorMsg;
 use crate::exec::budget::Budgets;
 use crate::exec::msg::NodeMsg;
-use crate::exec::partition::Slice;
+use crate::exec::partitioner::Slice;
 use crate::exec::task::{JobCtx, TaskRun};
 use crate::job::{Action, JobState, Memory, RunInput, Start};
 

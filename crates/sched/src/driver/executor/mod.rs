@@ -24,7 +24,7 @@ use crate::driver::executor::local::Local;
 use crate::driver::executor::remote::{Joining, Remote, RemoteNode};
 use crate::driver::msg::{ExecutorMsg, JobItem};
 use crate::exec::msg::NodeMsg;
-use crate::exec::partition::{RemoteSource, Slice};
+use crate::exec::partitioner::{RemoteSource, Slice};
 use crate::exec::task::{TaskEvent, TaskRun};
 use crate::job::record::Recorder;
 use crate::job::{Action, FailurePolicy, JobState, StageShape};
@@ -206,7 +206,7 @@ impl Actor for Executor {
             store_before: (spilled, restored),
         } = opened;
         for (shape, stage) in shapes.iter_mut().zip(&plan.stages) {
-            shape.input_held_cap = stage.input_held_cap(target_bytes);
+            shape.input_held_cap = crate::exec::budget::input_held_cap(stage, target_bytes);
         }
         let recorder = Recorder::new(args.live, names, capacity)
             .record_timeline(args.config.record_timeline)

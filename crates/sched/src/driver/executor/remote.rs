@@ -16,7 +16,7 @@ use streambatch_plan::{Error, KeySample};
 use crate::driver::executor::{Backend, Opened, Opening, memory_freed};
 use crate::driver::msg::ExecutorMsg;
 use crate::exec::budget::{Budgets, StageTotals};
-use crate::exec::partition::{RemotePart, RemoteSource, Slice};
+use crate::exec::partitioner::{RemotePart, RemoteSource, Slice};
 use crate::job::record::Recorder;
 use crate::job::{Action, JobState, Memory, Origin, Part, RunInput, Start};
 use crate::wire::msg::AgentMsg;
