@@ -433,7 +433,7 @@ type Read = fn(&Context, &str) -> streambatch::Result<streambatch::Dataset>;
 /// `gpus = "auto"` on a machine whose only adapter is a software one
 /// (lavapipe): the node counts no GPU slot and says why on its log, so the
 /// cluster's main job (which embeds on the GPU only where a node has GPU
-/// slots, see `examples/batch_inference.rs`) takes its CPU path; a node
+/// slots, see `crates/cli/src/infer.rs`) takes its CPU path; a node
 /// that asks for software adapters gets its slot.
 #[test]
 fn auto_counts_no_software_adapter_so_the_main_job_embeds_on_the_cpu() {

@@ -1,4 +1,4 @@
-//! cargo run --release --example train
+//! cargo run --release -p streambatch-examples --example train
 //!
 //! Training ingest: one streaming job feeding two trainer processes, epoch
 //! after epoch. The driver (this process) runs read_images (JPEGs of
@@ -54,8 +54,12 @@ fn drive() -> Result<()> {
         );
         streambatch_bench::make_jpegs(images, IMAGES, SEED)?;
     }
-    let tls_dir = tempfile::tempdir().map_err(|e| Error::Invalid(e.to_string()))?;
-    let tls = tls_dir.path().to_path_buf();
+    // The certificates of the driver and the two trainers, made afresh in
+    // the working directory's out/ (where the example writes), not under a
+    // shared /tmp.
+    let tls = Path::new("out/train-tls").to_path_buf();
+    let _ = std::fs::remove_dir_all(&tls);
+    std::fs::create_dir_all(&tls).map_err(|e| Error::Invalid(e.to_string()))?;
     streambatch::init_cluster(&tls, &["driver", "trainer-0", "trainer-1"])
         .map_err(|e| Error::Invalid(e.to_string()))?;
     let ctx = Context::local()?;

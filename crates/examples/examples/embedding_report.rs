@@ -1,4 +1,4 @@
-//! cargo run --release --example embedding_report
+//! cargo run --release -p streambatch-examples --example embedding_report
 //!
 //! A report on the main job's output (run `cargo run --release -- infer`
 //! first): its 64,000 embeddings joined with a table of

@@ -1,4 +1,4 @@
-//! cargo run --release --example store
+//! cargo run --release -p streambatch-examples --example store
 //!
 //! The object store on its own: put a partition into shared memory, read it
 //! from a second process by name (zero-copy), then fill the store so that it
