@@ -6,8 +6,8 @@
 use streambatch_core::StageOptions;
 
 use crate::dataset::Dataset;
+use crate::exchange::{Cut, Exchange, Reduce};
 use crate::logical::plan::LogicalOp;
-use crate::{exchange::Cut, exchange::Exchange, exchange::Reduce};
 
 impl Dataset {
     /// Every row sent to a random place, the same for the same `seed`

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 
 use crate::dataset::Dataset;
+use crate::error::Result;
 use crate::exchange::join::hash::{Broadcast, Join, JoinHow};
+use crate::exchange::{Cut, Exchange, Reduce};
 use crate::logical::ops::{OpKind, OpSpec};
-use crate::{error::Result, exchange::Cut, exchange::Exchange, exchange::Reduce};
 
 impl Dataset {
     /// The rows, when they hold at most `limit` bytes as Arrow arrays;

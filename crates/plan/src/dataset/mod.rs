@@ -25,19 +25,20 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use streambatch_core::{NodeConfig, StageOptions};
 
+use crate::dataset::held::Pulled;
+use crate::error::{Error, Result};
 use crate::logical::ops::{OpKind, OpSpec};
 use crate::logical::plan::{ExecPlan, LogicalOp, LogicalPlan};
+use crate::logical::source::SourceSplit;
 use crate::read::files::{
     binary_files_schema, csv_schema, expand_paths, ipc_schema, json_schema, parquet_schema,
     text_schema,
 };
 use crate::read::images::{ImageSize, images_schema, is_image};
+use crate::stats::JobStats;
+use crate::udf::expr::Expr;
 use crate::udf::row::{Row, batch_to_rows};
 use crate::udf::{BatchUdf, Predicate, UdfError};
-use crate::{
-    dataset::held::Pulled, error::Error, error::Result, logical::source::SourceSplit,
-    stats::JobStats, udf::expr::Expr,
-};
 
 /// The stream of a running job's output batches.
 pub trait JobStream: Iterator<Item = Result<RecordBatch>> + Send {

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use streambatch_core::fnv1a;
 
 use crate::dataset::Dataset;
+use crate::error::{Error, Result};
 use crate::logical::plan::{LogicalOp, LogicalPlan};
 use crate::logical::source::SourceSplit;
 use crate::read::row_sample::RowSample;
-use crate::{error::Error, error::Result};
 
 impl Dataset {
     /// Splits the rows into a train and a test dataset, disjoint, the test

@@ -14,10 +14,10 @@
 use std::sync::Arc;
 
 use crate::dataset::Dataset;
+use crate::error::{Error, Result};
 use crate::logical::plan::LogicalOp;
 use crate::logical::side::{Side, check_op, not_a_side};
 use crate::logical::source::SourceSplit;
-use crate::{error::Error, error::Result};
 
 impl Dataset {
     /// The rows of this dataset and of each of `others`, in no particular

@@ -9,13 +9,14 @@ use arrow_schema::SchemaRef;
 use streambatch_core::StageOptions;
 
 use crate::dataset::{Dataset, static_schema};
+use crate::error::{Error, Result};
 use crate::logical::ops::{OpKind, OpSpec};
 use crate::logical::plan::{LogicalOp, LogicalPlan};
+use crate::logical::source::SourceSplit;
 use crate::sink::{
     FileFormat, FileSink, FormatWriter, Journal, Opened, ParquetWriteOptions, Staging,
     WriteIdentity, abort_staging, commit_staging, create_staging, open_journal, write_whole,
 };
-use crate::{error::Error, error::Result, logical::source::SourceSplit};
 
 /// Waves a resumable write's source splits run in (at most): a kill costs
 /// at most the wave it cut short.

@@ -14,7 +14,7 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::SortOptions;
 
-use crate::{error::Error, error::Result};
+use crate::error::{Error, Result};
 
 /// A batch's rows grouped by destination: destination `d`'s rows are
 /// `batch.slice(starts[d], starts[d + 1] - starts[d])`, in their order in

@@ -29,10 +29,10 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_row::Rows;
 use arrow_schema::{SchemaRef, SortOptions};
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::{Partitioned, by_hash, column_indices, group, key_rows, key_rows_of};
 use crate::exchange::group::aggregate::{Agg, Step, aggregate};
 use crate::exchange::sort::sorted::Sorted;
-use crate::{error::Error, error::Result};
 
 /// How the map side picks each row's destination.
 #[derive(Clone, Debug, PartialEq)]

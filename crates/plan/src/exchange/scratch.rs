@@ -21,7 +21,8 @@ use arrow_ipc::writer::StreamWriter;
 use arrow_schema::SchemaRef;
 use streambatch_core::DirectWriter;
 
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::error::{Error, Result};
+use crate::udf::BatchIter;
 
 /// Where a reducer may write scratch files, and how much of its input it
 /// holds in memory before it does.

@@ -9,10 +9,14 @@ use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
 use streambatch_core::{StageOptions, TaskId, batch_bytes};
 
+use crate::error::{Error, Result};
+use crate::exchange::Reduce;
 use crate::sink::{FileSink, write_part};
+use crate::udf::expr::Expr;
 use crate::udf::row::{Row, Value, batch_into_rows, batch_to_rows, rows_into_batch};
-use crate::udf::{BatchFn, BatchGeneratorFn, BatchUdf, Predicate, RowFlatMapFn, RowMapFn};
-use crate::{error::Error, error::Result, exchange::Reduce, udf::BatchIter, udf::expr::Expr};
+use crate::udf::{
+    BatchFn, BatchGeneratorFn, BatchIter, BatchUdf, Predicate, RowFlatMapFn, RowMapFn,
+};
 
 /// Rows, bytes and time of one operator inside a fused stage, summed over
 /// its tasks. Time is inclusive of the operators before it in the stage.

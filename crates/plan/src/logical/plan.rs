@@ -6,8 +6,10 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 use streambatch_core::{Resources, StageOptions};
 
+use crate::error::{Error, Result};
 use crate::logical::ops::{OpCounter, OpKind, OpSpec, TaskEnv, apply, counted};
-use crate::{error::Error, error::Result, logical::source::SourceSplit, udf::BatchIter};
+use crate::logical::source::SourceSplit;
+use crate::udf::BatchIter;
 
 /// One step of the logical plan (named apart from a cluster's nodes).
 #[derive(Clone)]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use streambatch_core::Resources;
 
+use crate::error::{Error, Result};
 use crate::exchange::join::hash::SIDE_TAG;
 use crate::logical::ops::{OpKind, OpSpec};
-use crate::{error::Error, error::Result};
 
 /// What a task over one side's split runs after the read: the side's
 /// operators and, for a join, which input the rows are.

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::{error::Error, error::Result};
+use crate::error::{Error, Result};
 
 /// A profile's key settings, named as `object_store` takes them.
 const FROM_CREDENTIALS: [&str; 3] = [

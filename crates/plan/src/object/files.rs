@@ -26,9 +26,10 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::file::reader::{ChunkReader, Length};
 use url::Url;
 
+use crate::error::{Error, Result};
+use crate::object::manifest;
 use crate::object::read_ahead::ReadAhead;
 use crate::object::runtime::block_on;
-use crate::{error::Error, error::Result, object::manifest};
 
 /// The URL schemes read through `object_store`.
 const SCHEMES: [&str; 8] = ["s3", "s3a", "gs", "az", "abfs", "abfss", "http", "https"];

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 
-use crate::{error::Error, error::Result};
+use crate::error::{Error, Result};
 
 /// The manifest of a write's `extension` files in a folder.
 pub(crate) fn name(extension: &str) -> String {

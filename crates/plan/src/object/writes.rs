@@ -12,9 +12,9 @@ use object_store::ObjectStoreExt;
 use object_store::buffered::BufWriter;
 use tokio::io::AsyncWriteExt;
 
+use crate::error::{Error, Result};
 use crate::object::files::Object;
 use crate::object::runtime::block_on;
-use crate::{error::Error, error::Result};
 
 /// Bytes gathered before each part is sent (S3's parts are 5 MiB at least).
 const PART: usize = 8 << 20;

@@ -11,11 +11,11 @@ use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use crate::error::bad_file;
+use crate::error::{Error, Result, bad_file};
 use crate::object::files::ObjectFile;
 pub use crate::read::parquet::parquet_schema;
 use crate::read::{READ_BATCH_ROWS, describe_schema, open_file};
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 /// Integers `start..end` in a column `id`, in batches.
 pub(crate) fn open_range(start: i64, end: i64) -> BatchIter {

@@ -12,8 +12,8 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use image::imageops::FilterType;
 
-use crate::error::bad_file;
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::error::{Error, Result, bad_file};
+use crate::udf::BatchIter;
 
 /// Bytes of decoded images one batch holds at most (one image at least).
 const BATCH_BYTES: usize = 4 << 20;

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use arrow_schema::{Schema, SchemaRef};
 
+use crate::error::{Error, Result};
 use crate::object::files::ObjectFile;
-use crate::{error::Error, error::Result};
 
 /// Rows per batch that readers produce; partitions are cut from these.
 pub(crate) const READ_BATCH_ROWS: usize = 8192;

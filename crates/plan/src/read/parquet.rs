@@ -16,12 +16,13 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReader
 use parquet::file::metadata::{FileMetaData, ParquetMetaData, ParquetMetaDataBuilder};
 use parquet::file::reader::ChunkReader;
 
-use crate::error::bad_file;
+use crate::error::{Error, Result, bad_file};
 use crate::object::files::ObjectReader;
 use crate::object::read_ahead::{ReadAhead, ReadAheadOwner};
 use crate::read::prune::RowGroupStats;
 use crate::read::{READ_BATCH_ROWS, describe_schema, project};
-use crate::{error::Error, error::Result, udf::BatchIter, udf::expr::Expr};
+use crate::udf::BatchIter;
+use crate::udf::expr::Expr;
 
 /// Reads every file's footer and checks that all schemas agree; returns the
 /// (projected) schema.

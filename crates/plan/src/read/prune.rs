@@ -216,7 +216,7 @@ fn is_float(t: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{udf::expr::col, udf::expr::lit};
+    use crate::udf::expr::{col, lit};
     use arrow_array::Int64Array;
     use parquet::arrow::ArrowWriter;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;

@@ -4,7 +4,8 @@
 
 use arrow_array::BooleanArray;
 
-use crate::{error::Error, udf::BatchIter};
+use crate::error::Error;
+use crate::udf::BatchIter;
 
 /// Which rows of one source split a side of a `train_test_split` keeps.
 #[derive(Clone, Copy, Debug, PartialEq)]

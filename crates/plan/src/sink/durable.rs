@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::{error::Error, error::Result};
+use crate::error::{Error, Result};
 
 /// Notes a step in test builds (nothing otherwise).
 macro_rules! record {

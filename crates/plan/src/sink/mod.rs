@@ -19,8 +19,9 @@ use parquet::basic::Compression;
 use parquet::file::properties::{DEFAULT_MAX_ROW_GROUP_ROW_COUNT, WriterProperties};
 use streambatch_core::TaskId;
 
+use crate::error::{Error, Result};
 use crate::object::files::url_of;
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 mod dictionary;
 mod durable;

@@ -26,9 +26,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{EMPTY_PREFIX, Staging};
+use crate::error::{Error, Result};
 use crate::object::manifest::{self, Manifest};
 use crate::object::writes::{copy_all, delete_all, folders, list, put};
-use crate::{error::Error, error::Result};
 
 /// The start of a staging folder's name.
 const STAGING: &str = ".streambatch-staging-";

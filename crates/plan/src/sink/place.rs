@@ -8,9 +8,9 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::{durable, write_whole};
+use crate::error::{Error, Result};
 use crate::object::files::{Object, url_of};
 use crate::object::writes as object_writes;
-use crate::{error::Error, error::Result};
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
     move |e| Error::io(what, path, e)

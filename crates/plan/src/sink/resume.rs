@@ -22,9 +22,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::{EMPTY_PREFIX, place};
+use crate::error::{Error, Result};
 use crate::object::files::url_of;
 use crate::object::manifest::{self, Manifest};
-use crate::{error::Error, error::Result};
 
 /// The journal's folder in an output directory.
 const JOURNAL: &str = ".streambatch-resume";

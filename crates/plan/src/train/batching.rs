@@ -19,8 +19,9 @@ use std::sync::{Arc, mpsc};
 
 use arrow_array::RecordBatch;
 
+use crate::error::{Error, Result};
 use crate::train::shuffle_window::ShuffleWindow;
-use crate::{error::Error, error::Result, udf::BatchIter, udf::UdfError};
+use crate::udf::{BatchIter, UdfError};
 
 /// A function each batch passes through once cut (and shuffled): see
 /// [`BatchOptions::collate`].

@@ -30,7 +30,7 @@ use arrow_schema::SchemaRef;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::{error::Error, error::Result};
+use crate::error::{Error, Result};
 
 /// The most bytes of rows a shuffle copies into one piece.
 const PIECE_BYTES: usize = 1 << 20;

@@ -33,9 +33,9 @@ use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, UInt32
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field, Schema, SortOptions};
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::{column_indices, key_rows};
 use crate::exchange::group::packed_keys::packed_keys;
-use crate::{error::Error, error::Result};
 
 /// What an aggregate computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -16,8 +16,8 @@ use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
 use arrow_row::Rows;
 use arrow_schema::{Field, Schema, SchemaRef};
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::{column_indices, key_rows};
-use crate::{error::Error, error::Result};
 
 /// The schema metadata key under which a join's inputs are marked: "0"
 /// for the left's batches, "1" for the right's.

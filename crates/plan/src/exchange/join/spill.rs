@@ -17,10 +17,11 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, SortField};
 use streambatch_core::batch_bytes;
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::column_indices;
 use crate::exchange::join::hash::{Join, SIDE_TAG};
 use crate::exchange::scratch::{Scratch, ScratchFile};
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 /// Buckets a spilling join cuts its input into: its input joins in
 /// memory up to this many times its budget.

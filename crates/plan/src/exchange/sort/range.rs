@@ -19,9 +19,10 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::SortOptions;
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::{Partitioned, column_indices, gather, key_rows_of};
 use crate::exchange::sort::sample::KeySample;
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 /// Chunks per destination in a map output: a boundary's chunk is read
 /// twice, so about one row in this many crosses the exchange twice.

@@ -11,10 +11,11 @@ use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{SchemaRef, SortOptions};
 use streambatch_core::batch_bytes;
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::column_indices;
 use crate::exchange::scratch::{Scratch, ScratchFile};
 use crate::exchange::sort::sorted::{CHUNK_ROWS, Sorted};
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 /// Rows per batch of a run on disk: a merge holds one batch of each run.
 const RUN_CHUNK_ROWS: usize = 8 * 1024;

@@ -10,8 +10,8 @@ use arrow_array::RecordBatch;
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{SchemaRef, SortOptions};
 
+use crate::error::{Error, Result};
 use crate::exchange::cut::column_indices;
-use crate::{error::Error, error::Result};
 
 /// Rows per emitted batch.
 pub(crate) const CHUNK_ROWS: usize = 64 * 1024;

@@ -38,9 +38,10 @@ use arrow_schema::SchemaRef;
 
 use crate::dataset::held::Piece;
 use crate::dataset::{BatchStream, Dataset};
+use crate::error::{Error, Result};
 use crate::stats::{JobStats, RankStats, RankWait};
 use crate::train::batching::BatchOptions;
-use crate::{error::Error, error::Result, udf::BatchIter};
+use crate::udf::BatchIter;
 
 mod epoch;
 mod shared;

@@ -7,8 +7,8 @@ use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::dataset::held::{HeldRows, Piece, Pulled};
+use crate::error::{Error, Result};
 use crate::stats::{MAX_EVENTS, RankWait};
-use crate::{error::Error, error::Result};
 
 use super::{EpochJob, LostRank, RankStats, Shared, State};
 
