@@ -1,4 +1,4 @@
-//! The `streambatch` command: `streambatch infer [--cluster FILE]` (the
+//! The `streambatch` command: `streambatch infer [--cluster FILE] [--model FILE]` (the
 //! main job, `infer.rs`); `streambatch run pipeline.toml`;
 //! `streambatch bench <WORKLOAD> [--store-cap SIZE]` (W1 to W6b, G1 and the
 //! others of docs/workloads.md; the workloads live in
@@ -27,14 +27,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The main job: reads 64,000 synthetic images (made in data/images on
-    /// the first run), preprocesses and embeds them (on a GPU where one is
-    /// found, else with a CPU matmul), writes out/embeddings and checks
-    /// every embedding against a direct computation.
+    /// the first run), preprocesses them and runs an ONNX model over them
+    /// (the project's own convnet, made in data/models on the first run,
+    /// or --model), writes out/embeddings and checks every output against
+    /// the reference engine's answer, computed directly.
     Infer {
         /// Run it on this cluster (a driver's config naming the head, as
         /// configs/cluster.toml) instead of on an embedded node.
         #[arg(long)]
         cluster: Option<std::path::PathBuf>,
+        /// Your own model: an ONNX file of one input taking the images'
+        /// normalised pixels (12,288 f32 a row, 64 x 64 x 3 channels last).
+        #[arg(long)]
+        model: Option<std::path::PathBuf>,
     },
     /// Runs a pipeline of built-in operators and WGSL kernels written in TOML.
     Run {
@@ -287,7 +292,7 @@ fn run(cli: Cli) -> Result<(), AnyError> {
 
 fn run_job(command: Command) -> streambatch::Result<()> {
     match command {
-        Command::Infer { cluster } => infer::run(cluster.as_deref()),
+        Command::Infer { cluster, model } => infer::run(cluster.as_deref(), model.as_deref()),
         Command::Run {
             pipeline,
             cluster,

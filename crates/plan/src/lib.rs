@@ -43,6 +43,7 @@ pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
 pub use exchange::group::aggregate::{Agg, AggKind, Step};
 pub use exchange::join::hash::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
+pub use exchange::reservation::{FixedPool, MemoryPool, MemoryReservation};
 pub use exchange::scratch::Scratch;
 pub use exchange::sort::range as key_range;
 pub use exchange::sort::range::KeyRange;

@@ -22,6 +22,7 @@ use crate::{ops, resolve_gpu_slots};
 /// | `cpu_embedder` | the seed, 8 bytes little-endian | [`ops::CpuEmbedder`], one per worker |
 /// | `gpu_embedder` | the seed, 8 bytes little-endian | [`ops::gpu_embedder`] |
 /// | `wgsl` | a kernel's settings and WGSL source, as TOML | a kernel of a TOML pipeline |
+/// | `onnx` | an [`OnnxSpec`](streambatch_onnx::OnnxSpec), as TOML | an ONNX model, its file checked by hash |
 ///
 /// ```
 /// use streambatch::BatchUdf;
@@ -42,6 +43,9 @@ pub fn registry() -> Registry {
         ops::gpu_embedder(seed(params)?).map_err(Into::into)
     });
     registry.register("wgsl", crate::pipeline::wgsl_from_recipe);
+    registry.register(streambatch_onnx::RECIPE, |params| {
+        streambatch_onnx::OnnxModel::from_recipe(params).map_err(Into::into)
+    });
     registry
 }
 

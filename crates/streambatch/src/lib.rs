@@ -79,12 +79,17 @@ pub mod arrow {
 /// for [`ParquetWriteOptions`]' codecs (`parquet::basic::Compression`).
 pub use parquet;
 
+/// ONNX models as operators ([`OnnxModel`]): their declarations, the
+/// engines that run them, and a builder for model files.
+pub use streambatch_onnx as onnx;
+pub use streambatch_onnx::OnnxModel;
+
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
         Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, JoinHow,
-        ParquetWriteOptions, Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col,
-        lit,
+        OnnxModel, ParquetWriteOptions, Resources, Result, Row, StageOptions, Stateful, UdfError,
+        Value, col, lit,
     };
     pub use arrow_array::RecordBatch;
 }

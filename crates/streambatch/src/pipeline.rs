@@ -78,6 +78,32 @@ enum Op {
         with: Vec<Source>,
     },
     Wgsl(Kernel),
+    /// An ONNX model (see `streambatch_onnx::OnnxModel`).
+    Onnx(OnnxStep),
+}
+
+/// An `op = "onnx"` step: the model file (relative to the pipeline file),
+/// its inputs and outputs mapped to columns where their names differ,
+/// the engine, and each task's slots and rows a call.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnnxStep {
+    model: PathBuf,
+    #[serde(default)]
+    inputs: BTreeMap<String, String>,
+    #[serde(default)]
+    outputs: BTreeMap<String, String>,
+    #[serde(default)]
+    engine: streambatch_onnx::Engine,
+    #[serde(default)]
+    cpus: Option<f64>,
+    #[serde(default)]
+    gpus: Option<f64>,
+    #[serde(default)]
+    batch_rows: Option<usize>,
+    /// Workers of its pool: at most this many sessions at once.
+    #[serde(default)]
+    workers: Option<usize>,
 }
 
 fn inner() -> String {
@@ -345,6 +371,22 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
                 let op = registry.udf("wgsl", params.as_bytes())?;
                 ds.map_batches(op, kernel_options(k)).named(&k.name)
             }
+            Op::Onnx(step) => {
+                let spec = streambatch_onnx::OnnxSpec {
+                    model: base.join(&step.model),
+                    sha256: None,
+                    inputs: step.inputs.clone(),
+                    outputs: step.outputs.clone(),
+                    engine: step.engine,
+                };
+                let model = streambatch_onnx::OnnxModel::from_spec(spec).map_err(|e| {
+                    Error::BadFile {
+                        path: file.to_path_buf(),
+                        message: e.to_string(),
+                    }
+                })?;
+                ds.map_batches(model, onnx_options(step))
+            }
         };
     }
     let sink = match spec.sink {
@@ -405,6 +447,22 @@ fn kernel_options(k: &Kernel) -> StageOptions {
     let mut options: StageOptions = Resources::gpu(k.gpus.unwrap_or(1.0)).into();
     if let Some(rows) = k.batch_rows {
         options = options.batch_rows(rows);
+    }
+    options
+}
+
+fn onnx_options(step: &OnnxStep) -> StageOptions {
+    let resources = Resources {
+        cpus: step.cpus.unwrap_or(1.0),
+        gpus: step.gpus.unwrap_or(0.0),
+        ..Resources::cpu(1.0)
+    };
+    let mut options: StageOptions = resources.into();
+    if let Some(rows) = step.batch_rows {
+        options = options.batch_rows(rows);
+    }
+    if let Some(workers) = step.workers {
+        options = options.pool(1, workers.max(1));
     }
     options
 }

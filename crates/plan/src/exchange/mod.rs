@@ -12,7 +12,8 @@
 //!
 //! The families, each a folder or file here: the cut by destination
 //! (`cut`), rows gathered from several batches (`gather`), `sort`, `group`
-//! and `join`, and the scratch files their reducers spill to (`scratch`).
+//! and `join`, the scratch files their reducers spill to (`scratch`) and
+//! the memory they hold before they do (`reservation`).
 //! It imports only `udf` and `error` below it; the planner (`logical`)
 //! names its reducers.
 
@@ -20,6 +21,7 @@ pub(crate) mod cut;
 pub(crate) mod gather;
 pub(crate) mod group;
 pub(crate) mod join;
+pub(crate) mod reservation;
 pub(crate) mod scratch;
 pub(crate) mod sort;
 

@@ -22,30 +22,36 @@ use arrow_schema::SchemaRef;
 use streambatch_core::DirectWriter;
 
 use crate::error::{Error, Result};
+use crate::exchange::reservation::{MemoryPool, MemoryReservation};
 use crate::udf::BatchIter;
 
-/// Where a reducer may write scratch files, and how much of its input it
-/// holds in memory before it does.
+/// Where a reducer may write scratch files, and the pool its input's
+/// reservation draws on: it writes them when the pool refuses more.
 #[derive(Clone)]
 pub struct Scratch {
     /// An existing directory (the store's spill directory).
     pub dir: PathBuf,
-    /// Input bytes a reducer holds before it writes to scratch files.
-    pub budget_bytes: u64,
+    /// Grants the bytes a reducer holds before it writes scratch files.
+    pool: Arc<dyn MemoryPool>,
     /// Told the bytes of each file written (the store counts them as
     /// spilled).
     wrote: Arc<dyn Fn(u64) + Send + Sync>,
 }
 
 impl Scratch {
-    /// Scratch files in `dir` past `budget_bytes` held, each file's bytes
-    /// told to `wrote`.
-    pub fn new(dir: PathBuf, budget_bytes: u64, wrote: Arc<dyn Fn(u64) + Send + Sync>) -> Self {
-        Self {
-            dir,
-            budget_bytes,
-            wrote,
-        }
+    /// Scratch files in `dir` once `pool` refuses a reducer more memory,
+    /// each file's bytes told to `wrote`.
+    pub fn new(
+        dir: PathBuf,
+        pool: Arc<dyn MemoryPool>,
+        wrote: Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> Self {
+        Self { dir, pool, wrote }
+    }
+
+    /// A new, empty reservation of the pool, for one reducer's input.
+    pub(crate) fn reservation(&self) -> MemoryReservation {
+        MemoryReservation::new(self.pool.clone())
     }
 
     /// Writes `batches` (of `schema`) to a new scratch file named for
@@ -66,7 +72,6 @@ impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scratch")
             .field("dir", &self.dir)
-            .field("budget_bytes", &self.budget_bytes)
             .finish()
     }
 }

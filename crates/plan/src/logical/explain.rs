@@ -45,6 +45,9 @@ pub struct StageExplain {
     pub pool: Option<PoolSize>,
     /// Bytes of the store reserved for its outputs.
     pub reserve: u64,
+    /// What its operators say of themselves (a model's inputs, outputs
+    /// and opset: [`BatchUdf::describe`](crate::udf::BatchUdf::describe)).
+    pub details: Vec<String>,
 }
 
 impl Explain {
@@ -87,6 +90,16 @@ impl Explain {
                 batch_rows: s.options.batch_rows,
                 pool: s.options.pool,
                 reserve: *reserve,
+                details: match &s.kind {
+                    StageKind::Source { ops, .. } | StageKind::Map { ops } => ops
+                        .iter()
+                        .flat_map(|(_, op)| match &op.kind {
+                            crate::logical::ops::OpKind::MapBatches(udf) => udf.describe(),
+                            _ => Vec::new(),
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                },
             })
             .collect();
         Self {
@@ -144,6 +157,9 @@ impl fmt::Display for Explain {
                 line += &format!(", outputs reserved {}", format_bytes(s.reserve));
             }
             writeln!(f, "{line}")?;
+            for detail in &s.details {
+                writeln!(f, "       {detail}")?;
+            }
         }
         write!(
             f,

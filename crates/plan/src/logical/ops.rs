@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
-use streambatch_core::{StageOptions, TaskId, batch_bytes};
+use streambatch_core::{Resources, StageOptions, TaskId, batch_bytes};
 
 use crate::error::{Error, Result};
 use crate::exchange::Reduce;
@@ -107,8 +107,8 @@ impl OpSpec {
 
 /// Returns a worker's instance of a stateful operator (by its position in the
 /// plan), setting it up on first use.
-pub type InstanceSource<'a> =
-    dyn FnMut(usize, &Arc<dyn BatchUdf>) -> Result<SharedInstance, crate::udf::UdfError> + 'a;
+pub type InstanceSource<'a> = dyn FnMut(usize, &Arc<dyn BatchUdf>, &Resources) -> Result<SharedInstance, crate::udf::UdfError>
+    + 'a;
 
 /// What a task tells its operators about itself, and how it obtains the
 /// per-worker instances of stateful operators.
@@ -223,9 +223,12 @@ pub fn apply(
         }
         OpKind::MapBatches(udf) => {
             let instance = if udf.is_stateful() {
-                (env.instance)(index, udf).map_err(&udf_error)?
+                (env.instance)(index, udf, &op.options.resources).map_err(&udf_error)?
             } else {
-                Arc::new(Mutex::new(udf.instantiate().map_err(&udf_error)?))
+                let resources = &op.options.resources;
+                Arc::new(Mutex::new(
+                    udf.instantiate_for(resources).map_err(&udf_error)?,
+                ))
             };
             let input = match op.options.batch_rows {
                 Some(rows) => Box::new(Rebatch::new(input, rows, arrow_error.clone())),
@@ -525,7 +528,10 @@ mod tests {
             options: StageOptions::default(),
         };
         let mut no_instances =
-            |_: usize, _: &Arc<dyn BatchUdf>| -> Result<SharedInstance, crate::udf::UdfError> {
+            |_: usize,
+             _: &Arc<dyn BatchUdf>,
+             _: &Resources|
+             -> Result<SharedInstance, crate::udf::UdfError> {
                 Err("no stateful operator here".into())
             };
         let mut env = TaskEnv {

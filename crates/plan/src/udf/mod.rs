@@ -71,6 +71,25 @@ pub trait BatchUdf: Send + Sync + 'static {
     }
     /// Makes one instance (for a stateful operator: runs its set-up).
     fn instantiate(&self) -> Result<Box<dyn BatchFn>, UdfError>;
+
+    /// Makes one instance for a worker whose tasks each hold `resources`:
+    /// an operator that computes on threads of its own (a model's engine)
+    /// starts `resources.cpus` of them, so that it and the stages beside
+    /// it share the cores as the scheduler placed them. Defaults to
+    /// [`BatchUdf::instantiate`].
+    fn instantiate_for(
+        &self,
+        resources: &streambatch_core::Resources,
+    ) -> Result<Box<dyn BatchFn>, UdfError> {
+        let _ = resources;
+        self.instantiate()
+    }
+
+    /// Lines `explain()` shows under the operator (a model's inputs,
+    /// outputs and opset), known before the job runs.
+    fn describe(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Figures the operator reports in stats (a GPU kernel: its device and
     /// its time split into upload, compute and readback).
     fn metrics(&self) -> Vec<(String, String)> {

@@ -109,6 +109,15 @@ impl BatchUdf for Named {
     fn instantiate(&self) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
         self.inner.instantiate()
     }
+    fn instantiate_for(
+        &self,
+        resources: &streambatch_core::Resources,
+    ) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
+        self.inner.instantiate_for(resources)
+    }
+    fn describe(&self) -> Vec<String> {
+        self.inner.describe()
+    }
     fn metrics(&self) -> Vec<(String, String)> {
         self.inner.metrics()
     }

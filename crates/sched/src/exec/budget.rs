@@ -18,10 +18,14 @@
 //! A task that keeps input in memory outside the store while it runs (a
 //! binary file read whole) takes a [`Hold`] on those bytes: outputs then
 //! have that much less room, so that the files held and the store's
-//! contents together stay within the capacity.
+//! contents together stay within the capacity. A sort's or join's reducer
+//! holds its input through a [`ReducerPool`] instead, which grows as the
+//! reducer keeps input and gives back what it spills.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use streambatch_plan::MemoryPool;
 
 /// A sort or join reducer holds up to this many partitions' worth of its
 /// input (the job's target partition size) before it writes to scratch
@@ -283,6 +287,87 @@ impl Drop for Hold {
     }
 }
 
+/// A spilling reducer's memory for its input (plan's [`MemoryPool`]): at
+/// most `cap` bytes ([`input_held_cap`]), held outside the store as a
+/// [`Hold`] is. The reducer starts with what the executor admitted it for
+/// (`job::hold_fits`) and keeps that until it first spills; from then on
+/// the hold follows what its reservation holds, so that what it gives
+/// back by spilling is room for outputs and other tasks at once.
+pub struct ReducerPool {
+    budgets: Budgets,
+    cap: u64,
+    state: Mutex<PoolState>,
+}
+
+struct PoolState {
+    /// Bytes the reservation holds.
+    used: u64,
+    /// Bytes admitted at the start, until the first spill.
+    admitted: u64,
+    /// Bytes counted outside the store now: the larger of the two.
+    held: u64,
+}
+
+impl ReducerPool {
+    /// A pool of at most `cap` bytes, `admitted` of them held from now.
+    pub fn new(budgets: Budgets, cap: u64, admitted: u64) -> Self {
+        budgets.state().outside += admitted;
+        Self {
+            budgets,
+            cap,
+            state: Mutex::new(PoolState {
+                used: 0,
+                admitted,
+                held: admitted,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts outside the store what `state` holds now; tells a release.
+    fn settle(&self, state: &mut PoolState) {
+        let held = state.used.max(state.admitted);
+        let mut budgets = self.budgets.state();
+        budgets.outside = budgets.outside - state.held + held;
+        drop(budgets);
+        let released = held < state.held;
+        state.held = held;
+        if released {
+            self.budgets.released();
+        }
+    }
+}
+
+impl MemoryPool for ReducerPool {
+    fn try_grow(&self, bytes: u64) -> bool {
+        let mut state = self.state();
+        if state.used + bytes > self.cap {
+            return false;
+        }
+        state.used += bytes;
+        self.settle(&mut state);
+        true
+    }
+
+    fn shrink(&self, bytes: u64) {
+        let mut state = self.state();
+        state.used -= bytes;
+        state.admitted = 0;
+        self.settle(&mut state);
+    }
+}
+
+impl Drop for ReducerPool {
+    fn drop(&mut self) {
+        let held = self.state().held;
+        self.budgets.state().outside -= held;
+        self.budgets.released();
+    }
+}
+
 /// Why an output was not admitted: what it needed and what there was, the
 /// way DataFusion's memory pool reports it. The task holding the output
 /// pauses until memory is returned.
@@ -358,6 +443,39 @@ mod tests {
         assert_eq!(b.used(0), 40);
         drop(hold);
         assert!(b.fits(0, 60));
+    }
+
+    /// A reducer's pool holds its admission until it first spills, grows
+    /// up to its cap as it keeps input, and gives back what it spills:
+    /// each step is room outputs have or lack, and a release is told.
+    #[test]
+    fn a_reducer_pool_grows_with_its_input_and_gives_back_what_it_spills() {
+        let releases = Arc::new(AtomicU64::new(0));
+        let told = releases.clone();
+        let b = Budgets::new(
+            100,
+            vec![0],
+            Arc::new(move || {
+                told.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        let pool = Arc::new(ReducerPool::new(b.clone(), 50, 30));
+        assert_eq!(b.outside(), 30, "the admission is held from the start");
+        let mut reservation = streambatch_plan::MemoryReservation::new(pool.clone());
+        assert!(reservation.try_grow(20));
+        assert_eq!(b.outside(), 30, "within the admission");
+        assert!(reservation.try_grow(20));
+        assert_eq!(b.outside(), 40);
+        assert!(!b.fits(0, 61));
+        assert!(!reservation.try_grow(11), "past the cap: spill");
+        assert_eq!(reservation.free(), 40);
+        assert_eq!(b.outside(), 0, "a spill gives back the admission too");
+        assert!(releases.load(Ordering::Relaxed) > 0);
+        assert!(reservation.try_grow(10));
+        assert_eq!(b.outside(), 10);
+        drop(reservation);
+        drop(pool);
+        assert_eq!(b.outside(), 0);
     }
 
     fn budgets(capacity: u64, reserve: Vec<u64>) -> Budgets {

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use ractor::DerivedActorRef;
-use streambatch_core::{JobId, TaskId};
+use streambatch_core::{JobId, Resources, TaskId};
 use streambatch_plan::{
     BatchIter, BatchUdf, Error, ExecPlan, KeySample, OpKind, Scratch, SharedInstance, TaskEnv,
     TaskInput, UdfError,
 };
 use streambatch_store::{ObjectStore, PutError, StoreError, batch_bytes, with_output_store};
 
-use crate::exec::budget::{Budgets, Hold};
+use crate::exec::budget::{Budgets, Hold, ReducerPool};
 use crate::exec::partitioner::{Output, Partitioner, Slice, joined};
 use crate::exec::read_ahead::read_ahead;
 use crate::job::{Keep, RunInput, input_hold};
@@ -187,6 +187,8 @@ pub struct TaskRun {
     /// The budget held for what the task keeps in memory outside the store
     /// (a binary file read whole, a reducer's input) until the task ends.
     _held: Option<Hold>,
+    /// A reducer's memory for its input, shared with its scratch.
+    _reducer_pool: Option<Arc<ReducerPool>>,
 }
 
 /// How a drive of a task ended.
@@ -211,12 +213,13 @@ fn instance_for(
     job: &Arc<JobCtx>,
     op: usize,
     udf: &Arc<dyn BatchUdf>,
+    resources: &Resources,
     instances: &mut InstanceCache,
 ) -> Result<SharedInstance, UdfError> {
     if let Some((_, i)) = instances.get(&(job.job, op)) {
         return Ok(i.clone());
     }
-    let i: SharedInstance = Arc::new(std::sync::Mutex::new(udf.instantiate()?));
+    let i: SharedInstance = Arc::new(std::sync::Mutex::new(udf.instantiate_for(resources)?));
     instances.insert((job.job, op), (Arc::downgrade(job), i.clone()));
     Ok(i)
 }
@@ -231,7 +234,7 @@ pub fn set_up_stage(
     let stage = &job.plan.stages[stage];
     for (op, spec) in stage.stateful_ops() {
         if let OpKind::MapBatches(udf) = &spec.kind {
-            instance_for(job, op, udf, instances).map_err(|source| Error::Udf {
+            instance_for(job, op, udf, &spec.options.resources, instances).map_err(|source| Error::Udf {
                 operator: format!("{} (set-up)", spec.name),
                 source,
             })?;
@@ -271,6 +274,7 @@ impl TaskRun {
             last: None,
             ran: None,
             _held: None,
+            _reducer_pool: None,
         }
     }
 
@@ -344,6 +348,7 @@ impl TaskRun {
 
     fn open(&mut self, instances: &mut InstanceCache) -> Result<(), Error> {
         let mut range = None;
+        let mut reducer_pool = None;
         let input = match self.input.take().expect("a task is opened once") {
             RunInput::Split(i) => {
                 let held = self.job.plan.stages[self.stage].split_held_bytes(i);
@@ -361,31 +366,37 @@ impl TaskRun {
                     &self.job.plan.stages[self.stage],
                     self.job.target_bytes,
                 );
-                let held = input_hold(cap, &slices);
-                if held > 0 {
-                    self._held = Some(self.job.budgets.hold(held));
+                if cap > 0 {
+                    let admitted = input_hold(cap, &slices);
+                    let pool = ReducerPool::new(self.job.budgets.clone(), cap, admitted);
+                    reducer_pool = Some(Arc::new(pool));
                 }
                 TaskInput::Batches(read_ahead(slices, self.job.target_bytes / 4))
             }
         };
         let job = &self.job;
-        let scratch = match job.plan.stages[self.stage].writes_scratch() {
-            true => job.store.scratch_dir(),
-            false => Ok(None),
-        }
-        .map_err(|e| Error::store("making a scratch directory", e))?
-        .map(|dir| {
-            let store = job.store.clone();
-            let budget =
-                crate::exec::budget::input_held_cap(&job.plan.stages[self.stage], job.target_bytes);
-            Scratch::new(
-                dir.to_path_buf(),
-                budget,
-                Arc::new(move |bytes| store.count_scratch(bytes)),
-            )
-        });
+        // Kept by the task as long as it runs (a reducer without a scratch
+        // directory holds its input in memory), and by its scratch.
+        self._reducer_pool = reducer_pool.clone();
+        let scratch = match reducer_pool {
+            Some(pool) => job
+                .store
+                .scratch_dir()
+                .map_err(|e| Error::store("making a scratch directory", e))?
+                .map(|dir| {
+                    let store = job.store.clone();
+                    Scratch::new(
+                        dir.to_path_buf(),
+                        pool,
+                        Arc::new(move |bytes| store.count_scratch(bytes)),
+                    )
+                }),
+            None => None,
+        };
         let mut instance =
-            |op: usize, udf: &Arc<dyn BatchUdf>| instance_for(job, op, udf, instances);
+            |op: usize, udf: &Arc<dyn BatchUdf>, resources: &Resources| {
+                instance_for(job, op, udf, resources, instances)
+            };
         let mut env = TaskEnv {
             task: self.task,
             instance: &mut instance,

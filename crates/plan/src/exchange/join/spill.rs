@@ -20,6 +20,7 @@ use streambatch_core::batch_bytes;
 use crate::error::{Error, Result};
 use crate::exchange::cut::column_indices;
 use crate::exchange::join::hash::{Join, SIDE_TAG};
+use crate::exchange::reservation::MemoryReservation;
 use crate::exchange::scratch::{Scratch, ScratchFile};
 use crate::udf::BatchIter;
 
@@ -28,40 +29,50 @@ use crate::udf::BatchIter;
 const BUCKETS: usize = 32;
 
 /// `join` of `input` (batches of either side, tagged as the map side
-/// tagged them): in memory while it stays within `scratch.budget_bytes`,
+/// tagged them): in memory while it stays within what `scratch`'s pool grants,
 /// else bucket by bucket through scratch files in `scratch.dir`. Read
 /// lazily: nothing happens until the first batch is asked for.
 pub fn join(join: Arc<Join>, input: BatchIter, scratch: Scratch) -> BatchIter {
     let mut input = Some(input);
     let mut output: Option<BatchIter> = None;
+    // Held with the output it accounts for, given back once that ends.
+    let mut reservation = scratch.reservation();
     Box::new(std::iter::from_fn(move || {
         if let Some(input) = input.take() {
-            match joined(&join, input, &scratch) {
+            match joined(&join, input, &scratch, &mut reservation) {
                 Ok(joined) => output = Some(joined),
                 Err(e) => return Some(Err(e)),
             }
         }
-        output.as_mut()?.next()
+        let next = output.as_mut()?.next();
+        if next.is_none() {
+            reservation.free();
+        }
+        next
     }))
 }
 
 /// Reads `input` whole, in buckets on disk once it holds more than the
 /// budget; then the join's output, as it is made.
-fn joined(join: &Arc<Join>, input: BatchIter, scratch: &Scratch) -> Result<BatchIter> {
+fn joined(
+    join: &Arc<Join>,
+    input: BatchIter,
+    scratch: &Scratch,
+    reservation: &mut MemoryReservation,
+) -> Result<BatchIter> {
     let mut held = Vec::new();
-    let mut held_bytes = 0u64;
     let mut buckets: Option<Buckets> = None;
     for batch in input {
         let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
         }
-        held_bytes += batch_bytes(&batch);
+        let grown = reservation.try_grow(batch_bytes(&batch));
         match &mut buckets {
             Some(buckets) => buckets.add(&batch)?,
             None => held.push(batch),
         }
-        if held_bytes > scratch.budget_bytes {
+        if !grown {
             let buckets = match &mut buckets {
                 Some(buckets) => buckets,
                 None => buckets.insert(Buckets::new(join)?),
@@ -70,7 +81,7 @@ fn joined(join: &Arc<Join>, input: BatchIter, scratch: &Scratch) -> Result<Batch
                 buckets.add(&batch)?;
             }
             buckets.write(scratch)?;
-            held_bytes = 0;
+            reservation.free();
         }
     }
     match buckets {
@@ -199,6 +210,7 @@ mod tests {
 
     use super::*;
     use crate::exchange::join::hash::JoinHow;
+    use crate::exchange::reservation::FixedPool;
 
     fn schema(side: &str, tag: &str) -> SchemaRef {
         let metadata = HashMap::from([(SIDE_TAG.to_string(), tag.to_string())]);
@@ -269,9 +281,10 @@ mod tests {
             let want: Vec<RecordBatch> = plan.run(&input).unwrap().collect::<Result<_>>().unwrap();
             let written = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let count = written.clone();
+            let pool = Arc::new(FixedPool::new(16 << 10));
             let scratch = Scratch::new(
                 dir.path().to_path_buf(),
-                16 << 10,
+                pool.clone(),
                 Arc::new(move |bytes| {
                     count.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
                 }),
@@ -293,10 +306,12 @@ mod tests {
                 0,
                 "{how:?}: files left"
             );
+            assert_eq!(pool.used(), 0, "{how:?}: memory not given back");
         }
     }
 
-    /// Within its budget a join writes no file.
+    /// Within its budget a join writes no file; the same join spills when
+    /// another reservation holds the pool it draws on.
     #[test]
     fn a_join_within_its_budget_writes_no_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -310,10 +325,24 @@ mod tests {
             schema("r", "1"),
         )
         .unwrap();
-        let scratch = Scratch::new(dir.path().to_path_buf(), 1 << 30, Arc::new(|_| {}));
-        let batches: BatchIter = Box::new(input.into_iter().map(Ok));
-        let mut out = join(Arc::new(plan), batches, scratch);
+        let plan = Arc::new(plan);
+        let pool = Arc::new(FixedPool::new(1 << 30));
+        let scratch = Scratch::new(dir.path().to_path_buf(), pool.clone(), Arc::new(|_| {}));
+        let batches: BatchIter = Box::new(input.clone().into_iter().map(Ok));
+        let mut out = join(plan.clone(), batches, scratch.clone());
         assert!(out.next().is_some());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        drop(out);
+        assert_eq!(pool.used(), 0, "an output dropped gives its memory back");
+
+        let mut other = MemoryReservation::new(pool.clone());
+        assert!(other.try_grow((1 << 30) - 1));
+        let batches: BatchIter = Box::new(input.into_iter().map(Ok));
+        let mut out = join(plan, batches, scratch);
+        assert!(out.next().is_some());
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().count() > 0,
+            "a full pool makes the join spill"
+        );
     }
 }

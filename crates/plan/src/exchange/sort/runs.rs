@@ -13,6 +13,7 @@ use streambatch_core::batch_bytes;
 
 use crate::error::{Error, Result};
 use crate::exchange::cut::column_indices;
+use crate::exchange::reservation::MemoryReservation;
 use crate::exchange::scratch::{Scratch, ScratchFile};
 use crate::exchange::sort::sorted::{CHUNK_ROWS, Sorted};
 use crate::udf::BatchIter;
@@ -24,7 +25,7 @@ const RUN_CHUNK_ROWS: usize = 8 * 1024;
 const MERGE_WIDTH: usize = 32;
 
 /// `input` sorted by `keys` in `order`: in memory while it stays within
-/// `scratch.budget_bytes`, else as runs written to `scratch.dir` and merged.
+/// what `scratch`'s pool grants, else as runs written to `scratch.dir` and merged.
 /// Read lazily: nothing happens until the first batch is asked for.
 pub fn sort(
     input: BatchIter,
@@ -34,15 +35,21 @@ pub fn sort(
 ) -> BatchIter {
     let mut input = Some(input);
     let mut output: Option<BatchIter> = None;
+    // Held with the output it accounts for, given back once that ends.
+    let mut reservation = scratch.reservation();
     Box::new(std::iter::from_fn(move || {
         if let Some(input) = input.take() {
-            match sorted_in_runs(input, &keys, order, &scratch) {
+            match sorted_in_runs(input, &keys, order, &scratch, &mut reservation) {
                 Ok(Some(sorted)) => output = Some(sorted),
                 Ok(None) => return None,
                 Err(e) => return Some(Err(e)),
             }
         }
-        output.as_mut()?.next()
+        let next = output.as_mut()?.next();
+        if next.is_none() {
+            reservation.free();
+        }
+        next
     }))
 }
 
@@ -54,10 +61,10 @@ fn sorted_in_runs(
     keys: &[String],
     order: SortOptions,
     scratch: &Scratch,
+    reservation: &mut MemoryReservation,
 ) -> Result<Option<BatchIter>> {
     let mut schema = None;
     let mut held = Vec::new();
-    let mut held_bytes = 0u64;
     let mut runs = Vec::new();
     for batch in input {
         let batch = batch?;
@@ -66,13 +73,13 @@ fn sorted_in_runs(
             continue;
         }
         let batch = conform(batch, schema, &mut held)?;
-        held_bytes += batch_bytes(&batch);
+        let grown = reservation.try_grow(batch_bytes(&batch));
         held.push(batch);
-        if held_bytes > scratch.budget_bytes {
+        if !grown {
             let run = Sorted::new(schema, std::mem::take(&mut held), keys, order)?
                 .with_chunk_rows(RUN_CHUNK_ROWS);
             runs.push(scratch.write("sort-run", schema, run)?);
-            held_bytes = 0;
+            reservation.free();
         }
         if runs.len() == MERGE_WIDTH {
             // Merged into one longer run, so that a merge never reads more
@@ -337,6 +344,7 @@ mod tests {
     use arrow_array::{Array, ArrayRef, Int64Array, StringArray};
 
     use super::*;
+    use crate::exchange::reservation::FixedPool;
 
     /// Batches of 7 rows: keys from a small set (ties across batches and
     /// runs), some null; `tag` numbers the rows in arrival order.
@@ -369,7 +377,8 @@ mod tests {
     }
 
     fn scratch(dir: &Path, budget_bytes: u64) -> Scratch {
-        Scratch::new(dir.to_path_buf(), budget_bytes, Arc::new(|_| {}))
+        let pool = Arc::new(FixedPool::new(budget_bytes));
+        Scratch::new(dir.to_path_buf(), pool, Arc::new(|_| {}))
     }
 
     fn files_in(dir: &Path) -> usize {

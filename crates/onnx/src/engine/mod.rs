@@ -1,0 +1,64 @@
+//! The engines that run a model: ONNX Runtime where its library is found
+//! (`ort`, loaded at run time), else rten, the pure-Rust engine that is
+//! always built in. A [`Session`] is one loaded model, owned by one worker
+//! and kept warm for every batch it is given.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::info::ModelInfo;
+use crate::tensor::Tensor;
+
+pub(crate) mod rten;
+
+/// Which engine runs a model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// ONNX Runtime where its library is found, else rten.
+    #[default]
+    Auto,
+    /// rten, the pure-Rust engine.
+    Rten,
+}
+
+impl Engine {
+    /// The engine `self` resolves to on this machine.
+    pub fn resolve(self) -> Engine {
+        match self {
+            Engine::Auto | Engine::Rten => Engine::Rten,
+        }
+    }
+
+    /// The engine's name as the stats show it.
+    pub fn name(self) -> &'static str {
+        match self.resolve() {
+            Engine::Rten => "rten",
+            Engine::Auto => unreachable!("resolved"),
+        }
+    }
+}
+
+/// One loaded model.
+pub trait Session: Send {
+    /// Runs the model on `inputs` (one tensor per declared input, in the
+    /// order of [`ModelInfo::inputs`]); returns one tensor per declared
+    /// output, in the order of [`ModelInfo::outputs`].
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String>;
+}
+
+/// Loads the model at `path` (declaring `info`) in `engine`, computing
+/// with `threads` threads.
+pub fn open(
+    engine: Engine,
+    path: &Path,
+    bytes: Arc<[u8]>,
+    info: &ModelInfo,
+    threads: usize,
+) -> Result<Box<dyn Session>> {
+    match engine.resolve() {
+        Engine::Rten => Ok(Box::new(rten::RtenSession::load(path, bytes, info, threads)?)),
+        Engine::Auto => unreachable!("resolved"),
+    }
+}
