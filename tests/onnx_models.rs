@@ -26,7 +26,22 @@ use common::ctx;
 use rand::{Rng, SeedableRng};
 use streambatch::prelude::*;
 use streambatch_bench::skip_test;
-use streambatch_onnx::{OnnxError, OnnxModel, convnet};
+use streambatch_onnx::{Engine, OnnxError, OnnxModel, convnet};
+
+/// The engines to run each model on: rten always, and ONNX Runtime where
+/// its library is found (`ORT_DYLIB_PATH`; `.ci/run` sets it, and under
+/// CI a missing one fails the test).
+fn engines(test: &str) -> Vec<Engine> {
+    let mut engines = vec![Engine::Rten];
+    match Engine::Auto.resolve() {
+        Engine::OnnxRuntime => engines.push(Engine::OnnxRuntime),
+        _ => skip_test(
+            test,
+            "no ONNX Runtime library for the onnxruntime engine (set ORT_DYLIB_PATH, or run tools/setup-onnxruntime.sh)",
+        ),
+    }
+    engines
+}
 
 /// A Python with onnxruntime and pyarrow, or `None` (the test is skipped,
 /// and fails under CI).
@@ -128,7 +143,10 @@ fn list<T: ArrowPrimitiveType>(values: Vec<T::Native>, width: usize) -> ArrayRef
 
 fn with_ids(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
     let rows = columns[0].1.len() as i64;
-    let mut all = vec![("id", Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef)];
+    let mut all = vec![(
+        "id",
+        Arc::new(Int64Array::from_iter_values(0..rows)) as ArrayRef,
+    )];
     all.extend(columns);
     RecordBatch::try_from_iter(all).unwrap()
 }
@@ -164,27 +182,46 @@ fn models_in_a_pipeline_give_onnx_runtimes_answers() {
     for seq in [5, 9] {
         let width = seq * models::MODEL_DIM;
         let tokens = list::<Float32Type>(floats(&mut rng, rows * width), width);
-        cases.push(("encoder block", encoder.clone(), with_ids(vec![("tokens", tokens)])));
+        cases.push((
+            "encoder block",
+            encoder.clone(),
+            with_ids(vec![("tokens", tokens)]),
+        ));
     }
-    let ids = Arc::new(Int64Array::from_iter_values((0..rows as i64).map(|i| i * 1_000 - 3)));
+    let ids = Arc::new(Int64Array::from_iter_values(
+        (0..rows as i64).map(|i| i * 1_000 - 3),
+    ));
     cases.push((
         "two inputs, two outputs",
         model_file(dir.path(), "two.onnx", models::two_in_two_out(8)),
         with_ids(vec![
-            ("features", list::<Float32Type>(floats(&mut rng, rows * 4), 4)),
+            (
+                "features",
+                list::<Float32Type>(floats(&mut rng, rows * 4), 4),
+            ),
             ("ids", ids),
         ]),
     ));
-    let halves = floats(&mut rng, rows * 2).into_iter().map(half::f16::from_f32).collect();
+    let halves = floats(&mut rng, rows * 2)
+        .into_iter()
+        .map(half::f16::from_f32)
+        .collect();
     cases.push((
         "every element type",
         model_file(dir.path(), "types.onnx", models::every_type(9)),
         with_ids(vec![
-            ("bytes", list::<UInt8Type>((0..rows * 4).map(|i| (i * 37 % 256) as u8).collect(), 4)),
-            ("counts", list::<Int32Type>((0..rows as i32 * 2).map(|i| i * 7 - 20).collect(), 2)),
+            (
+                "bytes",
+                list::<UInt8Type>((0..rows * 4).map(|i| (i * 37 % 256) as u8).collect(), 4),
+            ),
+            (
+                "counts",
+                list::<Int32Type>((0..rows as i32 * 2).map(|i| i * 7 - 20).collect(), 2),
+            ),
             ("halves", list::<Float16Type>(halves, 2)),
         ]),
     ));
+    let engines = engines("models_in_a_pipeline_give_onnx_runtimes_answers");
     for (what, model, batch) in cases {
         let want = reference(&python, &model, &batch);
         // An f16 output is compared at f16's precision.
@@ -192,10 +229,14 @@ fn models_in_a_pipeline_give_onnx_runtimes_answers() {
             "every element type" => 2e-3,
             _ => 1e-4,
         };
-        for batch_rows in [1, 3, rows] {
-            let got = through_pipeline(OnnxModel::open(&model).unwrap(), batch.clone(), batch_rows);
-            assert_eq!(got.column(0).len(), rows, "{what}");
-            assert_close(&got, &want, tolerance, &format!("{what}, {batch_rows} rows a call"));
+        for &engine in &engines {
+            for batch_rows in [1, 3, rows] {
+                let op = OnnxModel::open(&model).unwrap().engine(engine);
+                let got = through_pipeline(op, batch.clone(), batch_rows);
+                assert_eq!(got.column(0).len(), rows, "{what}");
+                let case = format!("{what}, {engine:?}, {batch_rows} rows a call");
+                assert_close(&got, &want, tolerance, &case);
+            }
         }
     }
 }
@@ -205,26 +246,47 @@ fn models_in_a_pipeline_give_onnx_runtimes_answers() {
 #[test]
 fn a_model_that_cannot_load_is_refused_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let text = model_file(dir.path(), "notes.onnx", b"just some text, not a model".to_vec());
+    let text = model_file(
+        dir.path(),
+        "notes.onnx",
+        b"just some text, not a model".to_vec(),
+    );
     let e = OnnxModel::open(&text).err().expect("text is refused");
     assert!(matches!(e, OnnxError::NotOnnx { .. }), "{e}");
-    assert!(e.to_string().contains("notes.onnx") && e.to_string().contains("not an ONNX model"), "{e}");
+    assert!(
+        e.to_string().contains("notes.onnx") && e.to_string().contains("not an ONNX model"),
+        "{e}"
+    );
 
     let whole = convnet(1);
     let truncated = model_file(dir.path(), "cut.onnx", whole[..whole.len() / 2].to_vec());
-    let e = OnnxModel::open(&truncated).err().expect("a truncated file is refused");
+    let e = OnnxModel::open(&truncated)
+        .err()
+        .expect("a truncated file is refused");
     assert!(e.to_string().contains("cut.onnx"), "{e}");
 
     let missing = dir.path().join("absent.onnx");
-    let e = OnnxModel::open(&missing).err().expect("a missing file is refused");
+    let e = OnnxModel::open(&missing)
+        .err()
+        .expect("a missing file is refused");
     assert!(e.to_string().contains("absent.onnx"), "{e}");
 
     let unknown = model_file(dir.path(), "unknown.onnx", models::unknown_op());
     let model = OnnxModel::open(&unknown).unwrap();
     assert_eq!(model.info().ops, vec!["NoSuchOperator".to_string()]);
-    let e = model.session(1).err().expect("an unknown operator is refused");
-    let text = e.to_string();
-    assert!(text.contains("unknown.onnx") && text.contains("NoSuchOperator"), "{text}");
+    for engine in engines("a_model_that_cannot_load_is_refused_naming_the_file") {
+        let e = model
+            .clone()
+            .engine(engine)
+            .session(1)
+            .err()
+            .expect("an unknown operator is refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("unknown.onnx") && text.contains("NoSuchOperator"),
+            "{engine:?}: {text}"
+        );
+    }
 }
 
 /// A column of the wrong type or shape, a column missing, a mapping to an
@@ -250,18 +312,27 @@ fn a_batch_that_does_not_fit_the_model_is_refused_before_any_output() {
         ("ids", list::<Float32Type>(vec![1.0, 2.0], 1)),
     ]);
     let e = session.run(&wrong_type).unwrap_err().to_string();
-    assert!(e.contains("two.onnx") && e.contains("`ids`") && e.contains("takes i64"), "{e}");
+    assert!(
+        e.contains("two.onnx") && e.contains("`ids`") && e.contains("takes i64"),
+        "{e}"
+    );
 
     let wrong_width = with_ids(vec![
         ("features", list::<Float32Type>(floats(&mut rng, 6), 3)),
         ("ids", Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef),
     ]);
     let e = session.run(&wrong_width).unwrap_err().to_string();
-    assert!(e.contains("`features`") && e.contains("takes 4 values"), "{e}");
+    assert!(
+        e.contains("`features`") && e.contains("takes 4 values"),
+        "{e}"
+    );
 
     let missing = with_ids(vec![("features", list::<Float32Type>(vec![0.5; 8], 4))]);
     let e = session.run(&missing).unwrap_err().to_string();
-    assert!(e.contains("model input `ids`") && e.contains("has none"), "{e}");
+    assert!(
+        e.contains("model input `ids`") && e.contains("has none"),
+        "{e}"
+    );
 
     let e = OnnxModel::open(&two)
         .unwrap()
@@ -269,13 +340,31 @@ fn a_batch_that_does_not_fit_the_model_is_refused_before_any_output() {
         .checked()
         .err()
         .expect("an input the model lacks");
-    assert!(e.to_string().contains("`labels`") && e.to_string().contains("`features`, `ids`"), "{e}");
+    assert!(
+        e.to_string().contains("`labels`") && e.to_string().contains("`features`, `ids`"),
+        "{e}"
+    );
 
     let lying = model_file(dir.path(), "lying.onnx", models::lying_output());
-    let mut session = OnnxModel::open(&lying).unwrap().session(1).unwrap();
-    let batch = with_ids(vec![("x", list::<Float32Type>(vec![1.0; 4], 2))]);
-    let e = session.run(&batch).unwrap_err().to_string();
-    assert!(e.contains("lying.onnx") && e.contains("y: f32[N, 5]") && e.contains("[2, 3]"), "{e}");
+    // ONNX Runtime may refuse the model itself, when loading or running
+    // it, in its own words; rten computes, and the operator's check
+    // refuses the output.
+    for engine in engines("a_batch_that_does_not_fit_the_model_is_refused_before_any_output") {
+        let batch = with_ids(vec![("x", list::<Float32Type>(vec![1.0; 4], 2))]);
+        let model = OnnxModel::open(&lying).unwrap().engine(engine);
+        let e = model
+            .session(1)
+            .and_then(|mut session| session.run(&batch))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("lying.onnx") && e.contains("y"),
+            "{engine:?}: {e}"
+        );
+        if engine == Engine::Rten {
+            assert!(e.contains("y: f32[N, 5]") && e.contains("[2, 3]"), "{e}");
+        }
+    }
 
     // In a job: it fails naming the model, and its output folder holds no file.
     let ctx = ctx();
@@ -287,7 +376,11 @@ fn a_batch_that_does_not_fit_the_model_is_refused_before_any_output() {
         .err()
         .expect("the job fails");
     assert!(err.to_string().contains("takes i64"), "{err}");
-    assert!(common::visible_files(&out).is_empty(), "{:?}", common::visible_files(&out));
+    assert!(
+        common::visible_files(&out).is_empty(),
+        "{:?}",
+        common::visible_files(&out)
+    );
 }
 
 /// `explain()` shows the model's declarations before the job runs.
@@ -304,5 +397,8 @@ fn explain_shows_the_models_inputs_outputs_and_opset() {
         .to_string();
     assert!(explain.contains("convnet.onnx"), "{explain}");
     assert!(explain.contains("pixels: f32[N, 64, 64, 3]"), "{explain}");
-    assert!(explain.contains("embedding: f32[N, 256]") && explain.contains("opset 17"), "{explain}");
+    assert!(
+        explain.contains("embedding: f32[N, 256]") && explain.contains("opset 17"),
+        "{explain}"
+    );
 }

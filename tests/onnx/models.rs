@@ -24,7 +24,11 @@ pub fn encoder_block(seed: u64) -> Vec<u8> {
     let d = MODEL_DIM as i64;
     let seq = || Dim::Dynamic(Some("S".into()));
     let mut m = ModelBuilder::new(17);
-    m.input("tokens", ElemType::F32, &[batch(), seq(), Dim::Fixed(MODEL_DIM)]);
+    m.input(
+        "tokens",
+        ElemType::F32,
+        &[batch(), seq(), Dim::Fixed(MODEL_DIM)],
+    );
     let mut weight = |m: &mut ModelBuilder, name: &str, dims: &[i64], scale: f32| {
         let n = dims.iter().product::<i64>() as usize;
         m.weight(name, dims, uniform(&mut rng, n, scale))
@@ -42,11 +46,21 @@ pub fn encoder_block(seed: u64) -> Vec<u8> {
         let w = weight(&mut m, w, &[d, d], scale);
         m.node("MatMul", &["n1", &w], &[name], vec![]);
     }
-    m.node("Transpose", &["k"], &["kt"], vec![Attr::Ints("perm", vec![0, 2, 1])]);
+    m.node(
+        "Transpose",
+        &["k"],
+        &["kt"],
+        vec![Attr::Ints("perm", vec![0, 2, 1])],
+    );
     m.node("MatMul", &["q", "kt"], &["scores"], vec![]);
     let inv_sqrt = m.weight("inv_sqrt_d", &[], vec![1.0 / (MODEL_DIM as f32).sqrt()]);
     m.node("Mul", &["scores", &inv_sqrt], &["scaled"], vec![]);
-    m.node("Softmax", &["scaled"], &["attn"], vec![Attr::Int("axis", -1)]);
+    m.node(
+        "Softmax",
+        &["scaled"],
+        &["attn"],
+        vec![Attr::Int("axis", -1)],
+    );
     m.node("MatMul", &["attn", "v"], &["mixed"], vec![]);
     let wo = weight(&mut m, "wo", &[d, d], scale);
     m.node("MatMul", &["mixed", &wo], &["projected"], vec![]);
@@ -67,7 +81,11 @@ pub fn encoder_block(seed: u64) -> Vec<u8> {
     m.node("Relu", &["h1b"], &["h1r"], vec![]);
     m.node("MatMul", &["h1r", &w2], &["h2"], vec![]);
     m.node("Add", &["r1", "h2"], &["hidden"], vec![]);
-    m.output("hidden", ElemType::F32, &[batch(), seq(), Dim::Fixed(MODEL_DIM)]);
+    m.output(
+        "hidden",
+        ElemType::F32,
+        &[batch(), seq(), Dim::Fixed(MODEL_DIM)],
+    );
     m.to_bytes()
 }
 
@@ -99,7 +117,12 @@ pub fn every_type(seed: u64) -> Vec<u8> {
     for (from, to) in [("bytes", "b"), ("counts", "c"), ("halves", "h")] {
         m.node("Cast", &[from], &[to], vec![Attr::Int("to", 1)]);
     }
-    m.node("Concat", &["b", "c", "h"], &["all"], vec![Attr::Int("axis", 1)]);
+    m.node(
+        "Concat",
+        &["b", "c", "h"],
+        &["all"],
+        vec![Attr::Int("axis", 1)],
+    );
     let w = m.weight("w", &[8, 2], uniform(&mut rng, 16, 0.1));
     m.node("MatMul", &["all", &w], &["y"], vec![]);
     m.node("Cast", &["y"], &["y16"], vec![Attr::Int("to", 10)]);

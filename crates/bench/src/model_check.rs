@@ -5,9 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int64Type};
-use arrow_array::RecordBatch;
 use streambatch::onnx::{Engine, OnnxModel};
 use streambatch::{Context, Error, Result, ops};
 

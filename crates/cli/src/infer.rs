@@ -64,7 +64,10 @@ pub fn run(cluster: Option<&Path>, model: Option<&Path>) -> Result<()> {
             info.inputs.len()
         )));
     };
-    onnx = onnx.input(&input.name, "pixels").checked().map_err(onnx_error)?;
+    onnx = onnx
+        .input(&input.name, "pixels")
+        .checked()
+        .map_err(onnx_error)?;
     let output = info.outputs[0].name.clone();
     println!("model {}: {info}", model_file.display());
 

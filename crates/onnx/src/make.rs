@@ -68,7 +68,11 @@ impl ModelBuilder {
 
     /// Adds an `f32` weight of `dims`; returns its name.
     pub fn weight(&mut self, name: &str, dims: &[i64], values: Vec<f32>) -> String {
-        assert_eq!(values.len() as i64, dims.iter().product::<i64>(), "weight {name}");
+        assert_eq!(
+            values.len() as i64,
+            dims.iter().product::<i64>(),
+            "weight {name}"
+        );
         self.graph.initializer.push(TensorProto {
             dims: dims.to_vec(),
             data_type: ElemType::F32.onnx_code(),
@@ -93,7 +97,13 @@ impl ModelBuilder {
     }
 
     /// Adds a node of `op` from `inputs` to `outputs`.
-    pub fn node(&mut self, op: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<Attr>) -> &mut Self {
+    pub fn node(
+        &mut self,
+        op: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<Attr>,
+    ) -> &mut Self {
         let n = self.graph.node.len();
         self.graph.node.push(NodeProto {
             input: inputs.iter().map(|s| s.to_string()).collect(),
@@ -188,7 +198,12 @@ pub fn convnet(seed: u64) -> Vec<u8> {
         ElemType::F32,
         &[batch(), Dim::Fixed(64), Dim::Fixed(64), Dim::Fixed(3)],
     );
-    m.node("Transpose", &["pixels"], &["x0"], vec![Attr::Ints("perm", vec![0, 3, 1, 2])]);
+    m.node(
+        "Transpose",
+        &["pixels"],
+        &["x0"],
+        vec![Attr::Ints("perm", vec![0, 3, 1, 2])],
+    );
     let mut x = "x0".to_string();
     let mut channels = 3;
     for (i, (out, stride, pool)) in [(16, 2, false), (32, 2, true), (32, 1, false)]
@@ -214,10 +229,18 @@ pub fn convnet(seed: u64) -> Vec<u8> {
             ],
         );
         let n = out as usize;
-        let scale = m.weight(&format!("bn{i}.scale"), &[out], uniform(n, 0.5).iter().map(|v| 1.0 + v).collect());
+        let scale = m.weight(
+            &format!("bn{i}.scale"),
+            &[out],
+            uniform(n, 0.5).iter().map(|v| 1.0 + v).collect(),
+        );
         let bias = m.weight(&format!("bn{i}.bias"), &[out], uniform(n, 0.1));
         let mean = m.weight(&format!("bn{i}.mean"), &[out], uniform(n, 0.1));
-        let var = m.weight(&format!("bn{i}.var"), &[out], uniform(n, 0.5).iter().map(|v| 1.0 + v).collect());
+        let var = m.weight(
+            &format!("bn{i}.var"),
+            &[out],
+            uniform(n, 0.5).iter().map(|v| 1.0 + v).collect(),
+        );
         let bn = format!("bn{i}");
         m.node(
             "BatchNormalization",
@@ -234,18 +257,39 @@ pub fn convnet(seed: u64) -> Vec<u8> {
                 "MaxPool",
                 &[&x],
                 &[&pooled],
-                vec![Attr::Ints("kernel_shape", vec![2, 2]), Attr::Ints("strides", vec![2, 2])],
+                vec![
+                    Attr::Ints("kernel_shape", vec![2, 2]),
+                    Attr::Ints("strides", vec![2, 2]),
+                ],
             );
             x = pooled;
         }
         channels = out;
     }
     m.node("GlobalAveragePool", &[&x], &["gap"], vec![]);
-    m.node("Flatten", &["gap"], &["features"], vec![Attr::Int("axis", 1)]);
+    m.node(
+        "Flatten",
+        &["gap"],
+        &["features"],
+        vec![Attr::Int("axis", 1)],
+    );
     let dim = CONVNET_DIM as i64;
-    let w = m.weight("proj.w", &[dim, channels], uniform((dim * channels) as usize, (3.0 / channels as f32).sqrt()));
+    let w = m.weight(
+        "proj.w",
+        &[dim, channels],
+        uniform((dim * channels) as usize, (3.0 / channels as f32).sqrt()),
+    );
     let b = m.weight("proj.b", &[dim], uniform(CONVNET_DIM, 0.1));
-    m.node("Gemm", &["features", &w, &b], &["embedding"], vec![Attr::Int("transB", 1)]);
-    m.output("embedding", ElemType::F32, &[batch(), Dim::Fixed(CONVNET_DIM)]);
+    m.node(
+        "Gemm",
+        &["features", &w, &b],
+        &["embedding"],
+        vec![Attr::Int("transB", 1)],
+    );
+    m.output(
+        "embedding",
+        ElemType::F32,
+        &[batch(), Dim::Fixed(CONVNET_DIM)],
+    );
     m.to_bytes()
 }

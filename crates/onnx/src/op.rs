@@ -119,8 +119,7 @@ impl OnnxModel {
     pub fn from_recipe(params: &[u8]) -> Result<Self> {
         let text = std::str::from_utf8(params)
             .map_err(|e| OnnxError::Recipe(format!("not UTF-8: {e}")))?;
-        let spec: OnnxSpec = toml::from_str(text)
-            .map_err(|e| OnnxError::Recipe(e.to_string()))?;
+        let spec: OnnxSpec = toml::from_str(text).map_err(|e| OnnxError::Recipe(e.to_string()))?;
         Self::from_spec(spec)
     }
 
@@ -159,7 +158,10 @@ impl OnnxModel {
             reason,
         };
         let names = |ts: &[crate::info::TensorInfo]| {
-            ts.iter().map(|t| format!("`{}`", t.name)).collect::<Vec<_>>().join(", ")
+            ts.iter()
+                .map(|t| format!("`{}`", t.name))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         for input in self.spec.inputs.keys() {
             if self.info.input(input).is_none() {
@@ -236,7 +238,10 @@ impl BatchUdf for OnnxModel {
         self.instantiate_for(&Resources::cpu(1.0))
     }
 
-    fn instantiate_for(&self, resources: &Resources) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
+    fn instantiate_for(
+        &self,
+        resources: &Resources,
+    ) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
         let threads = resources.cpus.ceil().max(1.0) as usize;
         Ok(Box::new(self.session(threads)?))
     }
@@ -292,19 +297,34 @@ impl OnnxFn {
             })?;
             inputs.push(tensor::from_column(column, values, input).map_err(&wrong)?);
         }
-        let outputs = self.session.run(&inputs).map_err(|e| wrong(format!("the engine failed: {e}")))?;
+        let outputs = self
+            .session
+            .run(&inputs)
+            .map_err(|e| wrong(format!("the engine failed: {e}")))?;
         let schema = batch.schema();
         let mut fields: Vec<Arc<Field>> = Vec::new();
         let mut columns: Vec<ArrayRef> = Vec::new();
         for (field, column) in schema.fields().iter().zip(batch.columns()) {
-            if !self.input_columns.contains(field.name()) && !self.output_columns.contains(field.name()) {
+            if !self.input_columns.contains(field.name())
+                && !self.output_columns.contains(field.name())
+            {
                 fields.push(field.clone());
                 columns.push(column.clone());
             }
         }
-        for ((output, column), tensor) in self.info.outputs.iter().zip(&self.output_columns).zip(outputs) {
+        for ((output, column), tensor) in self
+            .info
+            .outputs
+            .iter()
+            .zip(&self.output_columns)
+            .zip(outputs)
+        {
             let array = tensor::to_column(tensor, rows, output).map_err(&wrong)?;
-            fields.push(Arc::new(Field::new(column, array.data_type().clone(), false)));
+            fields.push(Arc::new(Field::new(
+                column,
+                array.data_type().clone(),
+                false,
+            )));
             columns.push(array);
         }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)

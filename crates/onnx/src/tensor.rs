@@ -77,7 +77,9 @@ impl Data {
                     .collect::<Option<Vec<_>>>()?
                     .into(),
             ),
-            (Self::F32(v), ElemType::F16) => Self::F16(v.iter().map(|&x| f16::from_f32(x)).collect()),
+            (Self::F32(v), ElemType::F16) => {
+                Self::F16(v.iter().map(|&x| f16::from_f32(x)).collect())
+            }
             (Self::F16(v), ElemType::F32) => Self::F32(v.iter().map(|x| x.to_f32()).collect()),
             _ => return None,
         })
@@ -219,7 +221,12 @@ fn flatten(name: &str, column: &ArrayRef) -> Result<(ArrayRef, usize), String> {
 }
 
 /// The tensor shape of `rows` rows of `width` values for `input`.
-fn shape_for(name: &str, rows: usize, width: usize, input: &TensorInfo) -> Result<Vec<usize>, String> {
+fn shape_for(
+    name: &str,
+    rows: usize,
+    width: usize,
+    input: &TensorInfo,
+) -> Result<Vec<usize>, String> {
     let wrong = |why: String| {
         format!("column `{name}` ({width} values a row) does not fit model input {input}: {why}")
     };
@@ -244,7 +251,11 @@ fn shape_for(name: &str, rows: usize, width: usize, input: &TensorInfo) -> Resul
         0 => return Err(wrong(format!("a row takes {fixed} values"))),
         1 if fixed > 0 && width % fixed == 0 && width > 0 => width / fixed,
         1 => return Err(wrong(format!("a row takes a multiple of {fixed} values"))),
-        _ => return Err(wrong("it has more than one dynamic dimension past the batch".into())),
+        _ => {
+            return Err(wrong(
+                "it has more than one dynamic dimension past the batch".into(),
+            ));
+        }
     };
     let mut shape = vec![rows];
     shape.extend(rest.iter().map(|d| match d {
@@ -288,30 +299,62 @@ mod tests {
     #[test]
     fn a_list_column_fills_the_declared_dims_and_a_dynamic_one() {
         let column = list((0..12).map(|x| x as f32).collect(), 6);
-        let fixed = info(ElemType::F32, vec![Dim::Dynamic(None), Dim::Fixed(2), Dim::Fixed(3)]);
-        assert_eq!(from_column("c", &column, &fixed).unwrap().shape, vec![2, 2, 3]);
+        let fixed = info(
+            ElemType::F32,
+            vec![Dim::Dynamic(None), Dim::Fixed(2), Dim::Fixed(3)],
+        );
+        assert_eq!(
+            from_column("c", &column, &fixed).unwrap().shape,
+            vec![2, 2, 3]
+        );
         let seq = info(
             ElemType::F32,
-            vec![Dim::Dynamic(None), Dim::Dynamic(Some("seq".into())), Dim::Fixed(2)],
+            vec![
+                Dim::Dynamic(None),
+                Dim::Dynamic(Some("seq".into())),
+                Dim::Fixed(2),
+            ],
         );
-        assert_eq!(from_column("c", &column, &seq).unwrap().shape, vec![2, 3, 2]);
+        assert_eq!(
+            from_column("c", &column, &seq).unwrap().shape,
+            vec![2, 3, 2]
+        );
         let wrong = info(ElemType::F32, vec![Dim::Dynamic(None), Dim::Fixed(4)]);
         let e = from_column("c", &column, &wrong).unwrap_err();
-        assert!(e.contains("column `c`") && e.contains("takes 4 values"), "{e}");
+        assert!(
+            e.contains("column `c`") && e.contains("takes 4 values"),
+            "{e}"
+        );
     }
 
     #[test]
     fn a_sliced_column_gives_its_own_rows() {
         let column = list((0..12).map(|x| x as f32).collect(), 3).slice(2, 2);
-        let t = from_column("c", &column, &info(ElemType::F32, vec![Dim::Dynamic(None), Dim::Fixed(3)])).unwrap();
-        assert_eq!(t.data, Data::F32(vec![6.0, 7.0, 8.0, 9.0, 10.0, 11.0].into()));
+        let t = from_column(
+            "c",
+            &column,
+            &info(ElemType::F32, vec![Dim::Dynamic(None), Dim::Fixed(3)]),
+        )
+        .unwrap();
+        assert_eq!(
+            t.data,
+            Data::F32(vec![6.0, 7.0, 8.0, 9.0, 10.0, 11.0].into())
+        );
     }
 
     #[test]
     fn a_column_of_another_type_is_refused_by_name() {
         let column: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
-        let e = from_column("ids", &column, &info(ElemType::F32, vec![Dim::Dynamic(None)])).unwrap_err();
-        assert!(e.contains("`ids` holds Int64") && e.contains("takes f32"), "{e}");
+        let e = from_column(
+            "ids",
+            &column,
+            &info(ElemType::F32, vec![Dim::Dynamic(None)]),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("`ids` holds Int64") && e.contains("takes f32"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -87,9 +87,9 @@ pub use streambatch_onnx::OnnxModel;
 /// What most programs need: `use streambatch::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, JoinHow,
-        OnnxModel, ParquetWriteOptions, Resources, Result, Row, StageOptions, Stateful, UdfError,
-        Value, col, lit,
+        Agg, BatchFn, BatchOptions, Context, Dataset, Error, Expr, GpuKernel, JoinHow, OnnxModel,
+        ParquetWriteOptions, Resources, Result, Row, StageOptions, Stateful, UdfError, Value, col,
+        lit,
     };
     pub use arrow_array::RecordBatch;
 }

@@ -379,12 +379,11 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
                     outputs: step.outputs.clone(),
                     engine: step.engine,
                 };
-                let model = streambatch_onnx::OnnxModel::from_spec(spec).map_err(|e| {
-                    Error::BadFile {
+                let model =
+                    streambatch_onnx::OnnxModel::from_spec(spec).map_err(|e| Error::BadFile {
                         path: file.to_path_buf(),
                         message: e.to_string(),
-                    }
-                })?;
+                    })?;
                 ds.map_batches(model, onnx_options(step))
             }
         };

@@ -1,6 +1,6 @@
 //! The engines that run a model: ONNX Runtime where its library is found
-//! (`ort`, loaded at run time), else rten, the pure-Rust engine that is
-//! always built in. A [`Session`] is one loaded model, owned by one worker
+//! (`ort`, its library loaded at run time), else rten, the pure-Rust
+//! engine that is always built in. A [`Session`] is one loaded model, owned by one worker
 //! and kept warm for every batch it is given.
 
 use std::path::Path;
@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::info::ModelInfo;
 use crate::tensor::Tensor;
 
+pub(crate) mod ort;
 pub(crate) mod rten;
 
 /// Which engine runs a model.
@@ -19,23 +20,30 @@ pub enum Engine {
     /// ONNX Runtime where its library is found, else rten.
     #[default]
     Auto,
+    /// ONNX Runtime (an error where its library is not found).
+    #[serde(rename = "onnxruntime")]
+    OnnxRuntime,
     /// rten, the pure-Rust engine.
     Rten,
 }
 
 impl Engine {
-    /// The engine `self` resolves to on this machine.
+    /// The engine `self` resolves to on this machine: `Auto` is ONNX
+    /// Runtime where its library is found (`ORT_DYLIB_PATH`, or
+    /// `tools/setup-onnxruntime.sh`'s link), else rten.
     pub fn resolve(self) -> Engine {
         match self {
-            Engine::Auto | Engine::Rten => Engine::Rten,
+            Engine::Auto if ort::library().is_some() => Engine::OnnxRuntime,
+            Engine::Auto => Engine::Rten,
+            engine => engine,
         }
     }
 
-    /// The engine's name as the stats show it.
+    /// The name of the engine `self` resolves to, as the stats show it.
     pub fn name(self) -> &'static str {
         match self.resolve() {
-            Engine::Rten => "rten",
-            Engine::Auto => unreachable!("resolved"),
+            Engine::OnnxRuntime => "onnxruntime",
+            _ => "rten",
         }
     }
 }
@@ -58,7 +66,9 @@ pub fn open(
     threads: usize,
 ) -> Result<Box<dyn Session>> {
     match engine.resolve() {
-        Engine::Rten => Ok(Box::new(rten::RtenSession::load(path, bytes, info, threads)?)),
-        Engine::Auto => unreachable!("resolved"),
+        Engine::OnnxRuntime => Ok(Box::new(ort::OrtRunner::load(path, bytes, info, threads)?)),
+        _ => Ok(Box::new(rten::RtenSession::load(
+            path, bytes, info, threads,
+        )?)),
     }
 }

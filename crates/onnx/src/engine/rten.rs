@@ -23,7 +23,12 @@ pub(crate) struct RtenSession {
 }
 
 impl RtenSession {
-    pub(crate) fn load(path: &Path, bytes: Arc<[u8]>, info: &ModelInfo, threads: usize) -> Result<Self> {
+    pub(crate) fn load(
+        path: &Path,
+        bytes: Arc<[u8]>,
+        info: &ModelInfo,
+        threads: usize,
+    ) -> Result<Self> {
         let load_error = |reason: String| OnnxError::Load {
             path: path.to_path_buf(),
             engine: "rten",
@@ -67,9 +72,11 @@ impl super::Session for RtenSession {
                 _ => None,
             };
             if let Some(to) = as_rten {
-                let data = tensor.data.clone().cast(to).ok_or_else(|| {
-                    format!("an {elem} value does not fit rten's {to}")
-                })?;
+                let data = tensor
+                    .data
+                    .clone()
+                    .cast(to)
+                    .ok_or_else(|| format!("an {elem} value does not fit rten's {to}"))?;
                 converted.push(Tensor::new(tensor.shape.clone(), data).expect("same size"));
             }
         }

@@ -70,9 +70,7 @@ impl Scratch {
 
 impl std::fmt::Debug for Scratch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scratch")
-            .field("dir", &self.dir)
-            .finish()
+        f.debug_struct("Scratch").field("dir", &self.dir).finish()
     }
 }
 

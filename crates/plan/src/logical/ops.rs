@@ -527,13 +527,12 @@ mod tests {
             kind: OpKind::FlatMap(cut),
             options: StageOptions::default(),
         };
-        let mut no_instances =
-            |_: usize,
-             _: &Arc<dyn BatchUdf>,
-             _: &Resources|
-             -> Result<SharedInstance, crate::udf::UdfError> {
-                Err("no stateful operator here".into())
-            };
+        let mut no_instances = |_: usize,
+                                _: &Arc<dyn BatchUdf>,
+                                _: &Resources|
+         -> Result<SharedInstance, crate::udf::UdfError> {
+            Err("no stateful operator here".into())
+        };
         let mut env = TaskEnv {
             task: TaskId(1),
             instance: &mut no_instances,

@@ -234,9 +234,11 @@ pub fn set_up_stage(
     let stage = &job.plan.stages[stage];
     for (op, spec) in stage.stateful_ops() {
         if let OpKind::MapBatches(udf) = &spec.kind {
-            instance_for(job, op, udf, &spec.options.resources, instances).map_err(|source| Error::Udf {
-                operator: format!("{} (set-up)", spec.name),
-                source,
+            instance_for(job, op, udf, &spec.options.resources, instances).map_err(|source| {
+                Error::Udf {
+                    operator: format!("{} (set-up)", spec.name),
+                    source,
+                }
             })?;
         }
     }
@@ -393,10 +395,9 @@ impl TaskRun {
                 }),
             None => None,
         };
-        let mut instance =
-            |op: usize, udf: &Arc<dyn BatchUdf>, resources: &Resources| {
-                instance_for(job, op, udf, resources, instances)
-            };
+        let mut instance = |op: usize, udf: &Arc<dyn BatchUdf>, resources: &Resources| {
+            instance_for(job, op, udf, resources, instances)
+        };
         let mut env = TaskEnv {
             task: self.task,
             instance: &mut instance,
