@@ -373,8 +373,7 @@ fn a_batch_that_does_not_fit_the_model_is_refused_before_any_output() {
         .from_batches(vec![good(), wrong_type])
         .map_batches(OnnxModel::open(&two).unwrap(), Resources::cpu(1.0))
         .write_parquet(&out)
-        .err()
-        .expect("the job fails");
+        .expect_err("the job fails");
     assert!(err.to_string().contains("takes i64"), "{err}");
     assert!(
         common::visible_files(&out).is_empty(),

@@ -73,8 +73,7 @@ fn every_node_runs_the_same_model_and_a_differing_copy_is_refused() {
         .range(100, 2)
         .map_batches(planned, Resources::cpu(1.0))
         .count()
-        .err()
-        .expect("a node with another copy refuses");
+        .expect_err("a node with another copy refuses");
     let text = err.to_string();
     assert!(
         text.contains("scale.onnx") && text.contains("every node must run the same model"),

@@ -249,7 +249,7 @@ fn shape_for(
     let filled = match dynamic {
         0 if width == fixed => 1,
         0 => return Err(wrong(format!("a row takes {fixed} values"))),
-        1 if fixed > 0 && width % fixed == 0 && width > 0 => width / fixed,
+        1 if fixed > 0 && width.is_multiple_of(fixed) && width > 0 => width / fixed,
         1 => return Err(wrong(format!("a row takes a multiple of {fixed} values"))),
         _ => {
             return Err(wrong(

@@ -100,13 +100,12 @@ impl super::Session for RtenSession {
 
 fn view(tensor: &Tensor) -> Result<ValueView<'_>, String> {
     let shape = &tensor.shape[..];
-    let view = match &tensor.data {
+    match &tensor.data {
         Data::F32(v) => ValueView::from_shape(shape, &v[..]).map_err(|e| e.to_string()),
         Data::I32(v) => ValueView::from_shape(shape, &v[..]).map_err(|e| e.to_string()),
         Data::U8(v) => ValueView::from_shape(shape, &v[..]).map_err(|e| e.to_string()),
         Data::I64(_) | Data::F16(_) => unreachable!("converted before"),
-    };
-    view
+    }
 }
 
 fn tensor_of(value: Value) -> Result<Tensor, String> {
