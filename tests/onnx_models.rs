@@ -401,3 +401,65 @@ fn explain_shows_the_models_inputs_outputs_and_opset() {
         "{explain}"
     );
 }
+
+/// `streambatch run`'s TOML: `op = "onnx"` runs the model file the
+/// pipeline names (relative to it) on each engine, and every row it
+/// writes equals ONNX Runtime's answer.
+#[test]
+fn a_toml_pipeline_runs_a_model_with_onnx_runtimes_answers() {
+    let test = "a_toml_pipeline_runs_a_model_with_onnx_runtimes_answers";
+    let Some(python) = python(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_file(dir.path(), "convnet.onnx", convnet(5));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let rows = 10;
+    let input = with_ids(vec![(
+        "pixels",
+        list::<Float32Type>(floats(&mut rng, rows * 64 * 64 * 3), 64 * 64 * 3),
+    )]);
+    let file = std::fs::File::create(dir.path().join("in.parquet")).unwrap();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(file, input.schema(), None).unwrap();
+    writer.write(&input).unwrap();
+    writer.close().unwrap();
+    let want = reference(&python, &model, &input);
+    for engine in engines(test) {
+        let name = match engine {
+            Engine::OnnxRuntime => "onnxruntime",
+            _ => "rten",
+        };
+        let pipeline = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &pipeline,
+            format!(
+                r#"
+[source]
+read_parquet = "in.parquet"
+
+[[ops]]
+op = "onnx"
+model = "convnet.onnx"
+outputs = {{ embedding = "embedding" }}
+engine = "{name}"
+cpus = 1
+batch_rows = 3
+workers = 2
+
+[sink]
+write_parquet = "out-{name}"
+"#
+            ),
+        )
+        .unwrap();
+        streambatch::pipeline::run_pipeline(&pipeline).unwrap();
+        let out = ctx()
+            .read_parquet(&dir.path().join(format!("out-{name}")).display().to_string())
+            .unwrap()
+            .sort(&["id"], false)
+            .collect()
+            .unwrap();
+        let got = arrow_select::concat::concat_batches(&out[0].schema(), &out).unwrap();
+        assert_close(&got, &want, 1e-4, &format!("TOML pipeline, {name}"));
+    }
+}

@@ -3,6 +3,7 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
 
     python tools/bench/daft_workloads.py w3
     python tools/bench/daft_workloads.py w4 --input data/w4-images --output out/w4-daft
+    python tools/bench/daft_workloads.py w7 --output out/w7-daft
 """
 
 import os
@@ -54,5 +55,38 @@ def w4(args):
     line("daft", "w4", "device=cpu", wall, len(out["id"]), len(os.listdir(input_dir)), correct)
 
 
+def w7(args):
+    """W7: the JPEGs streambatch made (data/w7) downloaded, decoded and
+    resized to 224 by Daft's own image functions, normalised and scored by
+    an onnxruntime session in a Daft class (one instance, its session on
+    every CPU, as the limit's), written as Parquet."""
+    import daft.functions as F
+
+    import w7 as w
+
+    shutil.rmtree(args.output, ignore_errors=True)
+
+    @daft.cls(max_concurrency=1)
+    class Scorer:
+        def __init__(self):
+            self.session = w.session()
+
+        @daft.method.batch(return_dtype=daft.DataType.fixed_size_list(daft.DataType.float32(), w.W7_CLASSES), batch_size=w.W7_BATCH_ROWS)
+        def __call__(self, images: daft.Series):
+            pixels = w.normalise(np.stack(images.to_pylist()))
+            scores = self.session.run(["scores"], {"pixels": pixels})[0]
+            return pa.FixedSizeListArray.from_arrays(pa.array(scores.ravel()), w.W7_CLASSES)
+
+    started = time.perf_counter()
+    df = daft.from_glob_path(os.path.join(w.W7_DIR, "images", "*.jpg"))
+    image = F.resize(F.decode_image(F.download(df["path"]), mode="RGB"), w.W7_SIDE, w.W7_SIDE)
+    df = df.select(df["path"], Scorer()(image).alias("scores"))
+    df.write_parquet(args.output)
+    wall = time.perf_counter() - started
+    ids, scores = w.read_scores(args.output)
+    correct = len(ids) == w.W7_IMAGES and sorted(ids.tolist()) == list(range(w.W7_IMAGES)) and bool(np.isfinite(scores).all())
+    line("daft", "w7", "onnxruntime", wall, len(ids), 0, correct, images_per_s=round(len(ids) / wall, 3))
+
+
 if __name__ == "__main__":
-    main({"w3": w3, "w4": w4}, "out/w4-daft")
+    main({"w3": w3, "w4": w4, "w7": w7}, "out/w4-daft")

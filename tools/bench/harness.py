@@ -1,6 +1,6 @@
-"""Runs W1 to W6 (W4 also read from a local S3 server), G1, J1, S1 and the binary-files benchmark (docs/workloads.md) in
-streambatch, Ray Data, (W3, W4, G1, J1, S1) Daft, (W6a) PyTorch's DataLoader and
-(G1, J1, S1) DuckDB and Polars, alternating the systems case by case, each run under a time limit,
+"""Runs W1 to W7 (W4 also read from a local S3 server), G1, J1, S1 and the binary-files benchmark (docs/workloads.md) in
+streambatch, Ray Data, (W3, W4, G1, J1, S1, W7) Daft, (W6a) PyTorch's DataLoader,
+(G1, J1, S1) DuckDB and Polars and (W7) onnxruntime alone, alternating the systems case by case, each run under a time limit,
 sampling the peak memory of each run's whole process tree. Prints one table
 with each figure and the ratio streambatch / peer, checks the targets of
 docs/benchmarks.md, and writes the results (JSON), the table (Markdown) and a
@@ -62,6 +62,7 @@ METRICS = {
     "j1": ("wall_s", False),
     "s1": ("wall_s", False),
     "s1_cluster": ("wall_s", False),
+    "w7": ("images_per_s", True),
 }
 W1_ROWS = 800
 
@@ -227,6 +228,21 @@ def cases(w4_device):
             limit_s=600,
         )
     )
+    # W7: streambatch first, as it makes the input (data/w7); then the
+    # limit, whose scores every system's are checked against (check_w7).
+    out.append(
+        Case(
+            "w7",
+            "2,000 JPEGs, ResNet-50 (ONNX), onnxruntime",
+            {
+                "streambatch": SB + ["w7"],
+                "onnxruntime limit": [sys.executable, "tools/bench/w7.py", "limit"],
+                "ray-data": RAY + ["w7", "--output", "out/w7-ray"],
+                "daft": DAFT + ["w7", "--output", "out/w7-daft"],
+            },
+            outputs={"streambatch": "out/w7-streambatch", "ray-data": "out/w7-ray", "daft": "out/w7-daft"},
+        )
+    )
     # W5 and W6b last: a multi-node Ray cluster that fails to stop cleanly
     # must not slow the other workloads.
     for n in [1, 2, 4]:
@@ -349,6 +365,7 @@ def result_of(case, system, records, timed_out, wall, limit_s):
         kept += ("pieces_from_driver", "pieces_from_nodes")
         # S1 on a cluster: the clean run and what the killed node cost.
         kept += ("clean_s", "killed_at_s", "nodes_lost", "remade_partitions", "rerun_tasks")
+        kept += ("engine",)
         shown = {k: r[k] for k in kept if k in r}
         return {**shown, "value": r[metric], "correct": r.get("correct"), "reached": None}
     if not timed_out:
@@ -393,6 +410,39 @@ def same_answers(results, reference="duckdb"):
         r["correct"] = r.get("correct") is True and same
 
 
+def check_w7(case, results):
+    """W7: each system's scores against the limit's (tools/bench/w7.py):
+    streambatch's, from the same tensors, within 1e-4 of each row's
+    largest; the peers', decoded by their own libraries, within 5e-2. A
+    result is correct only where its own check held too."""
+    import w7
+
+    for system, output in case.outputs.items():
+        r = results.get(system)
+        if r is None:
+            continue
+        tolerance = w7.SAME_TENSORS_TOLERANCE if system == "streambatch" else w7.OWN_DECODE_TOLERANCE
+        limit_ran = results.get("onnxruntime limit", {}).get("correct") is True
+        found = w7.check(output, tolerance) if limit_ran else {"correct": False, "worst": None}
+        r["correct"] = r.get("correct") is True and found["correct"]
+        r["worst_error"] = found["worst"]
+        r["reached"] = (r["reached"] + "; " if r["reached"] else "") + f"largest error {found['worst']} (limit {tolerance})"
+
+
+def onnxruntime_library():
+    """The libonnxruntime of the bench venv's onnxruntime wheel (the one the
+    limit and the peers run), for streambatch's `onnxruntime` engine."""
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnxruntime")
+    for folder in spec.submodule_search_locations if spec else []:
+        found = sorted(glob.glob(os.path.join(folder, "capi", "libonnxruntime.so*")))
+        if found:
+            return found[0]
+    return None
+
+
 def pick_best(case, results, peer):
     """(label, result) of the better of a peer's variants (its defaults or
     tuned) that has a figure, or None."""
@@ -404,7 +454,7 @@ def pick_best(case, results, peer):
 
 
 # The peers named on the chart, with the package whose version they are.
-PEERS = [("Ray Data", "ray"), ("Daft", "daft"), ("PyTorch", "torch"), ("DuckDB", "duckdb"), ("Polars", "polars")]
+PEERS = [("Ray Data", "ray"), ("Daft", "daft"), ("PyTorch", "torch"), ("DuckDB", "duckdb"), ("Polars", "polars"), ("onnxruntime", "onnxruntime")]
 
 
 def installed(package):
@@ -601,6 +651,31 @@ def targets(rows):
                 f"({fmt(v / local_v) if v and local_v else '-'}x); Ray Data from S3 {fmt(ray_v)} rows/s "
                 f"({fmt(v / ray_v) if v and ray_v else '-'}x)",
             )
+        elif case.workload == "w7":
+            limit = pick_best(case, results, "onnxruntime")
+            limit_v = limit[1]["value"] if limit else None
+            daft_v = daft[1]["value"] if daft else None
+            v = sb["value"]
+            peers_pss = {s: r["pss_mib"] for s, r in results.items() if s in ("ray-data", "daft")}
+            check(
+                "W7: images/s >= 0.9x onnxruntime alone's, >= 1.5x Ray Data's, >= 1.2x Daft's; every row's scores the limit's",
+                v
+                and limit_v
+                and ray_v
+                and daft_v
+                and v >= 0.9 * limit_v
+                and v >= 1.5 * ray_v
+                and v >= 1.2 * daft_v
+                and all(r["correct"] is True for r in results.values()),
+                f"streambatch {fmt(v)} ({sb.get('engine', '-')}), limit {fmt(limit_v)} ({fmt(v / limit_v) if v and limit_v else '-'}x), "
+                f"Ray Data {fmt(ray_v)} ({fmt(v / ray_v) if v and ray_v else '-'}x), Daft {fmt(daft_v)} ({fmt(v / daft_v) if v and daft_v else '-'}x); "
+                + "checked: " + ", ".join(f"{s} {r['correct']}" for s, r in results.items()),
+            )
+            check(
+                "W7: peak memory (PSS of the process tree) below Ray Data's and Daft's",
+                len(peers_pss) == 2 and all(sb["pss_mib"] < p for p in peers_pss.values()),
+                f"streambatch {sb['pss_mib']:.0f} MiB, " + ", ".join(f"{s} {p:.0f} MiB" for s, p in peers_pss.items()),
+            )
         elif case.workload == "w4":
             daft_v = daft[1]["value"] if daft else None
             peers_pss = [r["pss_mib"] for s, r in results.items() if s != "streambatch"]
@@ -628,12 +703,13 @@ def chart(rows, path, title):
         "pytorch": "#e08214",
         "duckdb": "#8073ac",
         "polars": "#35978f",
+        "onnxruntime": "#762a83",
     }
     fig, axes = plt.subplots(2, len(rows), figsize=(2.2 * len(rows), 6.5), squeeze=False)
     for col, (case, results) in enumerate(rows):
         metric, higher = METRICS[case.workload]
         shown = [("streambatch", results["streambatch"])]
-        for peer in ("pytorch", "ray-data", "daft", "duckdb", "polars"):
+        for peer in ("pytorch", "ray-data", "daft", "duckdb", "polars", "onnxruntime"):
             best = pick_best(case, results, peer)
             if best:
                 shown.append((peer, best[1]))
@@ -661,7 +737,7 @@ def chart(rows, path, title):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit-s", type=float, default=240, help="time limit of each run")
-    parser.add_argument("--only", default="w1,w2,w3,w4,w4_s3,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,s1_cluster,w5,w6b", help="workloads to run, comma-separated")
+    parser.add_argument("--only", default="w1,w2,w3,w4,w4_s3,binary_files,binary_files_rows,sched,w6a,g1,j1,s1,s1_cluster,w7,w5,w6b", help="workloads to run, comma-separated")
     parser.add_argument("--w4-device", choices=["cpu", "gpu"], default="cpu", help="where streambatch runs W4's model")
     parser.add_argument("--out", default="out/bench", help="where results.json and table.md go")
     parser.add_argument("--chart", default=None, help="the chart's path (default: benchmarks.png in --out)")
@@ -685,11 +761,16 @@ def main():
             from s1 import make
 
             make(S1_DATA)
+        if case.workload == "w7" and not os.environ.get("ORT_DYLIB_PATH"):
+            # streambatch runs the model on the same onnxruntime as the peers.
+            os.environ["ORT_DYLIB_PATH"] = onnxruntime_library() or ""
         s3 = w4_in_s3(case) if case.workload == "w4_s3" else contextlib.nullcontext()
         with s3:
             results = run_case(case, args)
         if case.workload in ("g1", "j1"):
             same_answers(results)
+        if case.workload == "w7":
+            check_w7(case, results)
         rows.append((case, results))
     report(rows, args, started)
 

@@ -12,6 +12,7 @@ Prints one JSON line last, with the keys `streambatch bench` prints.
     python tools/bench/ray_workloads.py binary_files --store-cap 256MiB
     python tools/bench/ray_workloads.py w6a --step-ms 110
     python tools/bench/ray_workloads.py w6b --nodes 2
+    python tools/bench/ray_workloads.py w7 --output out/w7-ray
 """
 
 import contextlib
@@ -415,5 +416,38 @@ def w6b(args):
         )
 
 
+def w7(args):
+    """W7: `read_images` (PIL, resized to 224) over the JPEGs streambatch
+    made (data/w7), normalised in `map_batches`, scored by onnxruntime
+    sessions in a `map_batches` actor pool, written as Parquet. One actor
+    declaring one CPU (an actor holds its CPUs while it lives: two would
+    leave none to decode on 2 CPUs) whose session computes on every CPU, as
+    the limit's and streambatch's do."""
+    import w7 as w
+
+    shutil.rmtree(args.output, ignore_errors=True)
+    start(args)
+
+    class Scorer:
+        def __init__(self):
+            self.session = w.session()
+
+        def __call__(self, batch):
+            pixels = np.ascontiguousarray(batch["pixels"], dtype=np.float32)
+            return {"path": batch["path"], "scores": self.session.run(["scores"], {"pixels": pixels})[0]}
+
+    started = time.perf_counter()
+    ds = (
+        ray.data.read_images(os.path.join(w.W7_DIR, "images"), size=(w.W7_SIDE, w.W7_SIDE), mode="RGB", include_paths=True)
+        .map_batches(lambda b: {"path": b["path"], "pixels": w.normalise(b["image"])})
+        .map_batches(Scorer, batch_size=w.W7_BATCH_ROWS, concurrency=1, num_cpus=1)
+    )
+    ds.write_parquet(args.output)
+    wall = time.perf_counter() - started
+    ids, scores = w.read_scores(args.output)
+    correct = len(ids) == w.W7_IMAGES and sorted(ids.tolist()) == list(range(w.W7_IMAGES)) and bool(np.isfinite(scores).all())
+    line("ray-data", "w7", "onnxruntime", wall, len(ids), 0, correct, images_per_s=round(len(ids) / wall, 3))
+
+
 if __name__ == "__main__":
-    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "w6a": w6a, "w6b": w6b, "binary_files": binary_files}, "out/w4-ray")
+    main({"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "w6a": w6a, "w6b": w6b, "w7": w7, "binary_files": binary_files}, "out/w4-ray")

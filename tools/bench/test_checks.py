@@ -5,6 +5,8 @@ psutil (the bench environment has both):
     .venv-bench/bin/python tools/bench/test_checks.py
 """
 
+import os
+
 import numpy as np
 
 import common
@@ -154,6 +156,41 @@ def test_s1_cluster_misses_unless_the_killed_node_was_lost_and_its_partitions_ma
     assert not met(value=None)
 
 
+def test_w7_scores_unlike_the_limits_nan_or_missing_are_not_correct():
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import w7
+
+    rng = np.random.default_rng(3)
+    want = rng.normal(size=(w7.W7_IMAGES, w7.W7_CLASSES)).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        w7.LIMIT_SCORES = f"{tmp}/limit.npy"
+        np.save(w7.LIMIT_SCORES, want)
+
+        def written(scores, ids=range(w7.W7_IMAGES)):
+            out = f"{tmp}/out"
+            os.makedirs(out, exist_ok=True)
+            paths = pa.array([f"data/w7/images/img-{i:05}.jpg" for i in ids])
+            lists = pa.FixedSizeListArray.from_arrays(pa.array(scores[list(ids)].ravel()), w7.W7_CLASSES)
+            pq.write_table(pa.table({"path": paths, "scores": lists}), f"{out}/part-0.parquet")
+            return out
+
+        assert w7.check(written(want), w7.SAME_TENSORS_TOLERANCE)["correct"]
+        near = want + 1e-5 * np.abs(want).max(axis=1, keepdims=True)
+        assert w7.check(written(near), w7.SAME_TENSORS_TOLERANCE)["correct"]
+        off = want.copy()
+        off[17, 3] += 0.01 * np.abs(want[17]).max()
+        assert not w7.check(written(off), w7.SAME_TENSORS_TOLERANCE)["correct"]
+        assert w7.check(written(off), w7.OWN_DECODE_TOLERANCE)["correct"]
+        nan = want.copy()
+        nan[5, 0] = np.nan
+        assert not w7.check(written(nan), w7.OWN_DECODE_TOLERANCE)["correct"]
+        assert not w7.check(written(want, ids=range(1, w7.W7_IMAGES)), w7.OWN_DECODE_TOLERANCE)["correct"]
+
+
 def judged(correct):
     """The harness's targets for one of each case, streambatch far ahead of
     its peers and within every memory limit, its result `correct`."""
@@ -172,7 +209,7 @@ def judged(correct):
             "remade_partitions": 5,
         }
 
-    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "s1": (1.0, 20.0), "s1_cluster": (30.0, 0.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5)}
+    figures = {"g1": (1.0, 20.0), "j1": (1.0, 20.0), "s1": (1.0, 20.0), "s1_cluster": (30.0, 0.0), "w1": (1.0, 0.5), "w2": (10.0, 100.0), "w3": (10_000.0, 1.0), "w4": (1000.0, 10.0), "w4_s3": (1000.0, 10.0), "w5": (1.0, 0.5), "binary_files": (1.0, 10.0), "binary_files_rows": (1.0, 10.0), "sched": (500_000.0, 1.0), "w6a": (1000.0, 100.0), "w6b": (1.0, 0.5), "w7": (100.0, 10.0)}
     rows = []
     for case in harness.cases("cpu"):
         sb, peer = figures[case.workload]
@@ -187,7 +224,7 @@ def judged(correct):
 def test_no_target_is_met_by_a_wrong_or_unchecked_result():
     right = judged(True)
     names = {t["target"].split()[0] for t in right}
-    assert names == {"G1:", "J1:", "S1:", "S1", "W1", "W2", "W3:", "W4:", "W5", "W6a:", "W6b", "binary", "scheduler:"}, names
+    assert names == {"G1:", "J1:", "S1:", "S1", "W1", "W2", "W3:", "W4:", "W4", "W5", "W6a:", "W6b", "W7:", "binary", "scheduler:"}, names
     assert all(t["met"] for t in right), [t for t in right if not t["met"]]
     for correct in (False, None):
         wrong = judged(correct)

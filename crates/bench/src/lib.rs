@@ -1,4 +1,4 @@
-//! The benchmark workloads of `docs/workloads.md` (W1 to W5, the store
+//! The benchmark workloads of `docs/workloads.md` (W1 to W7, the store
 //! and network benchmarks, the binary-files benchmark), their checks and the JSON line they print: what
 //! `streambatch bench` runs, and what the examples and tests use to make
 //! and check the main job's data. Not published: benchmarks stay out of the
@@ -22,6 +22,7 @@ mod store;
 mod w4;
 mod w5;
 mod w6;
+mod w7;
 mod workloads;
 
 pub use check::{IdSet, checksum, checksum_filled};
@@ -44,6 +45,7 @@ pub use w5::{w5, w5_kill_one};
 pub use w6::{
     W6A_IMAGES, W6A_STEP_MS, W6A_STORE_CAP, W6B_IMAGES, augmented, make_jpegs, w6_trainer, w6a, w6b,
 };
+pub use w7::{W7_BATCH_ROWS, W7_IMAGES, W7_STORE_CAP, W7Input, w7, w7_input};
 pub use workloads::{W3_WARM_UP, w1, w2, w3};
 
 // Helpers the workload modules share, at the paths they use.

@@ -136,6 +136,14 @@ enum Command {
         /// the spec its driver gave (the driver starts them).
         #[arg(long, hide = true)]
         trainer: Option<String>,
+        /// W7 only: the engine that runs the model (auto: ONNX Runtime
+        /// where its library is found, else rten).
+        #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
+        engine: EngineArg,
+        /// W7 only: CPU slots the model's stage asks for, its sessions'
+        /// threads (default: all the node's).
+        #[arg(long)]
+        model_cpus: Option<f64>,
         /// W1, W2, W3, S1: record the timed job's timeline and write it here
         /// (W3's second shape to PATH with `-2` before its extension).
         /// Without it the workloads run with `record_timeline = false`, so
@@ -173,6 +181,13 @@ enum ClusterCommand {
 enum FilesApi {
     Chunk,
     Rows,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EngineArg {
+    Auto,
+    Onnxruntime,
+    Rten,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -222,6 +237,10 @@ enum Workload {
     /// Training ingest on a cluster: N CPU-only nodes (--nodes) whose
     /// decode is a fixed sleep per image feeding two trainer processes.
     W6b,
+    /// Model batch inference: 2,000 JPEGs decoded, resized to 224 and
+    /// normalised, through a ResNet-50 ONNX model (data/w7, made if
+    /// absent), the class scores written to out/w7-streambatch.
+    W7,
     /// The scheduler alone: the job state machine and policy driven by the
     /// fault simulation on 1,000 virtual nodes (tasks that take no time,
     /// nodes lost, joining and draining), five runs; the figure is tasks
@@ -340,6 +359,8 @@ fn run_job(command: Command) -> streambatch::Result<()> {
             timeline,
             step_ms,
             trainer,
+            engine,
+            model_cpus,
         } => {
             if let Some(spec) = trainer {
                 return workloads::w6_trainer(&spec);
@@ -425,6 +446,21 @@ fn run_job(command: Command) -> streambatch::Result<()> {
                     let step = std::time::Duration::from_millis(step_ms);
                     let data = std::path::Path::new("data/w6-images");
                     vec![workloads::w6a(data, step, &base)?]
+                }
+                Workload::W7 => {
+                    let engine = match engine {
+                        EngineArg::Auto => streambatch::onnx::Engine::Auto,
+                        EngineArg::Onnxruntime => streambatch::onnx::Engine::OnnxRuntime,
+                        EngineArg::Rten => streambatch::onnx::Engine::Rten,
+                    };
+                    let cpus = model_cpus.unwrap_or(base.cpus);
+                    let base = NodeConfig {
+                        store_capacity: store_cap.unwrap_or(workloads::W7_STORE_CAP),
+                        ..base.clone()
+                    };
+                    let (data, out) = ("data/w7", "out/w7-streambatch");
+                    let (data, out) = (std::path::Path::new(data), std::path::Path::new(out));
+                    vec![workloads::w7(data, out, engine, cpus, &base)?]
                 }
                 Workload::G1 => {
                     let base = NodeConfig {

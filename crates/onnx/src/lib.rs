@@ -7,8 +7,9 @@
 //! on as many threads as its stage holds CPU slots. Arrow columns become
 //! tensors and tensors columns by name ([`tensor`]).
 //!
-//! The engine ([`Engine`]) is rten, the pure-Rust one built in, so that a
-//! model runs with nothing beyond cargo.
+//! The engine ([`Engine`]) is ONNX Runtime where its library is found
+//! (loaded at run time), else rten, the pure-Rust one built in, so that a
+//! model runs with nothing beyond cargo; the stage's metrics say which ran.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -40,6 +41,7 @@ mod info;
 mod make;
 mod op;
 mod proto;
+mod resnet;
 pub mod tensor;
 
 pub use engine::Engine;
@@ -47,3 +49,4 @@ pub use error::{OnnxError, Result};
 pub use info::{Dim, ElemType, ModelInfo, TensorInfo, sha256_hex};
 pub use make::{Attr, CONVNET_DIM, ModelBuilder, convnet};
 pub use op::{OnnxFn, OnnxModel, OnnxSpec, RECIPE};
+pub use resnet::{RESNET_CLASSES, RESNET_SIDE, resnet50};
