@@ -48,9 +48,13 @@ pub fn run(cluster: Option<&Path>, model: Option<&Path>) -> Result<()> {
         Some(file) => file.to_path_buf(),
         None => make_convnet()?,
     };
-    // Absolute, so that a cluster's nodes find it wherever they started.
-    let model_file = std::fs::canonicalize(&model_file)
-        .map_err(|e| streambatch::Error::io("opening", &model_file, e))?;
+    // Absolute, so that a cluster's nodes find it wherever they started
+    // (an object store URL names the same object everywhere).
+    let model_file = match streambatch::object_url(&model_file) {
+        Some(_) => model_file,
+        None => std::fs::canonicalize(&model_file)
+            .map_err(|e| streambatch::Error::io("opening", &model_file, e))?,
+    };
     let onnx_error = |e: streambatch::onnx::OnnxError| streambatch::Error::Udf {
         operator: "onnx".into(),
         source: e.into(),

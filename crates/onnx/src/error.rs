@@ -17,6 +17,14 @@ pub enum OnnxError {
         /// Why.
         source: std::io::Error,
     },
+    /// The model could not be fetched from its object store.
+    #[error("model {url}: {reason}")]
+    Fetch {
+        /// The model's URL.
+        url: String,
+        /// Why (the store's words).
+        reason: String,
+    },
     /// The file is not an ONNX model this crate can map (truncated, of
     /// another format, or with inputs of an unsupported type).
     #[error("model {path}: {reason}")]

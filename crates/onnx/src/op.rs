@@ -71,7 +71,10 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
-    /// Reads the model at `path` and its declarations.
+    /// Reads the model at `path` and its declarations. `path` is a file,
+    /// or an object store URL (`s3://bucket/model.onnx`, `gs://`, `az://`,
+    /// `http(s)://`) read with the environment's credentials, as
+    /// `read_parquet` reads one.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::from_spec(OnnxSpec {
             model: path.as_ref().to_path_buf(),
@@ -86,12 +89,23 @@ impl OnnxModel {
     /// it names (if any) and its mapping against the model's declarations.
     pub fn from_spec(mut spec: OnnxSpec) -> Result<Self> {
         let path = &spec.model;
-        let bytes: Arc<[u8]> = std::fs::read(path)
-            .map_err(|source| OnnxError::Io {
-                path: path.clone(),
-                source,
-            })?
-            .into();
+        let bytes: Arc<[u8]> = match streambatch_plan::object_url(path) {
+            // The same object for every node, each reading its own copy
+            // with its own credentials (and checking it by its hash).
+            Some(url) => streambatch_plan::read_object(url)
+                .map_err(|e| OnnxError::Fetch {
+                    url: url.to_string(),
+                    reason: e.to_string(),
+                })?
+                .to_vec()
+                .into(),
+            None => std::fs::read(path)
+                .map_err(|source| OnnxError::Io {
+                    path: path.clone(),
+                    source,
+                })?
+                .into(),
+        };
         let info = ModelInfo::parse(&bytes).map_err(|reason| OnnxError::NotOnnx {
             path: path.clone(),
             reason,

@@ -56,7 +56,7 @@ pub use logical::plan::{ExecPlan, LogicalOp, LogicalPlan, Stage, StageKind, Task
 pub use logical::side::Side;
 pub use logical::source::SourceSplit;
 pub use object::files::{
-    bytes_read as object_bytes_read, gets as object_gets, url_of as object_url,
+    bytes_read as object_bytes_read, gets as object_gets, read_object, url_of as object_url,
 };
 pub use object::read_ahead::{
     ReadAheadOwner, forget as forget_read_ahead, taken as object_reads_ahead,

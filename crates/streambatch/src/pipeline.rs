@@ -373,7 +373,7 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             }
             Op::Onnx(step) => {
                 let spec = streambatch_onnx::OnnxSpec {
-                    model: base.join(&step.model),
+                    model: PathBuf::from(resolve(&step.model.display().to_string())),
                     sha256: None,
                     inputs: step.inputs.clone(),
                     outputs: step.outputs.clone(),

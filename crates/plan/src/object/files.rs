@@ -49,6 +49,13 @@ pub fn url_of(path: &Path) -> Option<&str> {
     SCHEMES.contains(&scheme).then_some(path)
 }
 
+/// The whole object at `url` (an [`url_of`] URL), in one request, with
+/// the credentials of this process's environment: what an operator reads
+/// a small file it needs whole by (a model).
+pub fn read_object(url: &str) -> Result<Bytes> {
+    Object::at(url)?.read()
+}
+
 /// An object: its store and its path there, and its URL for errors.
 #[derive(Clone)]
 pub(crate) struct Object {
