@@ -22,7 +22,7 @@ use arrow_array::{
     RecordBatch,
 };
 use arrow_schema::{DataType, Field};
-use common::ctx;
+use common::{ctx, ctx_with};
 use rand::{Rng, SeedableRng};
 use streambatch::prelude::*;
 use streambatch_bench::skip_test;
@@ -461,5 +461,54 @@ write_parquet = "out-{name}"
             .unwrap();
         let got = arrow_select::concat::concat_batches(&out[0].schema(), &out).unwrap();
         assert_close(&got, &want, 1e-4, &format!("TOML pipeline, {name}"));
+    }
+}
+
+/// A model stage holding a GPU slot computes on a GPU provider or fails
+/// naming why, before any output: rten computes on the CPU only; ONNX
+/// Runtime takes its CUDA provider, whose absence (a CPU-only library, as
+/// here) is an error, never a silent run on the CPU while the slot is
+/// held. Where the provider loads (onnxruntime-gpu on an NVIDIA GPU), the
+/// answers are ONNX Runtime's on the CPU.
+#[test]
+fn a_gpu_stage_runs_on_a_gpu_provider_or_is_refused_naming_why() {
+    let test = "a_gpu_stage_runs_on_a_gpu_provider_or_is_refused_naming_why";
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_file(dir.path(), "convnet.onnx", convnet(4));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let batch = with_ids(vec![(
+        "pixels",
+        list::<Float32Type>(floats(&mut rng, 3 * 64 * 64 * 3), 64 * 64 * 3),
+    )]);
+    let on_gpu = |engine: Engine| {
+        let ctx = ctx_with(|c| c.gpus = Some(1.0));
+        let op = OnnxModel::open(&model).unwrap().engine(engine);
+        ctx.from_batches(vec![batch.clone()])
+            .map_batches(op, Resources::gpu(1.0).batch_rows(2))
+            .collect()
+    };
+    let err = on_gpu(Engine::Rten)
+        .expect_err("rten on a GPU slot")
+        .to_string();
+    assert!(
+        err.contains("rten computes on the CPU only") && err.contains("convnet.onnx"),
+        "{err}"
+    );
+    if !engines(test).contains(&Engine::OnnxRuntime) {
+        return;
+    }
+    match on_gpu(Engine::OnnxRuntime) {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("CUDA provider did not load") && e.contains("convnet.onnx"),
+                "{e}"
+            );
+        }
+        Ok(out) => {
+            let got = arrow_select::concat::concat_batches(&out[0].schema(), &out).unwrap();
+            let cpu = through_pipeline(OnnxModel::open(&model).unwrap(), batch.clone(), 3);
+            assert_close(&got, &cpu, 1e-3, "the CUDA provider against the CPU");
+        }
     }
 }

@@ -44,7 +44,7 @@ mod proto;
 mod resnet;
 pub mod tensor;
 
-pub use engine::Engine;
+pub use engine::{Engine, Placement};
 pub use error::{OnnxError, Result};
 pub use info::{Dim, ElemType, ModelInfo, TensorInfo, sha256_hex};
 pub use make::{Attr, CONVNET_DIM, ModelBuilder, convnet};

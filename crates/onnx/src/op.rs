@@ -16,7 +16,7 @@ use arrow_schema::{Field, Schema};
 use streambatch_core::Resources;
 use streambatch_plan::{BatchFn, BatchUdf, Recipe, UdfError};
 
-use crate::engine::{self, Engine, Session};
+use crate::engine::{self, Engine, Placement, Session};
 use crate::error::{OnnxError, Result};
 use crate::info::ModelInfo;
 use crate::tensor;
@@ -207,13 +207,22 @@ impl OnnxModel {
     /// A session of this model computing on `threads` threads, as one
     /// worker's instance.
     pub fn session(&self, threads: usize) -> Result<OnnxFn> {
+        self.session_placed(Placement {
+            threads,
+            gpu: false,
+        })
+    }
+
+    /// A session of this model placed as `placement` says (on a GPU where
+    /// its stage holds a GPU slot).
+    pub fn session_placed(&self, placement: Placement) -> Result<OnnxFn> {
         self.check_mapping()?;
         let session = engine::open(
             self.spec.engine,
             &self.spec.model,
             self.bytes.clone(),
             &self.info,
-            threads,
+            placement,
         )?;
         let column = |name: &str, map: &BTreeMap<String, String>| {
             map.get(name).cloned().unwrap_or_else(|| name.to_string())
@@ -256,8 +265,10 @@ impl BatchUdf for OnnxModel {
         &self,
         resources: &Resources,
     ) -> std::result::Result<Box<dyn BatchFn>, UdfError> {
-        let threads = resources.cpus.ceil().max(1.0) as usize;
-        Ok(Box::new(self.session(threads)?))
+        Ok(Box::new(self.session_placed(Placement {
+            threads: resources.cpus.ceil().max(1.0) as usize,
+            gpu: resources.gpus > 0.0,
+        })?))
     }
 
     fn describe(&self) -> Vec<String> {

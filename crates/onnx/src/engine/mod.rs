@@ -56,19 +56,44 @@ pub trait Session: Send {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, String>;
 }
 
-/// Loads the model at `path` (declaring `info`) in `engine`, computing
-/// with `threads` threads.
+/// Where a session computes: on `threads` CPU threads, and on a GPU where
+/// `gpu` (its stage holds a GPU slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Threads of the CPU work (all of it, or what a GPU provider leaves).
+    pub threads: usize,
+    /// Whether the stage holds a GPU slot.
+    pub gpu: bool,
+}
+
+/// Loads the model at `path` (declaring `info`) in `engine`, placed as
+/// `placement` says.
 pub fn open(
     engine: Engine,
     path: &Path,
     bytes: Arc<[u8]>,
     info: &ModelInfo,
-    threads: usize,
+    placement: Placement,
 ) -> Result<Box<dyn Session>> {
     match engine.resolve() {
-        Engine::OnnxRuntime => Ok(Box::new(ort::OrtRunner::load(path, bytes, info, threads)?)),
+        Engine::OnnxRuntime => Ok(Box::new(ort::OrtRunner::load(
+            path, bytes, info, placement,
+        )?)),
+        // rten computes on the CPU only: a stage holding a GPU slot would
+        // hold it for nothing.
+        _ if placement.gpu => Err(crate::error::OnnxError::Load {
+            path: path.to_path_buf(),
+            engine: "rten",
+            reason: "rten computes on the CPU only, and this stage asks for GPU slots: give it \
+                     CPU slots, or run it on the onnxruntime engine with a GPU provider's library \
+                     (onnxruntime-gpu's, by ORT_DYLIB_PATH)"
+                .into(),
+        }),
         _ => Ok(Box::new(rten::RtenSession::load(
-            path, bytes, info, threads,
+            path,
+            bytes,
+            info,
+            placement.threads,
         )?)),
     }
 }

@@ -56,7 +56,7 @@ impl OrtRunner {
         path: &Path,
         bytes: Arc<[u8]>,
         info: &ModelInfo,
-        threads: usize,
+        placement: super::Placement,
     ) -> Result<Self> {
         let load_error = |reason: String| OnnxError::Load {
             path: path.to_path_buf(),
@@ -64,8 +64,27 @@ impl OrtRunner {
             reason,
         };
         let env = environment().map_err(&load_error)?;
-        let session = OrtSession::builder(env)
-            .and_then(|b| Ok(b.with_intra_threads(threads.max(1))?))
+        let mut builder = OrtSession::builder(env)
+            .and_then(|b| Ok(b.with_intra_threads(placement.threads.max(1))?))
+            .map_err(|e| load_error(e.to_string()))?;
+        if placement.gpu {
+            // CUDA's provider, from the library's own folder (the
+            // onnxruntime-gpu wheel's); a failure is an error, never a
+            // silent fall back to the CPU while the stage holds a GPU slot.
+            let cuda = ort::ep::CUDA::default()
+                .with_device_id(0)
+                .build()
+                .error_on_failure();
+            builder = builder
+                .with_execution_providers([cuda])
+                .map_err(|e| {
+                    load_error(format!(
+                        "this stage asks for GPU slots, and ONNX Runtime's CUDA provider did not load \
+                         (use the library of the onnxruntime-gpu wheel, by ORT_DYLIB_PATH, on an NVIDIA GPU): {e}"
+                    ))
+                })?;
+        }
+        let session = Ok::<_, ort::Error>(builder)
             .and_then(|b| Ok(b.with_inter_threads(1)?))
             .and_then(|mut b| b.commit_from_memory(&bytes))
             .map_err(|e| load_error(e.to_string()))?;
