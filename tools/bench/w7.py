@@ -1,6 +1,7 @@
 """W7, model batch inference (docs/workloads.md): what the peers share (the
-input `streambatch bench w7` makes, the onnxruntime session, the
-normalisation), the limit, and the check of every system's output.
+input `streambatch bench w7` makes, the onnxruntime session, their own
+check; the normalisation is common.normalise), the limit, and the check of
+every system's output.
 
     python tools/bench/w7.py limit      # onnxruntime alone over the pre-decoded tensors
     python tools/bench/w7.py check OUT  # OUT's scores against the limit's, as JSON
@@ -18,7 +19,7 @@ import time
 
 import numpy as np
 
-from common import image_id, line
+from common import IdSet, image_id, line, normalise
 
 W7_DIR = "data/w7"
 W7_IMAGES = 2_000
@@ -27,8 +28,6 @@ W7_CLASSES = 1000
 # Rows per model call, for every system (streambatch's W7_BATCH_ROWS).
 W7_BATCH_ROWS = 32
 LIMIT_SCORES = "out/w7-limit/scores.npy"
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 # Within this of a row's largest score (relative), a score equals the
 # limit's: the same tensors through the same model, batched differently.
 SAME_TENSORS_TOLERANCE = 1e-4
@@ -49,9 +48,16 @@ def session(threads=None):
     return ort.InferenceSession(os.path.join(W7_DIR, "resnet50.onnx"), options, providers=["CPUExecutionProvider"])
 
 
-def normalise(pixels):
-    """uint8 images (n x 224 x 224 x 3) -> (x / 255 - mean) / std as f32."""
-    return (pixels.astype(np.float32) * np.float32(1 / 255) - MEAN) / STD
+def each_image_once(ids):
+    """Every image of 0..W7_IMAGES has exactly one row among `ids`."""
+    seen = IdSet(W7_IMAGES)
+    seen.add(ids)
+    return seen.each_once()
+
+
+def own_check(ids, scores):
+    """A peer's own check: every image once, every score finite."""
+    return each_image_once(ids) and bool(np.isfinite(scores).all())
 
 
 def limit(args):
@@ -99,8 +105,7 @@ def check(output, tolerance):
     nothing): {"correct", "rows", "worst"}."""
     want = np.load(LIMIT_SCORES)
     ids, got = read_scores(output)
-    once = len(ids) == W7_IMAGES and sorted(ids.tolist()) == list(range(W7_IMAGES))
-    if not once or got.shape != (W7_IMAGES, W7_CLASSES):
+    if not each_image_once(ids) or got.shape != (W7_IMAGES, W7_CLASSES):
         return {"correct": False, "rows": len(ids), "worst": None}
     want = want[ids]
     scale = np.maximum(np.abs(want).max(axis=1), 1e-6)

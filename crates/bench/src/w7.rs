@@ -4,8 +4,7 @@
 //! the model file, and the images pre-decoded as one tensor for the
 //! harness's limit, onnxruntime alone) and the check of what the job wrote.
 
-use std::collections::HashSet;
-use std::io::Write;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -15,8 +14,8 @@ use arrow_array::types::Float32Type;
 use streambatch::onnx::{Engine, OnnxModel, RESNET_CLASSES, RESNET_SIDE, resnet50};
 use streambatch::{Context, Dataset, Error, NodeConfig, Resources, Result, ops};
 
-use crate::BenchResult;
-use crate::w6::{image_id, make_jpegs};
+use crate::w6::{MEAN, STD, image_id, make_jpegs};
+use crate::{BenchResult, IdSet};
 
 /// Images in W7's input.
 pub const W7_IMAGES: usize = 2_000;
@@ -29,9 +28,6 @@ pub const W7_BATCH_ROWS: usize = 32;
 pub const W7_STORE_CAP: u64 = 128 << 20;
 const SEED: u64 = 77;
 const SIDE: u32 = RESNET_SIDE as u32;
-// torchvision's ImageNet statistics, as every peer normalises.
-const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-const STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// W7's files under one folder.
 #[derive(Clone, Debug)]
@@ -55,7 +51,7 @@ pub fn w7_input(dir: &Path) -> Result<W7Input> {
     };
     make_jpegs(&input.images, W7_IMAGES, SEED)?;
     if !input.model.exists() {
-        write_atomically(&input.model, &resnet50(SEED))?;
+        write_atomically(&input.model, |file| file.write_all(&resnet50(SEED)))?;
     }
     if !input.tensors.exists() {
         let ctx = Context::with_config(NodeConfig::default())?;
@@ -137,8 +133,7 @@ pub fn w7(
 /// (rows, whether every one of the [`W7_IMAGES`] images has exactly one
 /// row of 1,000 finite scores).
 fn check_scores(batches: &[RecordBatch], output: &Path) -> Result<(u64, bool)> {
-    let mut seen = HashSet::new();
-    let mut rows = 0u64;
+    let mut ids = IdSet::new(W7_IMAGES as u64);
     let mut good = true;
     for batch in batches {
         let bad = |what: &str| Error::BadFile {
@@ -158,12 +153,11 @@ fn check_scores(batches: &[RecordBatch], output: &Path) -> Result<(u64, bool)> {
         // `is_finite` is false for NaN and infinities.
         good &= values.iter().all(|x| x.is_finite());
         for path in paths.iter() {
-            rows += 1;
-            let id = path.and_then(image_id);
-            good &= id.is_some_and(|id| (0..W7_IMAGES as i64).contains(&id) && seen.insert(id));
+            // A row not named as an image counts, under an id no image has.
+            ids.add(path.and_then(image_id).unwrap_or(-1));
         }
     }
-    Ok((rows, good && seen.len() == W7_IMAGES))
+    Ok((ids.rows(), good && ids.each_once()))
 }
 
 /// Writes `batches`' `pixels` rows, ordered by their image's id, as one
@@ -201,26 +195,33 @@ fn write_npy(path: &Path, batches: &[RecordBatch]) -> Result<()> {
         "{header}{}\n",
         " ".repeat(unpadded.next_multiple_of(64) - unpadded)
     );
-    let mut bytes = Vec::with_capacity(10 + padded.len() + rows.len() * side * 4);
-    bytes.extend_from_slice(b"\x93NUMPY\x01\x00");
-    bytes.extend_from_slice(&(padded.len() as u16).to_le_bytes());
-    bytes.extend_from_slice(padded.as_bytes());
-    for (_, row) in rows {
-        for x in row {
-            bytes.extend_from_slice(&x.to_le_bytes());
+    write_atomically(path, |file| {
+        file.write_all(b"\x93NUMPY\x01\x00")?;
+        file.write_all(&(padded.len() as u16).to_le_bytes())?;
+        file.write_all(padded.as_bytes())?;
+        for (_, row) in &rows {
+            for x in *row {
+                file.write_all(&x.to_le_bytes())?;
+            }
         }
-    }
-    write_atomically(path, &bytes)
+        Ok(())
+    })
 }
 
-/// `bytes` at `path`, by a temporary file renamed into place.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+/// The file at `path`, written by `write` into a temporary file renamed
+/// into place once whole.
+fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path.parent().expect("a file in a folder");
     std::fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
     let tmp = path.with_extension("tmp");
-    let mut file = std::fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
+    let file = std::fs::File::create(&tmp).map_err(|e| Error::io("creating", &tmp, e))?;
+    let mut file = BufWriter::new(file);
+    write(&mut file)
+        .and_then(|()| file.into_inner().map_err(|e| e.into_error()))
+        .and_then(|file| file.sync_all())
         .map_err(|e| Error::io("writing", &tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("renaming into", path, e))
 }

@@ -62,8 +62,8 @@ pub(crate) const BATCH: usize = 64;
 pub(crate) const SHUFFLE_ROWS: usize = 1_000;
 pub(crate) const SEED: u64 = 7;
 pub(crate) const SIDE: u32 = 224;
-const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-const STD: [f32; 3] = [0.229, 0.224, 0.225];
+pub(crate) const MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+pub(crate) const STD: [f32; 3] = [0.229, 0.224, 0.225];
 /// The lowest and highest value normalising a byte gives, over the
 /// channels (with a little room for rounding).
 pub(crate) const NORMALISED_RANGE: (f32, f32) = (-2.1180, 2.6401);
