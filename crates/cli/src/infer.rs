@@ -48,8 +48,8 @@ pub fn run(cluster: Option<&Path>, model: Option<&Path>) -> Result<()> {
         Some(file) => file.to_path_buf(),
         None => make_convnet()?,
     };
-    // Absolute, so that a cluster's nodes find it wherever they started
-    // (an object store URL names the same object everywhere).
+    // Absolute, so that it is named the same wherever nodes started (an
+    // object store URL names the same object everywhere).
     let model_file = match streambatch::object_url(&model_file) {
         Some(_) => model_file,
         None => std::fs::canonicalize(&model_file)
@@ -72,6 +72,10 @@ pub fn run(cluster: Option<&Path>, model: Option<&Path>) -> Result<()> {
         .input(&input.name, "pixels")
         .checked()
         .map_err(onnx_error)?;
+    // On a cluster the driver sends its file: a node needs no copy.
+    if cluster.is_some() && streambatch::object_url(&model_file).is_none() {
+        onnx = onnx.send_to_nodes();
+    }
     let output = info.outputs[0].name.clone();
     println!("model {}: {info}", model_file.display());
 

@@ -76,6 +76,17 @@ pub enum OnnxError {
         /// The copy's hash.
         found: String,
     },
+    /// The driver sends the model, and its copy is not here (a recipe
+    /// rebuilt outside a job's start, which pulls it).
+    #[error(
+        "model {path}: the driver sends this model (SHA-256 {sha256}) and its copy did not arrive here"
+    )]
+    NotSent {
+        /// The driver's file.
+        path: PathBuf,
+        /// The hash the job was planned with.
+        sha256: String,
+    },
     /// A node was sent an onnx recipe it cannot read.
     #[error("an onnx operator's recipe: {0}")]
     Recipe(String),

@@ -30,8 +30,14 @@ pub const RECIPE: &str = "onnx";
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OnnxSpec {
-    /// The model file: a path every node can read.
+    /// The model file: a path every node can read, an object store URL,
+    /// or (with `send`) a file of the driver's.
     pub model: PathBuf,
+    /// Whether the driver sends its copy of the file to each node (once a
+    /// job, over the cluster's own connections, checked by its hash)
+    /// rather than each node reading `model` itself.
+    #[serde(default)]
+    pub send: bool,
     /// Its SHA-256 as the driver read it: a node whose copy differs
     /// refuses to run it. Unset in a TOML step (filled in when the
     /// operator is made).
@@ -68,6 +74,8 @@ pub struct OnnxModel {
     spec: OnnxSpec,
     info: Arc<ModelInfo>,
     bytes: Arc<[u8]>,
+    /// The file as a blob the driver serves, where it sends it.
+    blob: Option<streambatch_plan::Blob>,
 }
 
 impl OnnxModel {
@@ -78,6 +86,7 @@ impl OnnxModel {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::from_spec(OnnxSpec {
             model: path.as_ref().to_path_buf(),
+            send: false,
             sha256: None,
             inputs: BTreeMap::new(),
             outputs: BTreeMap::new(),
@@ -85,21 +94,35 @@ impl OnnxModel {
         })
     }
 
-    /// The model `spec` describes, its file read, checked against the hash
-    /// it names (if any) and its mapping against the model's declarations.
+    /// The model `spec` describes, its file read (or, where the driver
+    /// sends it, the copy that arrived), checked against the hash it names
+    /// (if any) and its mapping against the model's declarations.
     pub fn from_spec(mut spec: OnnxSpec) -> Result<Self> {
         let path = &spec.model;
-        let bytes: Arc<[u8]> = match streambatch_plan::object_url(path) {
+        let sent = match (&spec.sha256, spec.send) {
+            (Some(sha256), true) => streambatch_plan::Blob::find(sha256),
+            _ => None,
+        };
+        let bytes: Arc<[u8]> = match (sent, streambatch_plan::object_url(path)) {
+            (Some(blob), _) => blob.bytes().clone(),
+            // A node holds the driver's copy once it pulled it; a recipe
+            // rebuilt without it is a node that should not run it.
+            (None, _) if spec.send && spec.sha256.is_some() => {
+                return Err(OnnxError::NotSent {
+                    path: path.clone(),
+                    sha256: spec.sha256.clone().unwrap_or_default(),
+                });
+            }
             // The same object for every node, each reading its own copy
             // with its own credentials (and checking it by its hash).
-            Some(url) => streambatch_plan::read_object(url)
+            (None, Some(url)) => streambatch_plan::read_object(url)
                 .map_err(|e| OnnxError::Fetch {
                     url: url.to_string(),
                     reason: e.to_string(),
                 })?
                 .to_vec()
                 .into(),
-            None => std::fs::read(path)
+            (None, None) => std::fs::read(path)
                 .map_err(|source| OnnxError::Io {
                     path: path.clone(),
                     source,
@@ -120,10 +143,15 @@ impl OnnxModel {
             }
             _ => spec.sha256 = Some(info.sha256.clone()),
         }
+        // Known to this process by its hash, so that a driver serves it.
+        let blob = spec
+            .send
+            .then(|| streambatch_plan::Blob::new(bytes.clone()));
         let model = Self {
             spec,
             info: Arc::new(info),
             bytes,
+            blob,
         };
         model.check_mapping()?;
         Ok(model)
@@ -146,6 +174,17 @@ impl OnnxModel {
     /// Makes model output `output` the column `column`.
     pub fn output(mut self, output: &str, column: &str) -> Self {
         self.spec.outputs.insert(output.into(), column.into());
+        self
+    }
+
+    /// Has the driver send its copy of the model file to each node of a
+    /// cluster (once a job, checked there by its hash), so that the file
+    /// need be on the driver's machine alone.
+    pub fn send_to_nodes(mut self) -> Self {
+        if !self.spec.send {
+            self.spec.send = true;
+            self.blob = Some(streambatch_plan::Blob::new(self.bytes.clone()));
+        }
         self
     }
 
@@ -289,6 +328,7 @@ impl BatchUdf for OnnxModel {
         Some(Recipe {
             name: RECIPE.into(),
             params: params.into_bytes(),
+            blobs: self.blob.iter().map(|b| b.sha256().to_string()).collect(),
         })
     }
 }

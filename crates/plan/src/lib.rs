@@ -70,6 +70,7 @@ pub use stats::{
 };
 pub use train::batching::{BatchOptions, Batches, Collate, Prefetched, counted};
 pub use train::split::{BatchCount, EpochStream, LostRank, Split, SplitOptions};
+pub use udf::blob::Blob;
 pub use udf::expr::{BinaryOp, Expr, Literal, col, lit};
 pub use udf::recipe::{Named, Registry, UdfFactory};
 pub use udf::row::{Row, Value, batch_to_rows, rows_to_batch};

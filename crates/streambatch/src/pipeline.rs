@@ -84,11 +84,14 @@ enum Op {
 
 /// An `op = "onnx"` step: the model file (relative to the pipeline file),
 /// its inputs and outputs mapped to columns where their names differ,
-/// the engine, and each task's slots and rows a call.
+/// the engine, and each task's slots and rows a call; `send` has the
+/// driver send its file to each node of a cluster.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OnnxStep {
     model: PathBuf,
+    #[serde(default)]
+    send: bool,
     #[serde(default)]
     inputs: BTreeMap<String, String>,
     #[serde(default)]
@@ -374,6 +377,7 @@ fn build(file: &Path, cluster: Option<&Path>) -> Result<(Dataset, Sink, Vec<Stri
             Op::Onnx(step) => {
                 let spec = streambatch_onnx::OnnxSpec {
                     model: PathBuf::from(resolve(&step.model.display().to_string())),
+                    send: step.send,
                     sha256: None,
                     inputs: step.inputs.clone(),
                     outputs: step.outputs.clone(),

@@ -1,7 +1,8 @@
 //! What a user writes into a plan: the user-function traits (batch
 //! functions for `map_batches`, row functions for `map` and `flat_map`,
 //! predicates for `filter`), expressions (`expr`), rows (`row`), and the
-//! recipes that rebuild a function on another node (`recipe`).
+//! recipes that rebuild a function on another node (`recipe`) with the
+//! bytes they refer to by hash (`blob`).
 //!
 //! The bottom floor of the crate: it imports nothing of it but `error`.
 
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 
+pub(crate) mod blob;
 pub(crate) mod expr;
 pub(crate) mod recipe;
 pub(crate) mod row;
@@ -53,6 +55,10 @@ pub struct Recipe {
     pub name: String,
     /// Its parameters, as the factory reads them.
     pub params: Vec<u8>,
+    /// The SHA-256s of the [`Blob`](crate::Blob)s the parameters refer
+    /// to: on a cluster the driver sends each to every node, which holds
+    /// them while it rebuilds the operator.
+    pub blobs: Vec<String>,
 }
 
 /// What `map_batches` accepts: a recipe for [`BatchFn`] instances.

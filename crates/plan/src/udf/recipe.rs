@@ -82,13 +82,17 @@ impl Registry {
             recipe: Recipe {
                 name: name.to_string(),
                 params: params.to_vec(),
+                blobs: Vec::new(),
             },
         })
     }
 
-    /// Rebuilds an operator from its recipe.
+    /// Rebuilds an operator from its recipe (its blobs, where it names
+    /// any, already held by this process: see [`Blob`](crate::Blob)).
     pub fn rebuild(&self, recipe: &Recipe) -> Result<Named> {
-        self.udf(&recipe.name, &recipe.params)
+        let mut named = self.udf(&recipe.name, &recipe.params)?;
+        named.recipe.blobs = recipe.blobs.clone();
+        Ok(named)
     }
 }
 

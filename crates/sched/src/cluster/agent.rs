@@ -15,6 +15,7 @@ use streambatch_net::{Transport, frame};
 use streambatch_plan::Registry;
 use streambatch_store::{ObjectStore, SharedStore};
 
+use crate::cluster::pull;
 use crate::cluster::relay::{JobRelay, RelayArgs, RelayMsg};
 use crate::cluster::serve::StoreServer;
 use crate::exec::metrics::NodeMetrics;
@@ -307,7 +308,14 @@ impl AgentState {
                 registry.names().join(", ")
             ));
         }
+        // The blobs first (a model file the driver sends), held while the
+        // operators that refer to them are rebuilt.
+        let transport = &self.runs.transport;
+        let blobs = pull::pull_blobs(transport, &start.key.driver, &start.plan.blobs())
+            .await
+            .map_err(|e| format!("node {}: {e}", self.info.name))?;
         let plan = start.plan.build(registry).map_err(|e| e.to_string())?;
+        drop(blobs);
         if start.reserve.len() != plan.stages.len() {
             return Err(format!(
                 "{} memory reserves for a plan of {} stages",

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use streambatch_core::TaskId;
 use streambatch_net::{Fetched, FetchedPart, PartRows, Transport, Want};
-use streambatch_plan::Error;
+use streambatch_plan::{Blob, Error};
 
 use crate::exec::partitioner::{Output, Slice};
 use crate::job::Part;
@@ -209,6 +209,39 @@ pub(crate) fn found_all(
         ))),
         _ => Ok(()),
     }
+}
+
+/// The blobs `sha256s` of a job's recipes (see `streambatch_plan::Blob`):
+/// those this process holds already, the rest pulled from the job's driver,
+/// each checked against its hash. Held by the caller while it rebuilds the
+/// plan, whose operators then keep them.
+pub(crate) async fn pull_blobs(
+    transport: &Transport,
+    driver: &str,
+    sha256s: &[String],
+) -> Result<Vec<Blob>, String> {
+    let mut held = Vec::with_capacity(sha256s.len());
+    for sha256 in sha256s {
+        if let Some(blob) = Blob::find(sha256) {
+            held.push(blob);
+            continue;
+        }
+        let why = |reason: String| format!("blob {sha256} from driver {driver}: {reason}");
+        let bytes = match transport.fetch(driver, Blob::id_of(sha256)).await {
+            Ok(Fetched::Bytes(bytes)) => bytes,
+            Ok(_) => return Err(why("the driver answered with other than its bytes".into())),
+            Err(e) => return Err(why(e.to_string())),
+        };
+        let blob = Blob::new(bytes.into());
+        if blob.sha256() != sha256 {
+            return Err(why(format!(
+                "what arrived has SHA-256 {}: refused",
+                blob.sha256()
+            )));
+        }
+        held.push(blob);
+    }
+    Ok(held)
 }
 
 #[cfg(test)]

@@ -55,12 +55,18 @@ pub struct ClusterClient {
     jobs: RunningJobs,
 }
 
-/// A driver holds no partitions of its own.
-struct NoPartitions;
+/// A driver holds no partitions of its own, only the blobs its jobs'
+/// recipes refer to (a model file), which each node pulls once per job.
+struct DriverBlobs;
 
-impl PartitionServer for NoPartitions {
-    fn serve(&self, partition: u64, _: bool) -> std::result::Result<Served, String> {
-        Err(format!("partition {partition}: a driver holds none"))
+impl PartitionServer for DriverBlobs {
+    fn serve(&self, id: u64, _: bool) -> std::result::Result<Served, String> {
+        match streambatch_plan::Blob::find_id(id) {
+            Some(blob) => Ok(Served::Bytes(Box::new(blob.bytes().clone()))),
+            None => Err(format!(
+                "partition {id}: a driver holds no partitions, and no blob of that id"
+            )),
+        }
     }
 }
 
@@ -104,7 +110,7 @@ impl ClusterClient {
             let transport = Transport::start(
                 &config.name,
                 endpoint,
-                Arc::new(NoPartitions),
+                Arc::new(DriverBlobs),
                 here,
                 Some(supervisor.get_cell()),
             )

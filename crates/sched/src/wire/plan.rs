@@ -66,9 +66,12 @@ pub(crate) struct OpWire {
 
 #[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub(crate) enum OpKindSpec {
+    /// A registered operator: its name, parameters and the SHA-256s of
+    /// the blobs it refers to (which the node pulls from the driver).
     Recipe {
         name: String,
         params: Vec<u8>,
+        blobs: Vec<String>,
     },
     /// The staging directory, the format's extension and, for Parquet, the
     /// codec as `ParquetWriteOptions::codec_name` writes it and the rows per
@@ -225,10 +228,9 @@ impl PlanSpec {
         Ok(Self { stages })
     }
 
-    /// The recipes' names, to check against a node's registry.
-    pub(crate) fn recipe_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .stages
+    /// Each registered operator's name and blobs.
+    fn recipes(&self) -> impl Iterator<Item = (&String, &Vec<String>)> {
+        self.stages
             .iter()
             .flat_map(|s| match &s.kind {
                 KindSpec::Source { ops, inputs, .. } => {
@@ -239,15 +241,27 @@ impl PlanSpec {
                 _ => Vec::new(),
             })
             .filter_map(|op| match &op.kind {
-                OpKindSpec::Recipe { name, .. } => Some(name.clone()),
+                OpKindSpec::Recipe { name, blobs, .. } => Some((name, blobs)),
                 OpKindSpec::WriteFiles { .. }
                 | OpKindSpec::Reduce(_)
                 | OpKindSpec::BroadcastJoin { .. } => None,
             })
-            .collect();
+    }
+
+    /// The recipes' names, to check against a node's registry.
+    pub(crate) fn recipe_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.recipes().map(|(name, _)| name.clone()).collect();
         names.sort();
         names.dedup();
         names
+    }
+
+    /// The SHA-256s of the blobs the recipes refer to, each once.
+    pub(crate) fn blobs(&self) -> Vec<String> {
+        let mut blobs: Vec<String> = self.recipes().flat_map(|(_, b)| b.clone()).collect();
+        blobs.sort();
+        blobs.dedup();
+        blobs
     }
 
     /// Rebuilds the plan with operators from `registry`.
@@ -557,10 +571,18 @@ fn ops_spec(ops: &[(usize, OpSpec)]) -> Result<Vec<OpWire>, Error> {
             let what = || format!("the operator `{}`", op.name);
             let kind = match &op.kind {
                 OpKind::MapBatches(udf) => {
-                    let Recipe { name, params } = udf
+                    let Recipe {
+                        name,
+                        params,
+                        blobs,
+                    } = udf
                         .recipe()
                         .ok_or_else(|| cannot_travel(&what(), "it is a closure"))?;
-                    OpKindSpec::Recipe { name, params }
+                    OpKindSpec::Recipe {
+                        name,
+                        params,
+                        blobs,
+                    }
                 }
                 OpKind::WriteFiles(sink) => {
                     let parquet = match sink.format {
@@ -600,10 +622,15 @@ fn ops_of(ops: &[OpWire], registry: &Registry) -> Result<Vec<(usize, OpSpec)>, E
     ops.iter()
         .map(|op| {
             let kind = match &op.kind {
-                OpKindSpec::Recipe { name, params } => {
+                OpKindSpec::Recipe {
+                    name,
+                    params,
+                    blobs,
+                } => {
                     let recipe = Recipe {
                         name: name.clone(),
                         params: params.clone(),
+                        blobs: blobs.clone(),
                     };
                     OpKind::MapBatches(Arc::new(registry.rebuild(&recipe)?))
                 }
