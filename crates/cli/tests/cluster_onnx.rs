@@ -37,6 +37,19 @@ fn check_rows(ds: &streambatch::Dataset) -> usize {
     rows
 }
 
+/// Runs [`model`]`(0.5)` as `onnx` over 4,000 rows: every row checked,
+/// and every node ran some of it.
+fn run_on_every_node(ctx: &Context, onnx: OnnxModel) {
+    let ds = ctx
+        .range(4_000, 16)
+        .map_batches(onnx, Resources::cpu(1.0).batch_rows(100));
+    assert_eq!(check_rows(&ds), 4_000);
+    let stats = ds.stats().unwrap();
+    for node in &stats.nodes {
+        assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
+    }
+}
+
 /// `id` (i64) to `half = f32(id) * 0.5` and `twice = id + id`.
 fn model(scale: f32) -> Vec<u8> {
     let batch = || Dim::Dynamic(Some("N".into()));
@@ -64,14 +77,7 @@ fn every_node_runs_the_same_model_and_a_differing_copy_is_refused() {
     let ctx = Context::connect(cluster.driver_config()).unwrap();
     // The id column feeds the model, so it comes back as `id` again.
     let onnx = OnnxModel::open(&file).unwrap().output("twice", "id2");
-    let ds = ctx
-        .range(4_000, 16)
-        .map_batches(onnx, Resources::cpu(1.0).batch_rows(100));
-    assert_eq!(check_rows(&ds), 4_000);
-    let stats = ds.stats().unwrap();
-    for node in &stats.nodes {
-        assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
-    }
+    run_on_every_node(&ctx, onnx);
 
     // A model the driver sends: its file is gone before the job starts, so
     // a node can only run the copy that came from the driver.
@@ -82,14 +88,7 @@ fn every_node_runs_the_same_model_and_a_differing_copy_is_refused() {
         .output("twice", "id2")
         .send_to_nodes();
     std::fs::remove_file(&only_here).unwrap();
-    let ds = ctx
-        .range(4_000, 16)
-        .map_batches(sent.clone(), Resources::cpu(1.0).batch_rows(100));
-    assert_eq!(check_rows(&ds), 4_000);
-    let stats = ds.stats().unwrap();
-    for node in &stats.nodes {
-        assert!(node.tasks > 0, "no task ran on {}: {stats}", node.name);
-    }
+    run_on_every_node(&ctx, sent);
     // Unsent, such a model is a path no node can read.
     let kept = dir.path().join("kept-back.onnx");
     write(&kept, &model(0.5));

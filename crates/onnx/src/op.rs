@@ -103,7 +103,7 @@ impl OnnxModel {
             (Some(sha256), true) => streambatch_plan::Blob::find(sha256),
             _ => None,
         };
-        let bytes: Arc<[u8]> = match (sent, streambatch_plan::object_url(path)) {
+        let bytes: Arc<[u8]> = match (&sent, streambatch_plan::object_url(path)) {
             (Some(blob), _) => blob.bytes().clone(),
             // A node holds the driver's copy once it pulled it; a recipe
             // rebuilt without it is a node that should not run it.
@@ -143,10 +143,14 @@ impl OnnxModel {
             }
             _ => spec.sha256 = Some(info.sha256.clone()),
         }
-        // Known to this process by its hash, so that a driver serves it.
-        let blob = spec
-            .send
-            .then(|| streambatch_plan::Blob::new(bytes.clone()));
+        // Known to this process by its hash, so that a driver serves it
+        // (a node keeps the copy it pulled, hashed once already).
+        let blob = match sent {
+            Some(blob) => Some(blob),
+            None => spec
+                .send
+                .then(|| streambatch_plan::Blob::new(bytes.clone())),
+        };
         let model = Self {
             spec,
             info: Arc::new(info),
