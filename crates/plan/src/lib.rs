@@ -41,6 +41,7 @@ pub use dataset::held::{HeldAt, HeldRows, HeldSource, Piece, Pulled};
 pub use dataset::write::ResumedWrite;
 pub use dataset::{BatchStream, Dataset, Grouped, JobStream, Runner, SplitWatch};
 pub use error::{BoxError, Error, Result};
+pub use exchange::archive::{schema_bytes, schema_of};
 pub use exchange::group::aggregate::{Agg, AggKind, Step};
 pub use exchange::join::hash::{Broadcast, Join, JoinHow, Probe, SIDE_TAG};
 pub use exchange::reservation::{FixedPool, MemoryPool, MemoryReservation};

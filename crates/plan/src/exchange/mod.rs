@@ -17,6 +17,7 @@
 //! It imports only `udf` and `error` below it; the planner (`logical`)
 //! names its reducers.
 
+pub(crate) mod archive;
 pub(crate) mod cut;
 pub(crate) mod gather;
 pub(crate) mod group;
@@ -37,7 +38,7 @@ use crate::exchange::group::aggregate::{Agg, Step, aggregate};
 use crate::exchange::sort::sorted::Sorted;
 
 /// How the map side picks each row's destination.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum Cut {
     /// By a hash of the key columns: equal keys (nulls included) meet.
     Hash {
@@ -67,6 +68,7 @@ pub enum Cut {
         /// The key columns.
         keys: Vec<String>,
         /// How they are ordered.
+        #[rkyv(with = archive::SortOrder)]
         order: SortOptions,
     },
 }
@@ -112,7 +114,7 @@ impl Cut {
 }
 
 /// What a reducer makes of its destination's rows.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum Reduce {
     /// The rows in a seeded random order ([`Dataset::random_shuffle`](crate::dataset::Dataset::random_shuffle)).
     Shuffle {
@@ -132,6 +134,7 @@ pub enum Reduce {
         /// The key columns.
         keys: Vec<String>,
         /// How they are ordered.
+        #[rkyv(with = archive::SortOrder)]
         order: SortOptions,
     },
     /// Each group of equal keys as a batch of its own, the groups in key
@@ -155,6 +158,16 @@ pub enum Reduce {
 }
 
 impl Reduce {
+    /// The reduce, checked as its constructors check it: one that
+    /// arrived from a peer is hostile until it is (a join's keys against
+    /// its schemas; the rest holds nothing to check).
+    pub fn checked(self) -> Result<Self> {
+        Ok(match self {
+            Reduce::Join(join) => Reduce::Join(join.checked()?),
+            other => other,
+        })
+    }
+
     /// The operator's name in plans and stats.
     pub fn name(&self) -> &'static str {
         match self {

@@ -1,7 +1,8 @@
-//! Arrow data as it travels in a plan: a batch (a broadcast join's small
-//! side, a sample) or a schema as an Arrow IPC stream, and back, checked
-//! (bytes from a peer are hostile: the IPC reader validates every array,
-//! and a panic of arrow's on malformed input is an error).
+//! A batch as it travels in a plan (a broadcast join's small side, a
+//! sample): an Arrow IPC stream of one batch, and back, checked (bytes from
+//! a peer are hostile: the IPC reader validates every array, and a panic of
+//! arrow's on malformed input is an error). A schema travels as
+//! `streambatch_plan::schema_bytes` writes it.
 
 use streambatch_plan::Error;
 
@@ -33,26 +34,4 @@ pub(super) fn batch_of(bytes: &[u8], what: &str) -> Result<arrow_array::RecordBa
     std::panic::catch_unwind(read)
         .map_err(|_| bad(&"arrow rejected it with a panic"))?
         .map_err(|e| bad(&e))
-}
-
-/// `schema` as an Arrow IPC stream holding no batch.
-pub(super) fn schema_bytes(schema: &arrow_schema::SchemaRef) -> Result<Vec<u8>, Error> {
-    let encode = || {
-        let mut writer = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), schema)?;
-        writer.finish()?;
-        writer.into_inner()
-    };
-    encode().map_err(|e| Error::Invalid(format!("cannot encode the schema {schema}: {e}")))
-}
-
-/// The schema of an IPC stream made by [`schema_bytes`], checked.
-pub(super) fn schema_of(bytes: &[u8]) -> Result<arrow_schema::SchemaRef, Error> {
-    let read = || {
-        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-            .map(|r| r.schema())
-    };
-    // A panic of arrow's on malformed bytes is an error, as in `batch_of`.
-    std::panic::catch_unwind(read)
-        .map_err(|_| Error::Invalid("a schema does not decode: arrow panicked".into()))?
-        .map_err(|e| Error::Invalid(format!("a schema does not decode: {e}")))
 }

@@ -2,7 +2,6 @@
 //! as bytes and validated (bytecheck) by the receiver before use. A payload
 //! that fails validation is dropped with a warning naming its sender.
 
-pub(crate) mod exchange;
 #[cfg(test)]
 mod fuzz;
 pub(crate) mod groups;

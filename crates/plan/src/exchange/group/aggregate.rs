@@ -38,7 +38,7 @@ use crate::exchange::cut::{column_indices, key_rows};
 use crate::exchange::group::packed_keys::packed_keys;
 
 /// What an aggregate computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum AggKind {
     /// Rows in the group.
     Count,
@@ -58,7 +58,7 @@ pub enum AggKind {
 
 /// One aggregate of a [`Dataset::groupby`](crate::dataset::Dataset::groupby): its
 /// output column is named as Ray Data names it (`sum(x)`, `count()`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct Agg {
     /// What it computes.
     pub kind: AggKind,
@@ -328,7 +328,7 @@ fn distinct_sets(
 }
 
 /// Which step of the aggregation a reducer runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum Step {
     /// A map task's rows to partial states.
     Partial,

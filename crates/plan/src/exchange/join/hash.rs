@@ -17,6 +17,7 @@ use arrow_row::Rows;
 use arrow_schema::{Field, Schema, SchemaRef};
 
 use crate::error::{Error, Result};
+use crate::exchange::archive::SchemaAsIpc;
 use crate::exchange::cut::{column_indices, key_rows};
 
 /// The schema metadata key under which a join's inputs are marked: "0"
@@ -24,7 +25,7 @@ use crate::exchange::cut::{column_indices, key_rows};
 pub const SIDE_TAG: &str = "streambatch.join_side";
 
 /// Which rows a join keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum JoinHow {
     /// Each pair of a left and a right row with equal keys.
     Inner,
@@ -91,7 +92,10 @@ impl JoinHow {
 /// the right's where only the right matched), and a right column named as
 /// a left one is renamed `<name>_right`. Semi and anti joins keep the
 /// left's columns only.
-#[derive(Clone, Debug, PartialEq)]
+///
+/// It travels in a plan as rkyv archives it; one that arrives is rebuilt
+/// through [`Join::checked`], as [`Join::new`] builds one.
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct Join {
     /// Which rows it keeps.
     pub how: JoinHow,
@@ -100,8 +104,10 @@ pub struct Join {
     /// The right's, as many, of the same types.
     pub right_on: Vec<String>,
     /// The left input's schema.
+    #[rkyv(with = SchemaAsIpc)]
     pub left: SchemaRef,
     /// The right input's schema.
+    #[rkyv(with = SchemaAsIpc)]
     pub right: SchemaRef,
 }
 
@@ -120,6 +126,21 @@ impl Join {
         left: SchemaRef,
         right: SchemaRef,
     ) -> Result<Self> {
+        Self {
+            how,
+            left_on: left_on.iter().map(|s| s.to_string()).collect(),
+            right_on: right_on.iter().map(|s| s.to_string()).collect(),
+            left,
+            right,
+        }
+        .checked()
+    }
+
+    /// The join, checked as [`Join::new`] checks one (a join that arrived
+    /// from a peer is hostile until it is).
+    pub fn checked(self) -> Result<Self> {
+        let (left_on, right_on, left, right) =
+            (&self.left_on, &self.right_on, &self.left, &self.right);
         if left_on.is_empty() || left_on.len() != right_on.len() {
             return Err(Error::Invalid(format!(
                 "join: {} left keys and {} right keys; give one or more of each, as many",
@@ -140,7 +161,7 @@ impl Join {
                     ))
                 })
             };
-            let (lf, rf) = (field(&left, l, "left")?, field(&right, r, "right")?);
+            let (lf, rf) = (field(left, l, "left")?, field(right, r, "right")?);
             if lf.data_type() != rf.data_type() {
                 return Err(Error::Invalid(format!(
                     "join: the key `{l}` is {} on the left and `{r}` is {} on the right; \
@@ -150,14 +171,7 @@ impl Join {
                 )));
             }
         }
-        let join = Self {
-            how,
-            left_on: left_on.iter().map(|s| s.to_string()).collect(),
-            right_on: right_on.iter().map(|s| s.to_string()).collect(),
-            left,
-            right,
-        };
-        let schema = join.schema();
+        let schema = self.schema();
         let mut names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
@@ -166,7 +180,7 @@ impl Join {
                 w[0]
             )));
         }
-        Ok(join)
+        Ok(self)
     }
 
     /// The right's columns in the output, by position: all but the keys
