@@ -110,3 +110,85 @@ fn a_job_killed_half_way_leaves_no_output_file() {
     assert_eq!(visible.len(), 12);
     assert!(hidden.is_empty(), "{hidden:?}");
 }
+
+/// A write that replaces an earlier one, SIGKILLed in its commit after it
+/// renamed its parts in and before it removed the earlier parts it did
+/// not replace: the directory is never read as a mix of the two. The next
+/// reader finishes the commit from its record (so does the next writer),
+/// and reads the new write whole, byte for byte as a clean run wrote it.
+/// Before the record, the reader got the new write's 4 files and 8 of the
+/// earlier write's.
+#[test]
+fn a_write_killed_mid_commit_is_finished_never_mixed() {
+    let dir = tempfile::tempdir().unwrap();
+    streambatch_bench::make_images(&dir.path().join("images"), 12, 10, 5).unwrap();
+    let earlier = common::preprocess_pipeline(dir.path(), "out");
+    assert!(run(dir.path(), &earlier, "").wait().unwrap().success());
+    assert_eq!(files(&dir.path().join("out")).0.len(), 12);
+    // The next write: 4 other files, so 4 parts where there were 12.
+    streambatch_bench::make_images(&dir.path().join("few"), 4, 10, 9).unwrap();
+    let few = |out: &str| {
+        let text = std::fs::read_to_string(
+            dir.path()
+                .join(common::preprocess_pipeline(dir.path(), out)),
+        )
+        .unwrap()
+        .replace("read_parquet = \"images\"", "read_parquet = \"few\"");
+        let file = format!("{out}-few.toml");
+        std::fs::write(dir.path().join(&file), text).unwrap();
+        file
+    };
+    let clean = few("clean");
+    assert!(run(dir.path(), &clean, "").wait().unwrap().success());
+    let out = dir.path().join("out");
+    let mut job = run(dir.path(), &few("out"), "commit.pause=20000");
+    // Killed once its staging has given up every part (renamed in) and
+    // the pause holds it before the removals.
+    let started = Instant::now();
+    let mut saw_staged = false;
+    loop {
+        let staging = std::fs::read_dir(&out).unwrap().flatten().find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".streambatch-staging-")
+        });
+        if let Some(staging) = staging {
+            let parts = std::fs::read_dir(staging.path())
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .filter(|p| p.file_name().to_string_lossy().starts_with("part-"))
+                        .count()
+                })
+                .unwrap_or(0);
+            saw_staged |= parts == 4;
+            if saw_staged && parts == 0 {
+                break;
+            }
+        }
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the write ended unkilled"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no commit in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    job.kill().unwrap();
+    job.wait().unwrap();
+
+    let ctx = streambatch::Context::with_config(streambatch::NodeConfig {
+        cpus: 2.0,
+        gpus: Some(0.0),
+        ..Default::default()
+    })
+    .unwrap();
+    let read = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    assert_eq!(read.count().unwrap(), 40, "the new write's rows alone");
+    let (expected, _) = files(&dir.path().join("clean"));
+    let (got, hidden) = files(&out);
+    assert!(got == expected, "not the new write's files");
+    assert!(hidden.is_empty(), "{hidden:?}");
+}

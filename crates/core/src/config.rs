@@ -80,7 +80,9 @@ pub struct NodeConfig {
     /// KiB, which a cluster's plan carries; 0 exchanges every join.
     pub broadcast_join_bytes: u64,
     /// Where the store spills partitions. Default: `$TMPDIR/streambatch-spill-UID`
-    /// (one per user: the store refuses a spill directory another user owns).
+    /// (one per user: the store refuses a spill directory another user
+    /// owns), or where another user holds that name, a private one of an
+    /// unpredictable name beside it.
     pub spill_dir: PathBuf,
     /// How often a task that met a system failure (its worker panicked, an
     /// input could not be fetched, the store failed) is retried before the
@@ -148,15 +150,51 @@ const KNOWN_KEYS: [&str; 21] = [
     "metrics_addr",
 ];
 
-/// `streambatch-spill-UID`, UID this process's user (the owner of
-/// `/proc/self`): a name shared by all users would let the first one's
-/// private directory lock the others out.
-fn default_spill_name() -> String {
-    use std::os::unix::fs::MetadataExt;
-    match std::fs::metadata("/proc/self") {
-        Ok(meta) => format!("streambatch-spill-{}", meta.uid()),
-        Err(_) => "streambatch-spill".into(),
+/// The default spill directory: `$TMPDIR/streambatch-spill-UID`, UID this
+/// process's user, kept across runs so that a store can clean what a
+/// crashed one left there. Its name is predictable: where another user
+/// holds it (or it is not private), a node still starts, on a private
+/// directory of an unpredictable name beside it (`...-UID-XXXXXX`, 0700).
+/// Resolved once a process.
+fn default_spill_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = std::env::temp_dir();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        let usual = tmp.join(format!("streambatch-spill-{uid}"));
+        let ours = |meta: &std::fs::Metadata| {
+            meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0
+        };
+        match std::fs::symlink_metadata(&usual) {
+            Ok(meta) if !ours(&meta) => private_dir_beside(&usual).unwrap_or(usual),
+            _ => usual,
+        }
+    })
+    .clone()
+}
+
+/// A new directory `PATH-XXXXXX` (six random letters), made 0700 by this
+/// process: `mkdtemp`, which never opens one that exists.
+fn private_dir_beside(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut template = path.as_os_str().as_bytes().to_vec();
+    template.extend_from_slice(b"-XXXXXX\0");
+    // SAFETY: `template` is a NUL-terminated buffer that mkdtemp rewrites
+    // in place, within its length.
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return None;
     }
+    template.pop();
+    let dir = PathBuf::from(std::ffi::OsStr::from_bytes(&template));
+    tracing::warn!(
+        taken = %path.display(),
+        spill_dir = %dir.display(),
+        "the usual spill directory belongs to another user or is not private; spilling to a private one"
+    );
+    Some(dir)
 }
 
 impl Default for NodeConfig {
@@ -171,7 +209,7 @@ impl Default for NodeConfig {
             store_capacity: default_store_capacity(),
             target_partition_bytes: 64 << 20,
             broadcast_join_bytes: 512 << 10,
-            spill_dir: std::env::temp_dir().join(default_spill_name()),
+            spill_dir: default_spill_dir(),
             max_task_retries: 3,
             retry_user_errors: false,
             max_errored_partitions: 0,

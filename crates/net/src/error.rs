@@ -99,6 +99,15 @@ pub enum FrameError {
         /// Bytes announced.
         expected: u64,
     },
+    /// The peer kept its connection but did not send an announced body
+    /// within its deadline.
+    #[error("{got} of {expected} announced bytes arrived before their deadline")]
+    Stalled {
+        /// Bytes read.
+        got: u64,
+        /// Bytes announced.
+        expected: u64,
+    },
     /// The bytes are not a valid archive of the expected type.
     #[error("malformed frame: {0}")]
     Malformed(String),

@@ -22,11 +22,15 @@
 //! as far as the puller has read plus the stream window (16 MiB), so a slow
 //! reader slows the sender and nothing piles up in between.
 
+use std::sync::Arc;
+
 use quinn::{RecvStream, SendStream};
 use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::endpoint::{Peer, StreamKind};
-use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_bytes, write_frame};
+use crate::frame::{
+    MAX_CONTROL_FRAME, body_within, read_body, read_frame, write_bytes, write_frame,
+};
 use crate::{FrameError, NetError};
 
 /// Where a node runs, as far as sharing memory goes: two nodes share
@@ -251,12 +255,15 @@ impl PartialEq for Fetched {
     }
 }
 
-/// How long a puller waits for the holder's answer (not for the bytes,
-/// which flow control paces).
+/// How long a puller waits for the holder's answer (its bytes then have
+/// [`body_within`] of their length).
 const REPLY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The largest partition a puller accepts over the network.
-pub const MAX_PARTITION_BYTES: u64 = 1 << 40;
+/// The largest partition (or blob: a model sent to the nodes) a puller
+/// accepts over the network; a longer announcement is refused before a
+/// byte of it is read. Not the store's capacity: a partition larger than
+/// the store is legal (it gets a segment of its own, or spills).
+pub const MAX_PARTITION_BYTES: u64 = 64 << 30;
 
 /// Pulls `partition` (only rows `rows` where the holder can cut them
 /// out) from `peer`; `here` says where this node runs.
@@ -472,22 +479,9 @@ async fn read_answer(
             max: MAX_PARTITION_BYTES,
         }));
     }
-    // Room as `fetch` makes it: what arrives, not what the holder announced.
-    let mut bytes = Vec::with_capacity(len.min(1 << 30) as usize);
-    while (bytes.len() as u64) < len {
-        let left = (len - bytes.len() as u64).min(usize::MAX as u64) as usize;
-        let chunk = recv
-            .read_chunk(left, true)
-            .await
-            .map_err(|e| peer.broken(e))?
-            .ok_or_else(|| {
-                frame_error(FrameError::Truncated {
-                    got: bytes.len() as u64,
-                    expected: len,
-                })
-            })?;
-        bytes.extend_from_slice(&chunk.bytes);
-    }
+    let bytes = read_body(recv, len, body_within(len))
+        .await
+        .map_err(frame_error)?;
     let fetched = match alone {
         true => Fetched::Rows(bytes),
         false => Fetched::Bytes(bytes),
@@ -530,7 +524,7 @@ pub async fn serve_fetch(
     peer: &Peer,
     mut send: SendStream,
     mut recv: RecvStream,
-    server: &dyn PartitionServer,
+    server: &Arc<dyn PartitionServer>,
     here: &Locality,
 ) {
     let request = match read_frame::<FetchRequest, _>(&mut recv, MAX_CONTROL_FRAME).await {
@@ -539,10 +533,12 @@ pub async fn serve_fetch(
         Err(e) => return peer.refuse(&e),
     };
     let shares_memory = request.from == *here;
-    let reply = match request.rows {
-        Some(rows) => server.serve_rows(request.partition, rows, shares_memory),
-        None => server.serve(request.partition, shares_memory),
-    };
+    let (partition, rows) = (request.partition, request.rows);
+    let reply = off_runtime(server, move |server| match rows {
+        Some(rows) => server.serve_rows(partition, rows, shares_memory),
+        None => server.serve(partition, shares_memory),
+    })
+    .await;
     let result = async {
         if let Some(pin) = answer(&mut send, reply).await? {
             // The reader maps the bytes where they are: hold them until
@@ -572,7 +568,7 @@ pub async fn serve_fetch_many(
     peer: &Peer,
     mut send: SendStream,
     mut recv: RecvStream,
-    server: &dyn PartitionServer,
+    server: &Arc<dyn PartitionServer>,
     here: &Locality,
 ) {
     let request = match read_frame::<FetchManyRequest, _>(&mut recv, MAX_CONTROL_FRAME).await {
@@ -584,21 +580,28 @@ pub async fn serve_fetch_many(
     let mut pins: Vec<Option<Box<dyn std::any::Any + Send>>> = Vec::new();
     let result = async {
         for part in &request.parts {
+            let partition = part.partition;
+            let serve = move |server: &dyn PartitionServer, rows: Option<RowRange>| match rows {
+                Some(rows) => server.serve_rows(partition, rows, shares_memory),
+                None => server.serve(partition, shares_memory),
+            };
             let served = match part.want {
-                Want::Whole => server.serve(part.partition, shares_memory),
-                Want::Rows(rows) => server.serve_rows(part.partition, rows, shares_memory),
-                Want::Group(group) => match server.group_rows(part.partition, group) {
-                    Ok(rows) => {
-                        let (offset, len) = (rows.offset, rows.len);
-                        write_frame(&mut send, &FetchReply::Group { offset, len }).await?;
-                        server.serve_rows(part.partition, rows, shares_memory)
+                Want::Whole => off_runtime(server, move |s| serve(s, None)).await,
+                Want::Rows(rows) => off_runtime(server, move |s| serve(s, Some(rows))).await,
+                Want::Group(group) => {
+                    match off_runtime(server, move |s| s.group_rows(partition, group)).await {
+                        Ok(rows) => {
+                            let (offset, len) = (rows.offset, rows.len);
+                            write_frame(&mut send, &FetchReply::Group { offset, len }).await?;
+                            off_runtime(server, move |s| serve(s, Some(rows))).await
+                        }
+                        Err(message) => Err(message),
                     }
-                    Err(message) => Err(message),
-                },
-                Want::WithCut => match server.cut(part.partition) {
+                }
+                Want::WithCut => match off_runtime(server, move |s| s.cut(partition)).await {
                     Ok(starts) => {
                         write_frame(&mut send, &FetchReply::Cut { starts }).await?;
-                        server.serve(part.partition, shares_memory)
+                        off_runtime(server, move |s| serve(s, None)).await
                     }
                     Err(message) => Err(message),
                 },
@@ -631,6 +634,20 @@ pub async fn serve_fetch_many(
             tracing::debug!(target: "streambatch::serve", peer, parts, %error, "fetch not completed")
         }
     }
+}
+
+/// Runs one call of the partition server on tokio's blocking pool: it may
+/// restore a spilled partition from disk or encode one, which on the
+/// node's async runtime would stall its actor sessions and keep-alives
+/// (many reducers pulling spilled outputs would make the node look lost).
+async fn off_runtime<T: Send + 'static>(
+    server: &Arc<dyn PartitionServer>,
+    call: impl FnOnce(&dyn PartitionServer) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || call(server.as_ref()))
+        .await
+        .unwrap_or_else(|e| Err(format!("serving it failed: {e}")))
 }
 
 /// Writes the answer for one partition, and its bytes. A partition served

@@ -9,6 +9,8 @@ use rkyv::rancor;
 use rkyv::ser::allocator::ArenaHandle;
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
+use std::time::Duration;
+
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::FrameError;
@@ -105,4 +107,141 @@ where
         }
     }
     decode(&body).map(Some)
+}
+
+/// The room made for a body before its bytes arrive: a partition of the
+/// usual size (the default target) is read straight into its buffer; a
+/// larger one grows as its bytes come, so an announced length alone cannot
+/// make a node allocate more than this.
+pub const ROOM_UP_FRONT: u64 = 64 << 20;
+
+/// How long a whole body of `len` bytes may take to arrive: half a minute,
+/// and a second more per 8 MiB. A peer that keeps its connection alive but
+/// stops sending (or trickles) fails the read rather than hang it.
+pub fn body_within(len: u64) -> Duration {
+    Duration::from_secs(30 + len / (8 << 20))
+}
+
+/// Reads the `len` bytes a frame announced, within `within`: room up to
+/// [`ROOM_UP_FRONT`] at once, more only as bytes arrive.
+pub async fn read_body<R: AsyncRead + Unpin>(
+    input: &mut R,
+    len: u64,
+    within: Duration,
+) -> Result<Vec<u8>, FrameError> {
+    let mut body = Vec::with_capacity(len.min(ROOM_UP_FRONT) as usize);
+    let read = async {
+        while (body.len() as u64) < len {
+            let left = len - body.len() as u64;
+            if body.capacity() == body.len() {
+                body.reserve(left.min(body.len().max(1 << 20) as u64) as usize);
+            }
+            let room = (body.capacity() - body.len()).min(left as usize);
+            let mut chunk = (&mut *input).take(room as u64);
+            if chunk.read_buf(&mut body).await? == 0 {
+                return Err(FrameError::Truncated {
+                    got: body.len() as u64,
+                    expected: len,
+                });
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(read) => read.map(|()| body),
+        Err(_) => Err(FrameError::Stalled {
+            got: body.len() as u64,
+            expected: len,
+        }),
+    }
+}
+
+/// Fills `buf` with the body a frame announced, within `within` (the
+/// caller made its room, at most [`ROOM_UP_FRONT`]).
+pub async fn read_body_into<R: AsyncRead + Unpin>(
+    input: &mut R,
+    buf: &mut [u8],
+    within: Duration,
+) -> Result<(), FrameError> {
+    let expected = buf.len() as u64;
+    let mut got = 0;
+    let read = async {
+        while got < buf.len() {
+            match input.read(&mut buf[got..]).await? {
+                0 => {
+                    return Err(FrameError::Truncated {
+                        got: got as u64,
+                        expected,
+                    });
+                }
+                n => got += n,
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(within, read).await {
+        Ok(read) => read,
+        Err(_) => Err(FrameError::Stalled {
+            got: got as u64,
+            expected,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that announced a body, sent part of it and then went quiet
+    /// with its stream open: the read ends at its deadline.
+    #[tokio::test]
+    async fn a_body_that_stops_coming_fails_at_its_deadline() {
+        let (mut peer, mut us) = tokio::io::duplex(1 << 16);
+        peer.write_all(&[7u8; 100]).await.unwrap();
+        let within = Duration::from_millis(200);
+        let err = read_body(&mut us, 1 << 40, within).await.unwrap_err();
+        assert!(
+            matches!(err, FrameError::Stalled { got: 100, expected, .. } if expected == 1 << 40),
+            "{err}"
+        );
+        let mut buf = vec![0u8; 1000];
+        peer.write_all(&[1u8; 10]).await.unwrap();
+        let err = read_body_into(&mut us, &mut buf, within).await.unwrap_err();
+        assert!(matches!(err, FrameError::Stalled { got: 10, .. }), "{err}");
+        drop(peer);
+    }
+
+    /// An announced length makes no room beyond what arrives (past the
+    /// first [`ROOM_UP_FRONT`]); a stream that ends early is torn, not
+    /// padded.
+    #[tokio::test]
+    async fn room_grows_with_the_bytes_that_arrive() {
+        let (mut peer, mut us) = tokio::io::duplex(1 << 20);
+        let sent: Vec<u8> = (0..(3u32 << 20)).map(|i| i as u8).collect();
+        let writer = {
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                peer.write_all(&sent).await.unwrap();
+            })
+        };
+        let body = read_body(&mut us, sent.len() as u64, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(body, sent);
+        writer.await.unwrap();
+        // 3 MiB come of the 1 TiB announced: room for all of it up front
+        // would abort the process here.
+        let (mut peer, mut us) = tokio::io::duplex(1 << 20);
+        let writer = tokio::spawn(async move {
+            peer.write_all(&vec![0u8; 3 << 20]).await.unwrap();
+        });
+        let err = read_body(&mut us, 1 << 40, Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        writer.await.unwrap();
+        assert!(
+            matches!(err, FrameError::Truncated { got, .. } if got == 3 << 20),
+            "{err}"
+        );
+    }
 }

@@ -31,7 +31,10 @@ use tokio::sync::mpsc;
 
 use crate::endpoint::{Peer, StreamKind};
 use crate::fetch::{Locality, MAX_PARTITION_BYTES, Served};
-use crate::frame::{MAX_CONTROL_FRAME, read_frame, write_bytes, write_frame};
+use crate::frame::{
+    MAX_CONTROL_FRAME, ROOM_UP_FRONT, body_within, read_body, read_body_into, read_frame,
+    write_bytes, write_frame,
+};
 use crate::{FrameError, NetError};
 
 /// A trainer's first frame: which rank of which split, for which epoch.
@@ -143,6 +146,13 @@ pub trait ServedEpoch: Send + 'static {
     /// The trainer left before the end of the epoch, as `reason` says
     /// (pieces sent but not confirmed did not reach it).
     fn lost(self: Box<Self>, reason: String);
+    /// How long the trainer may go without a frame while it holds what it
+    /// was sent before it counts as stalled.
+    fn stall_limit(&self) -> std::time::Duration;
+    /// The trainer, alive, asked for nothing within [`stall_limit`](ServedEpoch::stall_limit),
+    /// as `reason` says: it leaves the epoch, and what it was sent but did
+    /// not confirm is not given to another (it may still read it).
+    fn stalled(self: Box<Self>, reason: String);
     /// Counts batches the trainer's consumer got (`n` more), for as long
     /// as the stream lives: reports may come after the epoch's end.
     fn batch_counter(&self) -> Box<dyn Fn(u64) + Send>;
@@ -186,7 +196,29 @@ pub async fn serve_split(
     // may say it could not fetch).
     let mut last_fetch: Option<u64> = None;
     loop {
-        let frame = match read_frame::<ToServer, _>(&mut recv, MAX_CONTROL_FRAME).await {
+        // A trainer holding rows (its epoch not ended) must ask again
+        // within the stall limit.
+        let limit = serving.as_ref().map(|epoch| epoch.stall_limit());
+        let read = read_frame::<ToServer, _>(&mut recv, MAX_CONTROL_FRAME);
+        let read = match limit {
+            Some(limit) => match tokio::time::timeout(limit, read).await {
+                Ok(read) => read,
+                Err(_) => {
+                    let message = format!(
+                        "rank {} stalled: it asked for nothing for {} s while it held rows",
+                        open.rank,
+                        limit.as_secs()
+                    );
+                    if let Some(epoch) = serving.take() {
+                        epoch.stalled(message.clone());
+                    }
+                    let _ = write_frame(&mut send, &ToTrainer::Failed { message }).await;
+                    break;
+                }
+            },
+            None => read.await,
+        };
+        let frame = match read {
             Ok(Some(frame)) => frame,
             Ok(None) => {
                 lose(&mut serving, "it closed its stream before the end".into());
@@ -282,7 +314,14 @@ pub async fn serve_split(
                 last_fetch = Some(piece);
                 write_frame(&mut send, &ToTrainer::Fetch { piece, from }).await
             }
-            Some(Err(message)) => write_frame(&mut send, &ToTrainer::Failed { message }).await,
+            Some(Err(message)) => {
+                // The epoch's rows the server had taken for this piece go
+                // back to the others (the stream's own error, or this
+                // piece that could not be served).
+                epoch.lost(format!("its piece could not be served: {message}"));
+                let _ = write_frame(&mut send, &ToTrainer::Failed { message }).await;
+                break;
+            }
             None => write_frame(&mut send, &ToTrainer::End).await,
         };
         serving = (!ended).then_some(epoch);
@@ -524,16 +563,23 @@ impl SplitReader {
                 }))
             }
             ToTrainer::Bytes { len, .. } => {
-                let mut bytes = alloc(len as usize);
-                self.recv.read_exact(&mut bytes).await.map_err(|e| {
-                    frame_error(FrameError::Truncated {
-                        got: match e {
-                            quinn::ReadExactError::FinishedEarly(got) => got as u64,
-                            quinn::ReadExactError::ReadError(_) => 0,
-                        },
-                        expected: len,
-                    })
-                })?;
+                let within = body_within(len);
+                let bytes = if len <= ROOM_UP_FRONT {
+                    let mut bytes = alloc(len as usize);
+                    read_body_into(&mut self.recv, &mut bytes, within)
+                        .await
+                        .map_err(frame_error)?;
+                    bytes
+                } else {
+                    // Room grows with what arrives; the trainer's own
+                    // buffer is made once all of it has.
+                    let read = read_body(&mut self.recv, len, within)
+                        .await
+                        .map_err(frame_error)?;
+                    let mut bytes = alloc(read.len());
+                    bytes.copy_from_slice(&read);
+                    bytes
+                };
                 Ok(Some(Piece::Bytes(bytes)))
             }
             ToTrainer::End => {

@@ -292,21 +292,15 @@ pub(crate) fn peer_name(connection: &quinn::Connection) -> Option<String> {
     common_name(chain.first()?)
 }
 
-/// Reads the subject's common name out of a DER certificate; a small DER
-/// walk so as not to pull in an X.509 parser for one string.
+/// The subject's common name, parsed as X.509: the one name in the
+/// certificate's subject, never a commonName OID found elsewhere in the DER
+/// (an extension, the issuer). A subject with no common name, or with two,
+/// names no node.
 fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
-    // The OID 2.5.4.3 (commonName) followed by a string of any kind.
-    const CN: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x03];
-    let der = cert.as_ref();
-    // The issuer's name comes first in the certificate, the subject's after:
-    // take the last common name.
-    let at = der.windows(CN.len()).rposition(|w| w == CN)? + CN.len();
-    let len = *der.get(at + 1)? as usize;
-    if len >= 0x80 {
-        return None;
-    }
-    let bytes = der.get(at + 2..at + 2 + len)?;
-    String::from_utf8(bytes.to_vec()).ok()
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let mut names = parsed.subject().iter_common_name();
+    let name = names.next()?.as_str().ok()?.to_string();
+    names.next().is_none().then_some(name)
 }
 
 #[cfg(test)]
@@ -336,6 +330,38 @@ mod tests {
             err.contains("worker-1.key") && err.contains("chmod 600"),
             "{err}"
         );
+    }
+
+    /// A certificate whose extension carries the bytes of a commonName
+    /// attribute: the DER walk this replaced read "admin" from it.
+    #[test]
+    fn the_name_comes_from_the_subject_not_an_extension() {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.distinguished_name.push(DnType::CommonName, "ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![SERVER_NAME.to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "worker-1");
+        // OID 2.5.4.3, then a UTF8String "admin".
+        let smuggled = [
+            0x06, 0x03, 0x55, 0x04, 0x03, 0x0c, 0x05, b'a', b'd', b'm', b'i', b'n',
+        ];
+        params
+            .custom_extensions
+            .push(rcgen::CustomExtension::from_oid_content(
+                &[1, 3, 6, 1, 4, 1, 99999, 1],
+                smuggled.to_vec(),
+            ));
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        assert_eq!(common_name(cert.der()).as_deref(), Some("worker-1"));
+        // A torn certificate names no node.
+        let mut der = cert.der().to_vec();
+        der.truncate(der.len() / 2);
+        assert_eq!(common_name(&CertificateDer::from(der)), None);
     }
 
     #[test]

@@ -318,14 +318,14 @@ impl Transport {
                     StreamKind::Fetch => {
                         let (peer, inner) = (peer.clone(), inner.clone());
                         tokio::spawn(async move {
-                            let server = inner.partitions.as_ref();
+                            let server = &inner.partitions;
                             fetch::serve_fetch(&peer, send, recv, server, &inner.here).await;
                         });
                     }
                     StreamKind::FetchMany => {
                         let (peer, inner) = (peer.clone(), inner.clone());
                         tokio::spawn(async move {
-                            let server = inner.partitions.as_ref();
+                            let server = &inner.partitions;
                             fetch::serve_fetch_many(&peer, send, recv, server, &inner.here).await;
                         });
                     }

@@ -19,8 +19,9 @@ use streambatch_net::{
 /// What the driver's side saw, in order.
 type Log = Arc<Mutex<Vec<String>>>;
 
-/// Serves one epoch: a piece to fetch, then the end.
-struct OneFetch(Log);
+/// Serves one epoch: a piece to fetch, then the end; a trainer holding it
+/// stalls after the time given.
+struct OneFetch(Log, Duration);
 
 fn from() -> FetchFrom {
     FetchFrom {
@@ -50,6 +51,7 @@ impl SplitServer for OneFetch {
         Ok(Box::new(Epoch {
             log: self.0.clone(),
             sent: false,
+            stall: self.1,
         }))
     }
 }
@@ -57,6 +59,7 @@ impl SplitServer for OneFetch {
 struct Epoch {
     log: Log,
     sent: bool,
+    stall: Duration,
 }
 
 impl Epoch {
@@ -86,6 +89,14 @@ impl ServedEpoch for Epoch {
         self.note(format!("lost: {reason}"));
     }
 
+    fn stall_limit(&self) -> Duration {
+        self.stall
+    }
+
+    fn stalled(self: Box<Self>, reason: String) {
+        self.note(format!("stalled: {reason}"));
+    }
+
     fn batch_counter(&self) -> Box<dyn Fn(u64) + Send> {
         Box::new(|_| {})
     }
@@ -93,12 +104,17 @@ impl ServedEpoch for Epoch {
 
 /// A driver serving [`OneFetch`] and a trainer connected to it.
 async fn connected() -> (Peer, Log, tempfile::TempDir) {
+    connected_stalling_after(Duration::from_secs(600)).await
+}
+
+/// [`connected`], a trainer stalled once it held its piece for `stall`.
+async fn connected_stalling_after(stall: Duration) -> (Peer, Log, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     init_cluster(dir.path(), &["driver", "trainer"]).unwrap();
     let identity = |name| Identity::load(&TlsFiles::in_dir(dir.path(), name)).unwrap();
     let driver = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &identity("driver")).unwrap();
     let log = Log::default();
-    let server = Arc::new(OneFetch(log.clone()));
+    let server = Arc::new(OneFetch(log.clone(), stall));
     let serving = driver.clone();
     tokio::spawn(async move {
         while let Some(incoming) = serving.incoming().await {
@@ -216,4 +232,32 @@ async fn saying_fetched_twice_breaks_the_protocol() {
         "{seen:?}"
     );
     assert!(reader.next(|n| vec![0; n]).await.is_err(), "answered after");
+}
+
+/// A trainer that holds its piece and asks for nothing more (alive, stuck)
+/// is declared stalled at the limit: the driver's side hears it (and gives
+/// its rows to the others), and the trainer's next ask gets an error
+/// naming the stall instead of rows.
+#[tokio::test]
+async fn a_trainer_that_stops_asking_is_stalled_at_the_limit() {
+    let (peer, log, _dir) = connected_stalling_after(Duration::from_millis(300)).await;
+    let mut reader = open_split(&peer, 1, 0, 0, &here()).await.unwrap();
+    let Some(Piece::Fetch { .. }) = reader.next(|n| vec![0; n]).await.unwrap() else {
+        panic!("not a piece to fetch");
+    };
+    let seen = noted(&log, "stalled").await;
+    assert!(
+        seen.iter().any(|s| s.contains("asked for nothing")),
+        "{seen:?}"
+    );
+    assert!(!seen.iter().any(|s| s.starts_with("lost")), "{seen:?}");
+    let err = reader
+        .next(|n| vec![0; n])
+        .await
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("stalled")),
+        "{err:?}"
+    );
 }

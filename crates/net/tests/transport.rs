@@ -623,3 +623,83 @@ async fn a_listener_added_late_counts_the_sessions_opened_before_it() {
     assert_eq!(wait(lost.recv()).await.unwrap(), "worker-1");
     head.stop();
 }
+
+/// Serves a partition only after blocking its thread for a while, as a
+/// restore of a spilled partition from a slow disk does.
+struct SlowDisk(Duration);
+
+impl PartitionServer for SlowDisk {
+    fn serve(&self, _: u64, _: bool) -> Result<Served, String> {
+        std::thread::sleep(self.0);
+        Ok(Served::Bytes(Box::new(expected())))
+    }
+}
+
+/// A holder on a one-thread runtime (a node's small async runtime) serving
+/// partitions whose restore blocks for twice the peer timeout each: its
+/// keep-alives and actor sessions go on, so the puller gets every
+/// partition and never counts the holder lost. Served on the runtime, the
+/// restores stalled it and the connection timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_restores_do_not_make_a_holder_look_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    init_cluster(&tls, &["head", "worker-1"]).unwrap();
+    let timeout = Duration::from_millis(400);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder_tls = tls.clone();
+    let holder = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let endpoint = Endpoint::bind_with_timeout(
+                "127.0.0.1:0".parse().unwrap(),
+                &identity(&holder_tls, "head"),
+                timeout,
+            )
+            .unwrap();
+            let server = Arc::new(SlowDisk(timeout * 2));
+            let here = Locality::here(Path::new("/store/head"));
+            let head = Transport::start("head", endpoint, server, here, None)
+                .await
+                .unwrap();
+            addr_tx.send(head.local_addr()).unwrap();
+            let _ = stop_rx.await;
+            head.stop();
+        });
+    });
+    let endpoint = Endpoint::bind_with_timeout(
+        "127.0.0.1:0".parse().unwrap(),
+        &identity(&tls, "worker-1"),
+        timeout,
+    )
+    .unwrap();
+    let here = Locality::here(Path::new("/store/worker"));
+    let worker = Transport::start(
+        "worker-1",
+        endpoint,
+        Arc::new(SlowDisk(timeout)),
+        here,
+        None,
+    )
+    .await
+    .unwrap();
+    let mut lost = losses(&worker);
+    worker.join(addr_rx.recv().unwrap()).await.unwrap();
+    let fetches = tokio::join!(
+        worker.fetch("head", 7),
+        worker.fetch("head", 7),
+        worker.fetch("head", 7),
+        worker.fetch("head", 7)
+    );
+    for got in [fetches.0, fetches.1, fetches.2, fetches.3] {
+        assert_eq!(got.unwrap(), Fetched::Bytes(expected()));
+    }
+    assert!(lost.try_recv().is_err(), "the holder was counted lost");
+    stop_tx.send(()).unwrap();
+    holder.join().unwrap();
+    worker.stop();
+}

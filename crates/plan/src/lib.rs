@@ -70,7 +70,7 @@ pub use stats::{
     OperatorStats, PauseCause, Pauses, RankStats, RankWait, Recovery, StoreSample, Wait, WaitSpan,
 };
 pub use train::batching::{BatchOptions, Batches, Collate, Prefetched, counted};
-pub use train::split::{BatchCount, EpochStream, LostRank, Split, SplitOptions};
+pub use train::split::{BatchCount, Confirmer, EpochStream, LostRank, Split, SplitOptions};
 pub use udf::blob::Blob;
 pub use udf::expr::{BinaryOp, Expr, Literal, col, lit};
 pub use udf::recipe::{Named, Registry, UdfFactory};

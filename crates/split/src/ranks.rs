@@ -100,14 +100,35 @@ struct RankEpoch {
 
 impl Drop for RankEpoch {
     fn drop(&mut self) {
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        // Dropped before its end without `lost` (the pull panicked, a
+        // piece could not be served): what it had sent but not had
+        // confirmed goes back, so that no row is lost and no rank waits
+        // for it.
+        let unconfirmed = std::mem::take(&mut self.unconfirmed);
+        let end = move || {
+            if !stream.is_done() || !unconfirmed.is_empty() {
+                give_back(&stream, unconfirmed);
+                stream.lose("its stream on the service ended before the epoch did");
+            }
+        };
         // Dropped on a runtime thread (the service stopping mid-epoch), a
         // stream's last reference to an embedded node must go elsewhere
         // (see `SplitService`'s drop).
-        if let Some(stream) = self.stream.take()
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
-            std::thread::spawn(move || drop(stream));
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => drop(std::thread::spawn(end)),
+            Err(_) => end(),
         }
+    }
+}
+
+/// Hands `unconfirmed` (oldest first) back to the split, in their order,
+/// for whoever asks next.
+fn give_back(stream: &EpochStream, unconfirmed: Vec<Piece>) {
+    for piece in unconfirmed.into_iter().rev() {
+        stream.give_back(piece);
     }
 }
 
@@ -167,11 +188,26 @@ impl ServedEpoch for RankEpoch {
         let Some(stream) = self.stream.take() else {
             return;
         };
-        // Back in their order, for whoever asks next.
-        for batch in self.unconfirmed.drain(..).rev() {
-            stream.give_back(batch);
-        }
+        give_back(&stream, std::mem::take(&mut self.unconfirmed));
         tracing::warn!(%reason, "a split's trainer was lost");
+        stream.lose(reason);
+    }
+
+    fn stall_limit(&self) -> std::time::Duration {
+        self.stream.as_ref().map_or(
+            std::time::Duration::MAX,
+            EpochStream::stalled_trainer_timeout,
+        )
+    }
+
+    fn stalled(mut self: Box<Self>, reason: String) {
+        let Some(stream) = self.stream.take() else {
+            return;
+        };
+        // Sent to a trainer that is alive but stuck: it may still read
+        // them, so they are not given to another (they are counted lost).
+        self.unconfirmed.clear();
+        tracing::warn!(%reason, "a split's trainer stalled; its rows go to the others");
         stream.lose(reason);
     }
 }

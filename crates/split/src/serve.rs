@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use streambatch_core::NodeConfig;
 use streambatch_net::split::serve_split;
 use streambatch_net::{Endpoint, Identity, StreamKind, TlsFiles, handshake};
 use streambatch_plan::{Error, Result, Split};
@@ -61,9 +62,11 @@ impl SplitService {
                 ranks: splits.len(),
             })
             .collect();
-        let spill = std::env::temp_dir().join(format!("sb-split-{}", std::process::id()));
-        let pieces = SharedStore::open(StoreConfig::new(PIECES_STORE_BYTES, spill))
-            .map_err(|e| failed(&e))?;
+        // Under the node's spill directory (private, its name taken by
+        // no other user), in a store directory of its own.
+        let mut pieces = StoreConfig::new(PIECES_STORE_BYTES, NodeConfig::default().spill_dir);
+        pieces.namespace = "split".into();
+        let pieces = SharedStore::open(pieces).map_err(|e| failed(&e))?;
         let ranks = Arc::new(Ranks::new(service, splits, pieces));
         runtime.spawn(accept(endpoint.clone(), ranks.clone()));
         let flight_listen = SocketAddr::new(listen.ip(), 0);

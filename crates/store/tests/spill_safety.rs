@@ -242,3 +242,44 @@ fn leftovers_of_a_dead_process_with_this_pid_do_not_stop_a_spill() {
         .count();
     assert_eq!(left, 0, "leftovers of a dead process with this pid stay");
 }
+
+/// Stores of a process in another pid namespace (a container sharing the
+/// spill disk): its pid means nothing here, so neither the same pid with
+/// another start time nor a pid absent from this /proc makes it dead.
+#[test]
+fn a_store_of_another_pid_namespace_is_never_taken_for_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).unwrap();
+    set_mode(&spill, 0o700);
+    let pid = std::process::id();
+    let theirs = [
+        format!("sb-pidns-{pid}-1n1-0"),
+        format!("sb-pidns-{}-1n1-0", u32::MAX - 1),
+    ];
+    // And one of this namespace whose process is dead: it goes.
+    let here = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let ns: u64 = here.to_string_lossy()[5..]
+        .trim_end_matches(']')
+        .parse()
+        .unwrap();
+    let dead_here = format!("sb-pidns-{}-1n{ns:x}-0", u32::MAX - 1);
+    for name in theirs.iter().chain([&dead_here]) {
+        std::fs::create_dir(spill.join(name)).unwrap();
+        set_mode(&spill.join(name), 0o700);
+    }
+    let mut config = StoreConfig::new(64 << 10, &spill);
+    config.namespace = "pidns".into();
+    let store = SharedStore::open(config).unwrap();
+    for name in &theirs {
+        assert!(
+            spill.join(name).exists(),
+            "{name}: a live store of another namespace was removed"
+        );
+    }
+    assert!(
+        !spill.join(&dead_here).exists(),
+        "a dead store of this namespace stays"
+    );
+    drop(store);
+}

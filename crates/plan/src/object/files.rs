@@ -193,10 +193,22 @@ pub(crate) fn expand_url(pattern: &str) -> Result<Vec<PathBuf>> {
                 require_literal_separator: true,
                 ..Default::default()
             };
-            list(&object, prefix, true)?
+            let listed = list(&object, prefix, true)?;
+            let (mut keys, others): (Vec<String>, Vec<String>) = listed
                 .into_iter()
-                .filter(|k| matcher.matches_with(k, within_folders))
-                .collect()
+                .partition(|k| matcher.matches_with(k, within_folders));
+            // The manifests of the matches' folders too (a glob for
+            // `*.parquet` does not match one): the matches must honour
+            // them; hidden, they are left out below.
+            let folder = |key: &str| key.rsplit_once('/').map_or("", |(f, _)| f).to_string();
+            let folders: std::collections::HashSet<String> =
+                keys.iter().map(|k| folder(k)).collect();
+            keys.extend(
+                others
+                    .into_iter()
+                    .filter(|k| manifest::is_manifest(k) && folders.contains(&folder(k))),
+            );
+            keys
         }
         // A bucket's URL ending in `/` names a folder: no request for an
         // object (an HTTP server has no listing).

@@ -22,6 +22,12 @@ fn extension_of(name: &str) -> Option<&str> {
         .strip_suffix(".json")
 }
 
+/// Whether `key`'s last part names a write manifest.
+pub(crate) fn is_manifest(key: &str) -> bool {
+    let name = key.rsplit_once('/').map_or(key, |(_, name)| name);
+    extension_of(name).is_some()
+}
+
 /// Whether `name` is a write's part file with `extension`.
 pub(crate) fn is_part(name: &str, extension: &str) -> bool {
     name.starts_with("part-")

@@ -225,6 +225,8 @@ pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
         return crate::object::files::expand_url(url);
     }
     let mut files = if path.is_dir() {
+        // A write's commit cut short is finished first: never half of it.
+        crate::object::local_commit::settle(path, true)?;
         let entries = std::fs::read_dir(path).map_err(|e| Error::io("listing", path, e))?;
         entries
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -235,10 +237,27 @@ pub fn expand_paths(pattern: &str) -> Result<Vec<PathBuf>> {
     } else {
         let paths =
             glob::glob(pattern).map_err(|e| Error::Invalid(format!("bad glob {pattern}: {e}")))?;
-        paths
+        let files: Vec<PathBuf> = paths
             .filter_map(|p| p.ok())
             .filter(|p| p.is_file())
-            .collect()
+            .collect();
+        let folders: std::collections::BTreeSet<&Path> =
+            files.iter().filter_map(|f| f.parent()).collect();
+        let mut finished = false;
+        for folder in &folders {
+            finished |= crate::object::local_commit::settle(folder, true)?;
+        }
+        if finished {
+            // Listed again: finishing a commit moved and removed parts.
+            let paths = glob::glob(pattern)
+                .map_err(|e| Error::Invalid(format!("bad glob {pattern}: {e}")))?;
+            paths
+                .filter_map(|p| p.ok())
+                .filter(|p| p.is_file())
+                .collect()
+        } else {
+            files
+        }
     };
     if files.is_empty() {
         return Err(Error::NoFiles {

@@ -21,6 +21,7 @@ use streambatch_core::TaskId;
 
 use crate::error::{Error, Result};
 use crate::object::files::url_of;
+use crate::object::local_commit;
 use crate::udf::BatchIter;
 
 mod dictionary;
@@ -288,14 +289,13 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
         abort_staging(staging);
         return Err(err);
     }
+    // A commit a killed writer left cut short is finished, not undone.
+    if let Err(e) = local_commit::settle(dir, false).map(drop) {
+        abort_staging(staging);
+        return Err(e);
+    }
     remove_abandoned(dir);
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let path = dir.join(format!(
-        ".streambatch-staging-{}-{stamp:x}",
-        std::process::id()
-    ));
+    let path = dir.join(local_commit::staging_name());
     let staging = Staging { path, ..staging };
     if let Err(e) = std::fs::create_dir(&staging.path) {
         let err = Error::io("creating", &staging.path, e);
@@ -340,16 +340,7 @@ fn remove_abandoned(dir: &Path) {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let pid = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(".streambatch-staging-"))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok());
-        let dead = pid.is_some_and(|pid| {
-            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
-        });
-        if dead {
+        if local_commit::writer_is_dead(&entry.file_name().to_string_lossy()) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
@@ -372,9 +363,11 @@ pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathB
     committed
 }
 
-/// Renames the staged files in (replacing earlier parts of the same name),
-/// then removes the earlier parts not replaced: a failure part way loses
-/// no file of either write. The staged files were synced when written;
+/// Records what it will do (`local_commit::begin`), renames the staged
+/// files in (replacing earlier parts of the same name), then removes the
+/// earlier parts not replaced: a failure part way loses no file of either
+/// write, and a kill part way leaves the record, from which the next
+/// reader or writer of the directory finishes it. The staged files were synced when written;
 /// the directory is synced after the renames, so that a power loss cannot
 /// leave the old parts removed but the new names not yet on disk, and
 /// after the removals, so that the write is on disk when it returns.
@@ -396,6 +389,9 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     if let (true, Some(empty)) = (staged.is_empty(), empty) {
         staged.push((empty, format!("part-000000.{extension}")));
     }
+    // From here a kill leaves the commit to be finished by the next
+    // reader or writer of the directory.
+    local_commit::begin(path, extension, &staged)?;
     let mut committed = Vec::new();
     for (from, name) in &staged {
         let target = dir.join(name);
@@ -406,6 +402,8 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
         durable::sync_dir(dir)?;
         sync_made_dirs(staging)?;
     }
+    #[cfg(feature = "failpoints")]
+    commit_pause();
     let mut removed = false;
     for old in std::fs::read_dir(dir)
         .map_err(|e| Error::io("listing", dir, e))?
@@ -424,6 +422,20 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     }
     committed.sort();
     Ok(committed)
+}
+
+/// Sleeps as `SB_FAILPOINTS=commit.pause=MS` says, between a commit's
+/// renames and its removals: where a kill would mix two writes but for
+/// the commit's record.
+#[cfg(feature = "failpoints")]
+fn commit_pause() {
+    let spec = std::env::var("SB_FAILPOINTS").unwrap_or_default();
+    let ms = spec
+        .split(';')
+        .find_map(|f| f.strip_prefix("commit.pause=")?.parse().ok());
+    if let Some(ms) = ms {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// Syncs the parents of the directories this write made on the way to its

@@ -3,7 +3,7 @@
 //! Object stores have no rename, so:
 //!
 //! - Tasks upload their parts into a staging folder inside the output,
-//!   `.streambatch-staging-<pid>-<id>-<host>/` (the leading `.` hides it
+//!   `.streambatch-staging-<pid>-<id>n<pid namespace>-<host>/` (the leading `.` hides it
 //!   from readers: streambatch, Spark, pyarrow and Ray Data skip names
 //!   starting with `.` or `_`). A retried task uploads the same name again.
 //! - When the job has succeeded, the store copies each part to
@@ -14,7 +14,8 @@
 //!   that format and the staging folder go.
 //! - When the job fails, the staging folder goes; a writer killed before
 //!   its end leaves it, and the next write into the folder from the same
-//!   host removes it (its process is gone).
+//!   host and pid namespace removes it (its process is gone; a process of
+//!   another namespace cannot tell, so it leaves it).
 //!
 //! What a reader of the bucket sees: until the commit, the output as it
 //! was. Readers here honour the manifest, so they switch from the earlier
@@ -41,7 +42,12 @@ pub(super) fn create(dir: &Path) -> Result<Staging> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    let name = format!("{STAGING}{}-{stamp:x}-{}", std::process::id(), host());
+    let name = format!(
+        "{STAGING}{}-{stamp:x}n{:x}-{}",
+        std::process::id(),
+        streambatch_core::pid_namespace(),
+        host()
+    );
     Ok(Staging {
         path: dir.join(name),
         dir: dir.to_path_buf(),
@@ -75,10 +81,17 @@ fn remove_abandoned(url: &str) -> Result<()> {
         };
         let mut fields = rest.splitn(3, '-');
         let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
-        let (Some(pid), Some(_), Some(host)) = (pid, fields.next(), fields.next()) else {
+        let (Some(pid), Some(stamp), Some(host)) = (pid, fields.next(), fields.next()) else {
             continue;
         };
-        let dead = host == here && pid != me && !Path::new(&format!("/proc/{pid}")).exists();
+        // A name of an older build, without its namespace, is of this one.
+        let namespace = match stamp.split_once('n') {
+            Some((_, ns)) => u64::from_str_radix(ns, 16).ok(),
+            None => Some(streambatch_core::pid_namespace()),
+        };
+        let dead = host == here
+            && pid != me
+            && namespace.is_some_and(|ns| !streambatch_core::may_be_alive(pid, ns));
         if dead {
             remove_all(&join(url, &folder))?;
         }

@@ -609,6 +609,13 @@ pub struct RankStats {
     /// Time what it took had waited for it in the split's buffer, summed
     /// over its pieces: the job's output waiting for this trainer.
     pub data_waited: Duration,
+    /// Rows forwarded to its process that it may never have read, and
+    /// that no other rank got: in flight when its trainer stalled past
+    /// [`SplitOptions::stalled_trainer_timeout`](crate::SplitOptions::stalled_trainer_timeout),
+    /// or when a Flight client that does not confirm (see the README) left
+    /// after gRPC had taken them. Rows a lost trainer had not been sent go
+    /// to the others and are not counted here.
+    pub lost_rows: usize,
 }
 
 impl RankStats {
@@ -620,6 +627,7 @@ impl RankStats {
             batches: self.batches.saturating_sub(before.batches),
             waited_for_data: self.waited_for_data.saturating_sub(before.waited_for_data),
             data_waited: self.data_waited.saturating_sub(before.data_waited),
+            lost_rows: self.lost_rows.saturating_sub(before.lost_rows),
         }
     }
 }

@@ -209,10 +209,7 @@ impl PlanSpec {
                     StageKind::Repartition(n) => KindSpec::Repartition(*n as u64),
                     StageKind::Exchange(n) => KindSpec::Exchange(*n as u64),
                 };
-                let cut = match &stage.cut {
-                    Some((cut, n)) => Some((cut.clone(), *n as u64)),
-                    None => None,
-                };
+                let cut = stage.cut.as_ref().map(|(cut, n)| (cut.clone(), *n as u64));
                 Ok(StageSpec {
                     name: stage.name.clone(),
                     kind,
@@ -291,10 +288,7 @@ impl PlanSpec {
                     KindSpec::Exchange(n) => StageKind::Exchange(*n as usize),
                 };
                 check_op_names(spec, &kind)?;
-                let cut = match &spec.cut {
-                    Some((cut, n)) => Some((cut.clone(), *n as usize)),
-                    None => None,
-                };
+                let cut = spec.cut.as_ref().map(|(cut, n)| (cut.clone(), *n as usize));
                 Ok(Stage {
                     name: spec.name.clone(),
                     kind,

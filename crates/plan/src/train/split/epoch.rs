@@ -61,6 +61,22 @@ impl EpochStream {
         self.shared.confirm(self.rank, self.epoch);
     }
 
+    /// Confirms rows of this forwarded stream from another task (a server
+    /// that sees them handed over while the stream pulls).
+    pub fn confirmer(&self) -> Confirmer {
+        Confirmer {
+            shared: self.shared.clone(),
+            rank: self.rank,
+            epoch: self.epoch,
+        }
+    }
+
+    /// How long its trainer may hold rows without asking for more
+    /// ([`SplitOptions::stalled_trainer_timeout`](crate::SplitOptions::stalled_trainer_timeout)).
+    pub fn stalled_trainer_timeout(&self) -> std::time::Duration {
+        self.shared.options.stalled_trainer_timeout
+    }
+
     /// Hands back rows this forwarded stream yielded that never reached
     /// the trainer (its process was lost before confirming them): the next
     /// rank to ask gets them, so no row is lost.
@@ -112,11 +128,13 @@ impl EpochStream {
     }
 
     /// This rank was lost (its process died or disconnected), as `reason`
-    /// says: under [`LostRank::Redistribute`](crate::train::split::LostRank::Redistribute) it leaves the epoch and the
+    /// says (rows still in flight to it, not given back first, are lost
+    /// with it and counted in [`RankStats::lost_rows`](crate::stats::RankStats::lost_rows)): under [`LostRank::Redistribute`](crate::train::split::LostRank::Redistribute) it leaves the epoch and the
     /// others take its rows; under [`LostRank::Fail`](crate::train::split::LostRank::Fail) every other rank's
     /// stream ends with an error naming it.
     pub fn lose(mut self, reason: impl Into<String>) {
-        if !self.done {
+        // A forwarded stream may have ended with rows still in flight.
+        if !self.done || self.forwarded {
             self.done = true;
             self.shared.lose(self.rank, self.epoch, reason.into());
         }
@@ -176,6 +194,21 @@ impl Iterator for EpochStream {
                 Err(e) => Some(Err(e)),
             };
         }
+    }
+}
+
+/// Confirms rows a forwarded stream yielded (see [`EpochStream::confirmer`]).
+#[derive(Clone)]
+pub struct Confirmer {
+    shared: Arc<Shared>,
+    rank: usize,
+    epoch: usize,
+}
+
+impl Confirmer {
+    /// `rows` more of what the stream yielded reached its trainer.
+    pub fn rows(&self, rows: usize) {
+        self.shared.confirm_rows(self.rank, self.epoch, rows);
     }
 }
 

@@ -46,7 +46,7 @@ use crate::udf::BatchIter;
 mod epoch;
 mod shared;
 
-pub use epoch::{BatchCount, EpochStream};
+pub use epoch::{BatchCount, Confirmer, EpochStream};
 
 /// How a dataset is split: see [`Dataset::streaming_split_with`](crate::dataset::Dataset::streaming_split_with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +75,13 @@ pub struct SplitOptions {
     /// epoch, resuming, leave epoch 0's job to be dropped when theirs
     /// starts: leave it `None` then.)
     pub epochs: Option<usize>,
+    /// How long a trainer process (a rank served over QUIC or Flight) may
+    /// hold rows it was sent without asking for more or confirming them,
+    /// before it counts as lost: its unsent rows go to the others (as
+    /// `on_lost_rank` says), the rows it held are counted in
+    /// [`RankStats::lost_rows`], and the log names it. Without a limit one
+    /// stuck trainer would hold up every rank at the epoch's end.
+    pub stalled_trainer_timeout: Duration,
 }
 
 /// What the other ranks of a split get when one is lost mid-epoch (its
@@ -99,6 +106,7 @@ impl Default for SplitOptions {
             on_lost_rank: LostRank::default(),
             prefetch_next_epoch: true,
             epochs: None,
+            stalled_trainer_timeout: Duration::from_secs(300),
         }
     }
 }

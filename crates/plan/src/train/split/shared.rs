@@ -282,9 +282,15 @@ impl Shared {
         (taken + state.buffered, ranks)
     }
 
-    /// Rank `rank` dropped its stream of `epoch` before its end.
+    /// Rank `rank` dropped its stream of `epoch` before its end. Rows still
+    /// in flight to its process (not given back first) are lost with it:
+    /// counted, and no longer waited for by the others.
     pub(super) fn leave(&self, rank: usize, epoch: usize) {
         let mut state = self.lock();
+        if state.epoch == Some(epoch) {
+            let lost = std::mem::take(&mut state.in_flight[rank]);
+            state.stats[rank].lost_rows += lost;
+        }
         state.left[rank] = Some(epoch);
         self.changed.notify_all();
         if state.ended && state.epoch == Some(epoch) {
@@ -348,9 +354,14 @@ impl Shared {
 
     /// Everything forwarded to `rank`'s trainer reached it.
     pub(super) fn confirm(&self, rank: usize, epoch: usize) {
+        self.confirm_rows(rank, epoch, usize::MAX);
+    }
+
+    /// `rows` more of what was forwarded to `rank`'s trainer reached it.
+    pub(super) fn confirm_rows(&self, rank: usize, epoch: usize, rows: usize) {
         let mut state = self.lock();
         if state.epoch == Some(epoch) && state.in_flight[rank] > 0 {
-            state.in_flight[rank] = 0;
+            state.in_flight[rank] = state.in_flight[rank].saturating_sub(rows);
             self.changed.notify_all();
         }
     }
@@ -358,7 +369,6 @@ impl Shared {
     /// Rank `rank` was lost during `epoch`, as `reason` says: it leaves, or
     /// (under [`LostRank::Fail`]) the epoch stops for every rank.
     pub(super) fn lose(&self, rank: usize, epoch: usize, reason: String) {
-        self.confirm(rank, epoch);
         if self.options.on_lost_rank == LostRank::Redistribute {
             return self.leave(rank, epoch);
         }
@@ -367,6 +377,8 @@ impl Shared {
             return;
         }
         state.lost = Some((rank, reason));
+        let lost = std::mem::take(&mut state.in_flight[rank]);
+        state.stats[rank].lost_rows += lost;
         state.left[rank] = Some(epoch);
         let stream = state.stream.take();
         let buffer = std::mem::take(&mut state.buffer);
