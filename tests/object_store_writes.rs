@@ -11,7 +11,7 @@ use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use common::{ctx, sorted_i64};
 use streambatch::prelude::*;
 use streambatch::{Context, Dataset, FileFormat};
-use streambatch_bench::S3Server;
+use streambatch_bench::{Fault, FaultProxy, S3Server};
 
 /// `n` rows in `partitions` partitions: `id`, and a 100-byte `payload`.
 fn table(ctx: &Context, n: u64, partitions: usize) -> Dataset {
@@ -58,6 +58,9 @@ fn files_written_to_an_s3_compatible_store() {
     failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
     a_toml_pipeline_reads_and_writes_urls(&ctx);
     a_resumed_write_checks_its_input_objects(&s3, &ctx);
+    // Last: it points the client at a proxy (for a bucket not used yet,
+    // whose store is made on its first use).
+    a_commit_that_failed_after_it_landed_is_committed(&s3, &ctx);
     let missing = table(&ctx, 10, 1)
         .write_parquet("s3://no-such-bucket/out/")
         .unwrap_err()
@@ -311,4 +314,66 @@ fn a_toml_pipeline_reads_and_writes_urls(ctx: &Context) {
         .collect()
         .unwrap();
     assert_eq!(sorted_i64(&copied, "id"), (0..10).collect::<Vec<_>>());
+}
+
+/// A commit whose requests fail after it happened: the manifest's upload
+/// lands but its client hears an error, and every delete of the earlier
+/// parts and of the staging is refused. The write is committed (a warning,
+/// not an error), its parts stay and are read; the next write, with the
+/// store well again, leaves only its own parts. Before, the write failed
+/// and deleted the parts the landed manifest listed.
+fn a_commit_that_failed_after_it_landed_is_committed(s3: &S3Server, ctx: &Context) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let failing = Arc::new(AtomicBool::new(false));
+    let faults = Arc::new(AtomicUsize::new(0));
+    let (on, count) = (failing.clone(), faults.clone());
+    let proxy = FaultProxy::start(s3, move |head| {
+        let line = head.lines().next().unwrap_or("");
+        let delete = line.starts_with("DELETE") || line.contains("?delete");
+        let fault = match on.load(Ordering::SeqCst) {
+            true if line.starts_with("PUT") && line.contains("_streambatch-manifest") => {
+                Fault::FailAfter
+            }
+            true if delete => Fault::Refuse,
+            _ => Fault::Forward,
+        };
+        if fault != Fault::Forward {
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        fault
+    });
+    s3.make_bucket("faulty");
+    // SAFETY: this test's one thread; the bucket's store is made, with
+    // this endpoint, on its first use below.
+    unsafe {
+        std::env::set_var(
+            "AWS_ENDPOINT_URL",
+            format!("http://127.0.0.1:{}", proxy.port),
+        )
+    };
+    let url = "s3://faulty/out/";
+    table(ctx, 10, 2).write_parquet(url).unwrap();
+    failing.store(true, Ordering::SeqCst);
+    let written = table(ctx, 7, 1).write_parquet(url);
+    failing.store(false, Ordering::SeqCst);
+    // The manifest's upload, and the deletes of the earlier parts.
+    assert!(faults.load(Ordering::SeqCst) >= 2, "the faults never hit");
+    let written = written.expect("a write whose manifest landed is committed");
+    assert_eq!(ctx.read_parquet(url).unwrap().count().unwrap(), 7);
+    for path in &written {
+        let key = path.to_str().unwrap().strip_prefix("s3://faulty/").unwrap();
+        assert!(
+            s3.keys("faulty", "out/").iter().any(|k| k == key),
+            "{key} gone"
+        );
+    }
+    let last = table(ctx, 5, 1).write_parquet(url).unwrap();
+    assert_eq!(ctx.read_parquet(url).unwrap().count().unwrap(), 5);
+    let parts: Vec<String> = s3
+        .keys("faulty", "out/")
+        .into_iter()
+        .filter(|k| k.starts_with("out/part-"))
+        .collect();
+    assert_eq!(parts.len(), last.len(), "{parts:?}");
 }

@@ -33,7 +33,7 @@ pub use model_check::check_model_outputs;
 pub use net::net_bench;
 pub use result::{BenchResult, ProgressLines, peak_rss_mib};
 pub use s1::{s1, s1_cluster};
-pub use s3::{S3Server, Throttle};
+pub use s3::{Fault, FaultProxy, S3Server, Throttle};
 pub use shaped::{Shape, registry, w1_pipeline};
 pub use skip::{SKIP_LOG, skip_test, under_ci};
 pub use store::store_bench;

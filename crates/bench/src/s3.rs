@@ -1,7 +1,8 @@
 //! An S3-compatible server for tests and benchmarks: moto's, run from a
 //! Python that has it (`SB_PYTHON`, else `python3`; `.ci/run` installs it)
 //! on a free port of 127.0.0.1, and the environment that points the
-//! object store client at it.
+//! object store client at it; and proxies in front of it that throttle or
+//! fail requests as a rule says.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -268,36 +269,98 @@ impl Throttle {
     /// Starts one in front of `server`, refusing its first `fail` requests.
     pub fn start(server: &S3Server, fail: usize) -> Self {
         use std::sync::atomic::Ordering;
+        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = refused.clone();
+        let proxy = FaultProxy::start(server, move |_| {
+            let refuse = count
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n < fail).then_some(n + 1)
+                })
+                .is_ok();
+            if refuse {
+                Fault::SlowDown
+            } else {
+                Fault::Forward
+            }
+        });
+        Self {
+            port: proxy.port,
+            refused,
+        }
+    }
+}
+
+/// What a [`FaultProxy`] does with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forwards it and returns the server's answer.
+    Forward,
+    /// Answers `503 Slow Down` without forwarding it (a client retries).
+    SlowDown,
+    /// Answers `400` (not retried) without forwarding it: the request
+    /// failed and did nothing.
+    Refuse,
+    /// Forwards it, then answers `400` in place of the server's answer:
+    /// the request took effect, yet its client hears it failed.
+    FailAfter,
+}
+
+/// A proxy in front of an [`S3Server`] that does to each request what
+/// its rule, given the request's first line and headers, says.
+pub struct FaultProxy {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl FaultProxy {
+    /// Starts one in front of `server`.
+    pub fn start(server: &S3Server, rule: impl Fn(&str) -> Fault + Send + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (count, upstream) = (refused.clone(), server.port);
+        let upstream = server.port;
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Some(request) = read_request(&client) else {
                     continue;
                 };
+                let head = String::from_utf8_lossy(&request);
+                let head = head.split("\r\n\r\n").next().unwrap_or("").to_string();
                 let mut client = client;
-                if count.load(Ordering::SeqCst) < fail {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let body = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
-                    let reply = format!(
-                        "HTTP/1.1 503 Slow Down\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
+                let reply = |status: &str, code: &str| {
+                    let body = format!(
+                        "<Error><Code>{code}</Code><Message>injected by the test</Message></Error>"
                     );
-                    let _ = client.write_all(reply.as_bytes());
-                    continue;
-                }
-                let Ok(mut moto) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
+                    format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
                 };
-                let mut response = Vec::new();
-                if moto.write_all(&request).is_ok() && moto.read_to_end(&mut response).is_ok() {
-                    let _ = client.write_all(&response);
-                }
+                let fault = rule(&head);
+                let answer = match fault {
+                    Fault::SlowDown => reply("503 Slow Down", "SlowDown").into_bytes(),
+                    Fault::Refuse => reply("400 Bad Request", "InvalidRequest").into_bytes(),
+                    Fault::Forward | Fault::FailAfter => {
+                        let Ok(mut moto) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                            continue;
+                        };
+                        let mut response = Vec::new();
+                        if moto.write_all(&request).is_err()
+                            || moto.read_to_end(&mut response).is_err()
+                        {
+                            continue;
+                        }
+                        match fault {
+                            Fault::FailAfter => {
+                                reply("400 Bad Request", "InvalidRequest").into_bytes()
+                            }
+                            _ => response,
+                        }
+                    }
+                };
+                let _ = client.write_all(&answer);
             }
         });
-        Self { port, refused }
+        Self { port }
     }
 }
 

@@ -424,11 +424,12 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
     Ok(committed)
 }
 
-/// Sleeps as `SB_FAILPOINTS=commit.pause=MS` says, between a commit's
-/// renames and its removals: where a kill would mix two writes but for
-/// the commit's record.
+/// Sleeps as `SB_FAILPOINTS=commit.pause=MS` says, between a local
+/// commit's renames and its removals (where a kill would mix two writes
+/// but for the commit's record), and between an object-store commit's
+/// copies and its manifest.
 #[cfg(feature = "failpoints")]
-fn commit_pause() {
+pub(crate) fn commit_pause() {
     let spec = std::env::var("SB_FAILPOINTS").unwrap_or_default();
     let ms = spec
         .split(';')

@@ -6,12 +6,17 @@
 //!   `.streambatch-staging-<pid>-<id>n<pid namespace>-<host>/` (the leading `.` hides it
 //!   from readers: streambatch, Spark, pyarrow and Ray Data skip names
 //!   starting with `.` or `_`). A retried task uploads the same name again.
-//! - When the job has succeeded, the store copies each part to
+//! - When the job has succeeded, into a folder with no manifest yet, a
+//!   manifest listing nothing is written first (readers then find no
+//!   files until the commit, never some). The store copies each part to
 //!   `part-<task>-<id>.<extension>` in the output (a name no earlier write
 //!   used; 16 copies in flight), then the manifest
 //!   `_streambatch-manifest.<extension>.json` listing them is written in
-//!   one request: that is the commit. Then the earlier writes' parts of
-//!   that format and the staging folder go.
+//!   one request: that is the commit (a manifest upload that errs is read
+//!   back: if it landed, the write is committed). Then the earlier writes'
+//!   parts of that format (and any a killed write had copied) and the
+//!   staging folder go; a failure there is a warning, not a failed write,
+//!   and never touches what the manifest lists.
 //! - When the job fails, the staging folder goes; a writer killed before
 //!   its end leaves it, and the next write into the folder from the same
 //!   host and pid namespace removes it (its process is gone; a process of
@@ -28,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use super::{EMPTY_PREFIX, Staging};
 use crate::error::{Error, Result};
+use crate::object::files::read_object;
 use crate::object::manifest::{self, Manifest};
 use crate::object::writes::{copy_all, delete_all, folders, list, put};
 
@@ -146,21 +152,60 @@ pub(super) fn commit(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>>
         write,
         files: parts.iter().map(|(_, name)| name.clone()).collect(),
     };
-    let committed = copy_all(&copies)
-        .and_then(|()| put(&join(dir, &manifest::name(extension)), manifest.to_json()));
-    if let Err(e) = committed {
+    let manifest_url = join(dir, &manifest::name(extension));
+    // A fresh folder has no manifest to hide the copies until the commit:
+    // one listing nothing goes first, so that a reader meanwhile (or after
+    // a kill) finds no files, never some of them.
+    let folder = list(dir, false)?;
+    let fresh = !folder.iter().any(|(url, _)| *url == manifest_url);
+    if fresh {
+        let pending = Manifest {
+            write: format!("{}-pending", manifest.write),
+            files: Vec::new(),
+        };
+        put(&manifest_url, pending.to_json())?;
+    }
+    if let Err(e) = copy_all(&copies) {
         let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
         let _ = delete_all(&copied);
         return Err(e);
     }
-    // Committed: the earlier writes' parts of this format, and the staging.
-    let earlier: Vec<String> = list(dir, false)?
-        .into_iter()
-        .filter(|(_, name)| manifest::is_part(name, extension) && !manifest.files.contains(name))
-        .map(|(url, _)| url)
-        .collect();
-    delete_all(&earlier)?;
-    remove_all(staged)?;
+    #[cfg(feature = "failpoints")]
+    super::commit_pause();
+    if let Err(e) = put(&manifest_url, manifest.to_json()) {
+        // The request may have failed after the manifest landed: its
+        // parts are then the output, and must stay.
+        match read_object(&manifest_url) {
+            Ok(landed) if landed.as_ref() == manifest.to_json().as_slice() => {
+                tracing::warn!(manifest = %manifest_url, error = %e, "the manifest's upload reported an error, yet it landed: the write is committed");
+            }
+            Ok(_) => {
+                let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
+                let _ = delete_all(&copied);
+                return Err(e);
+            }
+            // Unknown: the copies stay (unlisted, the next write removes
+            // them; listed, they are the output).
+            Err(_) => return Err(e),
+        }
+    }
+    // Committed: from here a failure is reported as a warning, and nothing
+    // the manifest lists is touched. Then the earlier writes' parts of
+    // this format (and those a killed write copied), and the staging.
+    let tidy = || -> Result<()> {
+        let earlier: Vec<String> = list(dir, false)?
+            .into_iter()
+            .filter(|(_, name)| {
+                manifest::is_part(name, extension) && !manifest.files.contains(name)
+            })
+            .map(|(url, _)| url)
+            .collect();
+        delete_all(&earlier)?;
+        remove_all(staged)
+    };
+    if let Err(error) = tidy() {
+        tracing::warn!(folder = %dir, %error, "committed, but the earlier parts or the staging could not all be removed; the next write into the folder removes them");
+    }
     Ok(manifest
         .files
         .iter()

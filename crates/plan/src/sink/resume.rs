@@ -331,6 +331,17 @@ impl Journal {
                 moves.push((from, self.dir.join(&name)));
             }
         }
+        // In an object store folder without a manifest yet, one listing
+        // nothing goes first: until the commit's own, readers find no
+        // files there, never some of this write's.
+        let manifest_at = self.dir.join(manifest::name(extension));
+        if url_of(&self.dir).is_some() && !place::is_file(&manifest_at)? {
+            let pending = Manifest {
+                write: "resumed-pending".into(),
+                files: Vec::new(),
+            };
+            place::write(&manifest_at, &pending.to_json())?;
+        }
         // A part moved before a kill is in the output already.
         if let Some(lost) = place::move_files(&moves)? {
             return Err(corrupt(
@@ -347,8 +358,7 @@ impl Journal {
                 write: "resumed".into(),
                 files: files.map(|f| f.to_string_lossy().into_owned()).collect(),
             };
-            let name = manifest::name(extension);
-            place::write(&self.dir.join(name), &manifest.to_json())?;
+            place::write(&manifest_at, &manifest.to_json())?;
         }
         let earlier: Vec<PathBuf> = place::names(&self.dir)?
             .into_iter()
