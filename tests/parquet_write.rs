@@ -288,3 +288,55 @@ fn a_resumable_write_writes_every_row_and_refuses_plans_that_mix_splits() {
         assert!(e.to_string().contains(why), "{e}");
     }
 }
+
+/// A resumable write cut short (a task failed in a later wave) and started
+/// again with a changed predicate: refused, naming the step and both
+/// predicates, so that the output never mixes rows filtered two ways. With
+/// the same plan it resumes. Before, steps were journalled by name alone
+/// and the changed plan resumed.
+#[test]
+fn a_resumed_write_refuses_a_changed_step() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use streambatch::arrow::array::cast::AsArray;
+    use streambatch::arrow::array::types::Int64Type;
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx();
+    let resume = ParquetWriteOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let out = dir.path().join("out");
+    let failing = Arc::new(AtomicBool::new(true));
+    let plan = |below: i64| {
+        let failing = failing.clone();
+        ctx.range(1_000, 10)
+            .filter(col("id").lt(lit(below)))
+            .map_batches(
+                move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                    let ids = b.column(0).as_primitive::<Int64Type>();
+                    match failing.load(Ordering::SeqCst) && ids.iter().flatten().any(|i| i >= 500) {
+                        true => Err(UdfError::from("cut short")),
+                        false => Ok(b),
+                    }
+                },
+                Resources::cpu(1.0),
+            )
+    };
+    let cut = plan(900).write_parquet_with(&out, &resume).unwrap_err();
+    assert!(cut.to_string().contains("cut short"), "{cut}");
+    failing.store(false, Ordering::SeqCst);
+    let changed = plan(800).write_parquet_with(&out, &resume).unwrap_err();
+    let changed = changed.to_string();
+    assert!(
+        changed.contains("(id < 900)") && changed.contains("(id < 800)"),
+        "{changed}"
+    );
+    // The same plan resumes: every row below 900 once.
+    plan(900).write_parquet_with(&out, &resume).unwrap();
+    let read = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    assert_eq!(
+        sorted_i64(&read.collect().unwrap(), "id"),
+        (0..900).collect::<Vec<_>>()
+    );
+}

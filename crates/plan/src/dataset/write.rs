@@ -282,6 +282,34 @@ fn write_op(dir: &Path, format: FileFormat, name: &str) -> LogicalOp {
 
 /// A resumable plan's source splits and its steps' names; an error when
 /// its rows may not each come from one split.
+/// A step as a resumed write must find it again: its name and what it
+/// was given (an expression, its columns, an operator's recipe: the
+/// name it is registered under, a hash of its parameters, its blobs), so
+/// that a changed predicate, projection or parameter is refused rather
+/// than resumed. A closure has no parameters to compare: give it a
+/// recipe, or a new name, when its code changes.
+fn step_identity(op: &OpSpec) -> String {
+    let given = match &op.kind {
+        OpKind::Filter(crate::udf::Predicate::Expr(e)) => e.to_string(),
+        OpKind::Select(columns) => {
+            let columns: Vec<String> = columns.iter().map(ToString::to_string).collect();
+            columns.join(", ")
+        }
+        OpKind::WithColumn(name, e) => format!("{name} = {e}"),
+        OpKind::MapBatches(udf) => match udf.recipe() {
+            Some(recipe) => format!(
+                "recipe {} params {:016x} blobs [{}]",
+                recipe.name,
+                streambatch_core::fnv1a(&recipe.params),
+                recipe.blobs.join(", ")
+            ),
+            None => "a closure".into(),
+        },
+        _ => "a closure".into(),
+    };
+    format!("{}({given})", op.name)
+}
+
 fn resumable_parts(plan: &Arc<LogicalPlan>, dir: &Path) -> Result<(Vec<SourceSplit>, Vec<String>)> {
     let refuse = |why: String| {
         Err(Error::Invalid(format!(
@@ -297,7 +325,7 @@ fn resumable_parts(plan: &Arc<LogicalPlan>, dir: &Path) -> Result<(Vec<SourceSpl
     for op in ops {
         match op {
             LogicalOp::Op(op) if !matches!(op.kind, OpKind::Reduce(_) | OpKind::WriteFiles(_)) => {
-                steps.push(op.name)
+                steps.push(step_identity(&op))
             }
             LogicalOp::Op(op) => {
                 return refuse(format!(

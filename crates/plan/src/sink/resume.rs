@@ -6,8 +6,9 @@
 //! wave's tasks write into `<dir>/.streambatch-resume/wave-<k>/`, and when
 //! its job has succeeded, `wave-<k>.done` records which splits it read and
 //! the part files it wrote (written whole, synced). `plan.json` records
-//! what the write is: its format, its steps and its input (each split, with
-//! its files' sizes and modification times). Started again with `resume`,
+//! what the write is: its format, its steps (each by name and what it was
+//! given: an expression, columns, a recipe's parameters) and its input
+//! (each split, with its files' sizes and modification times). Started again with `resume`,
 //! a write whose `plan.json` matches skips the splits of the done waves; a
 //! wave folder without its `.done` (the wave the kill cut short) is
 //! removed. When every split is done, `committing` is written, and the
@@ -35,7 +36,8 @@ const JOURNAL: &str = ".streambatch-resume";
 pub struct WriteIdentity {
     /// The files' format (its extension and, for Parquet, codec).
     pub format: String,
-    /// The plan's steps after the source, by name.
+    /// The plan's steps after the source: each its name and what it was
+    /// given (an expression, columns, an operator's recipe).
     pub steps: Vec<String>,
     /// Each source split, with its files' sizes and modification times.
     pub splits: Vec<String>,
