@@ -90,14 +90,21 @@ impl Dataset {
             input: Some(self.plan.clone()),
             op,
         });
+        // The names of the files the tasks report (the commit takes those
+        // alone, and fails if one is not staged); each output is dropped as
+        // it is read: held, it would keep its share of a node's memory.
+        let mut reported = Vec::new();
         let staged = self
             .start(plan)
-            // Each task's output (its file's name and rows) is dropped as it
-            // is read: held, it would keep its share of a node's memory.
-            .and_then(|mut stream| stream.try_for_each(|output| output.map(drop)))
+            .and_then(|mut stream| {
+                stream.try_for_each(|output| {
+                    reported.extend(reported_parts(&output?));
+                    Ok(())
+                })
+            })
             .and_then(|_| self.stage_schema_if_empty(&staging, &format));
         match staged {
-            Ok(()) => commit_staging(staging, &format),
+            Ok(()) => commit_staging(staging, &format, &reported),
             Err(e) => {
                 abort_staging(staging);
                 Err(e)
@@ -282,6 +289,23 @@ fn write_op(dir: &Path, format: FileFormat, name: &str) -> LogicalOp {
 
 /// A resumable plan's source splits and its steps' names; an error when
 /// its rows may not each come from one split.
+/// The file names a write task's output (`path`, `rows`) reports.
+fn reported_parts(output: &arrow_array::RecordBatch) -> Vec<String> {
+    use arrow_array::cast::AsArray;
+    let Some(paths) = output.column_by_name("path") else {
+        return Vec::new();
+    };
+    let Some(paths) = paths.as_string_opt::<i32>() else {
+        return Vec::new();
+    };
+    paths
+        .iter()
+        .flatten()
+        .filter_map(|p| Path::new(p).file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// A step as a resumed write must find it again: its name and what it
 /// was given (an expression, its columns, an operator's recipe: the
 /// name it is registered under, a hash of its parameters, its blobs), so

@@ -327,9 +327,10 @@ impl Staging {
         }))
     }
 
-    /// Stages a file with `schema` and no rows as `part-000000.<extension>`.
+    /// Stages a file with `schema` and no rows, which the commit makes
+    /// `part-000000.<extension>` (as a task's file without rows).
     pub fn stage_empty(&self, schema: SchemaRef, format: &FileFormat) -> Result<()> {
-        let name = format!("part-000000.{}", format.extension());
+        let name = format!("{EMPTY_PREFIX}000000.{}", format.extension());
         write_empty(&self.path.join(name), schema, format)
     }
 }
@@ -346,21 +347,43 @@ fn remove_abandoned(dir: &Path) {
     }
 }
 
-/// Moves the staged files into the output directory, replacing its earlier
-/// `part-*` files of `format`, and removes the staging directory. When no
+/// Moves the staged files the tasks `reported` (their names) into the
+/// output directory, replacing its earlier `part-*` files of `format`,
+/// and removes the staging directory; a reported file not staged fails
+/// the write, and a staged one no task reported is not committed. When no
 /// task wrote rows, one task's file without rows becomes `part-000000`.
-pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathBuf>> {
+pub fn commit_staging(
+    staging: Staging,
+    format: &FileFormat,
+    reported: &[String],
+) -> Result<Vec<PathBuf>> {
     if url_of(&staging.dir).is_some() {
-        let committed = object_commit::commit(&staging, format.extension());
+        let committed = object_commit::commit(&staging, format.extension(), reported);
         if committed.is_err() {
             object_commit::abort(&staging);
         }
         return committed;
     }
-    let committed = move_staged(&staging, format.extension());
+    let committed = move_staged(&staging, format.extension(), reported);
     // Whatever happened, the staging directory goes.
     let _ = std::fs::remove_dir_all(&staging.path);
     committed
+}
+
+/// Fails when a file a task reported writing is not among `staged`.
+pub(crate) fn check_reported<'a>(
+    staging: &Path,
+    reported: &[String],
+    staged: impl Iterator<Item = &'a str>,
+) -> Result<()> {
+    let staged: std::collections::HashSet<&str> = staged.collect();
+    match reported.iter().find(|name| !staged.contains(name.as_str())) {
+        Some(missing) => Err(Error::WriteFailed {
+            path: staging.join(missing),
+            message: "its task reported it written, but it is not in the staging directory; nothing was committed".into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Records what it will do (`local_commit::begin`), renames the staged
@@ -371,7 +394,7 @@ pub fn commit_staging(staging: Staging, format: &FileFormat) -> Result<Vec<PathB
 /// the directory is synced after the renames, so that a power loss cannot
 /// leave the old parts removed but the new names not yet on disk, and
 /// after the removals, so that the write is on disk when it returns.
-fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
+fn move_staged(staging: &Staging, extension: &str, reported: &[String]) -> Result<Vec<PathBuf>> {
     let (path, dir) = (&staging.path, &staging.dir);
     let mut staged = Vec::new();
     let mut empty = None;
@@ -382,10 +405,11 @@ fn move_staged(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
         let name = entry.file_name().to_string_lossy().into_owned();
         if name.starts_with(EMPTY_PREFIX) {
             empty.get_or_insert(entry.path());
-        } else if !name.starts_with('.') {
+        } else if !name.starts_with('.') && reported.contains(&name) {
             staged.push((entry.path(), name));
         }
     }
+    check_reported(path, reported, staged.iter().map(|(_, name)| name.as_str()))?;
     if let (true, Some(empty)) = (staged.is_empty(), empty) {
         staged.push((empty, format!("part-000000.{extension}")));
     }
@@ -553,7 +577,7 @@ mod tests {
         let staged = staging.path.clone();
         let (committed, ops) = recorded(|| {
             write_part(&sink, TaskId(1), rows()).unwrap();
-            commit_staging(staging, &format).unwrap()
+            commit_staging(staging, &format, &["part-000001.csv".into()]).unwrap()
         });
         let part = dir.join("part-000001.csv");
         assert_eq!(committed, vec![part.clone()]);
@@ -572,6 +596,65 @@ mod tests {
         assert_eq!(ops, expected);
     }
 
+    /// The commit takes what the tasks reported: a reported part missing
+    /// from staging fails the write before anything moves (the earlier
+    /// write stays whole), and a staged file no task reported (a stray, a
+    /// dead attempt's) is never committed. Before, the commit moved
+    /// whatever staging listed.
+    #[test]
+    fn a_commit_takes_what_the_tasks_reported_and_fails_on_a_missing_one() {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("out");
+        let format = FileFormat::Csv;
+        std::fs::create_dir(&dir).unwrap();
+        let old = dir.join("part-000009.csv");
+        std::fs::write(&old, "x\n9\n").unwrap();
+        let reported: Vec<String> = ["part-000001.csv", "part-000002.csv"]
+            .map(String::from)
+            .to_vec();
+        let stage = |missing: bool| {
+            let staging = create_staging(&dir).unwrap();
+            let sink = FileSink {
+                dir: staging.path.clone(),
+                format,
+            };
+            write_part(&sink, TaskId(1), rows()).unwrap();
+            write_part(&sink, TaskId(2), rows()).unwrap();
+            write_part(&sink, TaskId(3), rows()).unwrap(); // reported by none
+            if missing {
+                std::fs::remove_file(staging.path.join("part-000002.csv")).unwrap();
+            }
+            staging
+        };
+        let err = commit_staging(stage(true), &format, &reported)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("part-000002.csv") && err.contains("not in the staging"),
+            "{err}"
+        );
+        let names = || {
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(
+            names(),
+            ["part-000009.csv"],
+            "the earlier write is untouched"
+        );
+        let committed = commit_staging(stage(false), &format, &reported).unwrap();
+        assert_eq!(
+            committed,
+            [dir.join("part-000001.csv"), dir.join("part-000002.csv")]
+        );
+        assert_eq!(names(), ["part-000001.csv", "part-000002.csv"]);
+    }
+
     #[test]
     fn a_commit_into_new_directories_syncs_each_new_one_into_its_parent() {
         let out = tempfile::tempdir().unwrap();
@@ -584,7 +667,7 @@ mod tests {
         };
         let (_, ops) = recorded(|| {
             write_part(&sink, TaskId(1), rows()).unwrap();
-            commit_staging(staging, &format).unwrap()
+            commit_staging(staging, &format, &["part-000001.csv".into()]).unwrap()
         });
         let synced: Vec<&Op> = ops
             .iter()

@@ -121,7 +121,11 @@ pub(super) fn is_empty(staging: &Staging) -> Result<bool> {
 }
 
 /// Commits the staged parts (see the module's text); returns their URLs.
-pub(super) fn commit(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>> {
+pub(super) fn commit(
+    staging: &Staging,
+    extension: &str,
+    reported: &[String],
+) -> Result<Vec<PathBuf>> {
     let (dir, staged) = (url_text(&staging.dir)?, url_text(&staging.path)?);
     let write = staged
         .rsplit_once(STAGING)
@@ -130,9 +134,14 @@ pub(super) fn commit(staging: &Staging, extension: &str) -> Result<Vec<PathBuf>>
         .to_string();
     let mut parts = Vec::new();
     let mut empty = None;
-    for (url, name) in list(staged, false)? {
+    let listed = list(staged, false)?;
+    let names = listed.iter().map(|(_, name)| name.as_str());
+    super::check_reported(&staging.path, reported, names)?;
+    for (url, name) in listed {
         if name.starts_with(EMPTY_PREFIX) {
             empty.get_or_insert(url);
+        } else if !reported.contains(&name) {
+            continue; // no task's: not this write's output
         } else if let Some(task) = name
             .strip_prefix("part-")
             .and_then(|n| n.strip_suffix(&format!(".{extension}")))
