@@ -340,3 +340,41 @@ fn a_resumed_write_refuses_a_changed_step() {
         (0..900).collect::<Vec<_>>()
     );
 }
+
+/// Two writes into one directory at once: the later is refused with an
+/// error naming the other, and the earlier's output is whole. Before,
+/// both ran, and the second's commit removed parts of the first's.
+#[test]
+fn a_second_writer_into_a_directory_is_refused_while_the_first_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let ctx = ctx();
+    let slow = ctx.range(100, 4).map_batches(
+        |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+            std::thread::sleep(std::time::Duration::from_millis(400));
+            Ok(b)
+        },
+        Resources::cpu(1.0),
+    );
+    let first = {
+        let (slow, out) = (slow.clone(), out.clone());
+        std::thread::spawn(move || slow.write_parquet(&out))
+    };
+    // The first has made its staging directory.
+    let started = std::time::Instant::now();
+    while !std::fs::read_dir(&out).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let second = ctx.range(7, 1).write_parquet(&out).unwrap_err().to_string();
+    assert!(
+        second.contains("another write into it is running"),
+        "{second}"
+    );
+    assert_eq!(first.join().unwrap().unwrap().len(), 4);
+    let read = ctx.read_parquet(out.to_str().unwrap()).unwrap();
+    assert_eq!(
+        sorted_i64(&read.collect().unwrap(), "id"),
+        (0..100).collect::<Vec<_>>()
+    );
+}

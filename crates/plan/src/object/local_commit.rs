@@ -31,27 +31,54 @@ pub(crate) fn staging_name() -> String {
     )
 }
 
+/// A staging directory name's writer: its pid, its start stamp and its pid
+/// namespace (a name of an older build, without one, is of this one).
+fn writer_of(name: &str) -> Option<(u32, u128, u64)> {
+    let rest = name.strip_prefix(STAGING_PREFIX)?;
+    let (pid, stamp) = rest.split_once('-')?;
+    let pid = pid.parse().ok()?;
+    let (stamp, namespace) = match stamp.split_once('n') {
+        Some((stamp, ns)) => (stamp, u64::from_str_radix(ns, 16).ok()?),
+        None => (stamp, streambatch_core::pid_namespace()),
+    };
+    Some((pid, u128::from_str_radix(stamp, 16).ok()?, namespace))
+}
+
+/// Fails when a write into `dir` that began before the one staging in
+/// `mine` is still running: one writer per directory at a time, the later
+/// one refused (each writer makes its staging first, then looks, so of two
+/// that start together exactly one goes on).
+pub(crate) fn refuse_if_another_writes(dir: &Path, mine: &str) -> Result<()> {
+    let Some((my_pid, my_stamp, _)) = writer_of(mine) else {
+        return Ok(());
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((pid, stamp, _)) = writer_of(&name) else {
+            continue;
+        };
+        if name == mine || writer_is_dead(&name) {
+            continue;
+        }
+        if (stamp, pid) < (my_stamp, my_pid) {
+            return Err(Error::Invalid(format!(
+                "{}: another write into it is running (process {pid}, staging {name}); one write into a directory at a time",
+                dir.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Whether the staging directory `name`'s writer is dead (as far as this
 /// process can tell: never one of another pid namespace, nor this one).
 pub(crate) fn writer_is_dead(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(STAGING_PREFIX) else {
-        return false;
-    };
-    let Some((pid, stamp)) = rest.split_once('-') else {
-        return false;
-    };
-    let Ok(pid) = pid.parse::<u32>() else {
-        return false;
-    };
-    // A name of an older build, without its namespace, is of this one.
-    let namespace = match stamp.split_once('n') {
-        Some((_, ns)) => match u64::from_str_radix(ns, 16) {
-            Ok(ns) => ns,
-            Err(_) => return false,
-        },
-        None => streambatch_core::pid_namespace(),
-    };
-    pid != std::process::id() && !streambatch_core::may_be_alive(pid, namespace)
+    writer_of(name).is_some_and(|(pid, _, namespace)| {
+        pid != std::process::id() && !streambatch_core::may_be_alive(pid, namespace)
+    })
 }
 
 /// Records, synced, that `moves` (staged file, its name in `dir`) are about

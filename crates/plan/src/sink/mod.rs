@@ -302,6 +302,16 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
         abort_staging(staging);
         return Err(err);
     }
+    let mine = staging
+        .path
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    if let Err(e) = local_commit::refuse_if_another_writes(dir, &mine) {
+        abort_staging(staging);
+        return Err(e);
+    }
     Ok(staging)
 }
 
