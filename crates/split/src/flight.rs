@@ -244,7 +244,11 @@ impl HandOver {
             Some(unread) => lock(unread).batches.push_back(batch.clone()),
             None => self.confirmer.rows(batch.num_rows()),
         }
-        self.batches.add(1);
+        // The empty batch that tells a rank without rows its columns is
+        // no batch of rows.
+        if batch.num_rows() > 0 {
+            self.batches.add(1);
+        }
         self.handed.fetch_add(1, Ordering::Release);
     }
 }

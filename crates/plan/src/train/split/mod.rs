@@ -80,7 +80,9 @@ pub struct SplitOptions {
     /// before it counts as lost: its unsent rows go to the others (as
     /// `on_lost_rank` says), the rows it held are counted in
     /// [`RankStats::lost_rows`], and the log names it. Without a limit one
-    /// stuck trainer would hold up every rank at the epoch's end.
+    /// stuck trainer would hold up every rank at the epoch's end. Default:
+    /// 10 minutes (longer than a checkpoint or an evaluation a trainer
+    /// may run between two asks; raise it for longer ones).
     pub stalled_trainer_timeout: Duration,
 }
 
@@ -106,7 +108,7 @@ impl Default for SplitOptions {
             on_lost_rank: LostRank::default(),
             prefetch_next_epoch: true,
             epochs: None,
-            stalled_trainer_timeout: Duration::from_secs(300),
+            stalled_trainer_timeout: Duration::from_secs(600),
         }
     }
 }

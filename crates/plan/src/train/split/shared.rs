@@ -373,7 +373,13 @@ impl Shared {
             return self.leave(rank, epoch);
         }
         let mut state = self.lock();
-        if state.epoch != Some(epoch) || state.lost.is_some() {
+        // An epoch whose job failed stays failed with the job's error.
+        if state.epoch != Some(epoch) {
+            return;
+        }
+        if state.lost.is_some() || state.failed.is_some() {
+            let lost = std::mem::take(&mut state.in_flight[rank]);
+            state.stats[rank].lost_rows += lost;
             return;
         }
         state.lost = Some((rank, reason));
