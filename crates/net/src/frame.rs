@@ -116,20 +116,28 @@ where
 pub const ROOM_UP_FRONT: u64 = 64 << 20;
 
 /// How long a whole body of `len` bytes may take to arrive: half a minute,
-/// and a second more per 8 MiB. A peer that keeps its connection alive but
-/// stops sending (or trickles) fails the read rather than hang it.
+/// and a second more per 256 KiB (a floor far below a loopback's or a
+/// datacenter link's share per stream, even with many reducers pulling
+/// from one node). A peer that keeps its connection alive but trickles
+/// fails the read rather than hang it; one that stops sending fails after
+/// [`BODY_IDLE`].
 pub fn body_within(len: u64) -> Duration {
-    Duration::from_secs(30 + len / (8 << 20))
+    Duration::from_secs(30 + len / (256 << 10))
 }
 
-/// Reads the `len` bytes a frame announced, within `within`: room up to
-/// [`ROOM_UP_FRONT`] at once, more only as bytes arrive.
+/// How long a body may go without a byte arriving.
+pub const BODY_IDLE: Duration = Duration::from_secs(30);
+
+/// Reads the `len` bytes a frame announced, within `within` in all and
+/// with no gap longer than [`BODY_IDLE`]: room up to [`ROOM_UP_FRONT`] at
+/// once, more only as bytes arrive.
 pub async fn read_body<R: AsyncRead + Unpin>(
     input: &mut R,
     len: u64,
     within: Duration,
 ) -> Result<Vec<u8>, FrameError> {
     let mut body = Vec::with_capacity(len.min(ROOM_UP_FRONT) as usize);
+    let idle = within.min(BODY_IDLE);
     let read = async {
         while (body.len() as u64) < len {
             let left = len - body.len() as u64;
@@ -138,53 +146,63 @@ pub async fn read_body<R: AsyncRead + Unpin>(
             }
             let room = (body.capacity() - body.len()).min(left as usize);
             let mut chunk = (&mut *input).take(room as u64);
-            if chunk.read_buf(&mut body).await? == 0 {
-                return Err(FrameError::Truncated {
-                    got: body.len() as u64,
-                    expected: len,
-                });
+            match tokio::time::timeout(idle, chunk.read_buf(&mut body)).await {
+                Ok(Ok(0)) => {
+                    return Err(FrameError::Truncated {
+                        got: body.len() as u64,
+                        expected: len,
+                    });
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(FrameError::Io(e)),
+                Err(_) => return Err(stalled(body.len(), len)),
             }
         }
         Ok(())
     };
     match tokio::time::timeout(within, read).await {
         Ok(read) => read.map(|()| body),
-        Err(_) => Err(FrameError::Stalled {
-            got: body.len() as u64,
-            expected: len,
-        }),
+        Err(_) => Err(stalled(body.len(), len)),
     }
 }
 
-/// Fills `buf` with the body a frame announced, within `within` (the
-/// caller made its room, at most [`ROOM_UP_FRONT`]).
+fn stalled(got: usize, expected: u64) -> FrameError {
+    FrameError::Stalled {
+        got: got as u64,
+        expected,
+    }
+}
+
+/// Fills `buf` with the body a frame announced, within `within` in all and
+/// with no gap longer than [`BODY_IDLE`] (the caller made its room, at
+/// most [`ROOM_UP_FRONT`]).
 pub async fn read_body_into<R: AsyncRead + Unpin>(
     input: &mut R,
     buf: &mut [u8],
     within: Duration,
 ) -> Result<(), FrameError> {
     let expected = buf.len() as u64;
+    let idle = within.min(BODY_IDLE);
     let mut got = 0;
     let read = async {
         while got < buf.len() {
-            match input.read(&mut buf[got..]).await? {
-                0 => {
+            match tokio::time::timeout(idle, input.read(&mut buf[got..])).await {
+                Ok(Ok(0)) => {
                     return Err(FrameError::Truncated {
                         got: got as u64,
                         expected,
                     });
                 }
-                n => got += n,
+                Ok(Ok(n)) => got += n,
+                Ok(Err(e)) => return Err(FrameError::Io(e)),
+                Err(_) => return Err(stalled(got, expected)),
             }
         }
         Ok(())
     };
     match tokio::time::timeout(within, read).await {
         Ok(read) => read,
-        Err(_) => Err(FrameError::Stalled {
-            got: got as u64,
-            expected,
-        }),
+        Err(_) => Err(stalled(got, expected)),
     }
 }
 

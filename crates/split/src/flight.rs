@@ -19,7 +19,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -229,17 +228,35 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Batches gRPC has taken, and whether the producer has stopped the
+/// stream (after which gRPC takes none: what is left in the channel went
+/// back to the split). One lock, so that a batch is either taken or given
+/// back, never both.
+#[derive(Default)]
+struct Handed {
+    taken: u64,
+    stopped: bool,
+}
+
 /// What the gRPC side does as it hands each batch over: counts it, and
 /// confirms its rows (by default) or keeps it until the client confirms.
 struct HandOver {
-    handed: Arc<AtomicU64>,
+    handed: Arc<Mutex<Handed>>,
     batches: BatchCount,
     confirmer: Confirmer,
     unread: Option<Arc<Mutex<Unread>>>,
 }
 
 impl HandOver {
-    fn handed(&self, batch: &RecordBatch) {
+    /// Takes `batch` for gRPC; `false` once the producer stopped the
+    /// stream.
+    fn take(&self, batch: &RecordBatch) -> bool {
+        let mut handed = lock(&self.handed);
+        if handed.stopped {
+            return false;
+        }
+        handed.taken += 1;
+        drop(handed);
         match &self.unread {
             Some(unread) => lock(unread).batches.push_back(batch.clone()),
             None => self.confirmer.rows(batch.num_rows()),
@@ -249,7 +266,7 @@ impl HandOver {
         if batch.num_rows() > 0 {
             self.batches.add(1);
         }
-        self.handed.fetch_add(1, Ordering::Release);
+        true
     }
 }
 
@@ -284,13 +301,21 @@ fn batches(
         on_end();
     });
     futures::stream::unfold(
-        (receiver, hand_over),
-        |(mut receiver, hand_over)| async move {
-            let next = receiver.recv().await?;
-            if let Ok(batch) = &next {
-                hand_over.handed(batch);
+        (receiver, hand_over, false),
+        |(mut receiver, hand_over, ended)| async move {
+            if ended {
+                return None;
             }
-            Some((next, (receiver, hand_over)))
+            let next = receiver.recv().await?;
+            match &next {
+                Ok(batch) if !hand_over.take(batch) => {
+                    // Stopped (stalled): an error, not a clean end.
+                    let stopped = "the split's service stopped this stream: its reader stalled";
+                    let error = FlightError::ExternalError(stopped.into());
+                    Some((Err(error), (receiver, hand_over, true)))
+                }
+                _ => Some((next, (receiver, hand_over, false))),
+            }
         },
     )
     .boxed()
@@ -303,10 +328,10 @@ struct Producer {
     limit: Duration,
     stream: EpochStream,
     sender: tokio::sync::mpsc::Sender<std::result::Result<RecordBatch, FlightError>>,
-    /// Batches sent on, oldest first, less the first `trimmed` handed
-    /// over (dropped from here lazily).
+    /// Batches sent on and not yet taken by gRPC, oldest first (the
+    /// first `trimmed` taken are dropped from here after each send).
     sent: VecDeque<RecordBatch>,
-    handed: Arc<AtomicU64>,
+    handed: Arc<Mutex<Handed>>,
     trimmed: u64,
     unread: Option<Arc<Mutex<Unread>>>,
 }
@@ -336,6 +361,7 @@ impl Producer {
             if let Err(stop) = self.send(batch) {
                 return self.stop(stop);
             }
+            self.trim();
         }
         if !sent_any && let Some(schema) = self.stream.schema() {
             let empty = RecordBatch::new_empty(schema);
@@ -358,8 +384,12 @@ impl Producer {
 
     /// Drops from `sent` what gRPC has taken; what is left never left.
     fn trim(&mut self) {
-        let handed = self.handed.load(Ordering::Acquire);
-        while self.trimmed < handed && self.sent.pop_front().is_some() {
+        let taken = lock(&self.handed).taken;
+        self.trim_to(taken);
+    }
+
+    fn trim_to(&mut self, taken: u64) {
+        while self.trimmed < taken && self.sent.pop_front().is_some() {
             self.trimmed += 1;
         }
     }
@@ -367,7 +397,8 @@ impl Producer {
     /// The epoch's rows are all sent on: waits (up to the limit) until
     /// gRPC has taken them and a confirming client has confirmed them.
     fn settle(mut self) {
-        let deadline = Instant::now() + self.limit;
+        // No deadline where the limit is past any instant (`Duration::MAX`).
+        let deadline = Instant::now().checked_add(self.limit);
         loop {
             self.trim();
             let unconfirmed = self
@@ -382,7 +413,7 @@ impl Producer {
             if self.sender.is_closed() {
                 return self.stop(Stop::Gone);
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return self.stop(Stop::Stalled);
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -394,7 +425,13 @@ impl Producer {
     /// or stalled (only what it never got goes back; what it holds is
     /// counted lost): either way the rank leaves the epoch.
     fn stop(mut self, stop: Stop) {
-        self.trim();
+        // gRPC takes nothing more: what is in the channel goes back.
+        let taken = {
+            let mut handed = lock(&self.handed);
+            handed.stopped = true;
+            handed.taken
+        };
+        self.trim_to(taken);
         let mut back: Vec<RecordBatch> = Vec::new();
         if let (Stop::Gone, Some(unread)) = (&stop, &self.unread) {
             back.extend(lock(unread).batches.drain(..));

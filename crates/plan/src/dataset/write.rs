@@ -98,7 +98,7 @@ impl Dataset {
             .start(plan)
             .and_then(|mut stream| {
                 stream.try_for_each(|output| {
-                    reported.extend(reported_parts(&output?));
+                    reported.extend(reported_parts(&output?)?);
                     Ok(())
                 })
             })
@@ -289,21 +289,20 @@ fn write_op(dir: &Path, format: FileFormat, name: &str) -> LogicalOp {
 
 /// A resumable plan's source splits and its steps' names; an error when
 /// its rows may not each come from one split.
-/// The file names a write task's output (`path`, `rows`) reports.
-fn reported_parts(output: &arrow_array::RecordBatch) -> Vec<String> {
+/// The file names a write task's output (`path`, `rows`) reports; an
+/// output without them fails the write (its commit would move nothing).
+fn reported_parts(output: &arrow_array::RecordBatch) -> Result<Vec<String>> {
     use arrow_array::cast::AsArray;
-    let Some(paths) = output.column_by_name("path") else {
-        return Vec::new();
-    };
-    let Some(paths) = paths.as_string_opt::<i32>() else {
-        return Vec::new();
-    };
-    paths
+    let paths = output
+        .column_by_name("path")
+        .and_then(|paths| paths.as_string_opt::<i32>())
+        .ok_or_else(|| Error::Invalid("a write task's output has no `path` column".into()))?;
+    Ok(paths
         .iter()
         .flatten()
         .filter_map(|p| Path::new(p).file_name())
         .map(|name| name.to_string_lossy().into_owned())
-        .collect()
+        .collect())
 }
 
 /// A step as a resumed write must find it again: its name and what it

@@ -44,33 +44,32 @@ fn writer_of(name: &str) -> Option<(u32, u128, u64)> {
     Some((pid, u128::from_str_radix(stamp, 16).ok()?, namespace))
 }
 
-/// Fails when a write into `dir` that began before the one staging in
-/// `mine` is still running: one writer per directory at a time, the later
-/// one refused (each writer makes its staging first, then looks, so of two
-/// that start together exactly one goes on).
-pub(crate) fn refuse_if_another_writes(dir: &Path, mine: &str) -> Result<()> {
-    let Some((my_pid, my_stamp, _)) = writer_of(mine) else {
-        return Ok(());
-    };
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some((pid, stamp, _)) = writer_of(&name) else {
-            continue;
-        };
-        if name == mine || writer_is_dead(&name) {
-            continue;
-        }
-        if (stamp, pid) < (my_stamp, my_pid) {
+/// The writer lock of `dir`: an exclusive `flock` on the directory itself,
+/// held while the returned handle is open. A second writer into the
+/// directory, in this process or another, is refused while the first
+/// runs; the kernel lets the lock go with its process, so a killed writer
+/// leaves none, and no lock file is left among the output.
+pub(crate) fn lock_for_writing(dir: &Path) -> Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let handle = std::fs::File::open(dir).map_err(|e| Error::io("opening", dir, e))?;
+    // SAFETY: flock on a descriptor this function owns, open above.
+    let locked = unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::WouldBlock {
             return Err(Error::Invalid(format!(
-                "{}: another write into it is running (process {pid}, staging {name}); one write into a directory at a time",
+                "{}: another write into it is running; one write into a directory at a time",
                 dir.display()
             )));
         }
+        return Err(Error::io("locking", dir, e));
     }
-    Ok(())
+    Ok(handle)
+}
+
+/// Whether the staging directory `staging` holds a commit's record.
+pub(crate) fn is_recorded(staging: &Path) -> bool {
+    staging.join(MARKER).is_file()
 }
 
 /// Whether the staging directory `name`'s writer is dead (as far as this
@@ -91,10 +90,13 @@ pub(crate) fn begin(staging: &Path, extension: &str, moves: &[(PathBuf, String)]
         let from = from.file_name().unwrap_or_default().to_string_lossy();
         text.push_str(&format!("{from}\t{name}\n"));
     }
+    // Whole or absent: written beside, synced, then renamed in.
+    let partial = staging.join(".committing.partial");
     let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&marker)?;
+        let mut file = std::fs::File::create(&partial)?;
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
+        std::fs::rename(&partial, &marker)?;
         std::fs::File::open(staging)?.sync_all()
     };
     write().map_err(|e| Error::io("writing", &marker, e))

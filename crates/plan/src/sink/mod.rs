@@ -267,6 +267,9 @@ pub struct Staging {
     /// The outermost directory the write made on the way to `dir`: a
     /// failed write removes it (and those inside it) when they are empty.
     made: Option<PathBuf>,
+    /// The directory's writer lock, held (never read) for the whole
+    /// write; local only.
+    _lock: Option<std::fs::File>,
 }
 
 /// A fresh staging directory inside `dir` for one write. The staging
@@ -283,12 +286,21 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
         path: PathBuf::new(),
         dir: dir.to_path_buf(),
         made: made.map(Path::to_path_buf),
+        _lock: None,
     };
     if let Err(e) = std::fs::create_dir_all(dir) {
         let err = Error::io("creating", dir, e);
         abort_staging(staging);
         return Err(err);
     }
+    // One writer at a time: the later of two is refused.
+    let lock = match local_commit::lock_for_writing(dir) {
+        Ok(lock) => lock,
+        Err(e) => {
+            abort_staging(staging);
+            return Err(e);
+        }
+    };
     // A commit a killed writer left cut short is finished, not undone.
     if let Err(e) = local_commit::settle(dir, false).map(drop) {
         abort_staging(staging);
@@ -296,21 +308,15 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
     }
     remove_abandoned(dir);
     let path = dir.join(local_commit::staging_name());
-    let staging = Staging { path, ..staging };
+    let staging = Staging {
+        path,
+        _lock: Some(lock),
+        ..staging
+    };
     if let Err(e) = std::fs::create_dir(&staging.path) {
         let err = Error::io("creating", &staging.path, e);
         abort_staging(staging);
         return Err(err);
-    }
-    let mine = staging
-        .path
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
-    if let Err(e) = local_commit::refuse_if_another_writes(dir, &mine) {
-        abort_staging(staging);
-        return Err(e);
     }
     Ok(staging)
 }
@@ -351,7 +357,9 @@ fn remove_abandoned(dir: &Path) {
         return;
     };
     for entry in entries.flatten() {
-        if local_commit::writer_is_dead(&entry.file_name().to_string_lossy()) {
+        // One with a commit's record is `settle`'s to finish, not to drop.
+        let recorded = local_commit::is_recorded(&entry.path());
+        if !recorded && local_commit::writer_is_dead(&entry.file_name().to_string_lossy()) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }
@@ -375,8 +383,11 @@ pub fn commit_staging(
         return committed;
     }
     let committed = move_staged(&staging, format.extension(), reported);
-    // Whatever happened, the staging directory goes.
-    let _ = std::fs::remove_dir_all(&staging.path);
+    // The staging directory goes, unless a commit failed after its record:
+    // the next reader or writer finishes it from there.
+    if committed.is_ok() || !local_commit::is_recorded(&staging.path) {
+        let _ = std::fs::remove_dir_all(&staging.path);
+    }
     committed
 }
 

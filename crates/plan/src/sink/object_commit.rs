@@ -58,6 +58,7 @@ pub(super) fn create(dir: &Path) -> Result<Staging> {
         path: dir.join(name),
         dir: dir.to_path_buf(),
         made: None,
+        _lock: None,
     })
 }
 
@@ -174,9 +175,17 @@ pub(super) fn commit(
         };
         put(&manifest_url, pending.to_json())?;
     }
+    // On a failure before the commit, the folder goes back as it was: the
+    // copies go, and the empty manifest if this write put it.
+    let undo = |copies: Vec<(String, String)>| {
+        let mut made: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
+        if fresh {
+            made.push(manifest_url.clone());
+        }
+        let _ = delete_all(&made);
+    };
     if let Err(e) = copy_all(&copies) {
-        let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
-        let _ = delete_all(&copied);
+        undo(copies);
         return Err(e);
     }
     #[cfg(feature = "failpoints")]
@@ -189,8 +198,7 @@ pub(super) fn commit(
                 tracing::warn!(manifest = %manifest_url, error = %e, "the manifest's upload reported an error, yet it landed: the write is committed");
             }
             Ok(_) => {
-                let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
-                let _ = delete_all(&copied);
+                undo(copies);
                 return Err(e);
             }
             // Unknown: the copies stay (unlisted, the next write removes

@@ -611,10 +611,11 @@ pub struct RankStats {
     pub data_waited: Duration,
     /// Rows forwarded to its process that it may never have read, and
     /// that no other rank got: in flight when its trainer stalled past
-    /// [`SplitOptions::stalled_trainer_timeout`](crate::SplitOptions::stalled_trainer_timeout),
-    /// or when a Flight client that does not confirm (see the README) left
-    /// after gRPC had taken them. Rows a lost trainer had not been sent go
-    /// to the others and are not counted here.
+    /// [`SplitOptions::stalled_trainer_timeout`](crate::SplitOptions::stalled_trainer_timeout)
+    /// (a confirming Flight client's unconfirmed rows among them). Rows a
+    /// lost trainer had not been sent go to the others and are not counted
+    /// here; nor are rows a Flight client that does not confirm had taken
+    /// through gRPC (they count as delivered).
     pub lost_rows: usize,
 }
 

@@ -291,7 +291,10 @@ impl Shared {
             let lost = std::mem::take(&mut state.in_flight[rank]);
             state.stats[rank].lost_rows += lost;
         }
-        state.left[rank] = Some(epoch);
+        // Never back: a late leave of an earlier epoch keeps a later mark.
+        if state.left[rank].is_none_or(|left| left < epoch) {
+            state.left[rank] = Some(epoch);
+        }
         self.changed.notify_all();
         if state.ended && state.epoch == Some(epoch) {
             let released = self.release_if_all_finished(&mut state);
