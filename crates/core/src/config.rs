@@ -168,11 +168,34 @@ fn default_spill_dir() -> PathBuf {
             meta.is_dir() && meta.uid() == uid && meta.mode() & 0o077 == 0
         };
         match std::fs::symlink_metadata(&usual) {
-            Ok(meta) if !ours(&meta) => private_dir_beside(&usual).unwrap_or(usual),
+            // One made so by an earlier run first: its leftovers are
+            // cleaned there, and no new one is made each run.
+            Ok(meta) if !ours(&meta) => earlier_private_dir(&tmp, &usual, &ours)
+                .or_else(|| private_dir_beside(&usual))
+                .unwrap_or(usual),
             _ => usual,
         }
     })
     .clone()
+}
+
+/// A directory `USUAL-XXXXXX` in `tmp` that an earlier run made and that
+/// is still this user's and private.
+fn earlier_private_dir(
+    tmp: &Path,
+    usual: &Path,
+    ours: &dyn Fn(&std::fs::Metadata) -> bool,
+) -> Option<PathBuf> {
+    let prefix = format!("{}-", usual.file_name()?.to_string_lossy());
+    let mut found: Vec<PathBuf> = std::fs::read_dir(tmp)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|e| std::fs::symlink_metadata(e.path()).is_ok_and(|m| ours(&m)))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found.into_iter().next()
 }
 
 /// A new directory `PATH-XXXXXX` (six random letters), made 0700 by this
