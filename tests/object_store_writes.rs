@@ -58,6 +58,7 @@ fn files_written_to_an_s3_compatible_store() {
     failed_writes_leave_the_bucket_as_it_was(&s3, &ctx);
     a_toml_pipeline_reads_and_writes_urls(&ctx);
     a_resumed_write_checks_its_input_objects(&s3, &ctx);
+    two_writes_into_one_folder_at_once_fail_the_later(&ctx);
     // Last: it points the client at a proxy (for a bucket not used yet,
     // whose store is made on its first use).
     a_commit_that_failed_after_it_landed_is_committed(&s3, &ctx);
@@ -376,4 +377,36 @@ fn a_commit_that_failed_after_it_landed_is_committed(s3: &S3Server, ctx: &Contex
         .filter(|k| k.starts_with("out/part-"))
         .collect();
     assert_eq!(parts.len(), last.len(), "{parts:?}");
+}
+
+/// Two writes into one bucket folder at once, the second committing
+/// later: its manifest's conditional put finds the first's, so it fails
+/// with an error saying so and leaves nothing of itself, and the first's
+/// output stays whole. Before, the later commit went through and its
+/// removal of "earlier" parts could take the first's.
+fn two_writes_into_one_folder_at_once_fail_the_later(ctx: &Context) {
+    let url = "s3://out/race/";
+    let slow = |n: u64, ms: u64| {
+        ctx.range(n, 2).map_batches(
+            move |b: RecordBatch| -> std::result::Result<RecordBatch, UdfError> {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(b)
+            },
+            Resources::cpu(1.0),
+        )
+    };
+    // Both into a folder with an earlier write, then into a fresh one.
+    table(ctx, 3, 1).write_parquet(url).unwrap();
+    for url in [url, "s3://out/race-fresh/"] {
+        let (first, second) = (slow(10, 300), slow(20, 1_200));
+        let later = std::thread::spawn({
+            let url = url.to_string();
+            move || second.write_parquet(&url)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        first.write_parquet(url).unwrap();
+        let later = later.join().unwrap().unwrap_err().to_string();
+        assert!(later.contains("another write committed into it"), "{later}");
+        assert_eq!(ctx.read_parquet(url).unwrap().count().unwrap(), 10, "{url}");
+    }
 }

@@ -160,6 +160,15 @@ fn cloud_options(scheme: &str) -> Result<Vec<(String, String)>> {
             options.retain(|(k, _)| k != "AWS_SESSION_TOKEN");
         }
         options.extend(from_files);
+        // A write's manifest is put only if no other write's came first
+        // (If-Match / If-None-Match: AWS S3, MinIO, R2, moto); a store
+        // without them is told apart when a put is refused as such.
+        if !options
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("aws_conditional_put"))
+        {
+            options.push(("aws_conditional_put".into(), "etag".into()));
+        }
     }
     Ok(options)
 }

@@ -102,6 +102,83 @@ pub(crate) fn put(url: &str, bytes: Vec<u8>) -> Result<()> {
         .map_err(|e| write_error(&object, e))
 }
 
+/// A version of an object, for a put that must find it unchanged.
+pub(crate) type Version = object_store::UpdateVersion;
+
+/// What a conditional put found.
+pub(crate) enum Put {
+    /// Stored; the object's new version.
+    Done(Version),
+    /// Another writer's object was there (or changed) first.
+    Conflict,
+}
+
+/// The versions of the objects directly in folder `url`, by name.
+pub(crate) fn versions_in(url: &str) -> Result<std::collections::HashMap<String, Version>> {
+    let folder = Object::at(url)?;
+    let listed = block_on(async {
+        let prefix = Some(&folder.path).filter(|p| !p.as_ref().is_empty());
+        folder.store.list_with_delimiter(prefix).await
+    })
+    .map_err(|e| folder.error("listing", e))?;
+    Ok(listed
+        .objects
+        .into_iter()
+        .filter_map(|meta| {
+            let name = meta.location.filename()?.to_string();
+            let version = Version {
+                e_tag: meta.e_tag,
+                version: meta.version,
+            };
+            Some((name, version))
+        })
+        .collect())
+}
+
+/// Stores `bytes` at `url` only if the object there is still `base` (with
+/// `None`, only if there is none): the manifest's put, so that of two
+/// writes into one folder the later fails rather than undo the other's
+/// commit. A store that cannot put conditionally gets a plain put, and a
+/// warning.
+pub(crate) fn put_if(url: &str, bytes: Vec<u8>, base: Option<Version>) -> Result<Put> {
+    let object = Object::at(url)?;
+    let mode = match base {
+        Some(version) => object_store::PutMode::Update(version),
+        None => object_store::PutMode::Create,
+    };
+    let payload: object_store::PutPayload = bytes.into();
+    let put = |mode: object_store::PutMode| {
+        let options = object_store::PutOptions::from(mode);
+        block_on(
+            object
+                .store
+                .put_opts(&object.path, payload.clone(), options),
+        )
+    };
+    let done = |result: object_store::PutResult| {
+        Put::Done(Version {
+            e_tag: result.e_tag,
+            version: result.version,
+        })
+    };
+    match put(mode) {
+        Ok(result) => Ok(done(result)),
+        Err(
+            object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. },
+        ) => Ok(Put::Conflict),
+        Err(object_store::Error::NotImplemented { .. }) => {
+            tracing::warn!(
+                url,
+                "this store cannot put conditionally: two writes into one folder at once are not told apart"
+            );
+            put(object_store::PutMode::Overwrite)
+                .map(done)
+                .map_err(|e| write_error(&object, e))
+        }
+        Err(e) => Err(write_error(&object, e)),
+    }
+}
+
 /// The key of the object at `url` in its store.
 pub(crate) fn key(url: &str) -> Result<String> {
     Ok(Object::at(url)?.path.to_string())

@@ -270,6 +270,9 @@ pub struct Staging {
     /// The directory's writer lock, held (never read) for the whole
     /// write; local only.
     _lock: Option<std::fs::File>,
+    /// In an object store folder, the versions of its manifests as the
+    /// write began: its manifest is put only over the same one.
+    manifests: std::collections::HashMap<String, crate::object::writes::Version>,
 }
 
 /// A fresh staging directory inside `dir` for one write. The staging
@@ -287,6 +290,7 @@ pub fn create_staging(dir: &Path) -> Result<Staging> {
         dir: dir.to_path_buf(),
         made: made.map(Path::to_path_buf),
         _lock: None,
+        manifests: Default::default(),
     };
     if let Err(e) = std::fs::create_dir_all(dir) {
         let err = Error::io("creating", dir, e);

@@ -35,7 +35,7 @@ use super::{EMPTY_PREFIX, Staging};
 use crate::error::{Error, Result};
 use crate::object::files::read_object;
 use crate::object::manifest::{self, Manifest};
-use crate::object::writes::{copy_all, delete_all, folders, list, put};
+use crate::object::writes::{Put, copy_all, delete_all, folders, list, put_if, versions_in};
 
 /// The start of a staging folder's name.
 const STAGING: &str = ".streambatch-staging-";
@@ -54,11 +54,18 @@ pub(super) fn create(dir: &Path) -> Result<Staging> {
         streambatch_core::pid_namespace(),
         host()
     );
+    // The manifests as this write begins: another write's commit after
+    // this point makes this one's fail, rather than be undone by it.
+    let manifests = versions_in(url)?
+        .into_iter()
+        .filter(|(name, _)| manifest::is_manifest(name))
+        .collect();
     Ok(Staging {
         path: dir.join(name),
         dir: dir.to_path_buf(),
         made: None,
         _lock: None,
+        manifests,
     })
 }
 
@@ -163,17 +170,25 @@ pub(super) fn commit(
         files: parts.iter().map(|(_, name)| name.clone()).collect(),
     };
     let manifest_url = join(dir, &manifest::name(extension));
+    let conflict = || {
+        Error::Invalid(format!(
+            "{dir}: another write committed into it since this one began; nothing of this one is in it"
+        ))
+    };
     // A fresh folder has no manifest to hide the copies until the commit:
     // one listing nothing goes first, so that a reader meanwhile (or after
     // a kill) finds no files, never some of them.
-    let folder = list(dir, false)?;
-    let fresh = !folder.iter().any(|(url, _)| *url == manifest_url);
+    let mut base = staging.manifests.get(&manifest::name(extension)).cloned();
+    let fresh = base.is_none();
     if fresh {
         let pending = Manifest {
             write: format!("{}-pending", manifest.write),
             files: Vec::new(),
         };
-        put(&manifest_url, pending.to_json())?;
+        match put_if(&manifest_url, pending.to_json(), None)? {
+            Put::Done(version) => base = Some(version),
+            Put::Conflict => return Err(conflict()),
+        }
     }
     // On a failure before the commit, the folder goes back as it was: the
     // copies go, and the empty manifest if this write put it.
@@ -190,7 +205,17 @@ pub(super) fn commit(
     }
     #[cfg(feature = "failpoints")]
     super::commit_pause();
-    if let Err(e) = put(&manifest_url, manifest.to_json()) {
+    let put = match put_if(&manifest_url, manifest.to_json(), base) {
+        Ok(Put::Done(_)) => Ok(()),
+        Ok(Put::Conflict) => {
+            // Another write's manifest is there: only the copies go.
+            let copied: Vec<String> = copies.into_iter().map(|(_, to)| to).collect();
+            let _ = delete_all(&copied);
+            return Err(conflict());
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = put {
         // The request may have failed after the manifest landed: its
         // parts are then the output, and must stay.
         match read_object(&manifest_url) {
