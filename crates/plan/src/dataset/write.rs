@@ -235,12 +235,9 @@ impl Dataset {
             // No split had a row, nor a schema: one with the plan's.
             let schema = self.schema_without_rows(dir)?;
             let (k, folder) = journal.next_wave()?;
-            crate::sink::write_empty(
-                &folder.join(format!("part-000000.{}", format.extension())),
-                schema,
-                &format,
-            )?;
-            journal.finish_wave(k, &[])?;
+            let part = format!("part-000000.{}", format.extension());
+            crate::sink::write_empty(&folder.join(&part), schema, &format)?;
+            journal.finish_wave(k, &[], &[part])?;
         }
         Ok(ResumedWrite {
             files: journal.commit(format.extension())?,
@@ -270,8 +267,12 @@ impl Dataset {
             plan = Some(Arc::new(LogicalPlan { input: plan, op }));
         }
         let mut stream = self.start(plan.expect("a chain starts at its source"))?;
-        stream.try_for_each(|output| output.map(drop))?;
-        journal.finish_wave(k, chosen)
+        let mut reported = Vec::new();
+        stream.try_for_each(|output| {
+            reported.extend(reported_parts(&output?)?);
+            Ok::<(), Error>(())
+        })?;
+        journal.finish_wave(k, chosen, &reported)
     }
 }
 
@@ -287,8 +288,6 @@ fn write_op(dir: &Path, format: FileFormat, name: &str) -> LogicalOp {
     })
 }
 
-/// A resumable plan's source splits and its steps' names; an error when
-/// its rows may not each come from one split.
 /// The file names a write task's output (`path`, `rows`) reports; an
 /// output without them fails the write (its commit would move nothing).
 fn reported_parts(output: &arrow_array::RecordBatch) -> Result<Vec<String>> {
@@ -333,6 +332,8 @@ fn step_identity(op: &OpSpec) -> String {
     format!("{}({given})", op.name)
 }
 
+/// A resumable plan's source splits and its steps' identities; an error
+/// when its rows may not each come from one split.
 fn resumable_parts(plan: &Arc<LogicalPlan>, dir: &Path) -> Result<(Vec<SourceSplit>, Vec<String>)> {
     let refuse = |why: String| {
         Err(Error::Invalid(format!(

@@ -263,7 +263,7 @@ impl Journal {
     }
 
     /// Records wave `k`, which read `splits`, as done: its parts are kept.
-    pub fn finish_wave(&mut self, k: usize, splits: &[usize]) -> Result<()> {
+    pub fn finish_wave(&mut self, k: usize, splits: &[usize], reported: &[String]) -> Result<()> {
         let folder = self.root.join(format!("wave-{k:04}"));
         let names = place::names(&folder)?;
         // In an object store, the wave's parts are those its write
@@ -278,13 +278,20 @@ impl Journal {
             .map(|(name, _)| folder.join(name));
         let mut parts: Vec<String> = match manifest {
             Some(path) => Manifest::parse(&place::read(&path)?, &path.display().to_string())?.files,
-            None => names
-                .into_iter()
-                .filter(|(_, is_folder)| !is_folder)
-                .map(|(name, _)| name)
-                .filter(|name| name.starts_with("part-") || name.starts_with(EMPTY_PREFIX))
-                .map(|name| name.replacen(EMPTY_PREFIX, "part-empty-", 1))
-                .collect(),
+            // Locally, the parts its tasks reported (a reported one
+            // missing fails the wave; a file none reported is not its).
+            None => {
+                let files = names.iter().filter(|(_, is_folder)| !is_folder);
+                let files: Vec<&str> = files.map(|(name, _)| name.as_str()).collect();
+                super::check_reported(&folder, reported, files.iter().copied())?;
+                files
+                    .into_iter()
+                    .filter(|name| {
+                        reported.iter().any(|r| r == name) || name.starts_with(EMPTY_PREFIX)
+                    })
+                    .map(|name| name.replacen(EMPTY_PREFIX, "part-empty-", 1))
+                    .collect()
+            }
         };
         parts.sort();
         // A schema-only file is renamed so that the record names parts only.
@@ -443,10 +450,13 @@ mod tests {
     /// A wave that wrote one part per split it read.
     fn wave(journal: &mut Journal, splits: &[usize]) {
         let (k, folder) = journal.next_wave().unwrap();
+        let mut parts = Vec::new();
         for s in splits {
-            std::fs::write(folder.join(format!("part-{s:06}.csv")), format!("x\n{s}\n")).unwrap();
+            let part = format!("part-{s:06}.csv");
+            std::fs::write(folder.join(&part), format!("x\n{s}\n")).unwrap();
+            parts.push(part);
         }
-        journal.finish_wave(k, splits).unwrap();
+        journal.finish_wave(k, splits, &parts).unwrap();
     }
 
     fn names(dir: &Path) -> Vec<String> {
@@ -506,6 +516,34 @@ mod tests {
         // Without resume, the journal starts over.
         let fresh = journal(open_journal(dir, &identity(4), false).unwrap());
         assert!(fresh.done_splits().is_empty());
+    }
+
+    /// A wave records the parts its tasks reported: one reported but not
+    /// in its folder fails the wave; a file there that no task reported
+    /// is not recorded (nor committed). Before, the folder's listing was
+    /// the record.
+    #[test]
+    fn a_wave_records_what_its_tasks_reported() {
+        let out = tempfile::tempdir().unwrap();
+        let mut journal = journal(open_journal(out.path(), &identity(2), true).unwrap());
+        let (k, folder) = journal.next_wave().unwrap();
+        std::fs::write(folder.join("part-000000.csv"), "x\n0\n").unwrap();
+        std::fs::write(folder.join("part-000009.csv"), "x\n9\n").unwrap(); // a stray
+        let reported = ["part-000000.csv".to_string(), "part-000001.csv".to_string()];
+        let e = journal
+            .finish_wave(k, &[0, 1], &reported)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("part-000001.csv"), "{e}");
+        std::fs::write(folder.join("part-000001.csv"), "x\n1\n").unwrap();
+        journal.finish_wave(k, &[0, 1], &reported).unwrap();
+        let files = journal.commit("csv").unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| f.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(!names.iter().any(|n| n.contains("000009")), "{names:?}");
     }
 
     #[test]
