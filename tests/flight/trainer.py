@@ -9,8 +9,8 @@ batches (confirmed, when confirming) and kills itself (SIGKILL: no goodbye
 on the wire); `stall-after:N` prints after N batches, the last not
 confirmed, and then sleeps, alive and silent. A TICKET ending
 in /confirm is read confirming: after each batch the trainer sends the
-`confirm` action with the batches read so far, and prints only the ids it
-confirmed.
+`confirm` action with the batches read so far; "confirmed" says how many
+of the ids printed it confirmed (the first ones).
 """
 import faulthandler
 import json
@@ -39,10 +39,11 @@ def main():
     key = ticket[: -len("/confirm")] if confirming else ticket
     mode, _, n = how.partition(":")
     stop_after = int(n) if n else None
-    ids, error, batches = [], None, 0
+    ids, error, batches, confirmed = [], None, 0, 0
 
     def report():
-        print(json.dumps({"ids": ids, "error": error}), flush=True)
+        out = {"ids": ids, "confirmed": confirmed, "error": error}
+        print(json.dumps(out), flush=True)
 
     try:
         reader = client.do_get(flight.Ticket(ticket.encode()))
@@ -57,6 +58,7 @@ def main():
             if confirming:
                 body = f"{key}/{batches}".encode()
                 list(client.do_action(flight.Action("confirm", body)))
+                confirmed = len(ids)
             if stops:
                 report()
                 os.kill(os.getpid(), signal.SIGKILL)
