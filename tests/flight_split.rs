@@ -9,19 +9,11 @@ use std::process::Command;
 
 use common::ctx;
 use streambatch::{SplitOptions, TlsFiles, init_cluster};
+use streambatch_bench::flight_trainer::{self, Report, pyarrow_python as python};
 use streambatch_bench::skip_test;
 use streambatch_split::SplitService;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/flight/read_split.py");
-
-fn python() -> Option<String> {
-    let python = std::env::var("SB_PYTHON").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args(["-c", "import pyarrow.flight"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    found.then_some(python)
-}
 
 /// Reads every rank's `epoch` from Python as `name` of `tls`: the JSON it
 /// printed.
@@ -134,63 +126,22 @@ fn a_rank_that_gets_no_rows_reads_an_empty_table() {
     assert_eq!(lengths, [0, 100], "{got}");
 }
 
-const TRAINER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/flight/trainer.py");
-
-/// A trainer process of rank `rank` (see tests/flight/trainer.py), reading
-/// `epoch` as `how` says, with a confirming ticket when `confirming`.
+/// A trainer process of rank `rank`, reading epoch 0 as `how` says, with
+/// a confirming ticket when `confirming`.
 fn trainer(
     python: &str,
     service: &SplitService,
     tls: &std::path::Path,
     rank: usize,
-    (epoch, confirming): (usize, bool),
+    confirming: bool,
     how: &str,
 ) -> std::process::Child {
     let handle = &service.handles()[rank];
     let ticket = match confirming {
-        true => handle.flight_ticket_confirming(epoch),
-        false => handle.flight_ticket(epoch),
+        true => handle.flight_ticket_confirming(0),
+        false => handle.flight_ticket(0),
     };
-    Command::new(python)
-        .arg(TRAINER)
-        .arg(service.flight_addr().to_string())
-        .arg(tls)
-        .arg("trainer")
-        .arg(String::from_utf8(ticket).unwrap())
-        .arg(how)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// The ids a trainer printed (its first report), waiting at most `within`
-/// for it: a trainer that does not report in time fails the test rather
-/// than hang it.
-fn reported(mut child: std::process::Child, within: std::time::Duration) -> Vec<i64> {
-    use std::io::BufRead;
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(within);
-    let _ = child.kill();
-    let stderr = child
-        .wait_with_output()
-        .map(|o| o.stderr)
-        .unwrap_or_default();
-    let line = line.unwrap_or_else(|_| {
-        panic!(
-            "a trainer reported nothing within {within:?}: {}",
-            String::from_utf8_lossy(&stderr)
-        )
-    });
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert!(got["error"].is_null(), "{got}");
-    ids(&got["ids"])
+    flight_trainer::start(python, service.flight_addr(), tls, ticket, how)
 }
 
 /// Two ranks of 20,000 rows, taken as each asks: rank 0 is read as `how`
@@ -211,13 +162,13 @@ fn one_rank_goes_wrong(how: &str, confirming: bool, stall: std::time::Duration) 
         .unwrap();
     let tls = TlsFiles::in_dir(dir.path(), "driver");
     let service = SplitService::start(splits, &tls, "127.0.0.1:0".parse().unwrap()).unwrap();
-    let wrong = trainer(&python, &service, dir.path(), 0, (0, confirming), how);
-    let right = trainer(&python, &service, dir.path(), 1, (0, false), "all");
+    let wrong = trainer(&python, &service, dir.path(), 0, confirming, how);
+    let right = trainer(&python, &service, dir.path(), 1, false, "all");
     // The other rank first: a stalled trainer must stay alive (and
     // silent) until the other has finished without it.
     let within = std::time::Duration::from_secs(60);
-    let right = reported(right, within);
-    let wrong = reported(wrong, within);
+    let Report { ids: right, .. } = flight_trainer::report(right, within);
+    let Report { ids: wrong, .. } = flight_trainer::report(wrong, within);
     Outcome {
         wrong,
         right,

@@ -7,6 +7,7 @@
 
 mod check;
 mod files;
+pub mod flight_trainer;
 mod g1;
 mod j1;
 mod model_check;

@@ -7,9 +7,6 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 #[test]
 fn a_first_write_killed_in_its_commit_is_never_read_in_part() {
     let test = "a_first_write_killed_in_its_commit_is_never_read_in_part";
@@ -22,41 +19,13 @@ fn a_first_write_killed_in_its_commit_is_never_read_in_part() {
     let text = "[node]\ncpus = 2\ngpus = 0\n\n[source]\nread_parquet = \"images\"\n\n\
                 [sink]\nwrite_parquet = \"s3://commits/fresh/\"\n";
     std::fs::write(dir.path().join("write.toml"), text).unwrap();
-    let run = |faults: &str| {
-        Command::new(common::BIN)
-            .current_dir(dir.path())
-            .envs(s3.env())
-            .env("SB_FAILPOINTS", faults)
-            .args(["run", "write.toml"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let run = |faults: &str| common::run_pipeline(dir.path(), "write.toml", faults, &s3.env());
     let mut job = run("commit.pause=20000");
-    let started = Instant::now();
     // Killed once every part has its final name, before the manifest.
-    loop {
-        let copied = s3
-            .keys("commits", "fresh/")
-            .iter()
-            .filter(|k| k.starts_with("fresh/part-"))
-            .count();
-        if copied == 6 {
-            break;
-        }
-        assert!(
-            job.try_wait().unwrap().is_none(),
-            "the write ended unkilled"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no commit in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    job.kill().unwrap();
-    job.wait().unwrap();
+    common::kill_when(&mut job, "a commit", || {
+        let keys = s3.keys("commits", "fresh/");
+        keys.iter().filter(|k| k.starts_with("fresh/part-")).count() == 6
+    });
 
     let ctx = streambatch::Context::with_config(streambatch::NodeConfig {
         cpus: 2.0,

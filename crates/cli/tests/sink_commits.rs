@@ -6,18 +6,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 fn run(dir: &Path, file: &str, faults: &str) -> Child {
-    Command::new(common::BIN)
-        .current_dir(dir)
-        .env("SB_FAILPOINTS", faults)
-        .args(["run", file])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
+    common::run_pipeline(dir, file, faults, &[])
 }
 
 /// Each file of `dir` by name, with its bytes; hidden entries listed apart.
@@ -142,42 +135,7 @@ fn a_write_killed_mid_commit_is_finished_never_mixed() {
     assert!(run(dir.path(), &clean, "").wait().unwrap().success());
     let out = dir.path().join("out");
     let mut job = run(dir.path(), &few("out"), "commit.pause=20000");
-    // Killed once its staging has given up every part (renamed in) and
-    // the pause holds it before the removals.
-    let started = Instant::now();
-    let mut saw_staged = false;
-    loop {
-        let staging = std::fs::read_dir(&out).unwrap().flatten().find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".streambatch-staging-")
-        });
-        if let Some(staging) = staging {
-            let parts = std::fs::read_dir(staging.path())
-                .map(|entries| {
-                    entries
-                        .flatten()
-                        .filter(|p| p.file_name().to_string_lossy().starts_with("part-"))
-                        .count()
-                })
-                .unwrap_or(0);
-            saw_staged |= parts == 4;
-            if saw_staged && parts == 0 {
-                break;
-            }
-        }
-        assert!(
-            job.try_wait().unwrap().is_none(),
-            "the write ended unkilled"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no commit in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    job.kill().unwrap();
-    job.wait().unwrap();
+    common::kill_between_renames_and_removals(&mut job, &out, 4);
 
     let ctx = streambatch::Context::with_config(streambatch::NodeConfig {
         cpus: 2.0,

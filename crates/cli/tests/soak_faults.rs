@@ -14,16 +14,15 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use streambatch::{Context, NodeConfig, SplitOptions, TlsFiles, init_cluster};
+use streambatch_bench::flight_trainer::{self, Report, pyarrow_python as python};
 use streambatch_split::SplitService;
 
 const MINUTES: &str = "STREAMBATCH_SOAK_MINUTES";
-const TRAINER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/flight/trainer.py");
 const ROWS: i64 = 20_000;
 
 #[derive(Default, Debug)]
@@ -38,54 +37,13 @@ struct Tally {
     rows_duplicated: u64,
 }
 
-fn python() -> Option<String> {
-    let python = std::env::var("SB_PYTHON").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args(["-c", "import pyarrow.flight"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    found.then_some(python)
-}
-
 fn trainer(python: &str, service: &SplitService, tls: &Path, rank: usize, how: &str) -> Child {
     let handle = &service.handles()[rank];
     let ticket = match how {
         "all" => handle.flight_ticket(0),
         _ => handle.flight_ticket_confirming(0),
     };
-    Command::new(python)
-        .arg(TRAINER)
-        .arg(service.flight_addr().to_string())
-        .arg(tls)
-        .arg("trainer")
-        .arg(String::from_utf8(ticket).unwrap())
-        .arg(how)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// The ids a trainer printed first, and how many of them (the first) it
-/// confirmed; a trainer silent for a minute fails the soak (a hang).
-fn reported(mut child: Child) -> (Vec<i64>, usize) {
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx.recv_timeout(Duration::from_secs(60));
-    let _ = child.kill();
-    let _ = child.wait();
-    let line = line.expect("a trainer reported nothing within 60 s: a hang");
-    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert!(got["error"].is_null(), "{got}");
-    let ids = (got["ids"].as_array().unwrap().iter())
-        .map(|v| v.as_i64().unwrap())
-        .collect();
-    (ids, got["confirmed"].as_u64().unwrap_or(0) as usize)
+    flight_trainer::start(python, service.flight_addr(), tls, ticket, how)
 }
 
 /// One epoch with one trainer going wrong as `how` says.
@@ -103,8 +61,13 @@ fn trainer_round(python: &str, ctx: &Context, tls: &Path, how: &str, tally: &mut
     let wrong = trainer(python, &service, tls, 0, how);
     let right = trainer(python, &service, tls, 1, "all");
     // The other first: a stalled trainer stays alive until it finished.
-    let (right, _) = reported(right);
-    let (wrong, confirmed) = reported(wrong);
+    // A trainer silent for a minute fails the soak (a hang).
+    let within = Duration::from_secs(60);
+    let right = flight_trainer::report(right, within).ids;
+    let Report {
+        ids: wrong,
+        confirmed,
+    } = flight_trainer::report(wrong, within);
     let lost_rows = service.stats()[0].lost_rows;
     let mut all = [wrong.clone(), right].concat();
     all.sort_unstable();
@@ -136,51 +99,11 @@ fn trainer_round(python: &str, ctx: &Context, tls: &Path, how: &str, tally: &mut
 
 /// A write SIGKILLed between its renames and its removals, then read.
 fn writer_round(dir: &Path, local: &Context, tally: &mut Tally) {
-    let run = |file: &str, faults: &str| {
-        Command::new(common::BIN)
-            .current_dir(dir)
-            .env("SB_FAILPOINTS", faults)
-            .args(["run", file])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let run = |file: &str, faults: &str| common::run_pipeline(dir, file, faults, &[]);
     assert!(run("many.toml", "").wait().unwrap().success());
     let out = dir.join("out");
     let mut job = run("few.toml", "commit.pause=20000");
-    let started = Instant::now();
-    let mut saw_staged = false;
-    loop {
-        let staging = std::fs::read_dir(&out).unwrap().flatten().find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".streambatch-staging-")
-        });
-        let parts = staging.map_or(0, |s| {
-            std::fs::read_dir(s.path()).map_or(0, |entries| {
-                let parts = entries.flatten();
-                parts
-                    .filter(|p| p.file_name().to_string_lossy().starts_with("part-"))
-                    .count()
-            })
-        });
-        saw_staged |= parts == 4;
-        if saw_staged && parts == 0 {
-            break;
-        }
-        assert!(
-            job.try_wait().unwrap().is_none(),
-            "the write ended unkilled"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no commit in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    job.kill().unwrap();
-    job.wait().unwrap();
+    common::kill_between_renames_and_removals(&mut job, &out, 4);
     tally.writers_killed += 1;
     let rows = local.read_parquet(out.to_str().unwrap()).unwrap();
     let rows = rows.count().unwrap();

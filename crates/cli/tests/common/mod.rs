@@ -409,3 +409,67 @@ pub fn ids_of(batch: &arrow_array::RecordBatch) -> &[i64] {
     let ids = column.downcast_ref::<arrow_array::Int64Array>().unwrap();
     ids.values()
 }
+
+/// Starts `streambatch run FILE` in `dir` with `SB_FAILPOINTS=faults` and
+/// `env`, its output discarded.
+pub fn run_pipeline(
+    dir: &Path,
+    file: &str,
+    faults: &str,
+    env: &[(String, String)],
+) -> std::process::Child {
+    Command::new(BIN)
+        .current_dir(dir)
+        .envs(env.iter().cloned())
+        .env("SB_FAILPOINTS", faults)
+        .args(["run", file])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// SIGKILLs `job` as soon as `ready()` (polled every 2 ms), and waits for
+/// it; panics if the job ends first or nothing is ready in 60 s (`what`
+/// names the moment).
+pub fn kill_when(job: &mut std::process::Child, what: &str, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before {what}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no {what} in 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    job.kill().unwrap();
+    job.wait().unwrap();
+}
+
+/// SIGKILLs a write into `out` once its staging has held `parts` parts
+/// and then given every one up (renamed in): in its commit, before its
+/// removals (a `commit.pause` failpoint holds it there).
+pub fn kill_between_renames_and_removals(job: &mut std::process::Child, out: &Path, parts: usize) {
+    let staged_parts = || {
+        let staging = std::fs::read_dir(out).ok()?.flatten().find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".streambatch-staging-")
+        })?;
+        let entries = std::fs::read_dir(staging.path()).ok()?.flatten();
+        Some(
+            entries
+                .filter(|p| p.file_name().to_string_lossy().starts_with("part-"))
+                .count(),
+        )
+    };
+    let mut saw_staged = false;
+    kill_when(job, "a commit", || {
+        let staged = staged_parts();
+        saw_staged |= staged == Some(parts);
+        saw_staged && staged == Some(0)
+    });
+}

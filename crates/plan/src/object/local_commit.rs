@@ -31,17 +31,16 @@ pub(crate) fn staging_name() -> String {
     )
 }
 
-/// A staging directory name's writer: its pid, its start stamp and its pid
-/// namespace (a name of an older build, without one, is of this one).
-fn writer_of(name: &str) -> Option<(u32, u128, u64)> {
+/// A staging directory name's writer: its pid and its pid namespace (a
+/// name of an older build, without one, is of this one).
+fn writer_of(name: &str) -> Option<(u32, u64)> {
     let rest = name.strip_prefix(STAGING_PREFIX)?;
     let (pid, stamp) = rest.split_once('-')?;
-    let pid = pid.parse().ok()?;
-    let (stamp, namespace) = match stamp.split_once('n') {
-        Some((stamp, ns)) => (stamp, u64::from_str_radix(ns, 16).ok()?),
-        None => (stamp, streambatch_core::pid_namespace()),
+    let namespace = match stamp.split_once('n') {
+        Some((_, ns)) => u64::from_str_radix(ns, 16).ok()?,
+        None => streambatch_core::pid_namespace(),
     };
-    Some((pid, u128::from_str_radix(stamp, 16).ok()?, namespace))
+    Some((pid.parse().ok()?, namespace))
 }
 
 /// The writer lock of `dir`: an exclusive `flock` on the directory itself,
@@ -75,7 +74,7 @@ pub(crate) fn is_recorded(staging: &Path) -> bool {
 /// Whether the staging directory `name`'s writer is dead (as far as this
 /// process can tell: never one of another pid namespace, nor this one).
 pub(crate) fn writer_is_dead(name: &str) -> bool {
-    writer_of(name).is_some_and(|(pid, _, namespace)| {
+    writer_of(name).is_some_and(|(pid, namespace)| {
         pid != std::process::id() && !streambatch_core::may_be_alive(pid, namespace)
     })
 }
